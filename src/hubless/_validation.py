@@ -1,0 +1,142 @@
+"""Input checks shared by every public entry point.
+
+Every array that enters hubless goes through :func:`as_embeddings`, so bad input fails early
+with a message that names the argument and says what to do, and nothing downstream has to
+re-check dtypes, shapes or finiteness.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+
+import numpy as np
+
+__all__ = [
+    "UnnormalizedEmbeddingsWarning",
+    "as_embeddings",
+    "check_positive_int",
+    "check_k",
+    "check_top_k",
+    "check_nonnegative_float",
+]
+
+#: Relative tolerance on ||x|| = 1 under which vectors count as already normalised.
+NORM_TOLERANCE = 1e-3
+
+_warned_names: set[str] = set()
+
+
+class UnnormalizedEmbeddingsWarning(UserWarning):
+    """Embeddings are not unit-length while ``normalize=False`` (scores are then plain dot products)."""
+
+
+def _reset_warnings() -> None:
+    """Forget which arrays were already warned about (for tests)."""
+    _warned_names.clear()
+
+
+def as_embeddings(
+    x,
+    name: str,
+    *,
+    normalize: bool,
+    dim: int | None = None,
+    dim_of: str = "the gallery",
+) -> np.ndarray:
+    """Return ``x`` as a C-contiguous float32 (n, d) array, validated and optionally L2-normalised.
+
+    float16 and float64 are converted to float32; integer, boolean, complex and object arrays are
+    refused. NaN/Inf, empty arrays, wrong ndim and a dimension different from ``dim`` raise
+    ``ValueError`` naming ``name``. With ``normalize=True`` rows are scaled to unit length (zero
+    rows are refused); with ``normalize=False`` non-unit rows trigger one
+    :class:`UnnormalizedEmbeddingsWarning` per argument name and process.
+    No copy is made when ``x`` is already float32, contiguous and (if asked) unit-length.
+    """
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
+    if arr.dtype.kind != "f":
+        raise TypeError(
+            f"{name} must be a floating-point array (float16, float32 or float64); "
+            f"got dtype {arr.dtype}. Convert it with .astype(numpy.float32) if that is intended."
+        )
+    if arr.ndim != 2:
+        hint = " For a single vector use x[None, :]." if arr.ndim == 1 else ""
+        raise ValueError(f"{name} must be 2-D with shape (n_items, dim); got shape {arr.shape}.{hint}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape}); at least one row is needed.")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} has zero-length vectors (shape {arr.shape}).")
+    if dim is not None and arr.shape[1] != dim:
+        raise ValueError(
+            f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; "
+            "all embeddings must come from the same model."
+        )
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad_rows = np.flatnonzero(~finite.all(axis=1))
+        raise ValueError(
+            f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); "
+            "fix or drop those rows."
+        )
+    del finite
+    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
+    unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
+    if normalize:
+        if not unit.all():
+            zero = np.flatnonzero(norms == 0)
+            if zero.size:
+                raise ValueError(
+                    f"{name} has {zero.size} all-zero row(s) (first: row {int(zero[0])}) that cannot "
+                    "be L2-normalised; drop them or pass normalize=False."
+                )
+            arr = (arr / norms[:, None]).astype(np.float32, copy=False)
+    elif not unit.all() and name not in _warned_names:
+        _warned_names.add(name)
+        warnings.warn(
+            f"{name} is not L2-normalised (norms from {norms.min():.3g} to {norms.max():.3g}) and "
+            "normalize=False: scores are raw dot products, not the cosine similarities the "
+            "corrections were designed for.",
+            UnnormalizedEmbeddingsWarning,
+            stacklevel=3,
+        )
+    return arr
+
+
+def check_positive_int(value, name: str) -> int:
+    """Return ``value`` as int if it is an integer >= 1, else raise a clear error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer; got {value!r}.")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1; got {value}.")
+    return int(value)
+
+
+def check_nonnegative_float(value, name: str, *, positive: bool = False) -> float:
+    """Return ``value`` as float if it is a finite real >= 0 (> 0 with ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number; got {value!r}.")
+    value = float(value)
+    if not np.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be finite and {need}; got {value}.")
+    return value
+
+
+def check_k(k: int, n: int, name: str, what: str) -> int:
+    """Check a neighbour count against the number of items it is taken from."""
+    k = check_positive_int(k, name)
+    if k > n:
+        raise ValueError(f"{name}={k} exceeds the size of {what} ({n}); choose {name} <= {n}.")
+    return k
+
+
+def check_top_k(top_k: int, n_gallery: int) -> int:
+    """Check the number of results asked from a search."""
+    return check_k(top_k, n_gallery, "top_k", "the gallery")

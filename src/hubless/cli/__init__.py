@@ -1,0 +1,1 @@
+"""The ``hubless`` command line: thin wrappers over the library."""

@@ -1,0 +1,36 @@
+"""Entry point of the ``hubless`` command. Each sub-command lives in its own module."""
+
+from __future__ import annotations
+
+import typer
+
+from hubless import __version__
+from hubless.cli import demo
+
+app = typer.Typer(
+    name="hubless",
+    help="Training-free hubness corrections for text-image retrieval (NNN, QB-Norm, DBNorm, DN, CSLS, GC).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hubless {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """hubless: better, fairer cross-modal retrieval without retraining."""
+
+
+app.command("demo")(demo.demo)
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,66 @@
+"""Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
+
+See ``DESIGN.md`` for the table of methods. Every class shares the interface of
+:class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from hubless.corrections.base import AdditiveCorrection, Correction, validate_fit_inputs
+from hubless.corrections.baseline import Baseline
+from hubless.corrections.csls import CSLS
+from hubless.corrections.dbnorm import DualDIS, DualIS
+from hubless.corrections.dn import DN
+from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.nnn import NNN
+from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
+from hubless.corrections.spec import METHODS, make_correction
+from hubless.engine import StatisticsRequest, compute_statistics
+
+__all__ = [
+    "AdditiveCorrection",
+    "Baseline",
+    "CSLS",
+    "Correction",
+    "DN",
+    "DualDIS",
+    "DualIS",
+    "DynamicInvertedSoftmax",
+    "GlobalCorrection",
+    "InvertedSoftmax",
+    "METHODS",
+    "NNN",
+    "fit_many",
+    "make_correction",
+]
+
+
+def fit_many(
+    corrections: Iterable[Correction | str],
+    gallery,
+    query_bank=None,
+    gallery_bank=None,
+    *,
+    progress: bool | None = None,
+) -> list[Correction]:
+    """Fit several corrections on the same arrays with one streamed pass per bank.
+
+    Their statistics requests are merged (e.g. NNN at k=4 and k=64 and CSLS share one top-64
+    pass; IS at several betas shares one pass), computed once, and each correction is fitted
+    from them. Accepts correction objects or specs such as ``"nnn:alpha=0.5,k=16"``; returns the
+    fitted corrections in order. Corrections with different ``normalize`` settings are grouped.
+    """
+    items: Sequence[Correction] = [make_correction(c) for c in corrections]
+    for flag in sorted({bool(c.normalize) for c in items}):
+        group = [c for c in items if bool(c.normalize) == flag]
+        request = StatisticsRequest()
+        for c in group:
+            c._validate_params()
+            request = request.merge(c.statistics_request())
+        g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank)
+        stats = compute_statistics(g, b, gb, request, progress=progress)
+        for c in group:
+            c._fit_arrays(g, stats)
+    return list(items)

@@ -1,0 +1,317 @@
+"""The shared interface of every correction, in the scikit-learn style.
+
+A correction is fitted on reference banks (never on test queries) and then scores or searches
+queries against the gallery it was fitted with:
+
+    corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, query_bank)
+    scores, ids = corr.search(queries, top_k=10)          # best first
+    scores, ids = corr.search(queries, top_k=10, alpha=0.5)  # new weight, no refit
+
+Additive corrections (all but GC) rank by ``s(q, r) - sum_c w_c(q) * bias_c(r)``, which is the
+inner product of the augmented vectors ``[q, -w(q)] . [r, bias(r)]``; that is how every search
+ranks, and any inner-product index can serve it. ``score`` returns each method's own scores
+(e.g. the inverted-softmax probability); ``search`` returns the same scores for the items it
+finds, and both order the gallery identically.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hubless._validation import as_embeddings, check_top_k
+from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
+
+__all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK", "validate_fit_inputs"]
+
+#: Queries per block in :meth:`Correction.score` (bounds the temporaries, not the output).
+SCORE_BLOCK = 1024
+
+
+class Correction:
+    """Base class. Subclasses set ``name`` and implement the hooks marked below.
+
+    Parameters common to all corrections:
+
+    normalize : bool, default True
+        L2-normalise gallery, banks and queries, so that s(q, r) is the cosine similarity the
+        papers use. With False, embeddings are used as given (a warning is emitted once per
+        argument when they are not unit-length).
+    """
+
+    #: Registry name used in method specs such as ``"nnn:alpha=0.5,k=16"``.
+    name: ClassVar[str] = ""
+    #: Constructor parameter that is the weight w and may be overridden at search time.
+    weight_param: ClassVar[str | None] = None
+    #: Whether ``fit`` needs a query bank (only the baseline does not).
+    needs_query_bank: ClassVar[bool] = True
+    #: How ``gallery_bank`` is used by ``fit``: "required", "optional" or "ignored".
+    gallery_bank_use: ClassVar[str] = "ignored"
+    #: Parameters that bound resources rather than change results; left out of ``spec`` at default.
+    resource_params: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, normalize: bool = True) -> None:
+        self.normalize = normalize
+        self._validate_params()
+
+    # ------------------------------------------------------------------ parameters
+    @classmethod
+    def param_names(cls) -> list[str]:
+        """Constructor parameters, in signature order."""
+        sig = inspect.signature(cls.__init__)
+        return [p for p in sig.parameters if p != "self"]
+
+    def get_params(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.param_names()}
+
+    def set_params(self, **params: Any) -> Correction:
+        """Change parameters (validated); a fitted correction must be refitted unless only the
+        search-time weight changed."""
+        allowed = self.param_names()
+        for key in params:
+            if key not in allowed:
+                raise ValueError(f"{type(self).__name__} has no parameter {key!r}; valid: {', '.join(allowed)}")
+        old = self.get_params()
+        for key, value in params.items():
+            setattr(self, key, value)
+        try:
+            self._validate_params()
+        except Exception:
+            for key, value in old.items():
+                setattr(self, key, value)
+            raise
+        return self
+
+    def _validate_params(self) -> None:
+        if not isinstance(self.normalize, (bool, np.bool_)):
+            raise TypeError(f"normalize must be True or False; got {self.normalize!r}")
+
+    @property
+    def spec(self) -> str:
+        """The method spec that rebuilds this correction, e.g. ``"nnn:alpha=0.75,k=16"``."""
+        defaults = {
+            name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
+        }
+        hidden = ("normalize", *self.resource_params)
+        params = {k: v for k, v in self.get_params().items() if not (k in hidden and v == defaults[k])}
+        body = ",".join(f"{k}={_format_value(v)}" for k, v in params.items())
+        return f"{self.name}:{body}" if body else self.name
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    # ------------------------------------------------------------------ fitting
+    def statistics_request(self) -> StatisticsRequest:
+        """What this correction needs from the banks (hook)."""
+        return StatisticsRequest()
+
+    def fit(
+        self,
+        gallery,
+        query_bank=None,
+        gallery_bank=None,
+        *,
+        statistics: BankStatistics | None = None,
+        progress: bool | None = None,
+    ) -> Correction:
+        """Fit on the gallery and reference banks; returns ``self``.
+
+        gallery : (n_gallery, d) the items to be retrieved.
+        query_bank : (n_bank, d) reference queries (same modality as future queries), disjoint
+            from the test queries. Not needed by :class:`Baseline`.
+        gallery_bank : (n_gallery_bank, d) reference items of the gallery's modality. Required
+            by DualIS/DualDIS, used by DN for its gallery mean, ignored by the others.
+        statistics : precomputed :class:`~hubless.engine.BankStatistics` of these same arrays
+            (see :func:`hubless.fit_many`), to skip the streamed pass.
+        progress : show a progress bar (None: only on a terminal for long runs).
+        """
+        self._validate_params()
+        gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
+        request = self.statistics_request()
+        if statistics is None:
+            statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
+        else:
+            _check_statistics(statistics, gallery, query_bank, gallery_bank, request)
+        self._fit_arrays(gallery, statistics)
+        return self
+
+    def _check_sizes(self, gallery: np.ndarray, query_bank, gallery_bank) -> None:
+        """Hook: refuse parameters that exceed the bank or gallery sizes."""
+
+    def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics) -> None:
+        self.gallery_ = gallery
+        self.n_gallery_, self.dim_ = gallery.shape
+        self._fit_statistics(statistics)
+
+    def _fit_statistics(self, statistics: BankStatistics) -> None:  # pragma: no cover - hook
+        """Hook: set the fitted attributes from the bank statistics."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ querying
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "gallery_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
+
+    def _queries(self, queries) -> np.ndarray:
+        self._check_fitted()
+        return as_embeddings(queries, "queries", normalize=self.normalize, dim=self.dim_)
+
+    def score(self, queries) -> np.ndarray:
+        """The method's own corrected scores, (n_queries, n_gallery) float32.
+
+        The output is dense: for large galleries use :meth:`search`, which never builds it.
+        """
+        q = self._queries(queries)
+        out = np.empty((q.shape[0], self.n_gallery_), dtype=np.float32)
+        for start in range(0, q.shape[0], SCORE_BLOCK):
+            block = q[start : start + SCORE_BLOCK]
+            out[start : start + block.shape[0]] = self._score_block(block, block @ self.gallery_.T)
+        return out
+
+    def _score_block(self, queries: np.ndarray, sims: np.ndarray) -> np.ndarray:  # pragma: no cover
+        """Hook: own scores of a block of queries from their raw similarities to the gallery."""
+        raise NotImplementedError
+
+    def search(self, queries, top_k: int = 10, *, progress: bool | None = None, **weight) -> tuple[np.ndarray, np.ndarray]:
+        """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
+
+        Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64;
+        ties are broken by the lower gallery index. Methods with a weight parameter accept it
+        here to override the fitted value without refitting, as a scalar or one value per
+        query (e.g. ``NNN.search(q, alpha=0.5)``, ``DN.search(q, lam=0.2)``).
+        """
+        q = self._queries(queries)
+        top_k = check_top_k(top_k, self.n_gallery_)
+        return self._search(q, top_k, self._weight_override(weight, q.shape[0]), progress)
+
+    def _search(self, queries, top_k, weight, progress):  # pragma: no cover - hook
+        raise NotImplementedError
+
+    def _weight_override(self, weight: dict, n_queries: int):
+        if not weight:
+            return None
+        if self.weight_param is None or set(weight) != {self.weight_param}:
+            allowed = f"only {self.weight_param}=" if self.weight_param else "no weight override"
+            raise TypeError(f"{type(self).__name__}.search got {sorted(weight)}; it accepts {allowed}")
+        value = np.asarray(weight[self.weight_param], dtype=np.float64)
+        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
+            raise ValueError(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
+        if not np.isfinite(value).all():
+            raise ValueError(f"{self.weight_param} must be finite")
+        return value
+
+
+class AdditiveCorrection(Correction):
+    """A correction that ranks by ``s(q, r) - sum_c w_c(q) * bias_c(r)``.
+
+    Fitted attributes: ``bias_columns_`` (n_gallery, n_columns) float32, one column per gated
+    factor (one for all methods but DualDIS); ``bias_`` (n_gallery,) is their sum, the bias
+    applied when every gate is open.
+    """
+
+    @property
+    def bias_(self) -> np.ndarray:
+        self._check_fitted()
+        cols = self.bias_columns_
+        return cols[:, 0] if cols.shape[1] == 1 else cols.sum(axis=1, dtype=np.float32)
+
+    def weight(self) -> float:
+        """The weight w applied to the bias when no override is given (hook)."""
+        return 1.0
+
+    def query_weights(self, queries, *, top1: np.ndarray | None = None, **weight) -> np.ndarray:
+        """The per-query weights W (n_queries, n_columns) so that ranking = s - W . bias_columns_.
+
+        Gated methods need the raw top-1 gallery item of each query; pass ``top1`` when it comes
+        from elsewhere (an index), otherwise it is computed by exact search.
+        """
+        q = self._queries(queries)
+        return self._query_weights(q, self._weight_override(weight, q.shape[0]), top1)
+
+    def _query_weights(self, queries: np.ndarray, weight, top1) -> np.ndarray:
+        w = self.weight() if weight is None else weight
+        w = np.broadcast_to(np.asarray(w, dtype=np.float32).reshape(-1, 1), (queries.shape[0], 1))
+        return np.broadcast_to(w, (queries.shape[0], self.bias_columns_.shape[1]))
+
+    def _raw_top1(self, queries: np.ndarray) -> np.ndarray:
+        return exact_search(queries, self.gallery_, 1)[1][:, 0]
+
+    def to_method_scores(self, ranking: np.ndarray, queries, weights: np.ndarray) -> np.ndarray:
+        """Map ranking scores ``s - W . bias`` (n_queries, k) to the method's own scores.
+
+        The map is increasing for each query, so it never changes an order. Identity by default.
+        """
+        return ranking
+
+    def _search(self, queries, top_k, weight, progress):
+        weights = self._query_weights(queries, weight, None)
+        if not weights.any():
+            ranking, ids = exact_search(queries, self.gallery_, top_k, progress=progress)
+        else:
+            ranking, ids = exact_search(
+                queries,
+                self.gallery_,
+                top_k,
+                query_extra=np.ascontiguousarray(-weights, dtype=np.float32),
+                gallery_extra=self.bias_columns_,
+                progress=progress,
+            )
+        return self.to_method_scores(ranking, queries, weights), ids
+
+    def _fit_statistics(self, statistics: BankStatistics) -> None:
+        cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
+        self.bias_columns_ = np.ascontiguousarray(cols.reshape(self.n_gallery_, -1))
+
+    def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
+        """Hook: the bias column(s) of the gallery from the bank statistics."""
+        raise NotImplementedError
+
+
+def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):
+    """Validate the arrays of ``fit`` for corrections sharing one ``normalize`` setting.
+
+    Returns float32 (gallery, query_bank, gallery_bank); a bank is None when no correction uses
+    it. Raises when a correction needs a bank that is missing or a parameter exceeds a size.
+    """
+    normalize = corrections[0].normalize
+    g = as_embeddings(gallery, "gallery", normalize=normalize)
+    dim = g.shape[1]
+    b = gb = None
+    needing = [c for c in corrections if c.needs_query_bank]
+    if needing:
+        if query_bank is None:
+            raise ValueError(f"{type(needing[0]).__name__} needs a query bank: fit(gallery, query_bank)")
+        b = as_embeddings(query_bank, "query_bank", normalize=normalize, dim=dim)
+    requiring = [c for c in corrections if c.gallery_bank_use == "required"]
+    if requiring and gallery_bank is None:
+        raise ValueError(
+            f"{type(requiring[0]).__name__} needs a gallery bank (reference items of the gallery's "
+            "modality): fit(gallery, query_bank, gallery_bank)"
+        )
+    if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):
+        gb = as_embeddings(gallery_bank, "gallery_bank", normalize=normalize, dim=dim)
+    for c in corrections:
+        c._check_sizes(g, b, gb)
+    return g, b, gb
+
+
+def _check_statistics(stats: BankStatistics, gallery, query_bank, gallery_bank, request) -> None:
+    sizes = (gallery.shape[0], None if query_bank is None else query_bank.shape[0])
+    have = (stats.n_gallery, stats.n_query_bank if query_bank is not None else None)
+    if sizes != have or (gallery_bank is not None and stats.n_gallery_bank != gallery_bank.shape[0]):
+        raise ValueError("statistics were computed on arrays of other sizes than the ones passed to fit")
+    missing = stats.missing(request)
+    if missing:
+        raise ValueError("statistics lack " + "; ".join(missing))
+
+
+def _format_value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return repr(float(value))
+    return str(value)

@@ -1,0 +1,28 @@
+"""The uncorrected baseline: rank by s(q, r) alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless.corrections.base import AdditiveCorrection
+
+__all__ = ["Baseline"]
+
+
+class Baseline(AdditiveCorrection):
+    """No correction: score(q, r) = s(q, r) (bias 0, weight 0). Needs no bank; banks are ignored."""
+
+    name = "baseline"
+    needs_query_bank = False
+
+    def __init__(self, *, normalize: bool = True) -> None:
+        super().__init__(normalize=normalize)
+
+    def weight(self) -> float:
+        return 0.0
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        return np.zeros(self.n_gallery_, dtype=np.float32)
+
+    def _score_block(self, queries, sims):
+        return sims

@@ -1,0 +1,126 @@
+"""DBNorm: DualIS and DualDIS (Wang et al. 2023, "Balance act"), as in NNN appendix A1."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless._validation import check_k, check_nonnegative_float, check_positive_int
+from hubless.corrections.base import AdditiveCorrection
+from hubless.engine import StatisticsRequest
+
+__all__ = ["DualIS", "DualDIS"]
+
+
+class DualIS(AdditiveCorrection):
+    """DBNorm dual inverted softmax (Wang et al. 2023; NNN paper appendix A1, eqs. 3-5).
+
+        score(q, r) = exp(bq s(q, r)) / sum_b exp(bq s(b, r))  *  exp(bg s(q, r)) / sum_g exp(bg s(g, r))
+
+    with b over the query bank (``beta_query`` = bq) and g over the gallery bank (``beta_gallery``
+    = bg; s(g, r) compares two items of the gallery's modality, e.g. image-image). In log space
+    this is (bq + bg) * (s - bias) with
+
+        bias(r) = [logsumexp_b(bq s(b, r)) + logsumexp_g(bg s(g, r))] / (bq + bg).
+
+    beta_gallery = 0 reduces to IS at beta_query (QB-Norm). ``gallery_bank`` is required.
+    """
+
+    name = "dualis"
+    gallery_bank_use = "required"
+
+    def __init__(self, beta_query: float = 20.0, beta_gallery: float = 20.0, *, normalize: bool = True) -> None:
+        self.beta_query = beta_query
+        self.beta_gallery = beta_gallery
+        super().__init__(normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        bq = check_nonnegative_float(self.beta_query, "beta_query")
+        bg = check_nonnegative_float(self.beta_gallery, "beta_gallery")
+        if bq + bg == 0:
+            raise ValueError("beta_query and beta_gallery cannot both be 0")
+
+    @property
+    def _beta_sum(self) -> float:
+        return float(self.beta_query) + float(self.beta_gallery)
+
+    def statistics_request(self) -> StatisticsRequest:
+        return StatisticsRequest(
+            query_betas=frozenset({float(self.beta_query)}),
+            gallery_betas=frozenset({float(self.beta_gallery)}),
+        )
+
+    def _log_normalizers(self, statistics) -> np.ndarray:
+        """(n_gallery, 2): logsumexp over the query bank and over the gallery bank."""
+        self.log_normalizers_ = np.stack(
+            [statistics.query_lse[float(self.beta_query)], statistics.gallery_lse[float(self.beta_gallery)]],
+            axis=1,
+        )
+        return self.log_normalizers_
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        return self._log_normalizers(statistics).sum(axis=1) / self._beta_sum
+
+    def to_method_scores(self, ranking, queries, weights):
+        return np.exp(self._beta_sum * ranking.astype(np.float64)).astype(np.float32)
+
+    def _score_block(self, queries, sims):
+        log_z = self.log_normalizers_.sum(axis=1)
+        return np.exp(self._beta_sum * sims.astype(np.float64) - log_z).astype(np.float32)
+
+
+class DualDIS(DualIS):
+    """DBNorm DualDIS: DualIS with each factor gated by its own activation set.
+
+    A_B (A_G) is the union, over query-bank (gallery-bank) items, of their ``k_activation``
+    nearest gallery items. For a query whose raw top-1 item is in A_B the query-bank factor is
+    the normalised exp(bq s) / sum_b exp(bq s(b, r)); otherwise it is left unnormalised as
+    exp(bq s) (our documented choice: the "ungated" factor in log space is beta * s). Likewise
+    for the gallery-bank factor with A_G. In bias form there are two bias columns,
+    logsumexp_B / (bq + bg) and logsumexp_G / (bq + bg), weighted per query by the two gates.
+    """
+
+    name = "dualdis"
+
+    def __init__(
+        self,
+        beta_query: float = 20.0,
+        beta_gallery: float = 20.0,
+        k_activation: int = 1,
+        *,
+        normalize: bool = True,
+    ) -> None:
+        self.k_activation = k_activation
+        super().__init__(beta_query=beta_query, beta_gallery=beta_gallery, normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        check_positive_int(self.k_activation, "k_activation")
+
+    def statistics_request(self) -> StatisticsRequest:
+        return super().statistics_request().merge(
+            StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation)
+        )
+
+    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
+        check_k(self.k_activation, gallery.shape[0], "k_activation", "the gallery")
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        self.activation_masks_ = np.stack(
+            [
+                statistics.activation_mask("query", self.k_activation),
+                statistics.activation_mask("gallery", self.k_activation),
+            ],
+            axis=1,
+        )
+        return self._log_normalizers(statistics) / self._beta_sum
+
+    def _query_weights(self, queries, weight, top1):
+        if top1 is None:
+            top1 = self._raw_top1(queries)
+        return self.activation_masks_[top1].astype(np.float32)
+
+    def _score_block(self, queries, sims):
+        gates = self.activation_masks_[sims.argmax(axis=1)].astype(np.float64)
+        log_z = gates @ self.log_normalizers_.T
+        return np.exp(self._beta_sum * sims.astype(np.float64) - log_z).astype(np.float32)

@@ -1,0 +1,58 @@
+"""Distribution Normalization (Zhou et al. 2023)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless._validation import check_nonnegative_float
+from hubless.corrections.base import AdditiveCorrection
+
+__all__ = ["DN"]
+
+
+class DN(AdditiveCorrection):
+    """Distribution Normalization (Zhou et al. 2023), a first-order approximation of DualIS.
+
+        score(q, r) = (q - lam * mu_B) . (r - lam * mu_G)
+                    = s(q, r) - lam * mu_B . r  - lam * q . mu_G + lam^2 * mu_B . mu_G
+
+    mu_B is the mean of the query bank; mu_G the mean of ``gallery_bank`` when given, else of the
+    gallery itself. Only ``mu_B . r`` varies with r, so DN ranks as s - lam * bias(r) with
+    bias(r) = mu_B . r; ``lam`` is the weight and can be changed at search time.
+    """
+
+    name = "dn"
+    weight_param = "lam"
+    gallery_bank_use = "optional"
+
+    def __init__(self, lam: float = 0.5, *, normalize: bool = True) -> None:
+        self.lam = lam
+        super().__init__(normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        check_nonnegative_float(self.lam, "lam")
+
+    def weight(self) -> float:
+        return float(self.lam)
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        self.query_bank_mean_ = statistics.query_bank_mean
+        mean = statistics.gallery_bank_mean
+        self.gallery_mean_ = statistics.gallery_mean if mean is None else mean
+        return self.gallery_ @ self.query_bank_mean_.astype(np.float32)
+
+    def to_method_scores(self, ranking, queries, weights):
+        lam = weights[:, :1].astype(np.float64)
+        per_query = -lam * (queries @ self.gallery_mean_)[:, None] + lam**2 * (
+            self.query_bank_mean_ @ self.gallery_mean_
+        )
+        return (ranking + per_query).astype(np.float32)
+
+    def _score_block(self, queries, sims):
+        lam = self.lam
+        q_shift = queries.astype(np.float64) - lam * self.query_bank_mean_
+        per_query = -lam * (q_shift @ self.gallery_mean_)
+        # (q - lam mu_B) . r  - lam (q - lam mu_B) . mu_G
+        own = sims.astype(np.float64) - lam * self.bias_columns_[:, 0][None, :]
+        return (own + per_query[:, None]).astype(np.float32)

@@ -1,0 +1,70 @@
+"""Globally-corrected retrieval (Dinu et al. 2015), as cast in QB-Norm (Bogolin et al. 2022)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless._validation import check_positive_int
+from hubless.corrections.base import Correction
+from hubless.engine import StatisticsRequest, exact_search
+
+__all__ = ["GlobalCorrection"]
+
+
+class GlobalCorrection(Correction):
+    """Globally-corrected (GC) retrieval (Dinu et al. 2015; QB-Norm section 3.4).
+
+        score(q, r) = s(q, r) - Rank(s(q, r), p_r)
+
+    where p_r holds the probes s(b, r) of every query-bank item b and Rank counts the probes
+    strictly above s(q, r): a candidate ranks high when the query is closer to it than most bank
+    queries are. Rank-based, so not additive: exact search only, no vector index. Fitting keeps
+    every probe sorted, n_gallery x n_bank float32 values; ``max_probe_bytes`` (default 4 GiB)
+    caps that memory. ``gallery_bank`` is ignored.
+    """
+
+    name = "gc"
+    resource_params = ("max_probe_bytes",)
+
+    def __init__(self, max_probe_bytes: int = 4 * 2**30, *, normalize: bool = True) -> None:
+        self.max_probe_bytes = max_probe_bytes
+        super().__init__(normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        check_positive_int(self.max_probe_bytes, "max_probe_bytes")
+
+    @property
+    def bias_(self):
+        raise AttributeError("GlobalCorrection is rank-based and has no additive bias_")
+
+    def statistics_request(self) -> StatisticsRequest:
+        return StatisticsRequest(query_probes=True)
+
+    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
+        need = 4 * gallery.shape[0] * query_bank.shape[0]
+        if need > self.max_probe_bytes:
+            raise ValueError(
+                f"GC keeps n_gallery x n_bank = {gallery.shape[0]} x {query_bank.shape[0]} sorted probes "
+                f"({need / 2**30:.1f} GiB), above max_probe_bytes={self.max_probe_bytes}; use a smaller "
+                "query bank, raise max_probe_bytes, or prefer an additive correction such as NNN"
+            )
+
+    def _fit_statistics(self, statistics) -> None:
+        self.probes_ = statistics.query_probes
+
+    def _subtract_ranks(self, sims: np.ndarray, row_start: int, row_stop: int, col_start: int, col_stop: int) -> None:
+        """In place: sims[:, j] -= number of probes of gallery item col_start + j above sims[:, j]."""
+        n_bank = self.probes_.shape[1]
+        for j in range(col_stop - col_start):
+            column = sims[:, j]
+            at_or_below = np.searchsorted(self.probes_[col_start + j], column, side="right")
+            column -= (n_bank - at_or_below).astype(np.float32)
+
+    def _score_block(self, queries, sims):
+        sims = np.array(sims, dtype=np.float32, copy=True)
+        self._subtract_ranks(sims, 0, sims.shape[0], 0, sims.shape[1])
+        return sims
+
+    def _search(self, queries, top_k, weight, progress):
+        return exact_search(queries, self.gallery_, top_k, transform=self._subtract_ranks, progress=progress)

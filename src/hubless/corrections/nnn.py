@@ -1,0 +1,63 @@
+"""Nearest Neighbor Normalization (Chowdhury et al. 2024)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless._validation import check_k, check_positive_int
+from hubless.corrections.base import AdditiveCorrection
+from hubless.engine import StatisticsRequest
+
+__all__ = ["NNN", "topk_mean"]
+
+
+def topk_mean(statistics, k: int) -> np.ndarray:
+    """Mean of the k largest s(b, r) over the query bank, for every gallery item r (float32)."""
+    return statistics.query_topk[:, :k].mean(axis=1, dtype=np.float64).astype(np.float32)
+
+
+class NNN(AdditiveCorrection):
+    """Nearest Neighbor Normalization (Chowdhury et al. 2024, eqs. 1-2).
+
+        bias(r) = (1/k) * sum of the k largest s(b, r) over query-bank items b
+        score(q, r) = s(q, r) - alpha * bias(r)
+
+    ``alpha`` is the weight w and can be changed at search time (``search(q, alpha=0.5)``);
+    alpha = 0 is the baseline. The paper tunes alpha in {0.25, ..., 1.5}, k in {1, ..., 512}.
+    ``gallery_bank`` is ignored.
+    """
+
+    name = "nnn"
+    weight_param = "alpha"
+
+    def __init__(self, alpha: float = 0.75, k: int = 16, *, normalize: bool = True) -> None:
+        self.alpha = alpha
+        self.k = k
+        super().__init__(normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        _check_real(self.alpha, "alpha")
+        check_positive_int(self.k, "k")
+
+    def statistics_request(self) -> StatisticsRequest:
+        return StatisticsRequest(query_topk=self.k)
+
+    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
+        check_k(self.k, query_bank.shape[0], "k", "the query bank")
+
+    def weight(self) -> float:
+        return float(self.alpha)
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        return topk_mean(statistics, self.k)
+
+    def _score_block(self, queries, sims):
+        return sims - np.float32(self.alpha) * self.bias_columns_[:, 0]
+
+
+def _check_real(value, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number; got {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{name} must be finite; got {value}")

@@ -1,0 +1,76 @@
+"""Method specs: ``"nnn:alpha=0.5,k=16"`` <-> correction objects (used by the CLI and reports)."""
+
+from __future__ import annotations
+
+import re
+
+from hubless.corrections.base import Correction
+from hubless.corrections.baseline import Baseline
+from hubless.corrections.csls import CSLS
+from hubless.corrections.dbnorm import DualDIS, DualIS
+from hubless.corrections.dn import DN
+from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.nnn import NNN
+from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
+
+__all__ = ["METHODS", "make_correction"]
+
+#: Registry: spec name -> correction class.
+METHODS: dict[str, type[Correction]] = {
+    cls.name: cls
+    for cls in (
+        Baseline,
+        NNN,
+        DN,
+        CSLS,
+        InvertedSoftmax,
+        DynamicInvertedSoftmax,
+        DualIS,
+        DualDIS,
+        GlobalCorrection,
+    )
+}
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _parse_value(text: str):
+    text = text.strip()
+    low = text.lower()
+    if low in {"true", "false"}:
+        return low == "true"
+    if _INT.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def make_correction(spec: str | Correction) -> Correction:
+    """Build a correction from a spec ``name[:param=value,...]`` (a Correction passes through).
+
+    Names: baseline, nnn, dn, csls, is, dis, dualis, dualdis, gc. Example:
+    ``make_correction("nnn:alpha=0.5,k=16")`` is ``NNN(alpha=0.5, k=16)``.
+    """
+    if isinstance(spec, Correction):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a method spec must be a non-empty string like 'nnn:alpha=0.5,k=16'; got {spec!r}")
+    name, _, body = spec.strip().partition(":")
+    cls = METHODS.get(name.strip().lower())
+    if cls is None:
+        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    params = {}
+    for item in body.split(","):
+        if not item.strip():
+            continue
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"bad parameter {item!r} in {spec!r}; write name=value, e.g. alpha=0.5")
+        params[key.strip()] = _parse_value(value)
+    allowed = cls.param_names()
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(f"{name} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
+    return cls(**params)

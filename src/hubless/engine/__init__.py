@@ -1,0 +1,16 @@
+"""The streamed block engine: bank statistics and exact search in bounded memory."""
+
+from hubless.engine.search import exact_search
+from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
+from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+
+__all__ = [
+    "BankStatistics",
+    "LogSumExp",
+    "SortedRows",
+    "StatisticsRequest",
+    "TopK",
+    "compute_statistics",
+    "exact_search",
+    "stream_reduce",
+]

@@ -1,0 +1,91 @@
+"""Run independent row blocks on all cores, with an optional progress bar.
+
+Each worker thread calls BLAS single-threaded on its own block (threadpoolctl limits BLAS to one
+thread while the pool runs), so GEMM and the numpy post-processing of a block both use a full
+core and no core idles while another block is being reduced. With fewer blocks than cores the
+blocks run one after another with BLAS using every core instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from threadpoolctl import threadpool_limits
+from tqdm.auto import tqdm
+
+__all__ = ["num_threads", "progress_enabled", "run_blocks"]
+
+
+def num_threads() -> int:
+    """Worker threads: ``HUBLESS_NUM_THREADS`` if set, else the number of usable cores."""
+    env = os.environ.get("HUBLESS_NUM_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"HUBLESS_NUM_THREADS must be an integer; got {env!r}") from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def progress_enabled(progress: bool | None) -> bool | None:
+    """Resolve a ``progress`` argument: True/False force it; None means "only on a terminal".
+
+    ``HUBLESS_PROGRESS=0`` turns bars off everywhere. The returned value is tqdm's ``disable``
+    convention inverted: None lets tqdm disable itself when stderr is not a TTY.
+    """
+    if os.environ.get("HUBLESS_PROGRESS", "").strip() in {"0", "false", "no", "off"}:
+        return False
+    return progress
+
+
+def run_blocks(
+    work: Callable[[int, int], None],
+    bounds: Sequence[tuple[int, int]],
+    *,
+    progress: bool | None = None,
+    desc: str = "",
+    unit: str = "rows",
+) -> None:
+    """Call ``work(start, stop)`` for every block in ``bounds``, in parallel when worthwhile.
+
+    ``work`` must only write to its own rows of shared outputs. Exceptions in a worker stop the
+    remaining blocks and are re-raised here. The bar counts items (``stop - start``) and appears
+    only after a second, so short runs stay quiet.
+    """
+    total = bounds[-1][1] - bounds[0][0] if bounds else 0
+    show = progress_enabled(progress)
+    # tqdm: disable=None hides the bar when stderr is not a terminal.
+    disable = True if show is False else (None if show is None else False)
+    bar = tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=True,
+        disable=disable,
+        delay=1.0,
+        leave=False,
+    )
+    threads = min(num_threads(), len(bounds))
+    try:
+        if threads <= 1:
+            for start, stop in bounds:
+                work(start, stop)
+                bar.update(stop - start)
+            return
+        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+            futures = {pool.submit(work, start, stop): stop - start for start, stop in bounds}
+            try:
+                for future in as_completed(futures):
+                    future.result()
+                    bar.update(futures[future])
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    finally:
+        bar.close()

@@ -1,0 +1,178 @@
+"""Bank statistics: everything the corrections learn from the reference banks, in few passes.
+
+A correction states what it needs as a :class:`StatisticsRequest`; requests of several
+corrections merge, so fitting many corrections (an evaluation, a hyper-parameter sweep) costs
+one streamed pass per bank, not one per method or per parameter value:
+
+* gallery x query bank: the top-K similarities of each gallery item (NNN, CSLS: every k <= K
+  comes from the same pass), log-sum-exp at any number of betas (IS, DIS, DualIS, DualDIS), and
+  the sorted probe rows (GC);
+* gallery x gallery bank: log-sum-exp at the gallery betas (DualIS, DualDIS);
+* query bank x gallery (and gallery bank x gallery): the top-k_a gallery items of every bank
+  item, whose union is the activation set of the dynamic variants (DIS, DualDIS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+
+__all__ = ["StatisticsRequest", "BankStatistics", "compute_statistics"]
+
+
+@dataclass(frozen=True)
+class StatisticsRequest:
+    """What a correction needs from the banks (all fields default to "nothing")."""
+
+    query_topk: int = 0
+    query_betas: frozenset[float] = frozenset()
+    gallery_betas: frozenset[float] = frozenset()
+    query_activation_k: int = 0
+    gallery_activation_k: int = 0
+    query_probes: bool = False
+
+    def merge(self, other: StatisticsRequest) -> StatisticsRequest:
+        """The request that satisfies both ``self`` and ``other``."""
+        return StatisticsRequest(
+            query_topk=max(self.query_topk, other.query_topk),
+            query_betas=self.query_betas | other.query_betas,
+            gallery_betas=self.gallery_betas | other.gallery_betas,
+            query_activation_k=max(self.query_activation_k, other.query_activation_k),
+            gallery_activation_k=max(self.gallery_activation_k, other.gallery_activation_k),
+            query_probes=self.query_probes or other.query_probes,
+        )
+
+    @property
+    def needs_gallery_bank(self) -> bool:
+        return bool(self.gallery_betas) or self.gallery_activation_k > 0
+
+
+@dataclass
+class BankStatistics:
+    """Statistics of one gallery against its reference banks (see :func:`compute_statistics`).
+
+    ``query_topk[i]``: the K largest s(b, r_i) over query-bank items b, descending.
+    ``query_lse[beta][i]``: log sum_b exp(beta * s(b, r_i)); ``gallery_lse`` likewise over the
+    gallery bank. ``query_activation[j]``: the k_a gallery items nearest to query-bank item j
+    (ties by lower index); ``gallery_activation`` likewise for gallery-bank items.
+    ``query_probes[i]``: all s(b, r_i), sorted ascending. Means are float64 vectors.
+    """
+
+    n_gallery: int
+    n_query_bank: int
+    n_gallery_bank: int | None
+    query_bank_mean: np.ndarray
+    gallery_mean: np.ndarray
+    gallery_bank_mean: np.ndarray | None = None
+    query_topk: np.ndarray | None = None
+    query_lse: dict[float, np.ndarray] = field(default_factory=dict)
+    gallery_lse: dict[float, np.ndarray] = field(default_factory=dict)
+    query_activation: np.ndarray | None = None
+    gallery_activation: np.ndarray | None = None
+    query_probes: np.ndarray | None = None
+
+    def missing(self, request: StatisticsRequest) -> list[str]:
+        """Names of what ``request`` needs and these statistics lack (empty when satisfied)."""
+        lacks = []
+        have_k = 0 if self.query_topk is None else self.query_topk.shape[1]
+        if request.query_topk > have_k:
+            lacks.append(f"top-{request.query_topk} query-bank similarities (have {have_k})")
+        lacks += [f"query-bank log-sum-exp at beta={b}" for b in sorted(request.query_betas - set(self.query_lse))]
+        lacks += [
+            f"gallery-bank log-sum-exp at beta={b}" for b in sorted(request.gallery_betas - set(self.gallery_lse))
+        ]
+        for name, need, have in (
+            ("query-bank", request.query_activation_k, self.query_activation),
+            ("gallery-bank", request.gallery_activation_k, self.gallery_activation),
+        ):
+            if need > (0 if have is None else have.shape[1]):
+                lacks.append(f"{name} activation sets at k_activation={need}")
+        if request.query_probes and self.query_probes is None:
+            lacks.append("sorted query-bank probes")
+        return lacks
+
+    def activation_mask(self, which: str, k_activation: int) -> np.ndarray:
+        """Boolean (n_gallery,) mask of the activation set built from the ``which`` bank.
+
+        The set is the union, over the bank's items, of their ``k_activation`` nearest gallery
+        items (QB-Norm, Bogolin et al. 2022, section 3.4).
+        """
+        ids = self.query_activation if which == "query" else self.gallery_activation
+        if ids is None or ids.shape[1] < k_activation:
+            raise ValueError(f"{which}-bank activation sets at k_activation={k_activation} were not computed")
+        mask = np.zeros(self.n_gallery, dtype=bool)
+        mask[ids[:, :k_activation].ravel()] = True
+        return mask
+
+
+def _mean(x: np.ndarray) -> np.ndarray:
+    return x.mean(axis=0, dtype=np.float64)
+
+
+def compute_statistics(
+    gallery: np.ndarray,
+    query_bank: np.ndarray | None,
+    gallery_bank: np.ndarray | None,
+    request: StatisticsRequest,
+    *,
+    progress: bool | None = None,
+) -> BankStatistics:
+    """Compute the statistics in ``request`` by streaming similarity blocks (bounded memory).
+
+    Inputs must be validated float32 arrays of one dimension (the corrections' ``fit`` does
+    this; :func:`hubless.corrections.fit_statistics` is the validating public entry point).
+    """
+    n_gallery = gallery.shape[0]
+    if query_bank is None:
+        query_bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
+    stats = BankStatistics(
+        n_gallery=n_gallery,
+        n_query_bank=query_bank.shape[0],
+        n_gallery_bank=None if gallery_bank is None else gallery_bank.shape[0],
+        query_bank_mean=_mean(query_bank) if len(query_bank) else np.zeros(gallery.shape[1]),
+        gallery_mean=_mean(gallery),
+        gallery_bank_mean=None if gallery_bank is None else _mean(gallery_bank),
+    )
+    reducers = []
+    topk = lse = probes = None
+    if request.query_topk:
+        topk = TopK(n_gallery, request.query_topk)
+        reducers.append(topk)
+    query_betas = sorted(request.query_betas)
+    if query_betas:
+        lse = LogSumExp(n_gallery, query_betas)
+        reducers.append(lse)
+    if request.query_probes:
+        probes = SortedRows(n_gallery, query_bank.shape[0])
+        reducers.append(probes)
+    if reducers:
+        stream_reduce(gallery, query_bank, reducers, progress=progress, desc="query bank")
+        if topk is not None:
+            stats.query_topk = topk.values
+        if lse is not None:
+            stats.query_lse = {b: lse.values[:, t] for t, b in enumerate(query_betas)}
+        if probes is not None:
+            stats.query_probes = probes.values
+    if request.needs_gallery_bank and gallery_bank is None:
+        raise ValueError("these statistics need a gallery bank; pass gallery_bank=")
+    gallery_betas = sorted(request.gallery_betas)
+    if gallery_betas:
+        lse = LogSumExp(n_gallery, gallery_betas)
+        stream_reduce(gallery, gallery_bank, [lse], progress=progress, desc="gallery bank")
+        stats.gallery_lse = {b: lse.values[:, t] for t, b in enumerate(gallery_betas)}
+    if request.query_activation_k:
+        stats.query_activation = _nearest_gallery_ids(query_bank, gallery, request.query_activation_k, progress)
+    if request.gallery_activation_k:
+        stats.gallery_activation = _nearest_gallery_ids(
+            gallery_bank, gallery, request.gallery_activation_k, progress
+        )
+    return stats
+
+
+def _nearest_gallery_ids(bank: np.ndarray, gallery: np.ndarray, k: int, progress: bool | None) -> np.ndarray:
+    nearest = TopK(bank.shape[0], min(k, gallery.shape[0]), with_ids=True)
+    stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets")
+    return nearest.ids

@@ -1,0 +1,220 @@
+"""The streamed similarity engine: rows x columns in BLAS-sized blocks, reduced row by row.
+
+Every statistic hubless needs has the same shape: for each row vector (a gallery item, a query),
+stream the similarities to every column vector (a bank, the gallery) and reduce them to a few
+numbers (the top-k, a log-sum-exp, sorted probes). :func:`stream_reduce` computes one block of
+similarities at a time with a single GEMM, hands it to each reducer, and never holds more than
+``row_block x col_block`` similarities per thread, however large either side is.
+
+Similarities may carry extra dimensions: with ``row_extra``/``col_extra`` a block is
+``rows . cols + row_extra . col_extra``, i.e. the inner product of the augmented vectors
+[q, -w] . [r, bias] used to serve additive corrections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hubless.engine.parallel import num_threads, run_blocks
+from hubless.engine.topk import RunningTopK
+
+__all__ = [
+    "ROW_BLOCK",
+    "COL_BLOCK",
+    "Reducer",
+    "ReducerState",
+    "TopK",
+    "LogSumExp",
+    "SortedRows",
+    "stream_reduce",
+]
+
+#: Rows per block (per thread). 512 x 8192 float32 similarities = 16 MiB per thread.
+ROW_BLOCK = 512
+#: Columns per block.
+COL_BLOCK = 8192
+
+Transform = Callable[[np.ndarray, int, int, int, int], None]
+
+
+class Reducer:
+    """Reduces each row's similarities to all columns; one instance per :func:`stream_reduce` call.
+
+    ``start(start, stop)`` returns the state of one row block; the engine feeds it every column
+    block with ``state.update(sims, col_offset)`` and then calls ``state.finish()``, which writes
+    rows ``start:stop`` of the reducer's outputs. Different row blocks run in different threads
+    and only write their own rows.
+    """
+
+    def start(self, start: int, stop: int) -> "ReducerState":  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class ReducerState:
+    """The running state of one reducer over one row block."""
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def finish(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class TopK(Reducer):
+    """Top-``k`` similarities of each row, sorted descending (``values``), optionally with ``ids``.
+
+    Ties are broken by the lower column id.
+    """
+
+    def __init__(self, n_rows: int, k: int, *, with_ids: bool = False) -> None:
+        self.k = k
+        self.with_ids = with_ids
+        self.values = np.empty((n_rows, k), dtype=np.float32)
+        self.ids = np.empty((n_rows, k), dtype=np.int64) if with_ids else None
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _TopKState(self, start, stop)
+
+
+class _TopKState(ReducerState):
+    def __init__(self, parent: TopK, start: int, stop: int) -> None:
+        self.parent, self.start, self.stop = parent, start, stop
+        self.running = RunningTopK(stop - start, parent.k, with_ids=parent.with_ids)
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        self.running.update(block, col_offset)
+
+    def finish(self) -> None:
+        values, ids = self.running.sorted()
+        self.parent.values[self.start : self.stop] = values
+        if ids is not None:
+            self.parent.ids[self.start : self.stop] = ids
+
+
+class LogSumExp(Reducer):
+    """``log sum_j exp(beta * s_ij)`` of each row for several ``betas`` (>= 0), in float64.
+
+    Streamed with a running maximum (max-subtraction), so no exponential overflows.
+    ``values[:, t]`` belongs to ``betas[t]``; beta = 0 gives log(n_cols).
+    """
+
+    def __init__(self, n_rows: int, betas: Sequence[float]) -> None:
+        self.betas = [float(b) for b in betas]
+        self.values = np.empty((n_rows, len(self.betas)), dtype=np.float64)
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _LogSumExpState(self, start, stop)
+
+
+class _LogSumExpState(ReducerState):
+    def __init__(self, parent: LogSumExp, start: int, stop: int) -> None:
+        self.parent, self.start, self.stop = parent, start, stop
+        shape = (stop - start, len(parent.betas))
+        self.peak = np.full(shape, -np.inf)  # running max of beta * s
+        self.total = np.zeros(shape)  # running sum of exp(beta * s - peak)
+        self.count = 0
+        self.scratch: np.ndarray | None = None
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        self.count += block.shape[1]
+        if self.scratch is None or self.scratch.shape != block.shape:
+            self.scratch = np.empty_like(block)
+        tmp = self.scratch
+        row_max = block.max(axis=1).astype(np.float64)
+        for t, beta in enumerate(self.parent.betas):
+            if beta == 0.0:
+                continue
+            new_peak = np.maximum(self.peak[:, t], beta * row_max)
+            self.total[:, t] *= np.exp(self.peak[:, t] - new_peak)
+            np.multiply(block, np.float32(beta), out=tmp)
+            tmp -= new_peak.astype(np.float32)[:, None]
+            np.exp(tmp, out=tmp)
+            self.total[:, t] += tmp.sum(axis=1, dtype=np.float64)
+            self.peak[:, t] = new_peak
+
+    def finish(self) -> None:
+        with np.errstate(divide="ignore"):
+            out = self.peak + np.log(self.total)
+        for t, beta in enumerate(self.parent.betas):
+            if beta == 0.0:
+                out[:, t] = np.log(self.count)
+        self.parent.values[self.start : self.stop] = out
+
+
+class SortedRows(Reducer):
+    """Every similarity of each row, sorted ascending: ``values`` is (n_rows, n_cols).
+
+    Memory grows with rows x columns; only the rank-based GC correction needs it.
+    """
+
+    def __init__(self, n_rows: int, n_cols: int) -> None:
+        self.values = np.empty((n_rows, n_cols), dtype=np.float32)
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _SortedRowsState(self.values[start:stop])
+
+
+class _SortedRowsState(ReducerState):
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        self.rows[:, col_offset : col_offset + block.shape[1]] = block
+
+    def finish(self) -> None:
+        self.rows.sort(axis=1)
+
+
+def _bounds(n: int, block: int) -> list[tuple[int, int]]:
+    return [(s, min(n, s + block)) for s in range(0, n, block)]
+
+
+def row_block_size(n_rows: int, block: int = ROW_BLOCK) -> int:
+    """Rows per block: ``block``, or smaller so that every thread gets work on small inputs."""
+    per_thread = -(-n_rows // num_threads())
+    return max(1, min(block, max(64, per_thread)))
+
+
+def stream_reduce(
+    rows: np.ndarray,
+    cols: np.ndarray,
+    reducers: Sequence[Reducer],
+    *,
+    row_extra: np.ndarray | None = None,
+    col_extra: np.ndarray | None = None,
+    transform: Transform | None = None,
+    row_block: int = ROW_BLOCK,
+    col_block: int = COL_BLOCK,
+    progress: bool | None = None,
+    desc: str = "",
+) -> None:
+    """Feed every block of ``rows @ cols.T`` (plus ``row_extra @ col_extra.T``) to ``reducers``.
+
+    ``rows`` (n, d) and ``cols`` (m, d) must be float32 and C-contiguous (see
+    :func:`hubless._validation.as_embeddings`); extras are (n, e) and (m, e). ``transform(sims,
+    row_start, row_stop, col_start, col_stop)`` may rewrite a block in place before the reducers
+    see it. Reducers must not modify the block.
+    """
+    n, m = rows.shape[0], cols.shape[0]
+    if (row_extra is None) != (col_extra is None):
+        raise ValueError("row_extra and col_extra must be given together")
+    col_bounds = _bounds(m, col_block)
+
+    def work(start: int, stop: int) -> None:
+        states = [r.start(start, stop) for r in reducers]
+        block_rows = rows[start:stop]
+        block_extra = None if row_extra is None else row_extra[start:stop]
+        for c0, c1 in col_bounds:
+            sims = block_rows @ cols[c0:c1].T
+            if block_extra is not None:
+                sims += block_extra @ col_extra[c0:c1].T
+            if transform is not None:
+                transform(sims, start, stop, c0, c1)
+            for state in states:
+                state.update(sims, c0)
+        for state in states:
+            state.finish()
+
+    run_blocks(work, _bounds(n, row_block_size(n, row_block)), progress=progress, desc=desc)
