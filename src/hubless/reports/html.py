@@ -10,9 +10,10 @@ import base64
 import html
 import io
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from hubless._io import write_text
 
 __all__ = ["Report", "figure_to_data_uri", "html_table", "require_matplotlib"]
 
@@ -106,14 +107,4 @@ class Report:
 
     def write(self, path: str | os.PathLike) -> Path:
         """Write the report atomically; returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.to_html())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text(path, self.to_html())

@@ -1,0 +1,57 @@
+"""Atomic file writes: write to a temporary file in the same directory, then rename.
+
+A crash or an exception mid-write leaves the previous file (if any) untouched and no partial
+file behind. Use these for every file hubless writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+__all__ = ["atomic_open", "write_text", "write_json", "save_npy"]
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", *, encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Open a temporary sibling of ``path`` for writing; rename it over ``path`` on success."""
+    if "b" in mode:
+        encoding = None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
+    with atomic_open(path, "w") as fh:
+        json.dump(obj, fh, indent=indent)
+        fh.write("\n")
+    return Path(path)
+
+
+def save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
+    with atomic_open(path, "wb") as fh:
+        np.save(fh, array, allow_pickle=False)
+    return Path(path)
