@@ -1,0 +1,32 @@
+"""Shared fixtures: small random embedding sets and a clean warning state per test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hubless._validation import _reset_warnings
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    _reset_warnings()
+    yield
+    _reset_warnings()
+
+
+def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.standard_normal((n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture
+def small_data():
+    """gallery (60, 16), query bank (200, 16), gallery bank (80, 16), queries (40, 16): unit float32."""
+    rng = np.random.default_rng(1234)
+    return {
+        "gallery": unit_rows(rng, 60, 16),
+        "query_bank": unit_rows(rng, 200, 16),
+        "gallery_bank": unit_rows(rng, 80, 16),
+        "queries": unit_rows(rng, 40, 16),
+    }
