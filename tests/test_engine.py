@@ -155,3 +155,18 @@ def test_memory_stays_bounded_when_the_similarity_matrix_is_huge():
     assert peak < 150 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     dense_row = rows[:1].astype(np.float64) @ cols.T.astype(np.float64)
     np.testing.assert_allclose(top.values[0], -np.sort(-dense_row[0])[:16], rtol=1e-5)
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+@pytest.mark.parametrize("with_ids", [False, True])
+def test_running_topk_on_wide_blocks(coarse, with_ids):
+    """Wide first blocks take the group-maxima bound; later blocks the running threshold."""
+    x = _matrix(7, 6, 3 * 4096, coarse)
+    running = RunningTopK(6, 40, with_ids=with_ids)
+    for offset in range(0, x.shape[1], 4096):
+        running.update(x[:, offset : offset + 4096], offset)
+    values, ids = running.sorted()
+    expected = ranking(x)[:, :40]
+    np.testing.assert_array_equal(values, np.take_along_axis(x, expected, axis=1))
+    if with_ids:
+        np.testing.assert_array_equal(ids, expected)

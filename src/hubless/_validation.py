@@ -78,15 +78,14 @@ def as_embeddings(
             "all embeddings must come from the same model."
         )
     arr = np.ascontiguousarray(arr, dtype=np.float32)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        bad_rows = np.flatnonzero(~finite.all(axis=1))
+    # One pass: a row's float64 norm is finite exactly when all its entries are.
+    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
+    if not np.isfinite(norms).all():
+        bad_rows = np.flatnonzero(~np.isfinite(norms))
         raise ValueError(
             f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); "
             "fix or drop those rows."
         )
-    del finite
-    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
     if normalize:
         if not unit.all():

@@ -14,6 +14,8 @@ __all__ = ["RunningTopK", "NO_ID"]
 
 #: Id stored in slots that hold no element yet (sorts after every real id).
 NO_ID = np.iinfo(np.int64).max
+#: Columns per group when bounding the first block's k-th value by group maxima.
+_GROUP = 16
 
 
 class RunningTopK:
@@ -41,6 +43,13 @@ class RunningTopK:
         if full:
             # Equal values may need their ids compared; values alone never do.
             thr, inclusive = self.threshold, self.ids is not None
+        elif width >= _GROUP * 4 * k and width % _GROUP == 0:
+            # First wide block: the k-th largest of the maxima of disjoint column groups is a
+            # safe lower bound for each row's k-th largest value (k distinct elements reach it),
+            # and it admits few more than k candidates. Far cheaper than a full partition.
+            group_max = block.reshape(n, _GROUP, width // _GROUP).max(axis=1)
+            g = group_max.shape[1]
+            thr, inclusive = np.partition(group_max, g - k, axis=1)[:, g - k], True
         elif width > 2 * k:
             # First block: its own k-th largest value is a safe lower bound for each row.
             thr, inclusive = np.partition(block, width - k, axis=1)[:, width - k], True
@@ -48,9 +57,11 @@ class RunningTopK:
             self._merge_all(block, col_offset)
             return
         mask = block >= thr[:, None] if inclusive else block > thr[:, None]
-        rows, cols = np.nonzero(mask)
-        if rows.size == 0:
+        # flatnonzero on the flat view is an order of magnitude faster than 2-D nonzero
+        flat = np.flatnonzero(mask.ravel())
+        if flat.size == 0:
             return
+        rows, cols = np.divmod(flat, width)
         counts = np.bincount(rows, minlength=n)
         active = np.flatnonzero(counts)
         slot = np.cumsum(counts > 0) - 1  # row -> position among active rows
