@@ -27,8 +27,10 @@ from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics
 
 __all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK", "validate_fit_inputs"]
 
-#: Queries per block in :meth:`Correction.score` (bounds the temporaries, not the output).
+#: Queries per block in :meth:`Correction.score`, and the most scores one block may hold
+#: (this bounds the temporaries, not the output).
 SCORE_BLOCK = 1024
+SCORE_BLOCK_ELEMENTS = 2**24
 
 
 class Correction:
@@ -167,8 +169,9 @@ class Correction:
         """
         q = self._queries(queries)
         out = np.empty((q.shape[0], self.n_gallery_), dtype=np.float32)
-        for start in range(0, q.shape[0], SCORE_BLOCK):
-            block = q[start : start + SCORE_BLOCK]
+        rows = max(1, min(SCORE_BLOCK, SCORE_BLOCK_ELEMENTS // self.n_gallery_))
+        for start in range(0, q.shape[0], rows):
+            block = q[start : start + rows]
             out[start : start + block.shape[0]] = self._score_block(block, block @ self.gallery_.T)
         return out
 
