@@ -26,6 +26,8 @@ from hubless.corrections import (
     make_correction,
 )
 from hubless.engine import exact_search
+from hubless.evaluation import Evaluation, evaluate
+from hubless.metrics import Truth, captions_per_item
 
 __version__ = "0.1.0"
 
@@ -38,12 +40,16 @@ __all__ = [
     "DualDIS",
     "DualIS",
     "DynamicInvertedSoftmax",
+    "Evaluation",
     "GlobalCorrection",
     "InvertedSoftmax",
     "METHODS",
     "NNN",
+    "Truth",
     "UnnormalizedEmbeddingsWarning",
     "__version__",
+    "captions_per_item",
+    "evaluate",
     "exact_search",
     "fit_many",
     "make_correction",
