@@ -32,7 +32,7 @@ from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, per_query_metrics, relevant_ranks, summarize
 from hubless.metrics.truth import Truth, load_truth
 
-__all__ = ["Evaluation", "MethodResult", "evaluate", "ranking_blocks", "rank_queries"]
+__all__ = ["Evaluation", "MethodResult", "evaluate", "rank_queries", "ranking_blocks", "ranking_scores"]
 
 #: Score elements per block of query rows (16 MiB of float32).
 BLOCK_ELEMENTS = 1 << 22
@@ -93,21 +93,32 @@ def ranking_blocks(correction: Correction, queries: np.ndarray, block_rows: int 
     """Yield ``(start, scores)`` for consecutive blocks of query rows, where ``scores`` are the
     ranking scores over the whole gallery that ``correction.search`` orders by."""
     q = correction._queries(queries)
-    n_gallery = correction.n_gallery_
-    rows = block_rows or max(1, min(4096, BLOCK_ELEMENTS // n_gallery))
-    gallery = correction.gallery_
+    rows = block_rows or query_block_rows(correction.n_gallery_)
     for start in range(0, q.shape[0], rows):
         block = q[start : start + rows]
-        scores = block @ gallery.T
-        if isinstance(correction, AdditiveCorrection):
-            weights = correction._query_weights(block, None, None)
-            if weights.any():
-                scores += np.ascontiguousarray(-weights, dtype=np.float32) @ correction.bias_columns_.T
-        elif correction.name == "gc":
-            correction._subtract_ranks(scores, 0, scores.shape[0], 0, n_gallery)
-        elif correction.name != "baseline":  # pragma: no cover - every method is one of the above
-            raise TypeError(f"no ranking form for {type(correction).__name__}")
-        yield start, scores
+        yield start, ranking_scores(correction, block, block @ correction.gallery_.T)
+
+
+def query_block_rows(n_gallery: int) -> int:
+    """Query rows per block so that one block of scores holds about BLOCK_ELEMENTS values."""
+    return max(1, min(4096, BLOCK_ELEMENTS // n_gallery))
+
+
+def ranking_scores(correction: Correction, queries: np.ndarray, sims: np.ndarray, **weight) -> np.ndarray:
+    """The ranking scores ``correction.search`` orders by, from the raw similarities ``sims``
+    (n_queries, n_gallery) of validated ``queries``: ``s - W . bias`` for additive corrections
+    (``weight`` overrides w, e.g. ``alpha=0.5``), GC's rank-corrected score. ``sims`` is reused
+    as the output buffer only for GC; pass a copy if you need it afterwards."""
+    if isinstance(correction, AdditiveCorrection):
+        weights = correction._query_weights(queries, correction._weight_override(weight, queries.shape[0]), None)
+        if not weights.any():
+            return sims
+        return sims + np.ascontiguousarray(-weights, dtype=np.float32) @ correction.bias_columns_.T
+    if correction.name == "gc":
+        sims = np.array(sims, dtype=np.float32, copy=True)
+        correction._subtract_ranks(sims, 0, sims.shape[0], 0, correction.n_gallery_)
+        return sims
+    raise TypeError(f"no ranking form for {type(correction).__name__}")  # pragma: no cover
 
 
 def rank_queries(correction: Correction, queries: np.ndarray, truth: Truth, *, depth: int = HUBNESS_DEPTH, progress=None):

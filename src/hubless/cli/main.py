@@ -6,6 +6,8 @@ import typer
 
 from hubless import __version__
 from hubless.cli import demo
+from hubless.cli.eval import eval_command
+from hubless.cli.tune import tune_command
 
 app = typer.Typer(
     name="hubless",
@@ -31,6 +33,8 @@ def main(
 
 
 app.command("demo")(demo.demo)
+app.command("eval")(eval_command)
+app.command("tune")(tune_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,62 @@
+"""Options and helpers shared by the sub-commands (loading inputs, parsing lists, errors)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from hubless.evaluation import file_digest
+from hubless.inputs import load_embeddings
+
+err_console = Console(stderr=True)
+
+METHOD_HELP = (
+    "Correction spec, repeatable: baseline, nnn:alpha=0.75,k=16, dn:lam=0.5, csls:k=10, is:beta=20, "
+    "dis:beta=20,k_activation=1, dualis:beta_query=20,beta_gallery=20, dualdis, gc."
+)
+NORMALIZE_HELP = "L2-normalise every input so scores are cosine similarities, as in the papers (default on)."
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    """'1,5,10' -> [1, 5, 10], with a clear error."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{name} must be comma-separated integers such as 1,5,10; got {text!r}") from None
+    if not values:
+        raise typer.BadParameter(f"{name} is empty")
+    return values
+
+
+def load(path: Path | None, name: str, *, normalize: bool, dim: int | None = None):
+    """Load an embeddings file (None passes through)."""
+    if path is None:
+        return None
+    return load_embeddings(path, name, normalize=normalize, dim=dim)
+
+
+def describe_file(path: Path | None, array) -> dict[str, Any] | None:
+    """Path, shape and sha256 of an input, for results files."""
+    if path is None:
+        return None
+    file = str(path).partition(":")[0] if not Path(path).exists() else str(path)
+    return {"path": str(path), "shape": list(array.shape), "sha256": file_digest(file)}
+
+
+def friendly_errors(func: Callable) -> Callable:
+    """Turn the library's input errors into a one-line message and exit code 2 (no traceback)."""
+
+    @wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (ValueError, FileNotFoundError, KeyError, TypeError, ImportError) as exc:
+            err_console.print(f"[bold red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+
+    return wrapper

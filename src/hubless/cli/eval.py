@@ -1,0 +1,70 @@
+"""``hubless eval``: measure corrections on your embeddings (R@K, ranks, CIs, hubness)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, describe_file, friendly_errors, load, parse_ints
+
+
+def print_results(ev, title: str) -> None:
+    """The evaluation as one rich table: a row per method."""
+    from hubless.reports.evaluation import results_rows
+
+    rows = results_rows(ev)
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col != "method")
+    for row in rows:
+        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    console.print(table)
+
+
+@friendly_errors
+def eval_command(
+    gallery: Path = typer.Option(..., help="Gallery embeddings (.npy, or .npz / file.npz:KEY), one row per item."),
+    queries: Path = typer.Option(..., help="Test query embeddings, same dimension."),
+    truth: str = typer.Option(..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."),
+    query_bank: Path = typer.Option(None, help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline."),
+    gallery_bank: Path = typer.Option(None, help="Reference items of the gallery's modality (DualIS/DualDIS need it; DN uses its mean)."),
+    method: list[str] = typer.Option(["baseline", "nnn"], "--method", "-m", help=METHOD_HELP),
+    ks: str = typer.Option("1,5,10", help="Cut-offs K of R@K, comma-separated."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples for 95% CIs (0: none)."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
+    out: Path = typer.Option(None, help="Write the results as JSON here (atomic)."),
+    report: Path = typer.Option(None, help="Write a self-contained HTML report with plots here."),
+    progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+) -> None:
+    """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
+    bootstrap CIs, the change vs the baseline and hubness. The baseline is always included."""
+    from hubless._io import write_json
+    from hubless.evaluation import evaluate
+
+    g = load(gallery, "gallery", normalize=normalize)
+    q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
+    qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
+    gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
+    inputs = {
+        name: describe_file(path, arr)
+        for name, path, arr in (("gallery", gallery, g), ("queries", queries, q), ("query_bank", query_bank, qb), ("gallery_bank", gallery_bank, gb))
+        if path is not None
+    }
+    inputs["truth"] = truth
+    ev = evaluate(g, q, truth, qb, method, gallery_bank=gb, ks=parse_ints(ks, "--ks"), bootstrap=bootstrap, seed=seed, normalize=normalize, progress=progress, inputs={"files": inputs})
+    print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
+    if out is not None:
+        write_json(out, ev.to_dict())
+        typer.echo(f"results: {out}")
+    if report is not None:
+        from hubless.reports.evaluation import evaluation_report
+
+        evaluation_report(ev, report)
+        typer.echo(f"report: {report}")

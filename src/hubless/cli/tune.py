@@ -1,0 +1,76 @@
+"""``hubless tune``: choose each correction's parameters on a validation split, then test them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints
+
+
+@friendly_errors
+def tune_command(
+    gallery: Path = typer.Option(..., help="Gallery embeddings (.npy/.npz)."),
+    validation_queries: Path = typer.Option(..., help="Validation queries: disjoint from the test queries and the query bank (checked)."),
+    validation_truth: str = typer.Option(..., help="Relevant gallery ids of each validation query (.npy/.json or t2i:5 / i2t:5)."),
+    validation_gallery: Path = typer.Option(None, help="Gallery the validation queries search (default: --gallery)."),
+    queries: Path = typer.Option(None, help="Test queries: checked for overlap, then evaluated with the chosen parameters when --truth is given."),
+    truth: str = typer.Option(None, help="Relevant gallery ids of each test query."),
+    query_bank: Path = typer.Option(None, help="Reference queries the corrections are fitted on."),
+    gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
+    method: list[str] = typer.Option(["nnn"], "--method", "-m", help="Method name to tune, repeatable: nnn, csls, dn, is, dis, dualis, dualdis (grids from the papers)."),
+    objective: str = typer.Option("R@1", help="Metric to maximise (R@K, MRR, mAP@R) or minimise (MdR, MnR)."),
+    ks: str = typer.Option("1,5,10", help="Cut-offs K of R@K."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples for the test evaluation."),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
+    out: Path = typer.Option(None, help="Write the choice, validation tables and test results as JSON."),
+    report: Path = typer.Option(None, help="Write an HTML report (grid heat maps, tables)."),
+    progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+) -> None:
+    """Grid-search each method on the validation split (never on the test queries) and report
+    the chosen parameters; with --queries and --truth, evaluate them on the test queries."""
+    from hubless._io import write_json
+    from hubless.evaluation import evaluate
+    from hubless.tuning import tune
+
+    g = load(gallery, "gallery", normalize=normalize)
+    dim = g.shape[1]
+    vg = load(validation_gallery, "validation gallery", normalize=normalize, dim=dim)
+    vq = load(validation_queries, "validation queries", normalize=normalize, dim=dim)
+    q = load(queries, "queries", normalize=normalize, dim=dim)
+    qb = load(query_bank, "query bank", normalize=normalize, dim=dim)
+    gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=dim)
+    k_list = parse_ints(ks, "--ks")
+    if truth is not None and q is None:
+        raise typer.BadParameter("--truth needs --queries")
+    tuned = tune(vg if vg is not None else g, vq, validation_truth, qb, method, gallery_bank=gb, test_queries=q,
+                 objective=objective, ks=k_list, normalize=normalize, progress=progress)  # fmt: skip
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    table = Table(title=f"chosen on {vq.shape[0]} validation queries ({objective})")
+    for col in ("method", "chosen", f"validation {objective}", "grid points"):
+        table.add_column(col, justify="left" if col in ("method", "chosen") else "right")
+    for m, b in tuned.best.items():
+        table.add_row(m, b["spec"], f"{b[objective]:.2f}", str(len(tuned.tables[m])))
+    console.print(table)
+    ev = None
+    if truth is not None:
+        from hubless.cli.eval import print_results
+
+        ev = evaluate(g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize, progress=progress)
+        print_results(ev, f"test: {q.shape[0]} queries over {g.shape[0]} items, chosen parameters")
+    if out is not None:
+        data = tuned.to_dict()
+        if ev is not None:
+            data["test"] = ev.to_dict()
+        write_json(out, data)
+        typer.echo(f"results: {out}")
+    if report is not None:
+        from hubless.reports.evaluation import tune_report
+
+        tune_report(tuned, report, ev)
+        typer.echo(f"report: {report}")

@@ -1,0 +1,175 @@
+"""Leak-free hyper-parameter search (NNN paper, appendix B).
+
+    tuned = hubless.tune(gallery, val_queries, val_truth, query_bank,
+                         methods=["nnn", "is"], test_queries=queries)
+    tuned.best_specs      # e.g. ["nnn:alpha=0.75,k=16", "is:beta=20.0"]
+
+Parameters are chosen on a validation split that the caller passes explicitly; it must share
+no row with the test queries or with the query bank (checked by exact row equality, refused
+otherwise), so nothing about the test queries leaks into the choice. Every grid point of a
+method is fitted from one streamed pass per bank (:func:`hubless.fit_many` merges their
+statistics: NNN's whole (alpha, k) grid costs one top-512 pass), and each block of validation
+similarities is computed once and shared by every grid point.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import as_embeddings
+from hubless.corrections import METHODS, fit_many, make_correction
+from hubless.engine.parallel import progress_enabled
+from hubless.evaluation import _as_truth, _check_ks, query_block_rows, ranking_scores
+from hubless.metrics.retrieval import PerQuery, per_query_metrics, relevant_ranks, summarize
+
+__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "tune"]
+
+_LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+_KS = tuple(2**i for i in range(10))  # 1 .. 512
+
+#: Default grids from the papers: NNN (Chowdhury 2024, app. B), QB-Norm (Bogolin 2022),
+#: DBNorm (Wang 2023, log grid of both betas), DN (Zhou 2023, lambda in [0, 1]).
+DEFAULT_GRIDS: dict[str, dict[str, tuple]] = {
+    "baseline": {},
+    "nnn": {"alpha": tuple(0.25 + 0.125 * i for i in range(11)), "k": _KS},
+    "csls": {"k": _KS},
+    "dn": {"lam": tuple(round(0.1 * i, 1) for i in range(11))},
+    "is": {"beta": _LOG_BETAS},
+    "dis": {"beta": _LOG_BETAS, "k_activation": (1, 5)},
+    "dualis": {"beta_query": _LOG_BETAS, "beta_gallery": _LOG_BETAS},
+    "dualdis": {"beta_query": _LOG_BETAS, "beta_gallery": _LOG_BETAS},
+    "gc": {},
+}
+
+#: Metrics where lower is better.
+_LOWER_IS_BETTER = {"MdR", "MnR"}
+
+
+@dataclass
+class TuneResult:
+    """Per method: the chosen spec and the validation table (one row per grid point)."""
+
+    objective: str
+    best: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def best_specs(self) -> list[str]:
+        return [b["spec"] for b in self.best.values()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objective": self.objective, "best": self.best, "validation": self.tables}
+
+
+def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
+    """Refuse when any row of ``a`` equals a row of ``b`` exactly (a leak between splits)."""
+    if a.shape[1] != b.shape[1]:
+        return
+    row = np.dtype((np.void, a.dtype.itemsize * a.shape[1]))
+    va = np.ascontiguousarray(a).view(row).ravel()
+    vb = np.ascontiguousarray(b, dtype=a.dtype).view(row).ravel()
+    shared = np.intersect1d(va, vb).size
+    if shared:
+        raise ValueError(
+            f"{name_a} and {name_b} share {shared} identical row(s): tuning on them would leak; "
+            f"pass a validation split disjoint from the {name_b}"
+        )
+
+
+def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence]] | None) -> list[dict[str, Any]]:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    grid = DEFAULT_GRIDS[method] if grids is None or method not in grids else grids[method]
+    names = list(grid)
+    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
+    """Whether a grid point fits the data (e.g. k no larger than the bank); others are skipped."""
+    try:
+        corr._check_sizes(gallery, query_bank, gallery_bank)
+    except ValueError:
+        return False
+    return True
+
+
+def tune(
+    gallery,
+    val_queries,
+    val_truth,
+    query_bank=None,
+    methods: Sequence[str] = ("nnn",),
+    *,
+    gallery_bank=None,
+    test_queries=None,
+    grids: Mapping[str, Mapping[str, Sequence]] | None = None,
+    objective: str = "R@1",
+    ks: Sequence[int] = (1, 5, 10),
+    normalize: bool = True,
+    progress: bool | None = None,
+) -> TuneResult:
+    """Grid-search each method's parameters on the validation queries; returns the best per method.
+
+    ``methods`` are method names (their grids come from ``grids`` or :data:`DEFAULT_GRIDS`).
+    ``objective`` is a metric name (R@K for a K in ``ks``, MRR, mAP@R: higher is better; MdR,
+    MnR: lower is better); ties go to the first grid point. ``test_queries`` (recommended) are
+    only used to check that no validation query is also a test query.
+    """
+    gallery = as_embeddings(gallery, "gallery", normalize=normalize)
+    dim = gallery.shape[1]
+    val = as_embeddings(val_queries, "validation queries", normalize=normalize, dim=dim, dim_of="the gallery")
+    truth = _as_truth(val_truth, val.shape[0], gallery.shape[0])
+    ks = _check_ks(ks, gallery.shape[0])
+    valid = {f"R@{k}" for k in ks} | {"MdR", "MnR", "MRR", "mAP@R"}
+    if objective not in valid:
+        raise ValueError(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
+    if test_queries is not None:
+        test = as_embeddings(test_queries, "test queries", normalize=normalize, dim=dim, dim_of="the gallery")
+        check_disjoint(val, test, "validation queries", "test queries")
+    if query_bank is not None:
+        bank = as_embeddings(query_bank, "query bank", normalize=normalize, dim=dim, dim_of="the gallery")
+        check_disjoint(val, bank, "validation queries", "query bank")
+        query_bank = bank
+    sign = -1.0 if objective in _LOWER_IS_BETTER else 1.0
+    result = TuneResult(objective)
+    for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
+        candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
+        candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
+        if not candidates:
+            raise ValueError(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
+        points, corrections = [p for p, _ in candidates], [c for _, c in candidates]
+        fit_many(corrections, gallery, query_bank, gallery_bank, progress=progress)
+        metrics = _validate_all(corrections, val, truth, ks, progress)
+        rows = [{**p, **m} for p, m in zip(points, metrics)]
+        scores = np.array([sign * m[objective] for m in metrics])
+        best = int(np.argmax(scores))
+        result.tables[method] = rows
+        result.best[method] = {"spec": corrections[best].spec, "params": points[best], objective: metrics[best][objective], "metrics": metrics[best]}
+    return result
+
+
+def _validate_all(corrections, queries: np.ndarray, truth, ks, progress) -> list[dict[str, float]]:
+    """Metrics of every fitted correction on the validation queries, sharing each block of
+    raw similarities between them."""
+    gallery = corrections[0].gallery_
+    ranks = np.empty((len(corrections), truth.indices.size), dtype=np.int64)
+    rows = query_block_rows(gallery.shape[0])
+    starts = range(0, queries.shape[0], rows)
+    if progress_enabled(progress):
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc=f"tune {corrections[0].name} ({len(corrections)} points)", unit="block", leave=False)
+    for start in starts:
+        block = queries[start : start + rows]
+        stop = start + block.shape[0]
+        sims = block @ gallery.T
+        sub = truth.subset(np.arange(start, stop))
+        lo, hi = truth.indptr[start], truth.indptr[stop]
+        for i, corr in enumerate(corrections):
+            ranks[i, lo:hi] = relevant_ranks(ranking_scores(corr, block, sims), sub)
+    return [summarize(per_query_metrics(PerQuery(r, truth), ks)) for r in ranks]
