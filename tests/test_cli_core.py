@@ -33,8 +33,17 @@ def test_console_script_is_installed():
 def test_demo_library_shows_every_correction_improving_on_the_baseline():
     from hubless.demo import run_demo
 
-    rows = run_demo()
-    assert [r.method for r in rows] == list(hubless.METHODS)
-    base = rows[0]
-    nnn = next(r for r in rows if r.method == "nnn")
-    assert nnn.r_at_1 > base.r_at_1 + 3 and nnn.largest_hub < base.largest_hub
+    ev = run_demo(bootstrap=0)
+    assert [r.method for r in ev.results] == list(hubless.METHODS)
+    base, nnn = ev["baseline"], ev["nnn"]
+    assert nnn.metrics["R@1"] > base.metrics["R@1"] + 3
+    assert nnn.hubness["N1_max"] < base.hubness["N1_max"]
+
+
+def test_demo_command_prints_the_table_and_writes_the_report(tmp_path):
+    report = tmp_path / "demo.html"
+    result = runner.invoke(app, ["demo", "--n-items", "300", "--report", str(report), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "nnn" in result.output and "largest hub" in result.output
+    text = report.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count("<img") == 2

@@ -60,3 +60,12 @@ def friendly_errors(func: Callable) -> Callable:
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def wide_console() -> Console:
+    """A console for result tables: on a terminal its width, otherwise (pipes, CI logs) 160
+    columns so tables are not folded."""
+    console = Console()
+    if not console.is_terminal:
+        console.width = max(console.width, 160)
+    return console

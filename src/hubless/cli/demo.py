@@ -2,35 +2,46 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from hubless.cli._common import wide_console
 
 
 def demo(
     seed: int = typer.Option(0, help="Seed of the synthetic benchmark."),
     n_items: int = typer.Option(1000, help="Gallery items (images); each has 5 captions as queries."),
+    report: Path = typer.Option(Path("demo-report.html"), help="Where to write the HTML report ('' to skip)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Run every correction on a synthetic benchmark and print R@1 and the largest hub, before/after."""
+    """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
 
     data = make_retrieval_data(n_items=n_items, seed=seed)
-    rows = run_demo(data, progress=progress)
-    base = rows[0]
+    ev = run_demo(data, progress=progress)
+    base = ev.results[0]
     table = Table(title=f"text->image, synthetic: {n_items} images, {len(data.queries)} captions, seed {seed}")
     table.add_column("method")
     table.add_column("params", overflow="fold")
     table.add_column("R@1 before -> after", justify="right")
-    table.add_column("change", justify="right")
+    table.add_column("change [95% CI]", justify="right")
     table.add_column("largest hub before -> after", justify="right")
-    for row in rows:
+    for r in ev.results:
+        ci = r.delta_ci95.get("R@1")
+        change = f"{r.delta['R@1']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]" if r.delta else ""
         table.add_row(
-            row.method,
-            row.spec.partition(":")[2],
-            f"{base.r_at_1:.2f} -> {row.r_at_1:.2f}",
-            f"{row.r_at_1 - base.r_at_1:+.2f}",
-            f"{base.largest_hub} -> {row.largest_hub}",
+            r.method,
+            r.spec.partition(":")[2],
+            f"{base.metrics['R@1']:.2f} -> {r.metrics['R@1']:.2f}",
+            change,
+            f"{int(base.hubness['N1_max'])} -> {int(r.hubness['N1_max'])}",
         )
-    Console().print(table)
+    wide_console().print(table)
+    if str(report) not in ("", "."):
+        from hubless.reports.evaluation import evaluation_report
+
+        evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
+        typer.echo(f"report: {report}")

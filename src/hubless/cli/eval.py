@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, describe_file, friendly_errors, load, parse_ints
+from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, describe_file, friendly_errors, load, parse_ints, wide_console
 
 
 def print_results(ev, title: str) -> None:
@@ -21,9 +20,7 @@ def print_results(ev, title: str) -> None:
         table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col != "method")
     for row in rows:
         table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
+    console = wide_console()
     console.print(table)
 
 

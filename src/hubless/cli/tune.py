@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints, wide_console
 
 
 @friendly_errors
@@ -48,9 +47,7 @@ def tune_command(
         raise typer.BadParameter("--truth needs --queries")
     tuned = tune(vg if vg is not None else g, vq, validation_truth, qb, method, gallery_bank=gb, test_queries=q,
                  objective=objective, ks=k_list, normalize=normalize, progress=progress)  # fmt: skip
-    console = Console()
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
+    console = wide_console()
     table = Table(title=f"chosen on {vq.shape[0]} validation queries ({objective})")
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
         table.add_column(col, justify="left" if col in ("method", "chosen") else "right")
