@@ -28,6 +28,7 @@ from hubless.corrections import (
 from hubless.engine import exact_search
 from hubless.evaluation import Evaluation, evaluate
 from hubless.metrics import Truth, captions_per_item
+from hubless.tuning import tune
 
 __version__ = "0.1.0"
 
@@ -53,4 +54,5 @@ __all__ = [
     "exact_search",
     "fit_many",
     "make_correction",
+    "tune",
 ]
