@@ -32,7 +32,7 @@ import hubless
 from hubless._io import save_npy
 from hubless.data.karpathy import load_captions
 from hubless.metrics import Truth, captions_per_item
-from hubless.tuning import tune
+from hubless.tuning import shared_rows, tune
 
 METHODS = ("nnn", "csls", "dn", "is", "dis", "dualis", "dualdis", "gc")
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "coco_text"
@@ -65,6 +65,12 @@ def split_first_caption(emb: np.ndarray, per: int = 5) -> tuple[np.ndarray, np.n
 
 
 def run(direction: str, gallery, queries, truth: Truth, val_gallery, val_queries, val_truth, bank, bootstrap: int):
+    # COCO repeats some captions word for word across splits; identical validation rows would be
+    # refused as a leak, so they are left out of the validation split.
+    keep = np.flatnonzero(~(shared_rows(val_queries, queries) | shared_rows(val_queries, bank)))
+    if keep.size < val_queries.shape[0]:
+        print(f"({val_queries.shape[0] - keep.size} validation queries equal a test query or bank row: left out)")
+    val_queries, val_truth = val_queries[keep], val_truth.subset(keep)
     tuned = tune(val_gallery, val_queries, val_truth, bank, METHODS, gallery_bank=bank, test_queries=queries, progress=False)
     ev = hubless.evaluate(gallery, queries, truth, bank, tuned.best_specs, gallery_bank=bank, bootstrap=bootstrap, progress=False)
     print(f"\n{direction}: {queries.shape[0]:,} queries over {gallery.shape[0]:,} items (MiniLM-L6, parameters tuned on dev)\n")

@@ -25,7 +25,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
 from hubless.corrections import AdditiveCorrection, Correction, make_correction
-from hubless.engine.parallel import progress_enabled
+from hubless.engine.parallel import progress_bar
 from hubless.engine.topk import RunningTopK
 from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
@@ -127,11 +127,8 @@ def rank_queries(correction: Correction, queries: np.ndarray, truth: Truth, *, d
     depth = min(depth, correction.n_gallery_)
     ranks = np.empty(truth.indices.size, dtype=np.int64)
     top = np.empty((truth.n_queries, depth), dtype=np.int64)
-    blocks = ranking_blocks(correction, queries)
-    if progress_enabled(progress):
-        from tqdm.auto import tqdm
-
-        blocks = tqdm(blocks, desc=f"rank {correction.spec}", unit="block", leave=False)
+    n_blocks = -(-truth.n_queries // query_block_rows(correction.n_gallery_))
+    blocks = progress_bar(ranking_blocks(correction, queries), progress, desc=f"rank {correction.spec}", unit="block", total=n_blocks)
     for start, scores in blocks:
         stop = start + scores.shape[0]
         sub = truth.subset(np.arange(start, stop))

@@ -23,11 +23,11 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.corrections import METHODS, fit_many, make_correction
-from hubless.engine.parallel import progress_enabled
+from hubless.engine.parallel import progress_bar
 from hubless.evaluation import _as_truth, _check_ks, query_block_rows, ranking_scores
 from hubless.metrics.retrieval import PerQuery, per_query_metrics, relevant_ranks, summarize
 
-__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "tune"]
+__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "shared_rows", "tune"]
 
 _LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 _KS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -66,18 +66,23 @@ class TuneResult:
         return {"objective": self.objective, "best": self.best, "validation": self.tables}
 
 
-def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
-    """Refuse when any row of ``a`` equals a row of ``b`` exactly (a leak between splits)."""
+def shared_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Boolean mask over the rows of ``a``: True where the row equals some row of ``b`` exactly."""
     if a.shape[1] != b.shape[1]:
-        return
+        return np.zeros(a.shape[0], dtype=bool)
     row = np.dtype((np.void, a.dtype.itemsize * a.shape[1]))
     va = np.ascontiguousarray(a).view(row).ravel()
     vb = np.ascontiguousarray(b, dtype=a.dtype).view(row).ravel()
-    shared = np.intersect1d(va, vb).size
+    return np.isin(va, vb)
+
+
+def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
+    """Refuse when any row of ``a`` equals a row of ``b`` exactly (a leak between splits)."""
+    shared = int(shared_rows(a, b).sum())
     if shared:
         raise ValueError(
             f"{name_a} and {name_b} share {shared} identical row(s): tuning on them would leak; "
-            f"pass a validation split disjoint from the {name_b}"
+            f"pass a validation split disjoint from the {name_b} (hubless.tuning.shared_rows finds them)"
         )
 
 
@@ -159,11 +164,7 @@ def _validate_all(corrections, queries: np.ndarray, truth, ks, progress) -> list
     gallery = corrections[0].gallery_
     ranks = np.empty((len(corrections), truth.indices.size), dtype=np.int64)
     rows = query_block_rows(gallery.shape[0])
-    starts = range(0, queries.shape[0], rows)
-    if progress_enabled(progress):
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc=f"tune {corrections[0].name} ({len(corrections)} points)", unit="block", leave=False)
+    starts = progress_bar(range(0, queries.shape[0], rows), progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)", unit="block")
     for start in starts:
         block = queries[start : start + rows]
         stop = start + block.shape[0]

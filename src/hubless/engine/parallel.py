@@ -43,6 +43,14 @@ def progress_enabled(progress: bool | None) -> bool | None:
     return progress
 
 
+def progress_bar(iterable, progress: bool | None, **tqdm_kwargs):
+    """Wrap ``iterable`` in a tqdm bar per the ``progress`` convention of :func:`progress_enabled`
+    (None: only on a terminal, and only once the work has taken a second)."""
+    show = progress_enabled(progress)
+    disable = True if show is False else (None if show is None else False)
+    return tqdm(iterable, disable=disable, delay=1.0, leave=False, **tqdm_kwargs)
+
+
 def run_blocks(
     work: Callable[[int, int], None],
     bounds: Sequence[tuple[int, int]],

