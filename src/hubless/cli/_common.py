@@ -55,7 +55,7 @@ def friendly_errors(func: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except (ValueError, FileNotFoundError, KeyError, TypeError, ImportError) as exc:
+        except (ValueError, OSError, KeyError, TypeError, ImportError) as exc:
             err_console.print(f"[bold red]error:[/] {exc}")
             raise typer.Exit(2) from None
 

@@ -6,6 +6,7 @@ import typer
 
 from hubless import __version__
 from hubless.cli import demo
+from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.tune import tune_command
 
@@ -35,6 +36,7 @@ def main(
 app.command("demo")(demo.demo)
 app.command("eval")(eval_command)
 app.command("tune")(tune_command)
+app.command("embed")(embed_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,156 @@
+"""Embed a large set of images or texts to one ``.npy``, in resumable chunks.
+
+    embed_to_file(encoder, out="emb.npy", images=paths)        # or texts=[...]
+
+Items are encoded ``chunk_size`` at a time; each finished chunk is written atomically to
+``emb.npy.parts/`` together with which items it holds, so an interrupted job started again
+with the same inputs and model skips the finished chunks. Unreadable or corrupt images are
+skipped and listed (never crash the job). At the end ``emb.npy`` holds one row per embedded
+item and ``emb.meta.json`` the matching metadata, row for row: the item's index in the input,
+its path or text, the model, the dimension, and the skipped items with their errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hubless._io import save_npy, write_json
+from hubless.encoders.base import Encoder, open_image
+from hubless.engine.parallel import progress_bar
+
+__all__ = ["EmbedResult", "embed_to_file", "list_images", "meta_path", "IMAGE_SUFFIXES"]
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+@dataclass
+class EmbedResult:
+    out: Path
+    meta: Path
+    n_embedded: int
+    skipped: list[dict]
+    reused_chunks: int
+
+
+def meta_path(out: str | os.PathLike) -> Path:
+    """``emb.npy`` -> ``emb.meta.json``."""
+    out = Path(out)
+    return out.with_name(out.stem + ".meta.json")
+
+
+def list_images(source: str | os.PathLike) -> list[str]:
+    """Every file under a folder (sorted, recursive; non-images are kept so they are reported as
+    skipped), or the paths listed one per line in a text file."""
+    source = Path(source)
+    if source.is_dir():
+        return sorted(str(p) for p in source.rglob("*") if p.is_file())
+    if source.is_file():
+        base = source.parent
+        lines = [line.strip() for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [line if os.path.isabs(line) else str(base / line) for line in lines]
+    raise FileNotFoundError(f"no such folder or list file: {source}")
+
+
+def _job_key(encoder: Encoder, modality: str, items: list[str], chunk_size: int) -> str:
+    h = hashlib.sha256()
+    h.update(f"{encoder.name}\0{encoder.dim}\0{modality}\0{chunk_size}\0".encode())
+    for item in items:
+        h.update(item.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()
+
+
+def embed_to_file(
+    encoder: Encoder,
+    out: str | os.PathLike,
+    *,
+    images: list[str] | None = None,
+    texts: list[str] | None = None,
+    chunk_size: int = 4096,
+    batch_size: int = 32,
+    progress: bool | None = None,
+    overwrite: bool = False,
+) -> EmbedResult:
+    """Encode ``images`` (paths) or ``texts`` with ``encoder`` into ``out`` (.npy) + metadata."""
+    if (images is None) == (texts is None):
+        raise ValueError("give exactly one of images= or texts=")
+    modality = "image" if images is not None else "text"
+    items = [str(x) for x in (images if images is not None else texts)]
+    if not items:
+        raise ValueError(f"no {modality}s to embed")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    out = Path(out)
+    if out.suffix != ".npy":
+        raise ValueError(f"--out must be a .npy file; got {out}")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+    parts = out.with_name(out.name + ".parts")
+    key = _job_key(encoder, modality, items, chunk_size)
+    job_file = parts / "job.json"
+    if parts.exists():
+        try:
+            same = json.loads(job_file.read_text()).get("key") == key
+        except (OSError, ValueError):
+            same = False
+        if not same:  # leftovers of a different job: start over
+            shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    write_json(job_file, {"key": key, "model": encoder.name, "modality": modality, "n_items": len(items)})
+
+    reused = 0
+    starts = range(0, len(items), chunk_size)
+    for chunk, start in enumerate(progress_bar(starts, progress, desc=f"embed {modality}s", unit="chunk")):
+        emb_file, ids_file = parts / f"chunk-{chunk:06d}.npy", parts / f"chunk-{chunk:06d}.json"
+        if emb_file.exists() and ids_file.exists():
+            try:
+                json.loads(ids_file.read_text())
+                np.load(emb_file, mmap_mode="r")
+                reused += 1
+                continue
+            except (OSError, ValueError):
+                pass  # a damaged chunk is redone
+        batch = items[start : start + chunk_size]
+        if modality == "text":
+            emb, ok, skipped = encoder.encode_texts(batch, batch_size=batch_size, progress=False), list(range(len(batch))), []
+        else:
+            loaded, ok, skipped = [], [], []
+            for i, path in enumerate(batch):
+                try:
+                    loaded.append(open_image(path))
+                    ok.append(i)
+                except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not fatal
+                    skipped.append({"index": start + i, "path": path, "error": f"{type(exc).__name__}: {exc}"})
+            emb = encoder.encode_images(loaded, batch_size=batch_size, progress=False) if loaded else np.empty((0, encoder.dim), np.float32)
+        save_npy(emb_file, emb.astype(np.float32))
+        write_json(ids_file, {"ok": [start + i for i in ok], "skipped": skipped})
+
+    embeddings, index, skipped = [], [], []
+    for chunk in range(len(starts)):
+        ids = json.loads((parts / f"chunk-{chunk:06d}.json").read_text())
+        embeddings.append(np.load(parts / f"chunk-{chunk:06d}.npy"))
+        index.extend(ids["ok"])
+        skipped.extend(ids["skipped"])
+    matrix = np.concatenate(embeddings) if embeddings else np.empty((0, encoder.dim), np.float32)
+    if matrix.shape[0] != len(index):  # pragma: no cover - guarded by the chunk files
+        raise RuntimeError("embeddings and metadata are out of step; delete the .parts folder and rerun")
+    field = "path" if modality == "image" else "text"
+    meta = {
+        "model": encoder.name,
+        "modality": modality,
+        "dim": int(encoder.dim),
+        "count": int(matrix.shape[0]),
+        "embeddings": out.name,
+        "items": [{"index": i, field: items[i]} for i in index],
+        "skipped": skipped,
+    }
+    save_npy(out, matrix)
+    write_json(meta_path(out), meta)
+    shutil.rmtree(parts)
+    return EmbedResult(out, meta_path(out), int(matrix.shape[0]), skipped, reused)

@@ -1,0 +1,93 @@
+"""`hubless embed`: corrupt and non-image files are skipped and listed; output stays aligned
+with metadata; an interrupted job resumes without redoing finished chunks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from hubless.cli.main import app  # noqa: E402
+from hubless.encoders import load_encoder  # noqa: E402
+from hubless.encoders.job import embed_to_file  # noqa: E402
+from tests.models import random_images, save_tiny  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    return save_tiny("clip", tmp_path_factory.mktemp("clip"))
+
+
+@pytest.fixture()
+def image_folder(tmp_path):
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    for i, img in enumerate(random_images(5)):
+        img.save(folder / ("sub" if i == 3 else "") / f"img{i}.png")
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (folder / "notes.txt").write_text("not an image")
+    good = folder / "img1.png"
+    (folder / "truncated.png").write_bytes(good.read_bytes()[:100])
+    return folder
+
+
+def test_embed_images_skips_bad_files_and_stays_aligned(clip_dir, image_folder, tmp_path):
+    out = tmp_path / "emb.npy"
+    result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--images", str(image_folder), "--out", str(out), "--chunk-size", "3", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "skipped 3" in result.output
+    emb = np.load(out)
+    meta = json.loads((tmp_path / "emb.meta.json").read_text())
+    assert emb.shape == (5, meta["dim"]) and meta["count"] == 5 and meta["modality"] == "image"
+    assert sorted(s["path"].rsplit("/", 1)[1] for s in meta["skipped"]) == ["broken.jpg", "notes.txt", "truncated.png"]
+    enc = load_encoder(clip_dir, device="cpu")
+    direct = enc.encode_images([item["path"] for item in meta["items"]])
+    np.testing.assert_allclose(emb, direct, atol=1e-5)
+    assert not (tmp_path / "emb.npy.parts").exists()
+    again = runner.invoke(app, ["embed", "--model", str(clip_dir), "--images", str(image_folder), "--out", str(out)])
+    assert again.exit_code == 2 and "exists" in again.output
+
+
+def test_interrupted_job_resumes_without_redoing_chunks(clip_dir, tmp_path):
+    enc = load_encoder(clip_dir, device="cpu")
+    texts = [f"a photo of {n} dog" for n in ("one", "two", "a", "the", "red", "blue", "green")]
+    calls = []
+    real = enc.encode_texts
+
+    def flaky(batch, **kwargs):
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C during the third chunk
+        return real(batch, **kwargs)
+
+    enc.encode_texts = flaky
+    out = tmp_path / "t.npy"
+    with pytest.raises(KeyboardInterrupt):
+        embed_to_file(enc, out, texts=texts, chunk_size=2)
+    assert not out.exists() and len(list((tmp_path / "t.npy.parts").glob("chunk-*.npy"))) == 2
+    calls.clear()
+    result = embed_to_file(enc, out, texts=texts, chunk_size=2)
+    assert result.reused_chunks == 2 and calls == [2, 1]  # only chunks 3 and 4 were encoded
+    np.testing.assert_allclose(np.load(out), real(texts), atol=1e-6)
+    meta = json.loads((tmp_path / "t.meta.json").read_text())
+    assert [item["text"] for item in meta["items"]] == texts
+
+
+def test_embed_texts_cli_and_errors(clip_dir, tmp_path):
+    (tmp_path / "caps.txt").write_text("a dog\n\ntwo cats\n")
+    out = tmp_path / "caps.npy"
+    result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--texts", str(tmp_path / "caps.txt"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert np.load(out).shape[0] == 2
+    result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--out", str(tmp_path / "x.npy")])
+    assert result.exit_code != 0 and "exactly one" in result.output
+    result = runner.invoke(app, ["embed", "--model", str(tmp_path / "nope"), "--texts", str(tmp_path / "caps.txt"), "--out", str(tmp_path / "y.npy")])
+    assert result.exit_code == 2 and "error" in result.output
