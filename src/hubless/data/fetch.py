@@ -1,0 +1,73 @@
+"""Download the Karpathy caption splits of COCO / Flickr30k from their official source.
+
+Karpathy's ``caption_datasets.zip`` (cs.stanford.edu) holds ``dataset_coco.json`` and
+``dataset_flickr30k.json``: every image with its split and its (5 or more) sentences. ``fetch``
+writes the caption files :mod:`hubless.data.karpathy` reads, 5 captions per image in the file's
+image order: ``coco_karpathy/test5k_captions.txt`` and ``dev1k_captions.txt`` (COCO's 5,000
+"val" images are the Karpathy dev split; the first 1,000 are kept, as in the shared data),
+``flickr30k_karpathy/test1k_captions.txt`` and ``dev1k_captions.txt``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from hubless._io import write_text
+
+__all__ = ["KARPATHY_URL", "fetch"]
+
+KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
+_LAYOUT = {
+    "coco": ("dataset_coco.json", "coco_karpathy", {"test": ("test5k_captions.txt", 5000), "val": ("dev1k_captions.txt", 1000)}),
+    "flickr30k": ("dataset_flickr30k.json", "flickr30k_karpathy", {"test": ("test1k_captions.txt", 1000), "val": ("dev1k_captions.txt", None)}),
+}
+
+
+def _download(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(
+            f"could not download {url} ({reason}): no network? Download it by hand and pass --archive, "
+            "or point HUBLESS_DATA_DIR at a folder that has the caption files"
+        ) from None
+
+
+def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike | None = None, timeout: float = 60.0) -> list[Path]:
+    """Write the caption files of ``dataset`` ('coco' or 'flickr30k') under ``dest``.
+
+    ``archive``: a local copy of caption_datasets.zip (skips the download). Returns the files.
+    """
+    if dataset not in _LAYOUT:
+        raise ValueError(f"unknown dataset {dataset!r}; choose coco or flickr30k")
+    member, folder, splits = _LAYOUT[dataset]
+    data = Path(archive).read_bytes() if archive else _download(KARPATHY_URL, timeout)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            name = next((n for n in zf.namelist() if n.endswith(member)), None)
+            if name is None:
+                raise ValueError(f"the archive has no {member}")
+            images = json.loads(zf.read(name))["images"]
+    except zipfile.BadZipFile:
+        raise ValueError("the downloaded archive is not a valid zip file (truncated download?)") from None
+    written = []
+    for split, (filename, limit) in splits.items():
+        chosen = [img for img in images if img.get("split") == split]
+        if limit is not None:
+            chosen = chosen[:limit]
+        lines = []
+        for img in chosen:
+            sentences = [s["raw"].strip().replace("\n", " ") for s in img["sentences"]][:5]
+            if len(sentences) < 5:
+                raise ValueError(f"image {img.get('filename')} has fewer than 5 captions")
+            lines.extend(sentences)
+        written.append(write_text(Path(dest) / folder / filename, "\n".join(lines) + "\n"))
+    return written

@@ -1,0 +1,63 @@
+"""`hubless data fetch`: a clear "no network" error, and the caption files from an archive."""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.error
+import zipfile
+
+from typer.testing import CliRunner
+
+from hubless.cli.main import app
+from hubless.data import fetch as fetch_module
+from hubless.data.karpathy import load_captions
+
+runner = CliRunner()
+
+
+def fake_archive() -> bytes:
+    images = []
+    for i in range(3):
+        images.append({"filename": f"t{i}.jpg", "split": "test", "sentences": [{"raw": f"test {i} caption {j}"} for j in range(5)]})
+    images.append({"filename": "v.jpg", "split": "val", "sentences": [{"raw": f"val caption {j}\n"} for j in range(6)]})
+    images.append({"filename": "r.jpg", "split": "train", "sentences": [{"raw": "train"}] * 5})
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("data/dataset_flickr30k.json", json.dumps({"images": images}))
+    return buf.getvalue()
+
+
+def test_no_network_gives_a_clear_message(monkeypatch, tmp_path):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(fetch_module.urllib.request, "urlopen", offline)
+    result = runner.invoke(app, ["data", "fetch", "coco", "--dest", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "no network" in result.output and "Traceback" not in result.output
+    assert not any(tmp_path.iterdir())
+
+
+def test_download_is_converted_to_the_caption_files(monkeypatch, tmp_path):
+    class Response(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(fetch_module.urllib.request, "urlopen", lambda url, timeout: Response(fake_archive()))
+    result = runner.invoke(app, ["data", "fetch", "flickr30k", "--dest", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "flickr30k_karpathy" / "test1k_captions.txt").read_text().splitlines()
+    assert lines[:2] == ["test 0 caption 0", "test 0 caption 1"] and len(lines) == 15
+    dev = load_captions("flickr30k", "dev", root=tmp_path)
+    assert dev.captions == [f"val caption {j}" for j in range(5)]
+
+
+def test_corrupt_archive(tmp_path):
+    bad = tmp_path / "caption_datasets.zip"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    result = runner.invoke(app, ["data", "fetch", "coco", "--dest", str(tmp_path), "--archive", str(bad)])
+    assert result.exit_code == 2 and "not a valid zip" in result.output
