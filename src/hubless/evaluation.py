@@ -56,6 +56,8 @@ class MethodResult:
     delta_ci95: dict[str, tuple[float, float]] = field(default_factory=dict)
     per_query: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     n1: np.ndarray | None = field(default=None, repr=False)
+    #: Further results added by callers (e.g. "eccv", "rerank"); written to JSON as they are.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +70,7 @@ class MethodResult:
             "delta_ci95": {k: list(v) for k, v in self.delta_ci95.items()},
             "hubness": self.hubness,
             "seconds": self.seconds,
+            **self.extra,
         }
 
 

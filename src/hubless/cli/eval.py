@@ -38,6 +38,7 @@ def eval_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     out: Path = typer.Option(None, help="Write the results as JSON here (atomic)."),
     report: Path = typer.Option(None, help="Write a self-contained HTML report with plots here."),
+    eccv: bool = typer.Option(False, "--eccv", help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
@@ -57,6 +58,8 @@ def eval_command(
     inputs["truth"] = truth
     ev = evaluate(g, q, truth, qb, method, gallery_bank=gb, ks=parse_ints(ks, "--ks"), bootstrap=bootstrap, seed=seed, normalize=normalize, progress=progress, inputs={"files": inputs})
     print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
+    if eccv:
+        _eccv(ev, g, q, qb, gb, normalize, progress)
     if out is not None:
         write_json(out, ev.to_dict())
         typer.echo(f"results: {out}")
@@ -65,3 +68,21 @@ def eval_command(
 
         evaluation_report(ev, report)
         typer.echo(f"report: {report}")
+
+
+def _eccv(ev, images, captions, caption_bank, image_bank, normalize: bool, progress) -> None:
+    """Add ECCV Caption / CxC metrics to each result (both directions) and print them."""
+    from hubless.data.eccv import eccv_evaluate
+
+    if image_bank is None:
+        raise ValueError("--eccv evaluates image->text too, which needs an image bank: pass --gallery-bank")
+    scores = eccv_evaluate(images, captions, caption_bank, image_bank, [r.spec for r in ev.results], normalize=normalize, progress=progress)
+    table = Table(title="ECCV Caption (Chun et al. 2022) and CxC, percent: text->image / image->text")
+    names = ["eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1"]
+    table.add_column("method")
+    for name in names:
+        table.add_column(name.replace("eccv_", "ECCV ").replace("cxc_r1", "CxC r1").replace("coco_5k_r1", "COCO-5k r1"), justify="right")
+    for r in ev.results:
+        r.extra["eccv"] = scores[r.spec]
+        table.add_row(r.spec, *(f"{scores[r.spec][n]['t2i']:.2f} / {scores[r.spec][n]['i2t']:.2f}" for n in names))
+    wide_console().print(table)

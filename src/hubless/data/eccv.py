@@ -1,0 +1,85 @@
+"""ECCV Caption and CxC metrics for COCO-5k (Chun et al. 2022), through the ``eccv-caption`` package.
+
+ECCV Caption adds machine-proposed, human-verified positives to COCO's test split, so a
+retrieved caption that describes the image but is not one of its 5 originals is no longer
+counted as a miss. Its metrics are mAP@R, R-Precision and R@1 over the extended positives; CxC
+(Parekh et al. 2021) adds its own positives (R@1). hubless maps its rankings (gallery indices in
+Karpathy order: image i, captions 5i..5i+4) to COCO ids with the package's
+``coco_test_ids.npy`` and calls its reference implementation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DEPTH", "coco5k_ids", "eccv_metrics", "eccv_evaluate"]
+
+#: Ranked items kept per query: more than the largest number of ECCV positives (48 for i2t).
+DEPTH = 50
+N_IMAGES, N_CAPTIONS = 5000, 25000
+TARGETS = ("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1")
+
+
+def _package_dir() -> Path:
+    try:
+        import eccv_caption
+    except ImportError as exc:
+        raise ImportError("ECCV Caption metrics need the eccv-caption package: pip install eccv-caption") from exc
+    return Path(eccv_caption.__file__).parent
+
+
+def coco5k_ids() -> tuple[np.ndarray, np.ndarray]:
+    """COCO ids of the Karpathy 5k test split: (caption_ids (25,000,), image_ids (5,000,))."""
+    data = _package_dir() / "data"
+    caption_ids = np.load(data / "coco_test_ids.npy").astype(np.int64)
+    caption_to_image = json.loads((data / "original_caption_to_image.json").read_text())
+    per_caption = np.array([caption_to_image[str(c)][0] for c in caption_ids], dtype=np.int64)
+    image_ids = per_caption[::5]
+    if not (per_caption.reshape(N_IMAGES, 5) == image_ids[:, None]).all():  # pragma: no cover - package data
+        raise RuntimeError("eccv-caption's caption order does not follow 5 captions per image")
+    return caption_ids, image_ids
+
+
+def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, dict[str, float]]:
+    """ECCV Caption / CxC / COCO metrics (percent) from ranked gallery indices.
+
+    ``t2i_ranked`` (25,000, >= DEPTH) image indices per caption; ``i2t_ranked`` (5,000, >= DEPTH)
+    caption indices per image, both best first, in Karpathy order. Returns
+    {metric: {"t2i": value, "i2t": value}} for mAP@R, R-Precision and R@1 (ECCV), CxC R@1 and
+    COCO-5k R@1.
+    """
+    from eccv_caption import Metrics
+
+    t2i_ranked, i2t_ranked = np.asarray(t2i_ranked), np.asarray(i2t_ranked)
+    if t2i_ranked.shape[0] != N_CAPTIONS or i2t_ranked.shape[0] != N_IMAGES:
+        raise ValueError(
+            f"ECCV Caption is defined on COCO-5k: need rankings for 25,000 captions and 5,000 images; "
+            f"got {t2i_ranked.shape[0]} and {i2t_ranked.shape[0]}"
+        )
+    if min(t2i_ranked.shape[1], i2t_ranked.shape[1]) < DEPTH:
+        raise ValueError(f"rank at least {DEPTH} items per query (ECCV positives go up to 48)")
+    caption_ids, image_ids = coco5k_ids()
+    t2i = {int(c): image_ids[row].tolist() for c, row in zip(caption_ids, t2i_ranked)}
+    i2t = {int(i): caption_ids[row].tolist() for i, row in zip(image_ids, i2t_ranked)}
+    scores = Metrics().compute_all_metrics(i2t, t2i, target_metrics=TARGETS, Ks=(1,), verbose=False)
+    return {name: {d: 100.0 * float(v) for d, v in scores[name].items()} for name in TARGETS if name in scores}
+
+
+def eccv_evaluate(images, captions, caption_bank, image_bank, methods: Sequence[str], *, normalize: bool = True, progress=None):
+    """Every method in both directions on COCO-5k, scored with :func:`eccv_metrics`.
+
+    text->image is fitted on ``caption_bank`` (query bank) and ``image_bank`` (gallery bank);
+    image->text swaps the roles. Returns {spec: metrics}.
+    """
+    from hubless.corrections import make_correction
+
+    out = {}
+    for method in methods:
+        t2i = make_correction(method).set_params(normalize=normalize).fit(images, caption_bank, image_bank, progress=progress)
+        i2t = make_correction(method).set_params(normalize=normalize).fit(captions, image_bank, caption_bank, progress=progress)
+        out[t2i.spec] = eccv_metrics(t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(images, DEPTH, progress=progress)[1])
+    return out
