@@ -7,6 +7,8 @@ import json
 import urllib.error
 import zipfile
 
+import pytest
+
 from typer.testing import CliRunner
 
 from hubless.cli.main import app
@@ -54,6 +56,12 @@ def test_download_is_converted_to_the_caption_files(monkeypatch, tmp_path):
     assert lines[:2] == ["test 0 caption 0", "test 0 caption 1"] and len(lines) == 15
     dev = load_captions("flickr30k", "dev", root=tmp_path)
     assert dev.captions == [f"val caption {j}" for j in range(5)]
+    images = tmp_path / "images"
+    images.mkdir()
+    with pytest.raises(FileNotFoundError, match="1 of 1 images are missing"):
+        dev.image_paths(images, root=tmp_path)
+    (images / "v.jpg").write_bytes(b"x")
+    assert dev.image_paths(images, root=tmp_path) == [images / "v.jpg"]
 
 
 def test_corrupt_archive(tmp_path):

@@ -70,4 +70,6 @@ def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike |
                 raise ValueError(f"image {img.get('filename')} has fewer than 5 captions")
             lines.extend(sentences)
         written.append(write_text(Path(dest) / folder / filename, "\n".join(lines) + "\n"))
+        names = "\n".join(img["filename"] for img in chosen) + "\n"
+        written.append(write_text(Path(dest) / folder / filename.replace("_captions.txt", "_images.txt"), names))
     return written

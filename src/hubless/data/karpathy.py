@@ -49,6 +49,29 @@ class CaptionSplit:
         """(text->image, image->text) ground truth of the split."""
         return captions_per_item(self.n_images, CAPTIONS_PER_IMAGE)
 
+    def image_paths(self, image_root: str | os.PathLike, root: str | os.PathLike | None = None) -> list[Path]:
+        """Paths of the split's images under ``image_root``, in caption order, checked to exist.
+
+        File names come from ``<split file stem minus _captions>_images.txt`` beside the caption
+        file (written by ``hubless data fetch``) or, for COCO test splits, from the COCO ids of
+        the ``eccv-caption`` package (``COCO_val2014_%012d.jpg``).
+        """
+        rel, _ = SPLITS[(self.dataset, self.split)]
+        names_file = (Path(root) if root is not None else data_dir()) / rel.replace("_captions.txt", "_images.txt")
+        if names_file.is_file():
+            names = names_file.read_text(encoding="utf-8").split()[: self.n_images]
+        elif self.dataset == "coco" and self.split.startswith("test"):
+            from hubless.data.eccv import coco5k_ids
+
+            names = [f"COCO_val2014_{i:012d}.jpg" for i in coco5k_ids()[1][: self.n_images]]
+        else:
+            raise FileNotFoundError(f"no image list {names_file}; run `hubless data fetch {self.dataset}` to write it")
+        paths = [Path(image_root) / n for n in names]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} of {len(paths)} images are missing under {image_root}, e.g. {missing[0]}")
+        return paths
+
 
 def data_dir() -> Path:
     """``$HUBLESS_DATA_DIR``, else ``../shared/data`` next to the project checkout when present."""
