@@ -27,6 +27,7 @@ from hubless.corrections import (
 )
 from hubless.engine import exact_search
 from hubless.evaluation import Evaluation, evaluate
+from hubless.index import Index
 from hubless.metrics import Truth, captions_per_item
 from hubless.tuning import tune
 
@@ -43,6 +44,7 @@ __all__ = [
     "DynamicInvertedSoftmax",
     "Evaluation",
     "GlobalCorrection",
+    "Index",
     "InvertedSoftmax",
     "METHODS",
     "NNN",

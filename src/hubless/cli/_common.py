@@ -13,7 +13,7 @@ from rich.console import Console
 from hubless.evaluation import file_digest
 from hubless.inputs import load_embeddings
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 METHOD_HELP = (
     "Correction spec, repeatable: baseline, nnn:alpha=0.75,k=16, dn:lam=0.5, csls:k=10, is:beta=20, "

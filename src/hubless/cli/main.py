@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from hubless import __version__
-from hubless.cli import data, demo
+from hubless.cli import data, demo, index
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.tune import tune_command
@@ -38,6 +38,8 @@ app.command("eval")(eval_command)
 app.command("tune")(tune_command)
 app.command("embed")(embed_command)
 app.add_typer(data.app, name="data")
+app.add_typer(index.app, name="index")
+app.command("search")(index.search_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

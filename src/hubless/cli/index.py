@@ -1,0 +1,136 @@
+"""``hubless index build|info|add`` and ``hubless search``: serve a correction from FAISS."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, wide_console
+
+app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
+
+
+def _read_metadata(path: Path | None):
+    """Item metadata from .parquet / .csv / .json (list of records) / .txt (one value per line)."""
+    if path is None:
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"no such metadata file: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8") as fh:
+            return list(csv.DictReader(fh))
+    if path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "items" in data:  # an OUT.meta.json from `hubless embed`
+            data = data["items"]
+        return data
+    return [{"item": line} for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@app.command("build")
+@friendly_errors
+def build_command(
+    gallery: Path = typer.Option(..., help="Gallery embeddings (.npy/.npz)."),
+    out: Path = typer.Option(..., help="Directory to write the index to."),
+    query_bank: Path = typer.Option(None, help="Reference queries the correction is fitted on."),
+    gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
+    method: str = typer.Option("nnn:alpha=0.75,k=16", help="Additive correction spec (not gc)."),
+    factory: str = typer.Option(None, help="FAISS factory string: Flat, IVF1024,Flat, HNSW32, IVF1024,PQ64 ... (default from the gallery size)."),
+    metadata: Path = typer.Option(None, help="Per-item metadata: .parquet, .csv, .json (or an embed .meta.json), .txt."),
+    model: str = typer.Option(None, help="Name of the model that made the embeddings (recorded)."),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
+    overwrite: bool = typer.Option(False, help="Replace an existing index directory."),
+    progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+) -> None:
+    """Fit the correction on the banks, index [r, bias(r)] and save it atomically."""
+    from hubless.index import Index
+
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    g = load(gallery, "gallery", normalize=normalize)
+    qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
+    gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
+    index = Index.build(g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress)
+    index.save(out, overwrite=overwrite)
+    typer.echo(f"built {index!r} in {index.build_seconds:.1f}s -> {out}")
+
+
+@app.command("info")
+@friendly_errors
+def info_command(path: Path = typer.Argument(..., help="Index directory.")) -> None:
+    """Describe a saved index (verifies its checksums)."""
+    from hubless.index import Index
+
+    table = Table(title=str(path), show_header=False)
+    for key, value in Index.load(path).info().items():
+        table.add_row(key, str(value))
+    wide_console().print(table)
+
+
+@app.command("add")
+@friendly_errors
+def add_command(
+    path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
+    embeddings: Path = typer.Option(..., help="New gallery items (.npy/.npz)."),
+    metadata: Path = typer.Option(None, help="Their metadata (same formats as build)."),
+) -> None:
+    """Add items: their biases come from the stored banks; the index is rewritten atomically."""
+    from hubless.index import Index
+
+    index = Index.load(path)
+    new = load(embeddings, "embeddings", normalize=index.correction.normalize, dim=index.correction.dim_)
+    index.add(new, _read_metadata(metadata))
+    index.save(path, overwrite=True)
+    typer.echo(f"added {new.shape[0]} items: {index!r}")
+
+
+@friendly_errors
+def search_command(
+    path: Path = typer.Argument(..., help="Index directory."),
+    queries: Path = typer.Option(..., help="Query embeddings (.npy/.npz)."),
+    top_k: int = typer.Option(10, help="Results per query."),
+    alpha: float = typer.Option(None, help="Weight of the bias for this search (NNN's alpha, DN's lambda); default: the index's."),
+    nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's)."),
+    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's)."),
+    rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
+) -> None:
+    """Search a saved index; scores are the method's own, ids are gallery positions."""
+    from hubless.index import Index
+
+    index = Index.load(path)
+    q = load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+    weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
+    if alpha is not None and index.correction.weight_param is None:
+        raise ValueError(f"{index.correction.spec} has no weight to override")
+    scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
+    if as_json:
+        for i in range(q.shape[0]):
+            hits = [{"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})} for j, s in zip(ids[i], scores[i])]
+            typer.echo(json.dumps({"query": i, "results": hits}))
+        return
+    table = Table(title=f"{index!r}: top {top_k}")
+    table.add_column("query", justify="right")
+    table.add_column("rank", justify="right")
+    table.add_column("id", justify="right")
+    table.add_column("score", justify="right")
+    if index.metadata:
+        table.add_column("metadata")
+    for i in range(min(q.shape[0], 20)):
+        for r, (j, s) in enumerate(zip(ids[i], scores[i]), start=1):
+            row = [str(i), str(r), str(int(j)), f"{s:.4f}"]
+            if index.metadata:
+                row.append(json.dumps(index.metadata[j])[:80])
+            table.add_row(*row)
+    wide_console().print(table)
+    if q.shape[0] > 20:
+        typer.echo(f"(first 20 of {q.shape[0]} queries shown; use --json for all)")

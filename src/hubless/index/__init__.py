@@ -1,0 +1,5 @@
+"""Serving corrections from FAISS indexes: :class:`Index` (build, search, add, remove, save, load)."""
+
+from hubless.index.index import Index
+
+__all__ = ["Index"]

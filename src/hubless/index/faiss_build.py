@@ -1,0 +1,111 @@
+"""FAISS structures over the augmented gallery [r, bias(r)] without letting the bias distort them.
+
+The corrected score is an inner product of augmented vectors, [q, -w] . [r, bias(r)], so any
+inner-product index can serve it. But an ANN structure built on the augmented vectors would
+cluster (IVF) or link (HNSW) items partly by their bias, which is not how queries see them. So
+the geometry is built on the unit part only and the bias is carried exactly:
+
+* IVF: the coarse centroids are k-means centroids of the unit vectors r, padded with zeros in
+  the extra dimensions. An item's list is then chosen by r . c alone, and a query's probed lists
+  by q . c alone, whatever w is; within a list the full augmented product is used (exactly for
+  ``Flat`` lists; for ``PQ`` the residual codebooks are trained on the augmented vectors, and
+  the exact re-scoring of :class:`~hubless.index.Index` removes the code error from the final
+  ranking).
+* HNSW: the graph is built from [r, 0] (pure cosine neighbourhoods), then its storage is
+  replaced by [r, bias(r)] in the same order, so the search walks the cosine graph while
+  scoring with the corrected product.
+* Flat: exact, nothing to protect.
+
+Dimensions are zero-padded when a quantiser needs a multiple (PQ64 on 512 + 1 dims); zeros do
+not change inner products.
+"""
+
+from __future__ import annotations
+
+import re
+
+import faiss
+import numpy as np
+
+__all__ = ["build_faiss", "default_factory", "padded_dim", "set_search_params"]
+
+
+def default_factory(n_gallery: int) -> str:
+    """Exact below 50k items; IVF with ~4 sqrt(n) lists up to 2M; HNSW beyond."""
+    if n_gallery < 50_000:
+        return "Flat"
+    if n_gallery <= 2_000_000:
+        nlist = int(2 ** round(np.log2(4 * np.sqrt(n_gallery))))
+        return f"IVF{nlist},Flat"
+    return "HNSW32"
+
+
+def padded_dim(factory: str, dim: int) -> int:
+    """Smallest dimension >= ``dim`` that every quantiser of ``factory`` accepts."""
+    multiples = [int(m) for m in re.findall(r"PQ(\d+)", factory)]
+    step = int(np.lcm.reduce(multiples)) if multiples else 1
+    return -(-dim // step) * step
+
+
+def _pad(x: np.ndarray, dim: int) -> np.ndarray:
+    if x.shape[1] == dim:
+        return np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros((x.shape[0], dim), dtype=np.float32)
+    out[:, : x.shape[1]] = x
+    return out
+
+
+def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_size: int = 100_000, seed: int = 0):
+    """Build ``factory`` (inner product) over ``augmented`` rows, with geometry from ``unit``.
+
+    Returns ``(index, dim)`` where ``dim`` is the (possibly padded) dimension queries must have.
+    """
+    dim = padded_dim(factory, augmented.shape[1])
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ValueError(f"FAISS cannot build {factory!r} for dimension {dim}: {str(exc).splitlines()[-1]}") from None
+    aug = _pad(augmented, dim)
+    geometry = _pad(unit, dim)
+    rng = np.random.default_rng(seed)
+    sample = rng.choice(unit.shape[0], size=min(train_size, unit.shape[0]), replace=False) if unit.shape[0] > train_size else slice(None)
+    ivf = _ivf(index)
+    if ivf is not None and not ivf.is_trained:
+        if unit.shape[0] < ivf.nlist:
+            raise ValueError(f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {unit.shape[0]}); use fewer lists or Flat")
+        km = faiss.Kmeans(unit.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)
+        km.train(np.ascontiguousarray(unit[sample], dtype=np.float32))
+        ivf.quantizer.add(_pad(km.centroids, dim))
+    if not index.is_trained:
+        index.train(aug[sample])
+    hnsw = _hnsw(index)
+    if hnsw is not None:
+        index.add(geometry)
+        storage = faiss.downcast_index(hnsw.storage)
+        storage.reset()
+        storage.add(aug)
+    else:
+        index.add(aug)
+    return index, dim
+
+
+def _ivf(index):
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+
+
+def _hnsw(index):
+    inner = faiss.downcast_index(index)
+    return inner if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def set_search_params(index, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
+    """Set nprobe (IVF) / efSearch (HNSW) where they apply; silently ignored elsewhere."""
+    ivf = _ivf(index)
+    if nprobe is not None and ivf is not None:
+        ivf.nprobe = int(min(nprobe, ivf.nlist))
+    hnsw = _hnsw(index)
+    if ef_search is not None and hnsw is not None:
+        hnsw.hnsw.efSearch = int(ef_search)

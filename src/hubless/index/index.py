@@ -1,0 +1,243 @@
+"""``hubless.Index``: serve an additive correction from a FAISS index at no query-time cost.
+
+    index = hubless.Index.build(gallery, query_bank, method="nnn:alpha=0.75,k=16", factory="IVF1024,Flat")
+    scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
+    index.save("idx/");  index = hubless.Index.load("idx/")
+
+The FAISS index holds [r, bias(r)] and is queried with [q, -w] (see
+:mod:`hubless.index.faiss_build` for how ANN structures are kept free of the bias). With
+``rescore=True`` (default for every non-Flat index) the ANN returns ``rescore_factor x top_k``
+candidates, which are re-scored exactly from the stored gallery and biases, so approximation
+only affects which items become candidates. DIS/DualDIS gates use one extra raw top-1 lookup on
+the same index (w = 0).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import as_embeddings, check_positive_int, check_top_k
+from hubless.corrections import AdditiveCorrection, Correction, make_correction
+from hubless.index.faiss_build import build_faiss, default_factory, set_search_params
+
+__all__ = ["Index"]
+
+
+class Index:
+    """A searchable gallery corrected by one additive correction (see module docstring).
+
+    Build with :meth:`build` (fits the correction) or :meth:`from_correction` (already fitted).
+    ``metadata``: optional per-item records (a list of dicts, or a dict of columns), kept aligned
+    with the gallery through add/remove and saved as parquet.
+    """
+
+    def __init__(
+        self,
+        correction: AdditiveCorrection,
+        factory: str | None = None,
+        *,
+        query_bank: np.ndarray | None = None,
+        gallery_bank: np.ndarray | None = None,
+        metadata=None,
+        model: str | None = None,
+        nprobe: int = 16,
+        ef_search: int = 64,
+        rescore: bool | None = None,
+        rescore_factor: int = 4,
+    ) -> None:
+        if not isinstance(correction, AdditiveCorrection):
+            raise TypeError(
+                f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
+                "vector index; use its exact search()"
+            )
+        correction._check_fitted()
+        self.correction = correction
+        self.factory = factory or default_factory(correction.n_gallery_)
+        self.query_bank = query_bank
+        self.gallery_bank = gallery_bank
+        self.model = model
+        self.nprobe = check_positive_int(nprobe, "nprobe")
+        self.ef_search = check_positive_int(ef_search, "ef_search")
+        self.rescore = (self.factory.strip().lower() != "flat") if rescore is None else bool(rescore)
+        self.rescore_factor = check_positive_int(rescore_factor, "rescore_factor")
+        self.metadata = _as_records(metadata, correction.n_gallery_)
+        t0 = time.perf_counter()
+        self._faiss, self._dim = build_faiss(self.factory, correction.gallery_, self._augmented())
+        self.build_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        gallery,
+        query_bank=None,
+        method: str | Correction = "nnn",
+        factory: str | None = None,
+        *,
+        gallery_bank=None,
+        normalize: bool = True,
+        keep_banks: bool = True,
+        progress: bool | None = None,
+        **kwargs,
+    ) -> Index:
+        """Fit ``method`` (a spec such as ``"nnn:alpha=0.75,k=16"``) on the banks and index the
+        gallery. ``keep_banks`` stores the banks so :meth:`add` can compute new items' biases."""
+        corr = make_correction(method)
+        if isinstance(method, str):
+            corr.set_params(normalize=normalize)
+        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+        dim = corr.dim_
+        qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
+        gb = None if gallery_bank is None or not keep_banks else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
+        return cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+
+    def _augmented(self) -> np.ndarray:
+        corr = self.correction
+        return np.hstack([corr.gallery_, corr.bias_columns_]).astype(np.float32)
+
+    # ------------------------------------------------------------------ search
+    @property
+    def ntotal(self) -> int:
+        return self.correction.n_gallery_
+
+    def search(
+        self,
+        queries,
+        top_k: int = 10,
+        *,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        rescore: bool | None = None,
+        **weight,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first.
+
+        ``weight`` overrides the correction's weight per call (``alpha=`` for NNN, ``lam=`` for
+        DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
+        defaults for this call.
+        """
+        corr = self.correction
+        q = corr._queries(queries)
+        top_k = check_top_k(top_k, self.ntotal)
+        override = corr._weight_override(weight, q.shape[0])
+        set_search_params(self._faiss, nprobe=nprobe or self.nprobe, ef_search=ef_search or self.ef_search)
+        top1 = None
+        if getattr(corr, "k_activation", None) is not None:  # gated (DIS, DualDIS): raw top-1 first
+            top1 = self._faiss_search(q, np.zeros((q.shape[0], corr.bias_columns_.shape[1]), np.float32), 1)[1][:, 0]
+        weights = np.ascontiguousarray(corr._query_weights(q, override, top1), dtype=np.float32)
+        do_rescore = self.rescore if rescore is None else bool(rescore)
+        depth = min(self.ntotal, top_k * self.rescore_factor) if do_rescore else top_k
+        ranking, ids = self._faiss_search(q, -weights, depth)
+        if do_rescore:
+            ranking, ids = self._rescore(q, weights, ids, top_k)
+        return corr.to_method_scores(ranking, q, weights), ids
+
+    def _faiss_search(self, q: np.ndarray, extra: np.ndarray, k: int):
+        xq = np.zeros((q.shape[0], self._dim), dtype=np.float32)
+        xq[:, : q.shape[1]] = q
+        xq[:, q.shape[1] : q.shape[1] + extra.shape[1]] = extra
+        scores, ids = self._faiss.search(xq, k)
+        return scores, ids.astype(np.int64)
+
+    def _rescore(self, q: np.ndarray, weights: np.ndarray, ids: np.ndarray, top_k: int):
+        """Exact ranking scores of the candidates, sorted (ties to the lower id); -1 ids (lists
+        that ran dry) sort last."""
+        corr = self.correction
+        safe = np.where(ids < 0, 0, ids)
+        exact = np.einsum("qd,qkd->qk", q, corr.gallery_[safe]) - np.einsum("qc,qkc->qk", weights, corr.bias_columns_[safe])
+        exact = np.where(ids < 0, -np.inf, exact).astype(np.float32)
+        order = np.lexsort((np.where(ids < 0, np.iinfo(np.int64).max, ids), -exact), axis=1)[:, :top_k]
+        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    # ------------------------------------------------------------------ updates
+    def add(self, embeddings, metadata=None) -> Index:
+        """Add gallery items; their biases come from the stored banks (the correction is refitted
+        on the grown gallery, one streamed pass of n_gallery x n_bank; the FAISS structure is
+        rebuilt, with IVF centroids re-trained only as part of that rebuild)."""
+        corr = self.correction
+        new = as_embeddings(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
+        if corr.needs_query_bank and self.query_bank is None:
+            raise ValueError("this index was saved without its banks (keep_banks=False): it cannot compute new biases")
+        records = None
+        if self.metadata is not None or metadata is not None:
+            old = self.metadata if self.metadata is not None else [{} for _ in range(self.ntotal)]
+            records = old + (_as_records(metadata, new.shape[0]) or [{} for _ in range(new.shape[0])])
+        self._refit(np.vstack([corr.gallery_, new]), records)
+        return self
+
+    def remove(self, ids: Sequence[int]) -> Index:
+        """Remove gallery items by position; later items move up (positions stay 0..n-1)."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        if ids.size and (ids[0] < 0 or ids[-1] >= self.ntotal):
+            raise ValueError(f"ids to remove must be in [0, {self.ntotal}); got {ids[0]}..{ids[-1]}")
+        keep = np.setdiff1d(np.arange(self.ntotal), ids)
+        if keep.size == 0:
+            raise ValueError("cannot remove every item of an index")
+        records = None if self.metadata is None else [self.metadata[i] for i in keep]
+        self._refit(self.correction.gallery_[keep], records)
+        return self
+
+    def _refit(self, gallery: np.ndarray, records) -> None:
+        corr = make_correction(self.correction.spec).set_params(normalize=self.correction.normalize)
+        corr.fit(gallery, self.query_bank, self.gallery_bank)
+        self.correction = corr
+        self.metadata = records
+        self._faiss, self._dim = build_faiss(self.factory, corr.gallery_, self._augmented())
+
+    # ------------------------------------------------------------------ description / persistence
+    def info(self) -> dict[str, Any]:
+        corr = self.correction
+        return {
+            "method": corr.spec,
+            "factory": self.factory,
+            "n_items": self.ntotal,
+            "dim": corr.dim_,
+            "bias_columns": int(corr.bias_columns_.shape[1]),
+            "model": self.model,
+            "normalize": bool(corr.normalize),
+            "n_query_bank": None if self.query_bank is None else int(self.query_bank.shape[0]),
+            "n_gallery_bank": None if self.gallery_bank is None else int(self.gallery_bank.shape[0]),
+            "metadata_columns": sorted({k for r in self.metadata for k in r}) if self.metadata else [],
+            "nprobe": self.nprobe,
+            "ef_search": self.ef_search,
+            "rescore": self.rescore,
+            "rescore_factor": self.rescore_factor,
+        }
+
+    def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Write the index to the directory ``path`` atomically (see :mod:`hubless.index.store`)."""
+        from hubless.index.store import save_index
+
+        return save_index(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
+        """Read an index saved by :meth:`save`, verifying format version and checksums."""
+        from hubless.index.store import load_index
+
+        return load_index(path, mmap=mmap)
+
+    def __repr__(self) -> str:
+        return f"Index({self.correction.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
+
+
+def _as_records(metadata, n: int) -> list[dict] | None:
+    """Metadata as a list of n dicts (accepts a list of dicts or a dict of equal-length columns)."""
+    if metadata is None:
+        return None
+    if isinstance(metadata, dict):
+        columns = {k: list(v) for k, v in metadata.items()}
+        lengths = {len(v) for v in columns.values()}
+        if lengths and lengths != {n}:
+            raise ValueError(f"metadata columns must have one value per item ({n}); got lengths {sorted(lengths)}")
+        return [{k: v[i] for k, v in columns.items()} for i in range(n)]
+    records = list(metadata)
+    if len(records) != n or not all(isinstance(r, dict) for r in records):
+        raise ValueError(f"metadata must be {n} dicts (one per item) or a dict of columns")
+    return records

@@ -1,0 +1,179 @@
+"""hubless.Index: FAISS search equals exact corrected search; persistence is safe; updates
+equal rebuilds; the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import hubless
+from hubless.cli.main import app
+from hubless.data.synthetic import make_retrieval_data
+from hubless.index import store
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_retrieval_data(n_items=2000, dim=32, n_query_bank=4000, n_gallery_bank=800, n_val_items=10, seed=3)
+
+
+def assert_same_ranking(ids, scores, ref_ids, ref_scores, rtol=1e-5):
+    """Same ids, except that items whose scores tie within float rounding may swap."""
+    np.testing.assert_allclose(scores, ref_scores, rtol=rtol, atol=1e-6)
+    diff = np.flatnonzero((ids != ref_ids).any(axis=1))
+    for row in diff:
+        assert set(ids[row]) == set(ref_ids[row]) or np.isclose(scores[row, -1], ref_scores[row, -1], rtol=rtol)
+        gaps = np.abs(np.diff(ref_scores[row]))
+        assert gaps.min() <= rtol * np.abs(ref_scores[row]).max() + 1e-6, "ids differ without a near-tie"
+
+
+@pytest.mark.parametrize("method", ["baseline", "nnn:alpha=0.5,k=8", "csls", "dn", "is", "dis", "dualis", "dualdis"])
+def test_flat_index_equals_exact_corrected_search(data, method):
+    index = hubless.Index.build(data.gallery, data.query_bank, method, "Flat", gallery_bank=data.gallery_bank)
+    assert not index.rescore
+    scores, ids = index.search(data.queries[:500], 10)
+    ref_scores, ref_ids = index.correction.search(data.queries[:500], 10)
+    assert_same_ranking(ids, scores, ref_ids, ref_scores)
+
+
+@pytest.mark.parametrize(("factory", "rescore_factor"), [("IVF32,Flat", 4), ("HNSW16", 4), ("IVF16,PQ11x4", 16)])
+def test_ann_indexes_with_rescoring_recover_the_exact_top10(data, factory, rescore_factor):
+    # PQ codes are coarse (3 dims per 4-bit code here): more candidates go to exact re-scoring.
+    index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", factory, nprobe=8, ef_search=64, rescore_factor=rescore_factor)
+    assert index.rescore
+    _, ids = index.search(data.queries, 10)
+    _, ref = index.correction.search(data.queries, 10)
+    recall = np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref)]) / 10
+    assert recall >= 0.9, recall  # documented: >= 0.9 at these settings on this data
+
+
+def test_query_time_alpha_equals_refitting(data):
+    index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", "Flat")
+    scores, ids = index.search(data.queries[:300], 5, alpha=0.25)
+    ref_scores, ref_ids = hubless.NNN(alpha=0.25, k=16).fit(data.gallery, data.query_bank).search(data.queries[:300], 5)
+    assert_same_ranking(ids, scores, ref_ids, ref_scores)
+    per_query = np.linspace(0, 1, 300)
+    _, ids = index.search(data.queries[:300], 5, alpha=per_query)
+    assert (ids[0] == index.correction.search(data.queries[:1], 5, alpha=0.0)[1][0]).all()
+
+
+def test_gc_and_bad_queries_are_refused(data):
+    gc = hubless.GlobalCorrection().fit(data.gallery[:100], data.query_bank[:200])
+    with pytest.raises(TypeError, match="not additive"):
+        hubless.Index(gc)
+    index = hubless.Index.build(data.gallery, data.query_bank, "nnn", "Flat")
+    with pytest.raises(ValueError, match="dimension"):
+        index.search(np.ones((2, 7), np.float32))
+    with pytest.raises(ValueError):
+        index.search(data.queries[:2], top_k=5000)
+
+
+def test_save_load_roundtrip_and_metadata(data, tmp_path):
+    meta = [{"path": f"img{i}.jpg", "n": i} for i in range(2000)]
+    index = hubless.Index.build(data.gallery, data.query_bank, "dis", "IVF32,Flat", metadata=meta, model="tiny-clip")
+    path = index.save(tmp_path / "idx")
+    with pytest.raises(FileExistsError):
+        index.save(tmp_path / "idx")
+    loaded = hubless.Index.load(path)
+    assert loaded.info() == index.info() and loaded.metadata[7] == meta[7]
+    a, b = index.search(data.queries[:200], 10), loaded.search(data.queries[:200], 10)
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_array_equal(a[0], b[0])
+    flat = hubless.Index.build(data.gallery, data.query_bank, "nnn", "Flat")
+    flat.save(tmp_path / "flat")
+    mm = hubless.Index.load(tmp_path / "flat", mmap=True)
+    np.testing.assert_array_equal(mm.search(data.queries[:50], 5)[1], flat.search(data.queries[:50], 5)[1])
+
+
+def _snapshot(path):
+    return {f.name: f.read_bytes() for f in path.iterdir()}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "version", "missing"])
+def test_damaged_index_gives_a_clear_error(data, tmp_path, damage):
+    path = hubless.Index.build(data.gallery[:300], data.query_bank[:500], "nnn", "Flat").save(tmp_path / "idx")
+    target = path / ("index.faiss" if damage != "flip" else "correction.npz")
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[:100])
+        match = "truncated"
+    elif damage == "flip":
+        raw = bytearray(target.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        target.write_bytes(bytes(raw))
+        match = "corrupt"
+    elif damage == "version":
+        manifest = json.loads((path / "manifest.json").read_text())
+        manifest["version"] = 99
+        (path / "manifest.json").write_text(json.dumps(manifest))
+        match = "version 99"
+    else:
+        target.unlink()
+        match = "missing"
+    before = _snapshot(path)
+    with pytest.raises(ValueError, match=match):
+        hubless.Index.load(path)
+    assert _snapshot(path) == before  # a failed load changes nothing
+
+
+def test_interrupted_save_leaves_the_previous_index_intact(data, tmp_path, monkeypatch):
+    old = hubless.Index.build(data.gallery[:300], data.query_bank[:500], "nnn", "Flat")
+    path = old.save(tmp_path / "idx")
+    before = _snapshot(path)
+    new = hubless.Index.build(data.gallery[:400], data.query_bank[:500], "nnn", "Flat")
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store.np, "savez", crash)
+    with pytest.raises(KeyboardInterrupt):
+        new.save(path, overwrite=True)
+    assert _snapshot(path) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["idx"]  # no temporary left behind
+    assert hubless.Index.load(path).ntotal == 300
+
+
+@pytest.mark.parametrize("method", ["nnn:alpha=0.75,k=16", "dis"])
+def test_add_and_remove_equal_a_rebuild(data, method):
+    g, qb = data.gallery, data.query_bank
+    grown = hubless.Index.build(g[:1500], qb, method, "Flat", metadata={"n": list(range(1500))})
+    grown.add(g[1500:], metadata={"n": list(range(1500, 2000))})
+    full = hubless.Index.build(g, qb, method, "Flat")
+    np.testing.assert_allclose(grown.correction.bias_columns_, full.correction.bias_columns_, atol=1e-6)
+    np.testing.assert_array_equal(grown.search(data.queries[:200], 10)[1], full.search(data.queries[:200], 10)[1])
+    assert grown.metadata[1700] == {"n": 1700}
+    grown.remove(np.arange(0, 2000, 2))
+    half = hubless.Index.build(g[1::2], qb, method, "Flat")
+    np.testing.assert_array_equal(grown.search(data.queries[:200], 10)[1], half.search(data.queries[:200], 10)[1])
+    assert grown.metadata[0] == {"n": 1}
+
+
+def test_cli_build_info_add_search(data, tmp_path):
+    np.save(tmp_path / "g.npy", data.gallery[:1000])
+    np.save(tmp_path / "new.npy", data.gallery[1000:1100])
+    np.save(tmp_path / "qb.npy", data.query_bank)
+    np.save(tmp_path / "q.npy", data.queries[:3])
+    (tmp_path / "items.json").write_text(json.dumps([{"path": f"{i}.jpg"} for i in range(1000)]))
+    idx = str(tmp_path / "idx")
+    r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
+                            "--method", "nnn:alpha=0.75,k=16", "--factory", "IVF16,Flat", "--out", idx,
+                            "--metadata", str(tmp_path / "items.json"), "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["index", "info", idx])
+    assert r.exit_code == 0 and "IVF16,Flat" in r.output and "1000" in r.output
+    r = runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--top-k", "4", "--alpha", "0.5", "--json"])
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(line) for line in r.output.strip().splitlines()]
+    assert len(lines) == 3 and len(lines[0]["results"]) == 4
+    index = hubless.Index.load(idx)
+    _, ids = index.search(data.queries[:3], 4, alpha=0.5)
+    assert [h["id"] for h in lines[0]["results"]] == ids[0].tolist()
+    assert index.ntotal == 1100 and "metadata" in lines[0]["results"][0]
+    r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])
+    assert r.exit_code == 2 and "not a hubless index" in r.output
