@@ -177,3 +177,40 @@ def test_cli_build_info_add_search(data, tmp_path):
     assert index.ntotal == 1100 and "metadata" in lines[0]["results"][0]
     r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])
     assert r.exit_code == 2 and "not a hubless index" in r.output
+
+
+def test_ann_bias_is_close_and_refuses_methods_needing_every_similarity(data):
+    exact = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
+    ann = hubless.Index.build(data.gallery, data.query_bank, "nnn:k=16", "Flat", bias_search="ann", bias_nprobe=32)
+    err = np.abs(ann.correction.bias_ - exact.bias_)
+    assert ann.bias_error["mean_abs"] == pytest.approx(err[np.sort(np.random.default_rng(0).choice(2000, 1000, replace=False))].mean(), rel=1e-5)
+    assert err.mean() < 0.01 and (ann.correction.bias_ <= exact.bias_ + 1e-6).all()  # ANN can only miss neighbours
+    hnsw = hubless.Index.build(data.gallery, data.query_bank, "csls", "Flat", bias_search="HNSW16")
+    assert hnsw.bias_error["mean_abs"] < 0.01
+    with pytest.raises(ValueError, match="log-sum-exp"):
+        hubless.Index.build(data.gallery, data.query_bank, "is", "Flat", bias_search="ann")
+
+
+def test_clip_retrieval_folder_is_read_in_order(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from hubless.inputs import load_clip_retrieval, load_embeddings
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "img_emb").mkdir()
+    (tmp_path / "text_emb").mkdir()
+    (tmp_path / "metadata").mkdir()
+    parts = [rng.standard_normal((n, 8)).astype(np.float16) for n in (3, 4, 2)]
+    for i in (0, 1, 2):
+        np.save(tmp_path / "img_emb" / f"img_emb_{i}.npy", parts[i])
+        np.save(tmp_path / "text_emb" / f"text_emb_{i}.npy", parts[i][:, ::-1])
+        start = sum(p.shape[0] for p in parts[:i])
+        pq.write_table(pa.table({"image_path": [f"{start + j}.jpg" for j in range(parts[i].shape[0])]}), tmp_path / "metadata" / f"metadata_{i}.parquet")
+    emb, meta = load_clip_retrieval(tmp_path, with_metadata=True)
+    np.testing.assert_array_equal(emb, np.concatenate(parts))
+    assert [m["image_path"] for m in meta] == [f"{j}.jpg" for j in range(9)]
+    text = load_embeddings(f"{tmp_path}:text", "queries")
+    assert text.shape == (9, 8) and text.dtype == np.float32
+    with pytest.raises(FileNotFoundError, match="clip-retrieval"):
+        load_clip_retrieval(tmp_path / "img_emb")

@@ -14,23 +14,63 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 
-__all__ = ["load_array", "load_embeddings"]
+__all__ = ["load_array", "load_clip_retrieval", "load_embeddings"]
+
+#: clip-retrieval's output layout: modality -> (embeddings folder, file prefix).
+CLIP_RETRIEVAL = {"img": ("img_emb", "img_emb_"), "text": ("text_emb", "text_emb_")}
 
 
 def _split_key(path: str | os.PathLike) -> tuple[Path, str | None]:
-    """``"file.npz:key"`` -> (file.npz, "key"); other paths pass through."""
+    """``"file.npz:key"`` / ``"folder:text"`` -> (path, "key"); other paths pass through."""
     text = os.fspath(path)
     head, sep, key = text.rpartition(":")
-    if sep and head.endswith(".npz") and key and os.sep not in key:
+    if sep and key and os.sep not in key and (head.endswith(".npz") or Path(head).is_dir()):
         return Path(head), key
     return Path(text), None
 
 
+def _numbered(folder: Path, prefix: str, suffix: str) -> list[Path]:
+    files = [f for f in folder.glob(f"{prefix}*{suffix}") if f.stem[len(prefix) :].isdigit()]
+    return sorted(files, key=lambda f: int(f.stem[len(prefix) :]))
+
+
+def load_clip_retrieval(folder: str | os.PathLike, modality: str = "img", *, with_metadata: bool = False):
+    """Embeddings written by clip-retrieval (``clip-retrieval inference``): the numbered
+    ``img_emb/img_emb_{i}.npy`` (or ``text_emb/``) files concatenated in order, and with
+    ``with_metadata`` the matching rows of ``metadata/metadata_{i}.parquet`` (needs pyarrow)."""
+    folder = Path(folder)
+    if modality not in CLIP_RETRIEVAL:
+        raise ValueError(f"clip-retrieval modality must be 'img' or 'text'; got {modality!r}")
+    sub, prefix = CLIP_RETRIEVAL[modality]
+    files = _numbered(folder / sub, prefix, ".npy")
+    if not files:
+        raise FileNotFoundError(f"{folder} has no {sub}/{prefix}N.npy files (clip-retrieval layout)")
+    parts = [load_array(f, mmap=False) for f in files]
+    if len({p.shape[1:] for p in parts}) != 1:
+        raise ValueError(f"{folder}/{sub}: files have different dimensions")
+    embeddings = np.concatenate(parts)
+    if not with_metadata:
+        return embeddings
+    meta_files = _numbered(folder / "metadata", "metadata_", ".parquet")
+    if len(meta_files) != len(files):
+        raise ValueError(f"{folder}: {len(files)} embedding files but {len(meta_files)} metadata files")
+    import pyarrow.parquet as pq
+
+    records = [r for f in meta_files for r in pq.read_table(f).to_pylist()]
+    if len(records) != embeddings.shape[0]:
+        raise ValueError(f"{folder}: {embeddings.shape[0]} embeddings but {len(records)} metadata rows")
+    return embeddings, records
+
+
 def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = True) -> np.ndarray:
     """Load one array from ``.npy`` or ``.npz`` (``key`` or ``"file.npz:key"`` picks an entry; an
-    archive holding a single array needs none). Object arrays (pickles) are refused."""
+    archive holding a single array needs none), or from a clip-retrieval output folder
+    (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings).
+    Object arrays (pickles) are refused."""
     file, inline_key = _split_key(path)
     key = key or inline_key
+    if file.is_dir() and ((file / "img_emb").is_dir() or (file / "text_emb").is_dir()):
+        return load_clip_retrieval(file, key or "img")
     if not file.is_file():
         raise FileNotFoundError(f"no such file: {file}")
     suffix = file.suffix.lower()

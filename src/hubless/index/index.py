@@ -70,6 +70,7 @@ class Index:
         t0 = time.perf_counter()
         self._faiss, self._dim = build_faiss(self.factory, correction.gallery_, self._augmented())
         self.build_seconds = time.perf_counter() - t0
+        self.bias_error = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -83,19 +84,40 @@ class Index:
         gallery_bank=None,
         normalize: bool = True,
         keep_banks: bool = True,
+        bias_search: str = "exact",
+        bias_nprobe: int = 32,
         progress: bool | None = None,
         **kwargs,
     ) -> Index:
         """Fit ``method`` (a spec such as ``"nnn:alpha=0.75,k=16"``) on the banks and index the
-        gallery. ``keep_banks`` stores the banks so :meth:`add` can compute new items' biases."""
+        gallery. ``keep_banks`` stores the banks so :meth:`add` can compute new items' biases.
+
+        ``bias_search``: "exact" (streamed, every similarity) or "ann" / a FAISS factory string
+        for the bank ("IVF2048,Flat", "HNSW32"): sublinear top-k statistics (NNN, CSLS, DN only),
+        with ``bias_nprobe`` lists visited; the error on a 1,000-item sample is then in
+        ``index.bias_error`` (see :mod:`hubless.engine.ann`).
+        """
         corr = make_correction(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
-        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+        bias_error = None
+        if bias_search == "exact":
+            corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+        else:
+            from hubless.corrections.base import validate_fit_inputs
+            from hubless.engine.ann import ann_statistics, bias_error as measure
+
+            g, qb, gb = validate_fit_inputs([corr], gallery, query_bank, gallery_bank)
+            factory_ann = None if bias_search == "ann" else bias_search
+            stats = ann_statistics(g, qb, gb, corr.statistics_request(), factory=factory_ann, nprobe=bias_nprobe)
+            corr.fit(g, qb, gb, statistics=stats)
+            bias_error = measure(corr, g, qb, gb)
         dim = corr.dim_
         qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
         gb = None if gallery_bank is None or not keep_banks else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
-        return cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+        index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+        index.bias_error = bias_error
+        return index
 
     def _augmented(self) -> np.ndarray:
         corr = self.correction
@@ -208,6 +230,7 @@ class Index:
             "ef_search": self.ef_search,
             "rescore": self.rescore,
             "rescore_factor": self.rescore_factor,
+            "bias_error": getattr(self, "bias_error", None),
         }
 
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

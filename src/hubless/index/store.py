@@ -72,6 +72,7 @@ def save_index(index, path: str | os.PathLike, *, overwrite: bool = False) -> Pa
             "n_items": int(corr.n_gallery_),
             "model": index.model,
             "search": {"nprobe": index.nprobe, "ef_search": index.ef_search, "rescore": index.rescore, "rescore_factor": index.rescore_factor},
+            "bias_error": getattr(index, "bias_error", None),
             "files": files,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -143,6 +144,7 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
     index.metadata = _read_parquet(path / "metadata.parquet") if (path / "metadata.parquet").is_file() else None
     index._faiss, index._dim = faiss_index, manifest["faiss_dim"]
     index.build_seconds = 0.0
+    index.bias_error = manifest.get("bias_error")
     return index
 
 

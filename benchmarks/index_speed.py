@@ -1,0 +1,98 @@
+"""Serving corrections from FAISS: ratios measured in one run on synthetic unit vectors (d 512).
+
+    python benchmarks/index_speed.py              # gallery 100k, bank 1M (exact bias: ~25 min on 2 cores)
+    python benchmarks/index_speed.py --scale 0.3  # gallery 30k, bank 300k (~4 min)
+
+(a) NNN bias from an IVF index over the bank vs the exact streamed bias: time ratio (the ANN time
+    includes training and filling the bank index) and the change in R@1 of the corrected search
+    on a task with known answers (floors: >= 10x faster, |delta R@1| <= 0.2 points);
+(b) corrected vs uncorrected search latency on the same index type (Flat, IVF, HNSW), i.e. the
+    cost of the extra bias dimension, without re-scoring (floor <= 1.05x); medians of repeats;
+(c) recall@10 of each ANN index's corrected top-10 (with and without exact re-scoring) against
+    the exact corrected top-10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import faiss
+import numpy as np
+
+import hubless
+from hubless.data.synthetic import make_retrieval_data
+from hubless.index.faiss_build import build_faiss, set_search_params
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def r_at_1(index_or_corr, queries, truth) -> float:
+    return 100.0 * float(np.mean(index_or_corr.search(queries, 1)[1][:, 0] == truth))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    n_gallery, n_bank = int(100_000 * args.scale), int(1_000_000 * args.scale)
+    data = make_retrieval_data(n_items=n_gallery, captions_per_item=1, dim=512, n_query_bank=n_bank,
+                               n_gallery_bank=10, n_val_items=10, seed=0)  # fmt: skip
+    queries, truth = data.queries[:10_000], data.query_item[:10_000]
+    print(f"gallery {n_gallery:,} x bank {n_bank:,} x d 512, NNN k=16 alpha=0.75; {queries.shape[0]:,} test queries\n")
+
+    # (a) exact vs ANN bias
+    t0 = time.perf_counter()
+    exact = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
+    t_exact = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ann = hubless.Index.build(data.gallery, data.query_bank, "nnn", "Flat", bias_search="ann", bias_nprobe=32, keep_banks=False)
+    t_ann = time.perf_counter() - t0  # includes the 1,000-item exact error sample, a small share
+    r_exact, r_ann = r_at_1(exact, queries, truth), r_at_1(ann, queries, truth)
+    rows = [
+        ("(a) exact bias time / ANN bias time (IVF, nprobe 32)", f"{t_exact / t_ann:.1f}x", ">= 10x"),
+        ("(a) R@1 exact bias -> ANN bias", f"{r_exact:.2f} -> {r_ann:.2f} ({r_ann - r_exact:+.2f})", "|delta| <= 0.2"),
+        ("(a) mean |bias_ann - bias_exact| (1,000-item sample)", f"{ann.bias_error['mean_abs']:.5f}", ""),
+    ]
+
+    # (b) corrected vs plain latency, (c) recall vs exact corrected top-10
+    _, exact_top = exact.search(queries, 10)
+    w = np.full((queries.shape[0], 1), -0.75, np.float32)
+    corrected_q = np.hstack([queries, w])
+    for factory in ("Flat", default_ivf(n_gallery), "HNSW32"):
+        plain, _ = build_faiss(factory, data.gallery, data.gallery)
+        corrected, _ = build_faiss(factory, data.gallery, np.hstack([data.gallery, exact.bias_columns_]))
+        for index in (plain, corrected):
+            set_search_params(index, nprobe=32, ef_search=64)
+        t_plain = median_time(lambda: plain.search(queries, 10), args.repeats)
+        t_corr = median_time(lambda: corrected.search(corrected_q, 10), args.repeats)
+        rows.append((f"(b) {factory}: corrected / plain search latency", f"{t_corr / t_plain:.3f}x", "<= 1.05x"))
+        if factory != "Flat":
+            ids = corrected.search(corrected_q, 10)[1]
+            idx = hubless.Index(exact, factory, nprobe=32, ef_search=64)
+            rescored = idx.search(queries, 10)[1]
+            rec = np.mean([len(set(a) & set(b)) for a, b in zip(ids, exact_top)]) / 10
+            rec_r = np.mean([len(set(a) & set(b)) for a, b in zip(rescored, exact_top)]) / 10
+            rows.append((f"(c) {factory}: recall@10 vs exact corrected (raw / rescored)", f"{rec:.3f} / {rec_r:.3f}", ""))
+    width = max(len(r[0]) for r in rows)
+    print(f"| {'measure'.ljust(width)} | value | floor |\n|{'-' * (width + 2)}|---|---|")
+    for label, value, floor in rows:
+        print(f"| {label.ljust(width)} | {value} | {floor} |")
+    print(f"\n(exact bias {t_exact:.1f}s, ANN bias {t_ann:.1f}s; faiss {faiss.__version__})")
+
+
+def default_ivf(n: int) -> str:
+    return f"IVF{int(2 ** round(np.log2(4 * np.sqrt(n))))},Flat"
+
+
+if __name__ == "__main__":
+    main()
