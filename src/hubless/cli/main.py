@@ -8,6 +8,7 @@ from hubless import __version__
 from hubless.cli import data, demo, index
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
+from hubless.cli.fairness import fairness_command
 from hubless.cli.tune import tune_command
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ app.command("embed")(embed_command)
 app.add_typer(data.app, name="data")
 app.add_typer(index.app, name="index")
 app.command("search")(index.search_command)
+app.command("fairness")(fairness_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,154 @@
+"""Data for fairness audits: the SISPI layout, VisoGender metadata, user tables, and a seeded
+synthetic generator with planted bias.
+
+Relevance is always exact equality of a column (e.g. the profession): SISPI's own code matches
+file names by prefix, so "nurse" would also match "nurse_practitioner"; we do not.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hubless.metrics.truth import Truth
+
+__all__ = [
+    "FairnessData",
+    "make_fairness_data",
+    "read_table",
+    "relevance_by_column",
+    "sispi_table",
+    "visogender_table",
+]
+
+
+def read_table(path: str | os.PathLike) -> list[dict]:
+    """Rows of a .csv / .tsv / .parquet table as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such table: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.suffix in (".csv", ".tsv"):
+        with open(path, newline="", encoding="utf-8") as fh:
+            return list(csv.DictReader(fh, delimiter="\t" if path.suffix == ".tsv" else ","))
+    raise ValueError(f"{path}: unsupported table format {path.suffix!r}; use .csv, .tsv or .parquet")
+
+
+def relevance_by_column(gallery_rows: list[dict], query_rows: list[dict], column: str) -> Truth:
+    """Query i's relevant items: the gallery rows whose ``column`` equals query i's, exactly."""
+    for name, rows in (("gallery", gallery_rows), ("query", query_rows)):
+        if rows and column not in rows[0]:
+            raise ValueError(f"{name} metadata has no column {column!r} (columns: {', '.join(rows[0])})")
+    by_value: dict[str, list[int]] = {}
+    for i, row in enumerate(gallery_rows):
+        by_value.setdefault(str(row[column]), []).append(i)
+    lists = []
+    for q, row in enumerate(query_rows):
+        items = by_value.get(str(row[column]))
+        if not items:
+            raise ValueError(f"query {q} ({column}={row[column]!r}) has no relevant gallery item")
+        lists.append(items)
+    return Truth.from_lists(lists, len(gallery_rows))
+
+
+def sispi_table(folder: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """SISPI layout: images named ``{profession}_{id}_{gender}_{ethnicity}.jpg`` (profession may
+    contain underscores). Returns (gallery rows, query rows: one "A photo of a {profession}" each)."""
+    folder = Path(folder)
+    rows = []
+    for f in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in {".jpg", ".jpeg", ".png"}):
+        parts = f.stem.rsplit("_", 3)
+        if len(parts) != 4 or not parts[1].isdigit():
+            raise ValueError(f"{f.name} does not follow {{profession}}_{{id}}_{{gender}}_{{ethnicity}}")
+        rows.append({"path": str(f), "profession": parts[0], "id": int(parts[1]), "gender": parts[2], "ethnicity": parts[3]})
+    if not rows:
+        raise FileNotFoundError(f"no SISPI images in {folder}")
+    professions = sorted({r["profession"] for r in rows})
+    queries = [{"profession": p, "text": f"A photo of a {p.replace('_', ' ')}"} for p in professions]
+    return rows, queries
+
+
+def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict], list[dict]]:
+    """VisoGender (Hall et al. 2023) metadata: every image (occupation-participant and
+    occupation-object) with its occupation and perceived gender, and one gender-neutral query per
+    occupation ("the {occupation} and their {participant}"). Images are URLs only."""
+    from hubless.data.karpathy import data_dir
+
+    folder = Path(root) if root is not None else data_dir() / "visogender"
+    files = {"OP": folder / "OP_Visogender_11012024.tsv", "OO": folder / "OO_Visogender_10052025.tsv"}
+    rows = []
+    for kind, file in files.items():
+        for r in read_table(file):
+            other = r.get("Participant") if kind == "OP" else r.get("Object")
+            rows.append({
+                "id": r["IDX"], "occupation": r["Occupation"].strip(), "gender": r["Occupation_perceived_gender"].strip(),
+                "other": (other or "").strip(), "kind": kind, "url": r.get("URL type (Type NA if can't find)", ""),
+            })  # fmt: skip
+    seen: dict[str, str] = {}
+    for r in rows:
+        if r["kind"] == "OP":
+            seen.setdefault(r["occupation"], r["other"])
+    queries = [{"occupation": o, "text": f"the {o} and their {p}"} for o, p in sorted(seen.items())]
+    return rows, queries
+
+
+@dataclass
+class FairnessData:
+    gallery: np.ndarray
+    gallery_rows: list[dict]
+    queries: np.ndarray
+    query_rows: list[dict]
+    query_bank: np.ndarray
+
+
+def make_fairness_data(
+    n_professions: int = 20,
+    per_cell: int = 4,
+    genders: tuple[str, ...] = ("feminine", "masculine"),
+    ethnicities: tuple[str, ...] = ("asian", "black", "indian", "white"),
+    bias: float = 0.5,
+    dim: int = 64,
+    n_query_bank: int = 2000,
+    noise: float = 0.6,
+    hub_strength: float = 0.6,
+    seed: int = 0,
+) -> FairnessData:
+    """A gallery of ``per_cell`` images per (profession, gender, ethnicity) and one neutral query
+    per profession that leans towards the first-listed-last gender ("masculine") and the last
+    ethnicity by ``bias`` (0: no planted bias). Every image is unit(profession + its attribute
+    directions + noise); a random popularity pull along the biased directions plants hubs too.
+    The query bank holds neutral queries of the same form for other, unseen professions."""
+    rng = np.random.default_rng(seed)
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    prof = unit(rng.standard_normal((n_professions + 50, dim)))
+    g_dir = unit(rng.standard_normal((len(genders), dim)))
+    e_dir = unit(rng.standard_normal((len(ethnicities), dim)))
+    rows, vecs = [], []
+    for p in range(n_professions):
+        for gi, g in enumerate(genders):
+            for ei, e in enumerate(ethnicities):
+                for i in range(per_cell):
+                    rows.append({"profession": f"profession{p:03d}", "id": i, "gender": g, "ethnicity": e})
+                    vecs.append(prof[p] + 0.6 * g_dir[gi] + 0.6 * e_dir[ei])
+    base = np.asarray(vecs)
+    pull = hub_strength * rng.lognormal(0, 0.5, (len(rows), 1)) * (g_dir[-1] + e_dir[-1]) / 2
+    gallery = unit(base + noise * unit(rng.standard_normal(base.shape)) + pull * (rng.random((len(rows), 1)) < 0.2))
+    lean = bias * (g_dir[-1] + e_dir[-1])
+
+    def neutral(p_idx):
+        return unit(prof[p_idx] + lean + 0.3 * noise * unit(rng.standard_normal((len(p_idx), dim))))
+
+    queries = neutral(np.arange(n_professions))
+    query_rows = [{"profession": f"profession{p:03d}", "text": f"A photo of a profession{p:03d}"} for p in range(n_professions)]
+    bank = neutral(rng.integers(n_professions, n_professions + 50, n_query_bank))
+    return FairnessData(gallery, rows, queries, query_rows, bank)

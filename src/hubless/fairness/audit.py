@@ -1,0 +1,170 @@
+"""Fairness audit of corrections: utility (NDCG, AP) and bias (NDKL per attribute and joint,
+gender bias@n), per query and overall, for the baseline and each correction.
+
+    result = audit(gallery, queries, relevant, {"gender": genders, "ethnicity": ethnicities},
+                   query_bank, methods=["baseline", "nnn"])
+
+``relevant`` says which gallery items answer each query (e.g. SISPI: the images of the queried
+profession). For each method the queries are ranked over the whole gallery in streamed blocks
+(the ranking form its ``search`` uses); the relevant items, in rank order, give the attribute
+sequence whose NDKL is measured (SISPI protocol); NDCG and AP use their ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import as_embeddings, check_positive_int
+from hubless.corrections import Correction, make_correction
+from hubless.engine.topk import RunningTopK
+from hubless.evaluation import ranking_blocks
+from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
+from hubless.metrics.retrieval import relevant_ranks
+from hubless.metrics.truth import Truth
+
+__all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]
+
+MASCULINE = {"masculine", "male", "man", "men", "m"}
+FEMININE = {"feminine", "female", "woman", "women", "f"}
+
+
+def encode_attribute(values: Sequence) -> tuple[np.ndarray, list[str]]:
+    """Category labels -> (codes, sorted distinct labels)."""
+    labels, codes = np.unique(np.asarray([str(v) for v in values]), return_inverse=True)
+    return codes.astype(np.int64), labels.tolist()
+
+
+@dataclass
+class FairnessResult:
+    method: str
+    spec: str
+    metrics: dict[str, float]
+    delta: dict[str, float] = field(default_factory=dict)
+    per_query: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "spec": self.spec, "metrics": self.metrics, "delta_vs_baseline": self.delta,
+                "per_query": {k: v.tolist() for k, v in self.per_query.items()}}  # fmt: skip
+
+
+@dataclass
+class FairnessAudit:
+    results: list[FairnessResult]
+    attributes: dict[str, list[str]]
+    query_names: list[str]
+    top_n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attributes": self.attributes, "queries": self.query_names, "top_n": self.top_n, "results": [r.to_dict() for r in self.results]}
+
+    def __getitem__(self, spec: str) -> FairnessResult:
+        for r in self.results:
+            if spec in (r.spec, r.method):
+                return r
+        raise KeyError(spec)
+
+    def extremes(self, metric: str, spec: str = "baseline", n: int = 5) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+        """The ``n`` most and least biased queries by a per-query ``metric`` of one method."""
+        values = self[spec].per_query[metric]
+        order = np.argsort(-values, kind="stable")
+        most = [(self.query_names[i], float(values[i])) for i in order[:n]]
+        least = [(self.query_names[i], float(values[i])) for i in order[::-1][:n]]
+        return most, least
+
+
+def audit(
+    gallery,
+    queries,
+    relevant: Truth,
+    attributes: Mapping[str, Sequence],
+    query_bank=None,
+    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    *,
+    gallery_bank=None,
+    joint: bool = True,
+    top_n: int = 10,
+    query_names: Sequence[str] | None = None,
+    normalize: bool = True,
+    progress: bool | None = None,
+) -> FairnessAudit:
+    """Audit each method (baseline always first). ``attributes`` maps an attribute name to one
+    label per gallery item; with ``joint`` and two or more attributes their intersection is
+    also measured (``NDKL_joint``). Metrics (means over queries; per-query values kept):
+    ``NDCG``, ``AP``, ``NDKL_<attribute>``, ``NDKL_joint``, ``precision@n`` and, for an
+    attribute named ``gender`` with masculine/feminine labels, ``bias@n``."""
+    gallery = as_embeddings(gallery, "gallery", normalize=normalize)
+    queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
+    if relevant.n_queries != queries.shape[0] or relevant.n_gallery != gallery.shape[0]:
+        raise ValueError(f"relevance covers {relevant.n_queries} queries x {relevant.n_gallery} items; have {queries.shape[0]} x {gallery.shape[0]}")
+    top_n = min(check_positive_int(top_n, "top_n"), gallery.shape[0])
+    encoded: dict[str, tuple[np.ndarray, list[str]]] = {}
+    for name, values in attributes.items():
+        if len(values) != gallery.shape[0]:
+            raise ValueError(f"attribute {name!r} has {len(values)} values for {gallery.shape[0]} gallery items")
+        encoded[name] = encode_attribute(values)
+    if not encoded:
+        raise ValueError("give at least one attribute (e.g. gender)")
+    if joint and len(encoded) >= 2:
+        codes, size = joint_codes(*(c for c, _ in encoded.values()), sizes=[len(lab) for _, lab in encoded.values()])
+        labels = [" & ".join(parts) for parts in _product([lab for _, lab in encoded.values()])]
+        encoded["joint"] = (codes, labels)
+        assert size == len(labels)
+    corrections = [make_correction(m) for m in methods]
+    for c, m in zip(corrections, methods):
+        if isinstance(m, str):
+            c.set_params(normalize=normalize)
+    if not any(c.name == "baseline" for c in corrections):
+        corrections.insert(0, make_correction("baseline").set_params(normalize=normalize))
+    corrections.sort(key=lambda c: c.name != "baseline")
+    names = list(query_names) if query_names is not None else [str(i) for i in range(queries.shape[0])]
+    results = [_audit_one(c, gallery, queries, relevant, encoded, query_bank, gallery_bank, top_n, progress) for c in corrections]
+    base = results[0]
+    for r in results[1:]:
+        r.delta = {k: v - base.metrics[k] for k, v in r.metrics.items()}
+    return FairnessAudit(results, {k: lab for k, (_, lab) in encoded.items()}, names, top_n)
+
+
+def _product(lists):
+    out = [[]]
+    for values in lists:
+        out = [o + [v] for o in out for v in values]
+    return out
+
+
+def _audit_one(corr, gallery, queries, relevant: Truth, encoded, query_bank, gallery_bank, top_n, progress) -> FairnessResult:
+    corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+    ranks = np.empty(relevant.indices.size, dtype=np.int64)
+    top = np.empty((relevant.n_queries, top_n), dtype=np.int64)
+    for start, scores in ranking_blocks(corr, queries):
+        stop = start + scores.shape[0]
+        ranks[relevant.indptr[start] : relevant.indptr[stop]] = relevant_ranks(scores, relevant.subset(np.arange(start, stop)))
+        best = RunningTopK(scores.shape[0], top_n, with_ids=True)
+        best.update(scores)
+        top[start:stop] = best.sorted()[1]
+    counts = relevant.counts
+    per_query: dict[str, np.ndarray] = {"NDCG": ndcg(ranks, relevant.indptr), "AP": average_precision(ranks, relevant.indptr)}
+    # Relevant items of each query in rank order, padded into a (n_queries, max R) matrix.
+    order = np.lexsort((ranks, relevant.rows))
+    items = relevant.indices[order]
+    depth = int(counts.max())
+    pos = np.arange(items.size) - np.repeat(relevant.indptr[:-1], counts)
+    for name, (codes, labels) in encoded.items():
+        seq = np.zeros((relevant.n_queries, depth), dtype=np.int64)
+        seq[relevant.rows, pos] = codes[items]
+        per_query[f"NDKL_{name}"] = ndkl(seq, len(labels), lengths=counts)
+    is_relevant = np.zeros((relevant.n_queries, relevant.n_gallery), dtype=bool) if relevant.n_queries * relevant.n_gallery <= 1 << 26 else None
+    if is_relevant is not None:
+        is_relevant[relevant.rows, relevant.indices] = True
+        per_query[f"precision@{top_n}"] = is_relevant[np.arange(relevant.n_queries)[:, None], top].mean(axis=1)
+    if "gender" in encoded:
+        codes, labels = encoded["gender"]
+        masc = [i for i, v in enumerate(labels) if v.lower() in MASCULINE]
+        fem = [i for i, v in enumerate(labels) if v.lower() in FEMININE]
+        if len(masc) == 1 and len(fem) == 1:
+            per_query[f"bias@{top_n}"] = gender_bias_at_n(codes[top], masc[0], fem[0], top_n)
+    metrics = {k: float(v.mean()) for k, v in per_query.items()}
+    return FairnessResult(corr.name, corr.spec, metrics, per_query=per_query)
