@@ -145,3 +145,21 @@ def test_fairness_cli_writes_json_and_report(tmp_path):
     assert html.count("<img") == 2 and "Per query" in html
     bad = CliRunner().invoke(app, [str(a) for a in args[:9]] + ["--attributes", "age"])
     assert bad.exit_code == 2 and "no column" in bad.output
+
+
+def test_visogender_with_synthetic_embeddings_end_to_end(tmp_path):
+    try:
+        visogender_table()
+    except FileNotFoundError:
+        pytest.skip("shared data not present")
+    runner = CliRunner()
+    r = runner.invoke(app, ["data", "visogender", "--out", str(tmp_path), "--bias", "0.5"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "audit.json"
+    r = runner.invoke(app, ["fairness", "--gallery", str(tmp_path / "gallery.npy"), "--gallery-meta", str(tmp_path / "gallery_meta.csv"),
+                            "--queries", str(tmp_path / "queries.npy"), "--query-meta", str(tmp_path / "query_meta.csv"),
+                            "--attributes", "gender", "--match", "occupation", "--query-bank", str(tmp_path / "query_bank.npy"),
+                            "-m", "nnn", "--out", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    base = json.loads(out.read_text())["results"][0]["metrics"]
+    assert base["bias@10"] > 0  # the planted lean towards 'masculine' shows

@@ -29,3 +29,31 @@ def fetch_command(
         raise ValueError(str(exc)) from None
     for f in files:
         typer.echo(f"wrote {f}")
+
+
+@app.command("visogender")
+@friendly_errors
+def visogender_command(
+    out: Path = typer.Option(..., help="Folder for gallery_meta.csv, query_meta.csv and the embeddings."),
+    bias: float = typer.Option(0.5, help="Planted lean of the neutral queries towards 'masculine' (0: none)."),
+    dim: int = typer.Option(64, help="Dimension of the synthetic embeddings."),
+    seed: int = typer.Option(0, help="Seed."),
+) -> None:
+    """VisoGender metadata (occupations, perceived gender) with seeded synthetic embeddings, ready
+    for `hubless fairness` (real images are URLs only and cannot be embedded here)."""
+    import csv
+
+    from hubless._io import atomic_open, save_npy
+    from hubless.data.fairness import synthetic_embeddings, visogender_table
+
+    rows, queries = visogender_table()
+    gallery, q, bank = synthetic_embeddings(rows, queries, "occupation", {"gender": "masculine"}, bias=bias, dim=dim, seed=seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in (("gallery_meta.csv", rows), ("query_meta.csv", queries)):
+        with atomic_open(out / name) as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(table[0]))
+            writer.writeheader()
+            writer.writerows(table)
+    for name, arr in (("gallery.npy", gallery), ("queries.npy", q), ("query_bank.npy", bank)):
+        save_npy(out / name, arr)
+    typer.echo(f"wrote {len(rows)} VisoGender items and {len(queries)} neutral queries (synthetic embeddings, bias {bias}) to {out}")

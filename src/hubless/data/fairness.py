@@ -22,6 +22,7 @@ __all__ = [
     "read_table",
     "relevance_by_column",
     "sispi_table",
+    "synthetic_embeddings",
     "visogender_table",
 ]
 
@@ -108,6 +109,54 @@ class FairnessData:
     query_bank: np.ndarray
 
 
+def synthetic_embeddings(
+    gallery_rows: list[dict],
+    query_rows: list[dict],
+    match: str,
+    attributes: dict[str, str],
+    *,
+    bias: float = 0.5,
+    dim: int = 64,
+    n_query_bank: int = 2000,
+    noise: float = 0.6,
+    hub_strength: float = 0.6,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded embeddings for metadata tables, with planted bias: each gallery item is
+    unit(topic of its ``match`` value + 0.6 x a direction per attribute value + noise), a
+    random fifth of the items is pulled along the favoured directions (hubs), and each query is
+    unit(topic + ``bias`` x the favoured directions + small noise). ``attributes`` maps an
+    attribute column to its favoured value (e.g. {"gender": "masculine"}). Returns
+    (gallery, queries, query_bank); the bank holds queries of the same form for unseen topics."""
+    rng = np.random.default_rng(seed)
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    topics = sorted({str(r[match]) for r in gallery_rows} | {str(r[match]) for r in query_rows})
+    topic_vec = dict(zip(topics, unit(rng.standard_normal((len(topics), dim)))))
+    extra_topics = unit(rng.standard_normal((50, dim)))
+    directions = {}
+    favoured = np.zeros(dim)
+    for column, value in attributes.items():
+        values = sorted({str(r[column]) for r in gallery_rows})
+        if str(value) not in values:
+            raise ValueError(f"favoured value {value!r} is not a value of {column!r} ({', '.join(values)})")
+        directions[column] = dict(zip(values, unit(rng.standard_normal((len(values), dim)))))
+        favoured += directions[column][str(value)]
+    base = np.array([topic_vec[str(r[match])] + sum(0.6 * directions[c][str(r[c])] for c in attributes) for r in gallery_rows])
+    pull = hub_strength * rng.lognormal(0, 0.5, (len(gallery_rows), 1)) * favoured / max(len(attributes), 1)
+    gallery = unit(base + noise * unit(rng.standard_normal(base.shape)) + pull * (rng.random((len(gallery_rows), 1)) < 0.2))
+    lean = bias * favoured
+
+    def neutral(vectors):
+        return unit(vectors + lean + 0.3 * noise * unit(rng.standard_normal(vectors.shape)))
+
+    queries = neutral(np.array([topic_vec[str(r[match])] for r in query_rows]))
+    bank = neutral(extra_topics[rng.integers(0, 50, n_query_bank)])
+    return gallery, queries, bank
+
+
 def make_fairness_data(
     n_professions: int = 20,
     per_cell: int = 4,
@@ -120,35 +169,16 @@ def make_fairness_data(
     hub_strength: float = 0.6,
     seed: int = 0,
 ) -> FairnessData:
-    """A gallery of ``per_cell`` images per (profession, gender, ethnicity) and one neutral query
-    per profession that leans towards the first-listed-last gender ("masculine") and the last
-    ethnicity by ``bias`` (0: no planted bias). Every image is unit(profession + its attribute
-    directions + noise); a random popularity pull along the biased directions plants hubs too.
-    The query bank holds neutral queries of the same form for other, unseen professions."""
-    rng = np.random.default_rng(seed)
-
-    def unit(x):
-        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
-
-    prof = unit(rng.standard_normal((n_professions + 50, dim)))
-    g_dir = unit(rng.standard_normal((len(genders), dim)))
-    e_dir = unit(rng.standard_normal((len(ethnicities), dim)))
-    rows, vecs = [], []
-    for p in range(n_professions):
-        for gi, g in enumerate(genders):
-            for ei, e in enumerate(ethnicities):
-                for i in range(per_cell):
-                    rows.append({"profession": f"profession{p:03d}", "id": i, "gender": g, "ethnicity": e})
-                    vecs.append(prof[p] + 0.6 * g_dir[gi] + 0.6 * e_dir[ei])
-    base = np.asarray(vecs)
-    pull = hub_strength * rng.lognormal(0, 0.5, (len(rows), 1)) * (g_dir[-1] + e_dir[-1]) / 2
-    gallery = unit(base + noise * unit(rng.standard_normal(base.shape)) + pull * (rng.random((len(rows), 1)) < 0.2))
-    lean = bias * (g_dir[-1] + e_dir[-1])
-
-    def neutral(p_idx):
-        return unit(prof[p_idx] + lean + 0.3 * noise * unit(rng.standard_normal((len(p_idx), dim))))
-
-    queries = neutral(np.arange(n_professions))
+    """A SISPI-like synthetic audit: ``per_cell`` images per (profession, gender, ethnicity) and
+    one neutral query per profession leaning towards the last gender and the last ethnicity by
+    ``bias`` (0: no planted bias); see :func:`synthetic_embeddings`."""
+    rows = [
+        {"profession": f"profession{p:03d}", "id": i, "gender": g, "ethnicity": e}
+        for p in range(n_professions) for g in genders for e in ethnicities for i in range(per_cell)
+    ]  # fmt: skip
     query_rows = [{"profession": f"profession{p:03d}", "text": f"A photo of a profession{p:03d}"} for p in range(n_professions)]
-    bank = neutral(rng.integers(n_professions, n_professions + 50, n_query_bank))
+    gallery, queries, bank = synthetic_embeddings(
+        rows, query_rows, "profession", {"gender": genders[-1], "ethnicity": ethnicities[-1]},
+        bias=bias, dim=dim, n_query_bank=n_query_bank, noise=noise, hub_strength=hub_strength, seed=seed,
+    )  # fmt: skip
     return FairnessData(gallery, rows, queries, query_rows, bank)
