@@ -29,6 +29,7 @@ from hubless.engine import exact_search
 from hubless.evaluation import Evaluation, evaluate
 from hubless.index import Index
 from hubless.metrics import Truth, captions_per_item
+from hubless.rerank import Pipeline
 from hubless.tuning import tune
 
 __version__ = "0.1.0"
@@ -48,6 +49,7 @@ __all__ = [
     "InvertedSoftmax",
     "METHODS",
     "NNN",
+    "Pipeline",
     "Truth",
     "UnnormalizedEmbeddingsWarning",
     "__version__",

@@ -69,3 +69,20 @@ def wide_console() -> Console:
     if not console.is_terminal:
         console.width = max(console.width, 160)
     return console
+
+
+def read_items(path: Path) -> list[str]:
+    """What a reranker sees per row: a .txt (one path or text per line), a .json list, or the
+    OUT.meta.json of `hubless embed` (its items' paths or texts, in row order)."""
+    import json
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such items file: {path}")
+    if str(path).endswith(".json"):
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "items" in data:
+            return [item.get("path", item.get("text")) for item in data["items"]]
+        if isinstance(data, list):
+            return [str(x) for x in data]
+        raise ValueError(f"{path}: expected a JSON list or an embed .meta.json")
+    return Path(path).read_text(encoding="utf-8").splitlines()

@@ -38,6 +38,12 @@ def eval_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     out: Path = typer.Option(None, help="Write the results as JSON here (atomic)."),
     report: Path = typer.Option(None, help="Write a self-contained HTML report with plots here."),
+    rerank: str = typer.Option(None, help="Cross-encoder to rerank each method's top --rerank-k with (BLIP ITM or sentence-transformers CrossEncoder name/folder); reports retrieve-only vs retrieve+rerank R@K and latency."),
+    rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
+    fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
+    lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
+    gallery_items: Path = typer.Option(None, help="With --rerank: the gallery items (image paths or texts), .txt/.json or an embed .meta.json."),
+    query_items: Path = typer.Option(None, help="With --rerank: the query items (texts or image paths), same formats."),
     eccv: bool = typer.Option(False, "--eccv", help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
@@ -60,6 +66,8 @@ def eval_command(
     print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
     if eccv:
         _eccv(ev, g, q, qb, gb, normalize, progress)
+    if rerank:
+        _rerank(ev, g, q, qb, gb, truth, rerank, rerank_k, fusion, lam, gallery_items, query_items, normalize, progress)
     if out is not None:
         write_json(out, ev.to_dict())
         typer.echo(f"results: {out}")
@@ -85,4 +93,35 @@ def _eccv(ev, images, captions, caption_bank, image_bank, normalize: bool, progr
     for r in ev.results:
         r.extra["eccv"] = scores[r.spec]
         table.add_row(r.spec, *(f"{scores[r.spec][n]['t2i']:.2f} / {scores[r.spec][n]['i2t']:.2f}" for n in names))
+    wide_console().print(table)
+
+
+def _rerank(ev, g, q, qb, gb, truth, model, k, fusion, lam, gallery_items, query_items, normalize, progress) -> None:
+    """Rerank every method's top k with a cross-encoder; add retrieve vs retrieve+rerank R@K."""
+    from hubless.cli._common import read_items
+    from hubless.corrections import make_correction
+    from hubless.evaluation import _as_truth
+    from hubless.rerank import Pipeline, load_reranker, rerank_eval
+
+    if gallery_items is None or query_items is None:
+        raise ValueError("--rerank needs --gallery-items and --query-items (what the cross-encoder reads)")
+    g_items, q_items = read_items(gallery_items), read_items(query_items)
+    if len(g_items) != g.shape[0] or len(q_items) != q.shape[0]:
+        raise ValueError(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({g.shape[0]}, {q.shape[0]})")
+    reranker = load_reranker(model)
+    truth = _as_truth(truth, q.shape[0], g.shape[0])
+    ks = [k_ for k_ in ev.ks if k_ <= k]
+    table = Table(title=f"retrieve (top {k}) + rerank with {model}")
+    table.add_column("method")
+    for k_ in ks:
+        table.add_column(f"R@{k_} retrieve -> +rerank", justify="right")
+    table.add_column("ms/query retrieve, rerank", justify="right")
+    for r in ev.results:
+        corr = make_correction(r.spec).set_params(normalize=normalize).fit(g, qb, gb, progress=progress)
+        pipe = Pipeline(corr, reranker, k=k, fusion=fusion, lam=lam, gallery_items=g_items)
+        res = rerank_eval(pipe, q, q_items, truth, ks=ks, progress=progress)
+        r.extra["rerank"] = res
+        cells = [f"{res['retrieve'][f'R@{k_}']:.2f} -> {res['retrieve+rerank'][f'R@{k_}']:.2f}" for k_ in ks]
+        ms = res["ms_per_query"]
+        table.add_row(r.spec, *cells, f"{ms['retrieve']:.2f}, {ms['rerank']:.1f}")
     wide_console().print(table)

@@ -1,0 +1,34 @@
+"""Retrieve-only vs retrieve+rerank: R@K and latency per query."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hubless.metrics.truth import Truth
+
+__all__ = ["rerank_eval"]
+
+
+def _recalls(ids: np.ndarray, truth: Truth, ks) -> dict[str, float]:
+    # Membership of (query, item) pairs, encoded as query * n_gallery + item.
+    pairs = np.arange(ids.shape[0])[:, None] * truth.n_gallery + ids
+    hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices)
+    first = np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, np.iinfo(np.int64).max)
+    return {f"R@{k}": float(100.0 * np.mean(first <= k)) for k in ks}
+
+
+def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5, 10), *, progress=None) -> dict:
+    """R@K of the first stage alone and after reranking its top ``pipeline.k``, with the mean
+    latency per query of each stage (ms). ``truth``: relevant gallery ids per query."""
+    ks = [k for k in ks if k <= pipeline.k]
+    result = pipeline.search(query_embeddings, query_items, top_k=max(ks), progress=progress)
+    first_ids = pipeline.first_stage.search(query_embeddings, top_k=max(ks))[1]
+    n = len(query_items)
+    return {
+        "k": pipeline.k,
+        "fusion": pipeline.fusion,
+        "lam": pipeline.lam,
+        "retrieve": _recalls(first_ids, truth, ks),
+        "retrieve+rerank": _recalls(result.ids, truth, ks),
+        "ms_per_query": {"retrieve": 1000 * result.seconds["first_stage"] / n, "rerank": 1000 * result.seconds["rerank"] / n},
+    }
