@@ -138,3 +138,32 @@ def test_eval_cli_with_rerank(tiny_blip, data, tmp_path):
     res = json.loads(out.read_text())["results"][1]["rerank"]
     assert res["k"] == 8 and set(res["retrieve"]) == {"R@1", "R@5"}
     assert res["retrieve"]["R@1"] == pytest.approx(json.loads(out.read_text())["results"][1]["metrics"]["R@1"])
+
+
+def test_search_cli_with_rerank(data, tmp_path):
+    pytest.importorskip("sentence_transformers")
+    import transformers as tf
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+    from tests.models import tokenizer
+
+    cfg = tf.BertConfig(vocab_size=len(tokenizer().get_vocab()), hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=32, num_labels=1)  # fmt: skip
+    tf.BertForSequenceClassification(cfg).save_pretrained(tmp_path / "ce")
+    tokenizer().save_pretrained(tmp_path / "ce")
+    np.save(tmp_path / "g.npy", data.gallery)
+    np.save(tmp_path / "qb.npy", data.query_bank)
+    np.save(tmp_path / "q.npy", data.queries[:4])
+    (tmp_path / "items.json").write_text(json.dumps([{"text": f"a dog {i}"} for i in range(300)]))
+    (tmp_path / "q.txt").write_text("two cats\na red car\none dog\na man\n")
+    runner = CliRunner()
+    r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
+                            "--out", str(tmp_path / "idx"), "--metadata", str(tmp_path / "items.json")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--top-k", "3", "--json",
+                            "--rerank", str(tmp_path / "ce"), "--rerank-k", "10", "--query-items", str(tmp_path / "q.txt")])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
+    first = hubless.Index.load(tmp_path / "idx").search(data.queries[:4], 10)[1]
+    assert len(lines) == 4 and all(set(h["id"] for h in line["results"]) <= set(first[i]) for i, line in enumerate(lines))

@@ -103,6 +103,12 @@ def search_command(
     ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's)."),
     rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
+    rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
+    rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
+    fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
+    lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
+    query_items: Path = typer.Option(None, help="With --rerank: the query texts / image paths (.txt, .json or an embed .meta.json)."),
+    item_column: str = typer.Option(None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text or item)."),
 ) -> None:
     """Search a saved index; scores are the method's own, ids are gallery positions."""
     from hubless.index import Index
@@ -112,7 +118,10 @@ def search_command(
     weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
     if alpha is not None and index.correction.weight_param is None:
         raise ValueError(f"{index.correction.spec} has no weight to override")
-    scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
+    if rerank:
+        scores, ids = _rerank(index, q, top_k, rerank, rerank_k, fusion, lam, query_items, item_column, weight)
+    else:
+        scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
     if as_json:
         for i in range(q.shape[0]):
             hits = [{"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})} for j, s in zip(ids[i], scores[i])]
@@ -134,3 +143,25 @@ def search_command(
     wide_console().print(table)
     if q.shape[0] > 20:
         typer.echo(f"(first 20 of {q.shape[0]} queries shown; use --json for all)")
+
+
+def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, weight):
+    from hubless.cli._common import read_items
+    from hubless.rerank import Pipeline, load_reranker
+
+    if query_items is None or not index.metadata:
+        raise ValueError("--rerank needs --query-items and an index built with --metadata (the gallery items' paths or texts)")
+    column = item_column or next((c for c in ("path", "text", "item") if c in index.metadata[0]), None)
+    if column is None or column not in index.metadata[0]:
+        raise ValueError(f"index metadata has no {item_column or 'path/text/item'} column; pass --item-column")
+    items = read_items(query_items)
+    if len(items) != q.shape[0]:
+        raise ValueError(f"{len(items)} query items for {q.shape[0]} queries")
+
+    class _FirstStage:  # the index with this call's weight
+        def search(self, queries, top_k):
+            return index.search(queries, top_k, **weight)
+
+    pipe = Pipeline(_FirstStage(), load_reranker(model), k=k, fusion=fusion, lam=lam, gallery_items=[m[column] for m in index.metadata])
+    result = pipe.search(q, items, top_k=min(top_k, k))
+    return result.scores, result.ids
