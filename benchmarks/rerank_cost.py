@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 
 import numpy as np
 
