@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -25,9 +26,10 @@ def test_help_lists_commands():
     assert "demo" in result.output
 
 
-def test_console_script_is_installed():
-    out = subprocess.run([sys.executable, "-m", "hubless.cli.main", "--version"], capture_output=True, text=True)
-    assert out.returncode == 0 and "hubless" in out.stdout
+def test_python_dash_m_runs_the_cli():
+    for module in ("hubless", "hubless.cli.main"):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+        assert out.returncode == 0 and "hubless" in out.stdout, out.stderr
 
 
 def test_demo_library_shows_every_correction_improving_on_the_baseline():
@@ -47,3 +49,6 @@ def test_demo_command_prints_the_table_and_writes_the_report(tmp_path):
     assert "nnn" in result.output and "largest hub" in result.output
     text = report.read_text()
     assert text.startswith("<!DOCTYPE html>") and text.count("<img") == 2
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert report.stat().st_mode & 0o777 == 0o666 & ~mask  # readable like any file, not 0600

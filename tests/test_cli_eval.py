@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.data.synthetic import make_retrieval_data
-from hubless.tuning import DEFAULT_GRIDS, tune
+from hubless.tuning import DEFAULT_GRIDS, grid_edges, tune
 
 runner = CliRunner()
 
@@ -87,6 +87,14 @@ def test_tune_cli_chooses_on_validation_and_tests(files):
     assert data["best"]["nnn"]["R@1"] == best["R@1"]
     assert [r["spec"] for r in data["test"]["results"]][1:] == [data["best"]["nnn"]["spec"], data["best"]["is"]["spec"]]
     assert "nnn heat map" in report.read_text()
+    assert data["best"]["nnn"]["at_edge"] == grid_edges(data["validation"]["nnn"], data["best"]["nnn"]["params"])
+
+
+def test_grid_edges_flags_a_choice_on_the_border_of_a_long_enough_grid():
+    points = [{"alpha": a, "k": k} for a in (0.25, 0.5, 0.75) for k in (1, 2)]
+    assert grid_edges(points, {"alpha": 0.5, "k": 2}) == []  # k has two values only: not judged
+    assert grid_edges(points, {"alpha": 0.75, "k": 1}) == ["alpha"]
+    assert grid_edges(points, {"alpha": 0.25, "k": 1}) == ["alpha"]
 
 
 def test_tune_refuses_validation_queries_that_are_test_queries_or_bank_rows():

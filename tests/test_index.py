@@ -4,6 +4,7 @@ equal rebuilds; the CLI end to end."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -77,6 +78,9 @@ def test_save_load_roundtrip_and_metadata(data, tmp_path):
     meta = [{"path": f"img{i}.jpg", "n": i} for i in range(2000)]
     index = hubless.Index.build(data.gallery, data.query_bank, "dis", "IVF32,Flat", metadata=meta, model="tiny-clip")
     path = index.save(tmp_path / "idx")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o777 & ~mask  # not left private like a temp dir
     with pytest.raises(FileExistsError):
         index.save(tmp_path / "idx")
     loaded = hubless.Index.load(path)

@@ -16,7 +16,17 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_open", "write_text", "write_json", "save_npy"]
+__all__ = ["atomic_open", "write_text", "write_json", "save_npy", "umask_mode"]
+
+
+def umask_mode(base: int = 0o666) -> int:
+    """The permissions an ordinary ``open``/``mkdir`` would give (``base`` minus the umask).
+
+    ``tempfile`` creates private (0600/0700) files; a finished output should not stay private.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
 
 
 @contextlib.contextmanager
@@ -32,6 +42,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", *, encoding: str | Non
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

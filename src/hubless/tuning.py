@@ -27,7 +27,7 @@ from hubless.engine.parallel import progress_bar
 from hubless.evaluation import _as_truth, _check_ks, query_block_rows, ranking_scores
 from hubless.metrics.retrieval import PerQuery, per_query_metrics, relevant_ranks, summarize
 
-__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "shared_rows", "tune"]
+__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune"]
 
 _LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 _KS = tuple(2**i for i in range(10))  # 1 .. 512
@@ -52,7 +52,11 @@ _LOWER_IS_BETTER = {"MdR", "MnR"}
 
 @dataclass
 class TuneResult:
-    """Per method: the chosen spec and the validation table (one row per grid point)."""
+    """Per method: the chosen spec and the validation table (one row per grid point).
+
+    ``best[method]`` holds ``spec``, ``params``, the objective's value, every validation metric
+    and ``at_edge``: the parameters chosen at the border of their grid (see :func:`grid_edges`).
+    """
 
     objective: str
     best: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -92,6 +96,17 @@ def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence]] | None) -> li
     grid = DEFAULT_GRIDS[method] if grids is None or method not in grids else grids[method]
     names = list(grid)
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def grid_edges(points: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any]) -> list[str]:
+    """The parameters whose chosen value is the smallest or largest of a grid of at least three
+    values: the optimum may lie outside the grid, so widen it there."""
+    edges = []
+    for name, value in chosen.items():
+        values = sorted({p[name] for p in points})
+        if len(values) >= 3 and value in (values[0], values[-1]):
+            edges.append(name)
+    return edges
 
 
 def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
@@ -154,7 +169,10 @@ def tune(
         scores = np.array([sign * m[objective] for m in metrics])
         best = int(np.argmax(scores))
         result.tables[method] = rows
-        result.best[method] = {"spec": corrections[best].spec, "params": points[best], objective: metrics[best][objective], "metrics": metrics[best]}
+        result.best[method] = {
+            "spec": corrections[best].spec, "params": points[best], objective: metrics[best][objective],
+            "metrics": metrics[best], "at_edge": grid_edges(points, points[best]),
+        }  # fmt: skip
     return result
 
 

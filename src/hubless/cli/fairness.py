@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, friendly_errors, load, wide_console
+from hubless.reports.fairness import fairness_report, overall_rows
 
 
 @friendly_errors
@@ -52,8 +53,8 @@ def fairness_command(
     table.add_column("method")
     for m in metrics:
         table.add_column(m, justify="right")
-    for r in result.results:
-        table.add_row(r.spec, *(f"{r.metrics[m]:.3f}" + (f" ({r.delta[m]:+.3f})" if r.delta else "") for m in metrics))
+    for row in overall_rows(result):
+        table.add_row(*row.values())
     console.print(table)
     key = "NDKL_joint" if "NDKL_joint" in metrics else f"NDKL_{names[0]}"
     most, least = result.extremes(key)
@@ -63,7 +64,5 @@ def fairness_command(
         write_json(out, result.to_dict())
         typer.echo(f"results: {out}")
     if report is not None:
-        from hubless.reports.fairness import fairness_report
-
         fairness_report(result, report)
         typer.echo(f"report: {report}")

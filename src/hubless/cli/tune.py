@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints, wide_console
+from hubless.cli._common import NORMALIZE_HELP, err_console, friendly_errors, load, parse_ints, wide_console
 
 
 @friendly_errors
@@ -54,6 +54,9 @@ def tune_command(
     for m, b in tuned.best.items():
         table.add_row(m, b["spec"], f"{b[objective]:.2f}", str(len(tuned.tables[m])))
     console.print(table)
+    for m, b in tuned.best.items():
+        if b["at_edge"]:
+            err_console.print(f"[yellow]note:[/] {m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
         from hubless.cli.eval import print_results

@@ -28,6 +28,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from hubless._io import umask_mode
 from hubless.corrections import make_correction
 
 __all__ = ["FORMAT", "VERSION", "load_index", "save_index"]
@@ -79,6 +80,7 @@ def save_index(index, path: str | os.PathLike, *, overwrite: bool = False) -> Pa
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        os.chmod(tmp, umask_mode(0o777))
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

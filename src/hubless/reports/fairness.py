@@ -9,14 +9,21 @@ from pathlib import Path
 from hubless.fairness.audit import FairnessAudit
 from hubless.reports.html import Report, html_table, require_matplotlib
 
-__all__ = ["fairness_report"]
+__all__ = ["fairness_report", "overall_rows"]
+
+
+def overall_rows(result: FairnessAudit) -> list[dict[str, str]]:
+    """A row per method: each mean metric with 3 decimals and its change vs the baseline."""
+    return [
+        {"method": r.spec, **{m: f"{v:.3f}" + (f" ({r.delta[m]:+.3f})" if r.delta else "") for m, v in r.metrics.items()}}
+        for r in result.results
+    ]
 
 
 def fairness_report(result: FairnessAudit, path: str | os.PathLike, *, title: str = "hubless fairness audit") -> Path:
     plt = require_matplotlib()
     report = Report(title)
-    rows = [{"method": r.spec, **r.metrics} for r in result.results]
-    report.section("Overall (means over queries)", html_table(rows), section_id="overall")
+    report.section("Overall (means over queries, change vs baseline)", html_table(overall_rows(result)), section_id="overall")
     ndkl_keys = [k for k in result.results[0].metrics if k.startswith("NDKL_")]
     fig, axes = plt.subplots(1, len(ndkl_keys), figsize=(4.5 * len(ndkl_keys), 3.5), squeeze=False)
     for ax, key in zip(axes[0], ndkl_keys):
@@ -39,6 +46,6 @@ def fairness_report(result: FairnessAudit, path: str | os.PathLike, *, title: st
     items = "".join(f"<li>{html.escape(n)}: {v:.3f}</li>" for n, v in most)
     items2 = "".join(f"<li>{html.escape(n)}: {v:.3f}</li>" for n, v in least)
     report.section(f"Most and least biased queries (baseline {key})", f"<p>Most:</p><ul>{items}</ul><p>Least:</p><ul>{items2}</ul>", section_id="queries")
-    per_query = [{"query": n, **{f"{r.method} {key}": float(r.per_query[key][i]) for r in result.results}} for i, n in enumerate(result.query_names)]
+    per_query = [{"query": n, **{f"{r.spec} {key}": float(r.per_query[key][i]) for r in result.results}} for i, n in enumerate(result.query_names)]
     report.section("Per query", html_table(per_query), section_id="per-query")
     return report.write(path)

@@ -23,6 +23,7 @@ h1 { font-size: 1.6rem; } h2 { font-size: 1.25rem; margin-top: 2rem; border-bott
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+td:first-child { max-width: 22rem; } .table-wrap { overflow-x: auto; }
 figure { margin: 1rem 0; } figcaption { font-size: 0.85rem; color: #555; }
 img { max-width: 100%; } .note { color: #555; font-size: 0.9rem; }
 """
@@ -60,11 +61,11 @@ def html_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | No
     def cell(value) -> str:
         if isinstance(value, float):
             return f"{value:.2f}"
-        return html.escape(str(value))
+        return html.escape(str(value)).replace(",", ",<wbr>")  # long method specs wrap at commas
 
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c, ''))}</td>" for c in columns) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f"<div class='table-wrap'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
 
 class Report:
