@@ -62,6 +62,15 @@ def test_download_is_converted_to_the_caption_files(monkeypatch, tmp_path):
         dev.image_paths(images, root=tmp_path)
     (images / "v.jpg").write_bytes(b"x")
     assert dev.image_paths(images, root=tmp_path) == [images / "v.jpg"]
+    # `hubless data export` writes the inputs of `hubless embed`, in the split's order.
+    monkeypatch.setenv("HUBLESS_DATA_DIR", str(tmp_path))
+    out = tmp_path / "export"
+    result = runner.invoke(app, ["data", "export", "flickr30k", "dev", "--out", str(out), "--image-root", str(images)])
+    assert result.exit_code == 0, result.output
+    assert (out / "captions.txt").read_text().splitlines() == dev.captions
+    assert (out / "images.txt").read_text().splitlines() == [str(images / "v.jpg")]
+    result = runner.invoke(app, ["data", "export", "flickr30k", "dev", "--out", str(out), "--image-root", str(tmp_path)])
+    assert result.exit_code == 2 and "missing" in result.output
 
 
 def test_corrupt_archive(tmp_path):

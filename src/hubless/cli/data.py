@@ -31,6 +31,29 @@ def fetch_command(
         typer.echo(f"wrote {f}")
 
 
+@app.command("export")
+@friendly_errors
+def export_command(
+    dataset: str = typer.Argument(..., help="coco or flickr30k"),
+    split: str = typer.Argument(..., help="test5k, test1k or dev"),
+    out: Path = typer.Option(..., help="Folder for captions.txt (and images.txt with --image-root)."),
+    image_root: Path = typer.Option(None, help="Folder holding the split's images (e.g. coco/val2014)."),
+) -> None:
+    """Write a split's captions (one per line, 5 per image, image order) and, when you have the
+    images, their paths in the same order: the inputs of `hubless embed --texts/--images`."""
+    from hubless._io import write_text
+    from hubless.data.karpathy import load_captions
+
+    split_data = load_captions(dataset, split)
+    paths = split_data.image_paths(image_root) if image_root is not None else None  # check before writing
+    written = [write_text(out / "captions.txt", "\n".join(split_data.captions) + "\n")]
+    if paths is not None:
+        written.append(write_text(out / "images.txt", "\n".join(str(p) for p in paths) + "\n"))
+    for f in written:
+        typer.echo(f"wrote {f}")
+    typer.echo(f"{split_data.n_images} images, {len(split_data.captions)} captions (caption j describes image j // 5: truth t2i:5 / i2t:5)")
+
+
 @app.command("visogender")
 @friendly_errors
 def visogender_command(
