@@ -6,6 +6,7 @@ queries against the gallery it was fitted with:
     corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, query_bank)
     scores, ids = corr.search(queries, top_k=10)          # best first
     scores, ids = corr.search(queries, top_k=10, alpha=0.5)  # new weight, no refit
+    corr.add_items(new_items, query_bank)                   # updates, no refit from scratch
 
 Additive corrections (all but GC) rank by ``s(q, r) - sum_c w_c(q) * bias_c(r)``, which is the
 inner product of the augmented vectors ``[q, -w(q)] . [r, bias(r)]``; that is how every search
@@ -24,6 +25,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_top_k
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
+from hubless.engine.updates import add_gallery_items, add_query_bank_items, remove_gallery_items
 
 __all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK", "validate_fit_inputs"]
 
@@ -141,13 +143,87 @@ class Correction:
         self._fit_arrays(gallery, statistics)
         return self
 
-    def _check_sizes(self, gallery: np.ndarray, query_bank, gallery_bank) -> None:
+    def _check_sizes(self, n_gallery: int, n_query_bank: int | None, n_gallery_bank: int | None) -> None:
         """Hook: refuse parameters that exceed the bank or gallery sizes."""
 
     def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics) -> None:
         self.gallery_ = gallery
         self.n_gallery_, self.dim_ = gallery.shape
         self._fit_statistics(statistics)
+        #: the bank statistics this correction uses (views of the ones given), kept for updates
+        self.statistics_ = statistics.restricted(self.statistics_request())
+
+    # ------------------------------------------------------------------ updates
+    def add_items(self, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> Correction:
+        """Add gallery items in place (returns ``self``); the others' statistics are kept.
+
+        Pass the banks this correction was fitted on: only the new items' similarities to them
+        are computed (n_new x n_bank; DIS/DualDIS also merge each bank item's nearest new items
+        into its activation top-k), and the result equals fitting on the grown gallery.
+        """
+        self._check_fitted()
+        items = as_embeddings(items, "items", normalize=self.normalize, dim=self.dim_)
+        self._check_sizes(self.n_gallery_ + items.shape[0], self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
+        qb, gb = self._update_banks(query_bank, gallery_bank, required=True)
+        stats = add_gallery_items(self.statistics_, items, qb, gb, progress=progress)
+        self._fit_arrays(np.concatenate([self.gallery_, items]), stats)
+        return self
+
+    def remove_items(self, ids, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> Correction:
+        """Remove gallery items by position in place (later items move up; returns ``self``).
+
+        No similarity is recomputed, except for DIS/DualDIS bank items whose nearest gallery
+        items were removed (those need the banks this correction was fitted on).
+        """
+        self._check_fitted()
+        ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
+        if ids.size and (ids[0] < 0 or ids[-1] >= self.n_gallery_):
+            raise ValueError(f"ids to remove must be in [0, {self.n_gallery_}); got {ids[0]}..{ids[-1]}")
+        keep = np.setdiff1d(np.arange(self.n_gallery_), ids)
+        if keep.size == 0:
+            raise ValueError("cannot remove every gallery item")
+        self._check_sizes(keep.size, self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
+        qb, gb = self._update_banks(query_bank, gallery_bank, required=False)
+        stats = remove_gallery_items(self.statistics_, self.gallery_, keep, qb, gb, progress=progress)
+        self._fit_arrays(self.gallery_[keep], stats)
+        return self
+
+    def add_query_bank(self, new_queries, *, progress: bool | None = None) -> Correction:
+        """Add reference queries to the query bank in place (returns ``self``).
+
+        Every gallery item's statistics are merged with its similarities to the new bank items
+        (n_gallery x n_new, all biases change); the result equals fitting on the grown bank.
+        """
+        self._check_fitted()
+        new = as_embeddings(new_queries, "new_queries", normalize=self.normalize, dim=self.dim_)
+        if not self.needs_query_bank:  # the baseline: nothing depends on the bank
+            return self
+        self._check_sizes(self.n_gallery_, self.statistics_.n_query_bank + new.shape[0], self.statistics_.n_gallery_bank)
+        stats = add_query_bank_items(self.statistics_, self.gallery_, new, progress=progress)
+        self._fit_arrays(self.gallery_, stats)
+        return self
+
+    def _update_banks(self, query_bank, gallery_bank, *, required: bool):
+        """Validate the banks passed to an update: the ones this correction was fitted on (a bank
+        its statistics do not use is ignored, as in ``fit``)."""
+        stats, request = self.statistics_, self.statistics_.request
+        needs = {
+            "query_bank": request.query_topk or request.query_betas or request.query_activation_k or request.query_probes,
+            "gallery_bank": request.needs_gallery_bank,
+        }
+        sizes = {"query_bank": stats.n_query_bank, "gallery_bank": stats.n_gallery_bank}
+        out = []
+        for name, bank in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
+            if bank is None or not needs[name]:
+                if bank is None and required and needs[name]:
+                    raise ValueError(f"{type(self).__name__} needs the {name} it was fitted on to compute new items' statistics")
+                out.append(None)
+                continue
+            bank = as_embeddings(bank, name, normalize=self.normalize, dim=self.dim_)
+            if bank.shape[0] != sizes[name]:
+                raise ValueError(f"{name} has {bank.shape[0]} rows but this correction was fitted on {sizes[name]}: pass the same bank")
+            out.append(bank)
+        return tuple(out)
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:  # pragma: no cover - hook
         """Hook: set the fitted attributes from the bank statistics."""
@@ -298,7 +374,7 @@ def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):
     if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):
         gb = as_embeddings(gallery_bank, "gallery_bank", normalize=normalize, dim=dim)
     for c in corrections:
-        c._check_sizes(g, b, gb)
+        c._check_sizes(g.shape[0], None if b is None else b.shape[0], None if gb is None else gb.shape[0])
     return g, b, gb
 
 

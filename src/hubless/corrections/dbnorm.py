@@ -102,8 +102,8 @@ class DualDIS(DualIS):
             StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation)
         )
 
-    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
-        check_k(self.k_activation, gallery.shape[0], "k_activation", "the gallery")
+    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+        check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
     def _bias_columns(self, statistics) -> np.ndarray:
         self.activation_masks_ = np.stack(

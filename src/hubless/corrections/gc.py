@@ -41,11 +41,11 @@ class GlobalCorrection(Correction):
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_probes=True)
 
-    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
-        need = 4 * gallery.shape[0] * query_bank.shape[0]
+    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+        need = 4 * n_gallery * n_query_bank
         if need > self.max_probe_bytes:
             raise ValueError(
-                f"GC keeps n_gallery x n_bank = {gallery.shape[0]} x {query_bank.shape[0]} sorted probes "
+                f"GC keeps n_gallery x n_bank = {n_gallery} x {n_query_bank} sorted probes "
                 f"({need / 2**30:.1f} GiB), above max_probe_bytes={self.max_probe_bytes}; use a smaller "
                 "query bank, raise max_probe_bytes, or prefer an additive correction such as NNN"
             )

@@ -43,8 +43,8 @@ class NNN(AdditiveCorrection):
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_topk=self.k)
 
-    def _check_sizes(self, gallery, query_bank, gallery_bank) -> None:
-        check_k(self.k, query_bank.shape[0], "k", "the query bank")
+    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+        check_k(self.k, n_query_bank, "k", "the query bank")
 
     def weight(self) -> float:
         return float(self.alpha)

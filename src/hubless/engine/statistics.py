@@ -14,7 +14,7 @@ one streamed pass per bank, not one per method or per parameter value:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,7 +58,10 @@ class BankStatistics:
     ``query_lse[beta][i]``: log sum_b exp(beta * s(b, r_i)); ``gallery_lse`` likewise over the
     gallery bank. ``query_activation[j]``: the k_a gallery items nearest to query-bank item j
     (ties by lower index); ``gallery_activation`` likewise for gallery-bank items.
-    ``query_probes[i]``: all s(b, r_i), sorted ascending. Means are float64 vectors.
+    ``query_activation_scores`` (``gallery_activation_scores``) hold the similarities of those
+    nearest items, so the sets can be kept current as the gallery changes (see
+    :mod:`hubless.engine.updates`). ``query_probes[i]``: all s(b, r_i), sorted ascending. Means
+    are float64 vectors.
     """
 
     n_gallery: int
@@ -72,7 +75,66 @@ class BankStatistics:
     gallery_lse: dict[float, np.ndarray] = field(default_factory=dict)
     query_activation: np.ndarray | None = None
     gallery_activation: np.ndarray | None = None
+    query_activation_scores: np.ndarray | None = None
+    gallery_activation_scores: np.ndarray | None = None
     query_probes: np.ndarray | None = None
+
+    @property
+    def request(self) -> StatisticsRequest:
+        """The request these statistics satisfy (what they hold)."""
+        return StatisticsRequest(
+            query_topk=0 if self.query_topk is None else self.query_topk.shape[1],
+            query_betas=frozenset(self.query_lse),
+            gallery_betas=frozenset(self.gallery_lse),
+            query_activation_k=0 if self.query_activation is None else self.query_activation.shape[1],
+            gallery_activation_k=0 if self.gallery_activation is None else self.gallery_activation.shape[1],
+            query_probes=self.query_probes is not None,
+        )
+
+    def restricted(self, request: StatisticsRequest) -> BankStatistics:
+        """Only what ``request`` needs (views, no copies): what a fitted correction keeps."""
+        missing = self.missing(request)
+        if missing:
+            raise ValueError("statistics lack " + "; ".join(missing))
+        k, qa, ga = request.query_topk, request.query_activation_k, request.gallery_activation_k
+        return replace(
+            self,
+            query_topk=self.query_topk[:, :k] if k else None,
+            query_lse={b: self.query_lse[b] for b in request.query_betas},
+            gallery_lse={b: self.gallery_lse[b] for b in request.gallery_betas},
+            query_activation=self.query_activation[:, :qa] if qa else None,
+            query_activation_scores=self.query_activation_scores[:, :qa] if qa else None,
+            gallery_activation=self.gallery_activation[:, :ga] if ga else None,
+            gallery_activation_scores=self.gallery_activation_scores[:, :ga] if ga else None,
+            query_probes=self.query_probes if request.query_probes else None,
+        )
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Flat name -> array form, for ``np.savez`` (inverse: :meth:`from_arrays`)."""
+        out = {
+            "sizes": np.array([self.n_gallery, self.n_query_bank, -1 if self.n_gallery_bank is None else self.n_gallery_bank]),
+            "query_bank_mean": self.query_bank_mean,
+            "gallery_mean": self.gallery_mean,
+        }
+        for name in _OPTIONAL_ARRAYS:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        for name in ("query_lse", "gallery_lse"):
+            for beta, values in getattr(self, name).items():
+                out[f"{name}@{beta!r}"] = values
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> BankStatistics:
+        n_gallery, n_query_bank, n_gallery_bank = (int(v) for v in arrays["sizes"])
+        stats = cls(n_gallery, n_query_bank, None if n_gallery_bank < 0 else n_gallery_bank, arrays["query_bank_mean"], arrays["gallery_mean"])
+        for name, values in arrays.items():
+            if name in _OPTIONAL_ARRAYS:
+                setattr(stats, name, values)
+            elif "@" in name:
+                field_name, beta = name.split("@")
+                getattr(stats, field_name)[float(beta)] = values
+        return stats
 
     def missing(self, request: StatisticsRequest) -> list[str]:
         """Names of what ``request`` needs and these statistics lack (empty when satisfied)."""
@@ -106,6 +168,17 @@ class BankStatistics:
         mask = np.zeros(self.n_gallery, dtype=bool)
         mask[ids[:, :k_activation].ravel()] = True
         return mask
+
+
+_OPTIONAL_ARRAYS = (
+    "gallery_bank_mean",
+    "query_topk",
+    "query_activation",
+    "gallery_activation",
+    "query_activation_scores",
+    "gallery_activation_scores",
+    "query_probes",
+)
 
 
 def _mean(x: np.ndarray) -> np.ndarray:
@@ -164,15 +237,27 @@ def compute_statistics(
         stream_reduce(gallery, gallery_bank, [lse], progress=progress, desc="gallery bank")
         stats.gallery_lse = {b: lse.values[:, t] for t, b in enumerate(gallery_betas)}
     if request.query_activation_k:
-        stats.query_activation = _nearest_gallery_ids(query_bank, gallery, request.query_activation_k, progress)
+        stats.query_activation_scores, stats.query_activation = nearest_gallery_items(
+            query_bank, gallery, min(request.query_activation_k, n_gallery), progress=progress
+        )
     if request.gallery_activation_k:
-        stats.gallery_activation = _nearest_gallery_ids(
-            gallery_bank, gallery, request.gallery_activation_k, progress
+        stats.gallery_activation_scores, stats.gallery_activation = nearest_gallery_items(
+            gallery_bank, gallery, min(request.gallery_activation_k, n_gallery), progress=progress
         )
     return stats
 
 
-def _nearest_gallery_ids(bank: np.ndarray, gallery: np.ndarray, k: int, progress: bool | None) -> np.ndarray:
-    nearest = TopK(bank.shape[0], min(k, gallery.shape[0]), with_ids=True)
+def nearest_gallery_items(
+    bank: np.ndarray,
+    gallery: np.ndarray,
+    k: int,
+    *,
+    initial: tuple[np.ndarray, np.ndarray] | None = None,
+    id_offset: int = 0,
+    progress: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the ``k`` gallery items nearest to each bank item (ties: lower id),
+    optionally merged into an ``initial`` (scores, ids) over earlier gallery items."""
+    nearest = TopK(bank.shape[0], k, with_ids=True, initial=initial, id_offset=id_offset)
     stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets")
-    return nearest.ids
+    return nearest.values, nearest.ids

@@ -65,12 +65,23 @@ class ReducerState:
 class TopK(Reducer):
     """Top-``k`` similarities of each row, sorted descending (``values``), optionally with ``ids``.
 
-    Ties are broken by the lower column id.
+    Ties are broken by the lower column id. ``initial=(values, ids)`` merges the new columns
+    into an earlier top-k of the same rows (ids of the new columns start at ``id_offset``).
     """
 
-    def __init__(self, n_rows: int, k: int, *, with_ids: bool = False) -> None:
+    def __init__(
+        self,
+        n_rows: int,
+        k: int,
+        *,
+        with_ids: bool = False,
+        initial: tuple[np.ndarray, np.ndarray | None] | None = None,
+        id_offset: int = 0,
+    ) -> None:
         self.k = k
         self.with_ids = with_ids
+        self.initial = initial
+        self.id_offset = id_offset
         self.values = np.empty((n_rows, k), dtype=np.float32)
         self.ids = np.empty((n_rows, k), dtype=np.int64) if with_ids else None
 
@@ -81,10 +92,14 @@ class TopK(Reducer):
 class _TopKState(ReducerState):
     def __init__(self, parent: TopK, start: int, stop: int) -> None:
         self.parent, self.start, self.stop = parent, start, stop
-        self.running = RunningTopK(stop - start, parent.k, with_ids=parent.with_ids)
+        initial = None
+        if parent.initial is not None:
+            values, ids = parent.initial
+            initial = (values[start:stop], None if ids is None else ids[start:stop])
+        self.running = RunningTopK(stop - start, parent.k, with_ids=parent.with_ids, initial=initial)
 
     def update(self, block: np.ndarray, col_offset: int) -> None:
-        self.running.update(block, col_offset)
+        self.running.update(block, col_offset + self.parent.id_offset)
 
     def finish(self) -> None:
         values, ids = self.running.sorted()

@@ -26,13 +26,33 @@ class RunningTopK:
     go to the lower id whatever order the blocks arrive in.
     """
 
-    def __init__(self, n_rows: int, k: int, *, with_ids: bool = False) -> None:
+    def __init__(
+        self,
+        n_rows: int,
+        k: int,
+        *,
+        with_ids: bool = False,
+        initial: tuple[np.ndarray, np.ndarray | None] | None = None,
+    ) -> None:
         self.k = k
         self.values = np.full((n_rows, k), -np.inf, dtype=np.float32)
         self.ids = np.full((n_rows, k), NO_ID, dtype=np.int64) if with_ids else None
         # k-th best value so far; -inf until every row has seen k columns.
         self.threshold = np.full(n_rows, -np.inf, dtype=np.float32)
         self._seen = 0
+        if initial is not None:
+            self._seed(*initial)
+
+    def _seed(self, values: np.ndarray, ids: np.ndarray | None) -> None:
+        """Start from an earlier top-k (values sorted descending, ids when kept): later blocks
+        merge into it, so a top-k over new columns extends one over old columns."""
+        if values.shape != self.values.shape or (self.ids is not None) != (ids is not None):
+            raise ValueError(f"initial top-k must be {self.values.shape} values{' with ids' if self.ids is not None else ''}")
+        self.values[:] = values
+        if ids is not None:
+            self.ids[:] = ids
+        self.threshold[:] = values[:, -1]
+        self._seen = self.k
 
     def update(self, block: np.ndarray, col_offset: int = 0) -> None:
         """Merge ``block`` (n_rows, width) whose column j has id ``col_offset + j``."""
