@@ -156,6 +156,52 @@ def test_add_and_remove_equal_a_rebuild(data, method):
     assert grown.metadata[0] == {"n": 1}
 
 
+@pytest.mark.parametrize("factory", ["Flat", "IVF16,Flat", "HNSW16"])
+def test_updates_keep_every_index_type_equal_to_a_refit(data, factory, tmp_path):
+    """add, remove and add_query_bank, then save and load: the index serves what a correction
+    fitted from scratch on the final arrays returns (ANN: at full nprobe / a wide beam)."""
+    g, qb, q = data.gallery, data.query_bank, data.queries[:300]
+    index = hubless.Index.build(g[:1200], qb[:3000], "dis:beta=20.0,k_activation=2", factory, nprobe=16, ef_search=256)
+    trained = index._faiss
+    index.add(g[1200:])
+    removed = np.arange(0, 2000, 5)
+    index.remove(removed)
+    index.add_query_bank(qb[3000:])
+    assert index._faiss is trained  # updated in place: no re-training
+    keep = np.setdiff1d(np.arange(2000), removed)
+    ref = hubless.DynamicInvertedSoftmax(beta=20.0, k_activation=2).fit(g[keep], qb)
+    np.testing.assert_allclose(index.correction.bias_columns_, ref.bias_columns_, rtol=1e-5)
+    np.testing.assert_array_equal(index.correction.activation_mask_, ref.activation_mask_)
+    np.testing.assert_array_equal(index.query_bank, qb)
+    ref_ids = ref.search(q, 10)[1]
+    for loaded in (index, hubless.Index.load(index.save(tmp_path / "idx"))):
+        ids = loaded.search(q, 10)[1]
+        recall = np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref_ids)]) / 10
+        assert recall == 1.0 if factory != "HNSW16" else recall >= 0.97, recall
+
+
+def test_memory_mapped_index_can_be_updated(data, tmp_path):
+    g, qb = data.gallery, data.query_bank
+    hubless.Index.build(g[:1000], qb, "nnn", "IVF16,Flat").save(tmp_path / "idx")
+    index = hubless.Index.load(tmp_path / "idx", mmap=True)  # read-only inverted lists
+    index.add(g[1000:1100]).remove([3, 4])
+    ref = hubless.NNN().fit(np.delete(g[:1100], [3, 4], axis=0), qb)
+    np.testing.assert_array_equal(index.search(data.queries[:50], 5, nprobe=16)[1], ref.search(data.queries[:50], 5)[1])
+
+
+def test_failed_updates_leave_the_index_as_it_was(data):
+    index = hubless.Index.build(data.gallery[:500], data.query_bank, "nnn", "Flat", keep_banks=False)
+    before = index.search(data.queries[:20], 5)
+    with pytest.raises(ValueError, match="without its banks"):
+        index.add(data.gallery[500:510])
+    with pytest.raises(ValueError, match="must be in"):
+        index.remove([0, 500])
+    with pytest.raises(ValueError, match="dimension"):
+        index.add_query_bank(np.ones((3, 5), np.float32))
+    assert index.ntotal == 500 and index._faiss.ntotal == 500
+    np.testing.assert_array_equal(index.search(data.queries[:20], 5)[1], before[1])
+
+
 def test_cli_build_info_add_search(data, tmp_path):
     np.save(tmp_path / "g.npy", data.gallery[:1000])
     np.save(tmp_path / "new.npy", data.gallery[1000:1100])
@@ -181,6 +227,33 @@ def test_cli_build_info_add_search(data, tmp_path):
     assert index.ntotal == 1100 and "metadata" in lines[0]["results"][0]
     r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])
     assert r.exit_code == 2 and "not a hubless index" in r.output
+
+
+def test_cli_add_bank_queries_and_remove_items(data, tmp_path):
+    np.save(tmp_path / "g.npy", data.gallery[:800])
+    np.save(tmp_path / "qb.npy", data.query_bank[:3000])
+    np.save(tmp_path / "qb_new.npy", data.query_bank[3000:])
+    np.save(tmp_path / "drop.npy", np.array([5, 6]))
+    idx = str(tmp_path / "idx")
+    r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
+                            "--method", "is:beta=20.0", "--out", idx, "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["index", "add", idx, "--query-bank", str(tmp_path / "qb_new.npy"), "--no-progress"])
+    assert r.exit_code == 0 and "added 1000 bank queries" in r.output, r.output
+    r = runner.invoke(app, ["index", "remove", idx, "--ids", "0,1,799"])
+    assert r.exit_code == 0 and "removed 3 items" in r.output, r.output
+    r = runner.invoke(app, ["index", "remove", idx, "--ids", str(tmp_path / "drop.npy")])
+    assert r.exit_code == 0, r.output
+    keep = np.setdiff1d(np.arange(800), [0, 1, 799, 7, 8])  # positions 5, 6 of the second call
+    ref = hubless.InvertedSoftmax(beta=20.0).fit(data.gallery[keep], data.query_bank)
+    index = hubless.Index.load(idx)
+    np.testing.assert_allclose(index.correction.bias_, ref.bias_, rtol=1e-5)
+    np.testing.assert_array_equal(index.search(data.queries[:50], 5)[1], ref.search(data.queries[:50], 5)[1])
+    for args, message in ((["index", "add", idx], "--embeddings"), (["index", "remove", idx, "--ids", "a,b"], "integers"),
+                          (["index", "remove", idx, "--ids", "9999"], "must be in")):  # fmt: skip
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and message in r.output, r.output
+    assert hubless.Index.load(idx).ntotal == 795  # failed commands changed nothing
 
 
 def test_ann_bias_is_close_and_refuses_methods_needing_every_similarity(data):

@@ -1,10 +1,11 @@
-"""``hubless index build|info|add`` and ``hubless search``: serve a correction from FAISS."""
+"""``hubless index build|info|add|remove`` and ``hubless search``: serve a correction from FAISS."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.table import Table
 
@@ -80,17 +81,62 @@ def info_command(path: Path = typer.Argument(..., help="Index directory.")) -> N
 @friendly_errors
 def add_command(
     path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
-    embeddings: Path = typer.Option(..., help="New gallery items (.npy/.npz)."),
+    embeddings: Path = typer.Option(None, help="New gallery items (.npy/.npz)."),
     metadata: Path = typer.Option(None, help="Their metadata (same formats as build)."),
+    query_bank: Path = typer.Option(None, help="New reference queries for the query bank (.npy/.npz): every bias is updated."),
+    progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Add items: their biases come from the stored banks; the index is rewritten atomically."""
+    """Add items (their biases come from the stored banks) and/or bank queries (every item's
+    bias is updated from its similarities to them); the index is rewritten atomically."""
+    from hubless.index import Index
+
+    if embeddings is None and query_bank is None:
+        raise typer.BadParameter("pass --embeddings (new items) and/or --query-bank (new bank queries)")
+    index = Index.load(path)
+    corr = index.correction
+    if query_bank is not None:
+        new_bank = load(query_bank, "query bank", normalize=corr.normalize, dim=corr.dim_)
+        index.add_query_bank(new_bank, progress=progress)
+        typer.echo(f"added {new_bank.shape[0]} bank queries")
+    if embeddings is not None:
+        new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
+        index.add(new, _read_metadata(metadata), progress=progress)
+        typer.echo(f"added {new.shape[0]} items")
+    index.save(path, overwrite=True)
+    typer.echo(f"saved {index!r}")
+
+
+@app.command("remove")
+@friendly_errors
+def remove_command(
+    path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
+    ids: str = typer.Option(..., help="Item positions to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+) -> None:
+    """Remove items by position (later items move up); the other items' biases are kept."""
     from hubless.index import Index
 
     index = Index.load(path)
-    new = load(embeddings, "embeddings", normalize=index.correction.normalize, dim=index.correction.dim_)
-    index.add(new, _read_metadata(metadata))
+    positions = _read_ids(ids)
+    index.remove(positions)
     index.save(path, overwrite=True)
-    typer.echo(f"added {new.shape[0]} items: {index!r}")
+    typer.echo(f"removed {np.unique(positions).size} items: {index!r}")
+
+
+def _read_ids(spec: str) -> np.ndarray:
+    file = Path(spec)
+    if file.suffix in (".npy", ".txt"):
+        if not file.is_file():
+            raise FileNotFoundError(f"no such ids file: {file}")
+        values = np.load(file) if file.suffix == ".npy" else np.loadtxt(file, ndmin=1)
+    else:
+        try:
+            values = [int(v) for v in spec.split(",") if v.strip()]
+        except ValueError:
+            raise typer.BadParameter(f"--ids must be comma-separated integers or a .npy/.txt file; got {spec!r}") from None
+    values = np.asarray(values)
+    if values.size == 0 or not np.all(np.mod(values, 1) == 0):
+        raise typer.BadParameter("--ids must name at least one integer position")
+    return values.astype(np.int64).ravel()
 
 
 @friendly_errors

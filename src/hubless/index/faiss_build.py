@@ -17,7 +17,8 @@ the geometry is built on the unit part only and the bias is carried exactly:
 * Flat: exact, nothing to protect.
 
 Dimensions are zero-padded when a quantiser needs a multiple (PQ64 on 512 + 1 dims); zeros do
-not change inner products.
+not change inner products. Updates keep the training: :func:`append_rows` inserts new items
+(HNSW links them over [r, 0] too) and :func:`replace_rows` refills a trained index.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import re
 import faiss
 import numpy as np
 
-__all__ = ["build_faiss", "default_factory", "padded_dim", "set_search_params"]
+__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "set_search_params"]
 
 
 def default_factory(n_gallery: int) -> str:
@@ -78,15 +79,49 @@ def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_
         ivf.quantizer.add(_pad(km.centroids, dim))
     if not index.is_trained:
         index.train(aug[sample])
-    hnsw = _hnsw(index)
-    if hnsw is not None:
-        index.add(geometry)
-        storage = faiss.downcast_index(hnsw.storage)
-        storage.reset()
-        storage.add(aug)
-    else:
-        index.add(aug)
+    _fill(index, geometry, aug)
     return index, dim
+
+
+def _fill(index, geometry: np.ndarray, aug: np.ndarray) -> None:
+    """Add padded rows to an empty trained index; HNSW links them by ``geometry``."""
+    hnsw = _hnsw(index)
+    if hnsw is None:
+        index.add(aug)
+        return
+    index.add(geometry)
+    _set_storage(hnsw, aug)
+
+
+def _set_storage(hnsw, rows: np.ndarray) -> None:
+    storage = faiss.downcast_index(hnsw.storage)
+    storage.reset()
+    storage.add(rows)
+
+
+def append_rows(index, unit: np.ndarray, augmented: np.ndarray, start: int) -> None:
+    """Add rows ``start:`` of ``unit``/``augmented`` (all rows, old and new) to a built index
+    that holds rows ``:start``. Training is kept: new items join the existing IVF lists."""
+    dim = index.d
+    hnsw = _hnsw(index)
+    if hnsw is None:
+        index.add(_pad(augmented[start:], dim))
+        return
+    _set_storage(hnsw, _pad(unit[:start], dim))  # the graph grows over [r, 0], as when built
+    index.add(_pad(unit[start:], dim))
+    _set_storage(hnsw, _pad(augmented, dim))
+
+
+def replace_rows(index, unit: np.ndarray, augmented: np.ndarray, *, same_items: bool = False) -> None:
+    """Make a built index hold exactly these rows, keeping its training (IVF centroids, PQ
+    codebooks). ``same_items``: only the biases changed, so an HNSW graph is kept as it is."""
+    dim = index.d
+    hnsw = _hnsw(index)
+    if hnsw is not None and same_items:
+        _set_storage(hnsw, _pad(augmented, dim))
+        return
+    index.reset()
+    _fill(index, _pad(unit, dim), _pad(augmented, dim))
 
 
 def _ivf(index):

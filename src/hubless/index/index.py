@@ -14,6 +14,7 @@ the same index (w = 0).
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, make_correction
-from hubless.index.faiss_build import build_faiss, default_factory, set_search_params
+from hubless.index.faiss_build import append_rows, build_faiss, default_factory, replace_rows, set_search_params
 
 __all__ = ["Index"]
 
@@ -32,7 +33,8 @@ __all__ = ["Index"]
 class Index:
     """A searchable gallery corrected by one additive correction (see module docstring).
 
-    Build with :meth:`build` (fits the correction) or :meth:`from_correction` (already fitted).
+    Build with :meth:`build` (fits the correction) or ``Index(correction, factory)`` from a
+    fitted correction.
     ``metadata``: optional per-item records (a list of dicts, or a dict of columns), kept aligned
     with the gallery through add/remove and saved as parquet.
     """
@@ -68,9 +70,10 @@ class Index:
         self.rescore_factor = check_positive_int(rescore_factor, "rescore_factor")
         self.metadata = _as_records(metadata, correction.n_gallery_)
         t0 = time.perf_counter()
-        self._faiss, self._dim = build_faiss(self.factory, correction.gallery_, self._augmented())
+        self._faiss, self._dim = build_faiss(self.factory, correction.gallery_, augmented_rows(correction))
         self.build_seconds = time.perf_counter() - t0
         self.bias_error = None
+        self._mmap = False
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -118,10 +121,6 @@ class Index:
         index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.bias_error = bias_error
         return index
-
-    def _augmented(self) -> np.ndarray:
-        corr = self.correction
-        return np.hstack([corr.gallery_, corr.bias_columns_]).astype(np.float32)
 
     # ------------------------------------------------------------------ search
     @property
@@ -178,10 +177,10 @@ class Index:
         return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
     # ------------------------------------------------------------------ updates
-    def add(self, embeddings, metadata=None) -> Index:
-        """Add gallery items; their biases come from the stored banks (the correction is refitted
-        on the grown gallery, one streamed pass of n_gallery x n_bank; the FAISS structure is
-        rebuilt, with IVF centroids re-trained only as part of that rebuild)."""
+    def add(self, embeddings, metadata=None, *, progress: bool | None = None) -> Index:
+        """Add gallery items: their biases come from the stored banks (n_new x n_bank
+        similarities; the other items' biases do not change) and they are inserted into the
+        FAISS structure, whose training is kept (new items join the existing IVF lists)."""
         corr = self.correction
         new = as_embeddings(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
         if corr.needs_query_bank and self.query_bank is None:
@@ -190,27 +189,45 @@ class Index:
         if self.metadata is not None or metadata is not None:
             old = self.metadata if self.metadata is not None else [{} for _ in range(self.ntotal)]
             records = old + (_as_records(metadata, new.shape[0]) or [{} for _ in range(new.shape[0])])
-        self._refit(np.vstack([corr.gallery_, new]), records)
-        return self
-
-    def remove(self, ids: Sequence[int]) -> Index:
-        """Remove gallery items by position; later items move up (positions stay 0..n-1)."""
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
-        if ids.size and (ids[0] < 0 or ids[-1] >= self.ntotal):
-            raise ValueError(f"ids to remove must be in [0, {self.ntotal}); got {ids[0]}..{ids[-1]}")
-        keep = np.setdiff1d(np.arange(self.ntotal), ids)
-        if keep.size == 0:
-            raise ValueError("cannot remove every item of an index")
-        records = None if self.metadata is None else [self.metadata[i] for i in keep]
-        self._refit(self.correction.gallery_[keep], records)
-        return self
-
-    def _refit(self, gallery: np.ndarray, records) -> None:
-        corr = make_correction(self.correction.spec).set_params(normalize=self.correction.normalize)
-        corr.fit(gallery, self.query_bank, self.gallery_bank)
-        self.correction = corr
+        updated = copy.copy(corr).add_items(new, self.query_bank, self.gallery_bank, progress=progress)
+        self._update_faiss(updated, append_from=corr.n_gallery_)
         self.metadata = records
-        self._faiss, self._dim = build_faiss(self.factory, corr.gallery_, self._augmented())
+        return self
+
+    def remove(self, ids: Sequence[int], *, progress: bool | None = None) -> Index:
+        """Remove gallery items by position; later items move up (positions stay 0..n-1). The
+        other items' biases do not change (DIS/DualDIS recompute the activation top-k of bank
+        items that lose a neighbour); the FAISS structure is refilled with its training kept."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
+        updated = copy.copy(self.correction).remove_items(ids, self.query_bank, self.gallery_bank, progress=progress)
+        self._update_faiss(updated)
+        if self.metadata is not None:
+            gone = set(ids.tolist())
+            self.metadata = [r for i, r in enumerate(self.metadata) if i not in gone]
+        return self
+
+    def add_query_bank(self, queries, *, progress: bool | None = None) -> Index:
+        """Add reference queries to the query bank: every item's bank statistics are merged
+        with its similarities to the new queries (n_gallery x n_new, no full refit), so every
+        bias changes; the FAISS structure keeps its training (an HNSW graph is kept as is)."""
+        updated = copy.copy(self.correction).add_query_bank(queries, progress=progress)
+        self._update_faiss(updated, same_items=True)
+        if self.query_bank is not None:
+            new = as_embeddings(queries, "queries", normalize=updated.normalize, dim=updated.dim_)
+            self.query_bank = np.concatenate([self.query_bank, new])
+        return self
+
+    def _update_faiss(self, updated: AdditiveCorrection, *, append_from: int | None = None, same_items: bool = False) -> None:
+        """Bring the FAISS structure in line with ``updated``, then make it the correction."""
+        augmented = augmented_rows(updated)
+        if self._mmap:  # memory-mapped inverted lists are read-only: build in memory instead
+            self._faiss, self._dim = build_faiss(self.factory, updated.gallery_, augmented)
+            self._mmap = False
+        elif append_from is not None:
+            append_rows(self._faiss, updated.gallery_, augmented, append_from)
+        else:
+            replace_rows(self._faiss, updated.gallery_, augmented, same_items=same_items)
+        self.correction = updated
 
     # ------------------------------------------------------------------ description / persistence
     def info(self) -> dict[str, Any]:
@@ -248,6 +265,11 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index({self.correction.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
+
+
+def augmented_rows(corr: AdditiveCorrection) -> np.ndarray:
+    """The rows a FAISS index holds: [r, bias(r)] for every gallery item r."""
+    return np.hstack([corr.gallery_, corr.bias_columns_]).astype(np.float32)
 
 
 def _as_records(metadata, n: int) -> list[dict] | None:

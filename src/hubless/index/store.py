@@ -1,12 +1,14 @@
 """Saving and loading an :class:`~hubless.index.Index` as a directory, safely.
 
-Layout (format version 1)::
+Layout (format version 2)::
 
     idx/
       manifest.json      format, version, method spec, FAISS factory, dims, model, search
                          defaults, and the sha256 + size of every other file
       index.faiss        the FAISS index over [r, bias(r)]
-      correction.npz     the fitted correction's arrays (gallery, biases, activation sets, ...)
+      correction.npz     the gallery and the bank statistics the correction keeps (top-k,
+                         log-sum-exps, activation top-k, means), from which its biases and
+                         gates are derived on load and kept current by add/remove
       banks.npz          the reference banks, so ``add`` can compute new biases (optional)
       metadata.parquet   per-item metadata (optional; needs pyarrow)
 
@@ -30,11 +32,12 @@ import numpy as np
 
 from hubless._io import umask_mode
 from hubless.corrections import make_correction
+from hubless.engine import BankStatistics
 
 __all__ = ["FORMAT", "VERSION", "load_index", "save_index"]
 
 FORMAT = "hubless-index"
-VERSION = 1
+VERSION = 2
 
 
 def _sha256(path: Path) -> str:
@@ -54,8 +57,8 @@ def save_index(index, path: str | os.PathLike, *, overwrite: bool = False) -> Pa
     try:
         corr = index.correction
         faiss.write_index(index._faiss, str(tmp / "index.faiss"))
-        arrays = {k: v for k, v in vars(corr).items() if k.endswith("_") and isinstance(v, np.ndarray)}
-        np.savez(tmp / "correction.npz", **arrays)
+        arrays = {f"statistics.{k}": v for k, v in corr.statistics_.to_arrays().items()}
+        np.savez(tmp / "correction.npz", gallery=corr.gallery_, **arrays)
         banks = {k: v for k, v in (("query_bank", index.query_bank), ("gallery_bank", index.gallery_bank)) if v is not None}
         if banks:
             np.savez(tmp / "banks.npz", **banks)
@@ -120,12 +123,12 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
             raise ValueError(f"{path}: {name} is corrupt (checksum mismatch)")
     corr = make_correction(manifest["method"]).set_params(normalize=manifest["normalize"])
     with np.load(path / "correction.npz", allow_pickle=False) as data:
-        for key in data.files:
-            setattr(corr, key, data[key])
-    corr.n_gallery_ = int(manifest["n_items"])
-    corr.dim_ = int(manifest["dim"])
-    if corr.gallery_.shape != (corr.n_gallery_, corr.dim_):
-        raise ValueError(f"{path}: gallery is {corr.gallery_.shape}, manifest says ({corr.n_gallery_}, {corr.dim_})")
+        gallery = data["gallery"]
+        stats = BankStatistics.from_arrays({k.removeprefix("statistics."): data[k] for k in data.files if k != "gallery"})
+    expected = (int(manifest["n_items"]), int(manifest["dim"]))
+    if gallery.shape != expected or stats.n_gallery != expected[0]:
+        raise ValueError(f"{path}: gallery is {gallery.shape} with statistics of {stats.n_gallery} items, manifest says {expected}")
+    corr._fit_arrays(gallery, stats)  # biases and gates are derived from the kept statistics
     banks = {}
     if (path / "banks.npz").is_file():
         with np.load(path / "banks.npz", allow_pickle=False) as data:
@@ -145,6 +148,7 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
     index.rescore, index.rescore_factor = search["rescore"], search["rescore_factor"]
     index.metadata = _read_parquet(path / "metadata.parquet") if (path / "metadata.parquet").is_file() else None
     index._faiss, index._dim = faiss_index, manifest["faiss_dim"]
+    index._mmap = bool(mmap)
     index.build_seconds = 0.0
     index.bias_error = manifest.get("bias_error")
     return index
