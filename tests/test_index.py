@@ -291,3 +291,44 @@ def test_clip_retrieval_folder_is_read_in_order(tmp_path):
     assert text.shape == (9, 8) and text.dtype == np.float32
     with pytest.raises(FileNotFoundError, match="clip-retrieval"):
         load_clip_retrieval(tmp_path / "img_emb")
+
+
+@pytest.mark.parametrize("factory", ["IVF32,Flat", "HNSW8"])
+def test_calibrate_picks_the_smallest_breadth_reaching_the_target(data, factory):
+    index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", factory, nprobe=1, ef_search=16)
+    result = index.calibrate(target_recall=0.95, sample=500)
+    param = result["param"]
+    assert param == ("nprobe" if factory.startswith("IVF") else "ef_search")
+    assert result["reached"] and getattr(index, param) == result["value"]
+    recalls = [r for _, r in result["curve"]]
+    assert recalls[-1] >= 0.95 and all(r < 0.95 for r in recalls[:-1])
+
+    def recall(queries, **knob):
+        ids, ref = index.search(queries, 10, **knob)[1], index.correction.search(queries, 10)[1]
+        return np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref)]) / 10
+
+    sample = data.query_bank[np.sort(np.random.default_rng(0).choice(len(data.query_bank), 500, replace=False))]
+    assert recall(sample) == pytest.approx(result["recall"])  # the curve is what search returns
+    assert recall(data.queries) >= 0.9  # and it carries over to unseen queries
+    if len(result["curve"]) > 1:
+        assert recall(sample, **{param: result["curve"][-2][0]}) < 0.95
+
+
+def test_calibrate_edge_cases_and_cli(data, tmp_path):
+    flat = hubless.Index.build(data.gallery[:500], data.query_bank, "nnn", "Flat")
+    assert flat.calibrate()["recall"] == 1.0
+    bare = hubless.Index.build(data.gallery, data.query_bank, "nnn", "IVF16,Flat", keep_banks=False)
+    with pytest.raises(ValueError, match="no query bank"):
+        bare.calibrate()
+    with pytest.raises(ValueError, match="target_recall"):
+        bare.calibrate(data.queries, target_recall=1.5)
+    np.save(tmp_path / "g.npy", data.gallery)
+    np.save(tmp_path / "qb.npy", data.query_bank)
+    idx = str(tmp_path / "idx")
+    r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
+                            "--factory", "IVF32,Flat", "--out", idx, "--target-recall", "0.99", "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0 and "reaches recall" in r.output, r.output
+    chosen = hubless.Index.load(idx).nprobe
+    r = runner.invoke(app, ["index", "calibrate", idx, "--target-recall", "0.5", "--sample", "300"])
+    assert r.exit_code == 0 and "nprobe" in r.output, r.output
+    assert hubless.Index.load(idx).nprobe <= chosen

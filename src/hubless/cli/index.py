@@ -1,4 +1,4 @@
-"""``hubless index build|info|add|remove`` and ``hubless search``: serve a correction from FAISS."""
+"""``hubless index build|info|add|remove|calibrate`` and ``hubless search``: serve a correction from FAISS."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def build_command(
     model: str = typer.Option(None, help="Name of the model that made the embeddings (recorded)."),
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     overwrite: bool = typer.Option(False, help="Replace an existing index directory."),
+    target_recall: float = typer.Option(None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
     """Fit the correction on the banks, index [r, bias(r)] and save it atomically."""
@@ -61,6 +62,8 @@ def build_command(
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
     index = Index.build(g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress)
+    if target_recall is not None:
+        _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
     typer.echo(f"built {index!r} in {index.build_seconds:.1f}s -> {out}")
 
@@ -104,6 +107,40 @@ def add_command(
         typer.echo(f"added {new.shape[0]} items")
     index.save(path, overwrite=True)
     typer.echo(f"saved {index!r}")
+
+
+@app.command("calibrate")
+@friendly_errors
+def calibrate_command(
+    path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
+    target_recall: float = typer.Option(0.95, help="Recall@K of the exact corrected top K to reach."),
+    top_k: int = typer.Option(10, help="K of the recall."),
+    queries: Path = typer.Option(None, help="Queries to measure on (.npy/.npz; default: the stored query bank). Never the test queries."),
+    sample: int = typer.Option(1000, help="Queries sampled for the measurement."),
+) -> None:
+    """Choose nprobe (IVF) / ef_search (HNSW): the smallest power of two reaching the target recall."""
+    from hubless.index import Index
+
+    index = Index.load(path)
+    q = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+    result = index.calibrate(q, target_recall=target_recall, top_k=top_k, sample=sample)
+    _print_calibration(result)
+    if result["param"] is not None:
+        index.save(path, overwrite=True)
+
+
+def _print_calibration(result: dict) -> None:
+    if result["param"] is None:
+        typer.echo("exact index: nothing to calibrate (recall 1.0)")
+        return
+    table = Table(title=f"recall vs {result['param']}")
+    table.add_column(result["param"], justify="right")
+    table.add_column("recall", justify="right")
+    for value, recall in result["curve"]:
+        table.add_row(str(value), f"{recall:.3f}")
+    wide_console().print(table)
+    verdict = "reaches" if result["reached"] else "falls short of the target; the largest value tried is kept:"
+    typer.echo(f"{result['param']} = {result['value']} {verdict} recall {result['recall']:.3f}")
 
 
 @app.command("remove")

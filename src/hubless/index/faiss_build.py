@@ -28,7 +28,7 @@ import re
 import faiss
 import numpy as np
 
-__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "set_search_params"]
+__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "search_knob", "set_search_params"]
 
 
 def default_factory(n_gallery: int) -> str:
@@ -134,6 +134,15 @@ def _ivf(index):
 def _hnsw(index):
     inner = faiss.downcast_index(index)
     return inner if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def search_knob(index) -> tuple[str, int] | None:
+    """The breadth parameter of an index's search and its largest useful value:
+    ("nprobe", n_lists) for IVF, ("ef_search", 4096) for HNSW, None for exact indexes."""
+    ivf = _ivf(index)
+    if ivf is not None:
+        return "nprobe", int(ivf.nlist)
+    return ("ef_search", 4096) if _hnsw(index) is not None else None
 
 
 def set_search_params(index, *, nprobe: int | None = None, ef_search: int | None = None) -> None:

@@ -176,6 +176,14 @@ class Index:
         order = np.lexsort((np.where(ids < 0, np.iinfo(np.int64).max, ids), -exact), axis=1)[:, :top_k]
         return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
+    def calibrate(self, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000) -> dict:
+        """Set ``nprobe`` / ``ef_search`` to the smallest power of two reaching ``target_recall``
+        of the exact corrected top-k on a sample of ``queries`` (default: the stored query
+        bank); see :mod:`hubless.index.calibrate`. Returns the choice and the recall curve."""
+        from hubless.index.calibrate import calibrate
+
+        return calibrate(self, queries, target_recall=target_recall, top_k=top_k, sample=sample)
+
     # ------------------------------------------------------------------ updates
     def add(self, embeddings, metadata=None, *, progress: bool | None = None) -> Index:
         """Add gallery items: their biases come from the stored banks (n_new x n_bank
