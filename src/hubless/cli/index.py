@@ -53,7 +53,7 @@ def build_command(
     target_recall: float = typer.Option(None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Fit the correction on the banks, index [r, bias(r)] and save it atomically."""
+    """Fit the correction on the banks, index each item with its bias appended, save atomically."""
     from hubless.index import Index
 
     if out.exists() and not overwrite:
@@ -89,8 +89,7 @@ def add_command(
     query_bank: Path = typer.Option(None, help="New reference queries for the query bank (.npy/.npz): every bias is updated."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Add items (their biases come from the stored banks) and/or bank queries (every item's
-    bias is updated from its similarities to them); the index is rewritten atomically."""
+    """Add items (biases from the stored banks) and/or bank queries (every bias updated); saved atomically."""
     from hubless.index import Index
 
     if embeddings is None and query_bank is None:
