@@ -75,6 +75,29 @@ def test_running_topk_values_equal_sorting(params):
     np.testing.assert_array_equal(values, -np.sort(-x, axis=1)[:, :k])
 
 
+@settings(max_examples=200, deadline=None)
+@given(matrices, st.integers(1, 79), st.booleans())
+def test_seeded_running_topk_extends_a_topk_over_earlier_columns(params, split, with_ids):
+    """top-k of x[:, :split], then seeded with it over x[:, split:], equals top-k of x."""
+    seed, n, m, k, widths, coarse = params
+    split = min(split, m - 1) if m > 1 else 0
+    x = _matrix(seed, n, m, coarse)
+    k = min(k, max(split, 1), m)
+    if split == 0:
+        return
+    first = RunningTopK(n, k, with_ids=with_ids)
+    first.update(x[:, :split], 0)
+    values, ids = first.sorted()
+    merged = RunningTopK(n, k, with_ids=with_ids, initial=(values, ids))
+    for offset, block in _blocks(x[:, split:], widths):
+        merged.update(block, split + offset)
+    values, ids = merged.sorted()
+    expected = ranking(x)[:, :k]
+    np.testing.assert_array_equal(values, np.take_along_axis(x, expected, axis=1))
+    if with_ids:
+        np.testing.assert_array_equal(ids, expected)
+
+
 def test_stream_reduce_matches_dense_computation():
     rng = np.random.default_rng(0)
     rows = rng.standard_normal((700, 24)).astype(np.float32)

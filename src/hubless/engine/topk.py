@@ -44,14 +44,14 @@ class RunningTopK:
             self._seed(*initial)
 
     def _seed(self, values: np.ndarray, ids: np.ndarray | None) -> None:
-        """Start from an earlier top-k (values sorted descending, ids when kept): later blocks
-        merge into it, so a top-k over new columns extends one over old columns."""
+        """Start from an earlier top-k (with ids: sorted by value descending, id ascending):
+        later blocks merge into it, so a top-k over new columns extends one over old columns."""
         if values.shape != self.values.shape or (self.ids is not None) != (ids is not None):
             raise ValueError(f"initial top-k must be {self.values.shape} values{' with ids' if self.ids is not None else ''}")
         self.values[:] = values
         if ids is not None:
             self.ids[:] = ids
-        self.threshold[:] = values[:, -1]
+        self.threshold[:] = values.min(axis=1)
         self._seen = self.k
 
     def update(self, block: np.ndarray, col_offset: int = 0) -> None:
