@@ -167,6 +167,8 @@ def test_updates_keep_every_index_type_equal_to_a_refit(data, factory, tmp_path)
     removed = np.arange(0, 2000, 5)
     index.remove(removed)
     index.add_query_bank(qb[3000:])
+    with pytest.raises(ValueError, match="without a gallery bank"):
+        index.add_gallery_bank(data.gallery_bank)
     assert index._faiss is trained  # updated in place: no re-training
     keep = np.setdiff1d(np.arange(2000), removed)
     ref = hubless.DynamicInvertedSoftmax(beta=20.0, k_activation=2).fit(g[keep], qb)
@@ -178,6 +180,23 @@ def test_updates_keep_every_index_type_equal_to_a_refit(data, factory, tmp_path)
         ids = loaded.search(q, 10)[1]
         recall = np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref_ids)]) / 10
         assert recall == 1.0 if factory != "HNSW16" else recall >= 0.97, recall
+
+
+def test_gallery_bank_grows_from_the_cli(data, tmp_path):
+    g, qb, gb = data.gallery[:600], data.query_bank, data.gallery_bank
+    for name, array in (("g", g), ("qb", qb), ("gb", gb[:500]), ("gb_new", gb[500:])):
+        np.save(tmp_path / f"{name}.npy", array)
+    idx = str(tmp_path / "idx")
+    r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
+                            "--gallery-bank", str(tmp_path / "gb.npy"), "--method", "dualis", "--out", idx, "--no-progress"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["index", "add", idx, "--gallery-bank", str(tmp_path / "gb_new.npy"), "--no-progress"])
+    assert r.exit_code == 0 and "added 300 gallery-bank items" in r.output, r.output
+    index = hubless.Index.load(idx)
+    ref = hubless.DualIS().fit(g, qb, gb)
+    np.testing.assert_allclose(index.correction.bias_, ref.bias_, rtol=1e-5)
+    np.testing.assert_array_equal(index.gallery_bank, gb)
+    np.testing.assert_array_equal(index.search(data.queries[:50], 5)[1], ref.search(data.queries[:50], 5)[1])
 
 
 def test_memory_mapped_index_can_be_updated(data, tmp_path):

@@ -81,6 +81,15 @@ def test_add_query_bank_equals_fitting_on_the_grown_bank(data, method):
     assert_same_fit(corr, fitted(method, g, qb, gb), data.queries[:200])
 
 
+@pytest.mark.parametrize("method", ["dn", "dualis", "dualdis:k_activation=2"])
+def test_add_gallery_bank_equals_fitting_on_the_grown_bank(data, method):
+    g, qb, gb = data.gallery, data.query_bank, data.gallery_bank
+    corr = fitted(method, g, qb, gb[:200]).add_gallery_bank(gb[200:])
+    ref = fitted(method, g, qb, gb)
+    assert_same_fit(corr, ref, data.queries[:200])
+    np.testing.assert_allclose(corr.statistics_.gallery_bank_mean, ref.statistics_.gallery_bank_mean, atol=1e-7)
+
+
 @settings(max_examples=15, deadline=None)
 @given(n_new=st.integers(1, 40), seed=st.integers(0, 2**16))
 def test_adding_then_removing_items_restores_the_fit(n_new, seed):
@@ -111,6 +120,8 @@ def test_updates_check_their_inputs(data):
     with pytest.raises(ValueError, match="query bank"):
         hubless.DynamicInvertedSoftmax().fit(g, qb).remove_items(np.arange(len(g) - 1))
     assert corr.n_gallery_ == len(g)  # failed updates changed nothing
+    with pytest.raises(ValueError, match="without a gallery bank"):
+        corr.add_gallery_bank(data.gallery_bank)
     with pytest.raises(RuntimeError, match="not fitted"):
         hubless.NNN().add_items(g[:3], qb)
 

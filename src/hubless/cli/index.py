@@ -87,19 +87,24 @@ def add_command(
     embeddings: Path = typer.Option(None, help="New gallery items (.npy/.npz)."),
     metadata: Path = typer.Option(None, help="Their metadata (same formats as build)."),
     query_bank: Path = typer.Option(None, help="New reference queries for the query bank (.npy/.npz): every bias is updated."),
+    gallery_bank: Path = typer.Option(None, help="New reference items for the gallery bank (DualIS/DualDIS, DN)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Add items (biases from the stored banks) and/or bank queries (every bias updated); saved atomically."""
+    """Add items (biases from the stored banks) and/or bank items (every bias updated); saved atomically."""
     from hubless.index import Index
 
-    if embeddings is None and query_bank is None:
-        raise typer.BadParameter("pass --embeddings (new items) and/or --query-bank (new bank queries)")
+    if embeddings is None and query_bank is None and gallery_bank is None:
+        raise typer.BadParameter("pass --embeddings (new items), --query-bank and/or --gallery-bank (new bank items)")
     index = Index.load(path)
     corr = index.correction
     if query_bank is not None:
         new_bank = load(query_bank, "query bank", normalize=corr.normalize, dim=corr.dim_)
         index.add_query_bank(new_bank, progress=progress)
         typer.echo(f"added {new_bank.shape[0]} bank queries")
+    if gallery_bank is not None:
+        new_bank = load(gallery_bank, "gallery bank", normalize=corr.normalize, dim=corr.dim_)
+        index.add_gallery_bank(new_bank, progress=progress)
+        typer.echo(f"added {new_bank.shape[0]} gallery-bank items")
     if embeddings is not None:
         new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
         index.add(new, _read_metadata(metadata), progress=progress)

@@ -25,7 +25,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_top_k
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
-from hubless.engine.updates import add_gallery_items, add_query_bank_items, remove_gallery_items
+from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 
 __all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK", "validate_fit_inputs"]
 
@@ -194,13 +194,26 @@ class Correction:
         Every gallery item's statistics are merged with its similarities to the new bank items
         (n_gallery x n_new, all biases change); the result equals fitting on the grown bank.
         """
+        return self._add_bank_items(new_queries, "query", progress)
+
+    def add_gallery_bank(self, new_items, *, progress: bool | None = None) -> Correction:
+        """Add reference items to the gallery bank in place (DualIS, DualDIS, and DN fitted with
+        a gallery bank), as :meth:`add_query_bank` does for the query bank."""
+        return self._add_bank_items(new_items, "gallery", progress)
+
+    def _add_bank_items(self, new_items, side: str, progress) -> Correction:
         self._check_fitted()
-        new = as_embeddings(new_queries, "new_queries", normalize=self.normalize, dim=self.dim_)
-        if not self.needs_query_bank:  # the baseline: nothing depends on the bank
-            return self
-        self._check_sizes(self.n_gallery_, self.statistics_.n_query_bank + new.shape[0], self.statistics_.n_gallery_bank)
-        stats = add_query_bank_items(self.statistics_, self.gallery_, new, progress=progress)
-        self._fit_arrays(self.gallery_, stats)
+        new = as_embeddings(new_items, f"new {side}-bank items", normalize=self.normalize, dim=self.dim_)
+        uses = self.needs_query_bank if side == "query" else self.statistics_.n_gallery_bank is not None
+        if not uses:
+            if side == "query":  # the baseline: nothing depends on the bank
+                return self
+            raise ValueError(f"{type(self).__name__} was fitted without a gallery bank: it has none to grow")
+        stats = self.statistics_
+        sizes = [self.n_gallery_, stats.n_query_bank, stats.n_gallery_bank]
+        sizes[1 if side == "query" else 2] += new.shape[0]
+        self._check_sizes(*sizes)
+        self._fit_arrays(self.gallery_, add_bank_items(stats, self.gallery_, new, side=side, progress=progress))
         return self
 
     def _update_banks(self, query_bank, gallery_bank, *, required: bool):

@@ -7,10 +7,10 @@ item and the banks, and every activation set is a union of per-bank-item top-k l
   each bank item's nearest new items into its stored top-k_a (n_bank x n_new);
 * removing gallery items drops their rows; bank items whose top-k_a lost an item get it
   recomputed over the remaining gallery (only those bank items); the others are renumbered;
-* adding n_new query-bank items merges every gallery item's stored top-k with its similarities
-  to the new items (a running top-k seeded with the stored one), combines log-sum-exps with
-  logaddexp, merges the sorted probes, re-weights the bank mean and appends the new items' own
-  top-k_a (n_gallery x n_new in all).
+* adding n_new items to a bank (query or gallery) merges every gallery item's stored top-k with
+  its similarities to the new items (a running top-k seeded with the stored one), combines
+  log-sum-exps with logaddexp, merges the sorted probes, re-weights the bank mean and appends the
+  new items' own top-k_a (n_gallery x n_new in all).
 
 Each result equals :func:`~hubless.engine.compute_statistics` on the updated arrays up to float
 rounding (tested). Arrays must be validated float32 (see :func:`hubless._validation.as_embeddings`);
@@ -26,7 +26,7 @@ import numpy as np
 from hubless.engine.statistics import BankStatistics, compute_statistics, nearest_gallery_items
 from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
 
-__all__ = ["add_gallery_items", "remove_gallery_items", "add_query_bank_items"]
+__all__ = ["add_bank_items", "add_gallery_items", "remove_gallery_items"]
 
 
 def _weighted_mean(mean: np.ndarray, n: int, new: np.ndarray) -> np.ndarray:
@@ -112,39 +112,49 @@ def remove_gallery_items(
     return out
 
 
-def add_query_bank_items(
+def add_bank_items(
     stats: BankStatistics,
     gallery: np.ndarray,
     new_bank: np.ndarray,
     *,
+    side: str = "query",
     progress: bool | None = None,
 ) -> BankStatistics:
-    """Statistics of ``gallery`` against ``query_bank + new_bank`` from those against ``query_bank``."""
+    """Statistics of ``gallery`` against its ``side`` bank ("query" or "gallery") grown by
+    ``new_bank``, from those against the bank alone."""
+    if side not in ("query", "gallery"):
+        raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
     n, m = stats.n_gallery, new_bank.shape[0]
+    n_bank = getattr(stats, f"n_{side}_bank")
+    mean = getattr(stats, f"{side}_bank_mean")
+    if n_bank is None or mean is None:
+        raise ValueError(f"these statistics were computed without a {side} bank: there is nothing to extend")
+    old_lse = getattr(stats, f"{side}_lse")
     reducers = []
     topk = lse = probes = None
-    if stats.query_topk is not None:
+    if side == "query" and stats.query_topk is not None:
         topk = TopK(n, stats.query_topk.shape[1], initial=(stats.query_topk, None))
         reducers.append(topk)
-    betas = sorted(stats.query_lse)
+    betas = sorted(old_lse)
     if betas:
         lse = LogSumExp(n, betas)
         reducers.append(lse)
-    if stats.query_probes is not None:
+    if side == "query" and stats.query_probes is not None:
         probes = SortedRows(n, m)
         reducers.append(probes)
     if reducers:
-        stream_reduce(gallery, new_bank, reducers, progress=progress, desc="new query-bank items")
-    out = replace(
-        stats,
-        n_query_bank=stats.n_query_bank + m,
-        query_bank_mean=_weighted_mean(stats.query_bank_mean, stats.n_query_bank, new_bank),
-        query_topk=None if topk is None else topk.values,
-        query_lse={b: np.logaddexp(stats.query_lse[b], lse.values[:, t]) for t, b in enumerate(betas)},
-        query_probes=None if probes is None else np.sort(np.concatenate([stats.query_probes, probes.values], axis=1), axis=1),
-    )
-    if stats.query_activation is not None:
-        scores, ids = nearest_gallery_items(new_bank, gallery, stats.query_activation.shape[1], progress=progress)
-        out.query_activation = np.concatenate([stats.query_activation, ids])
-        out.query_activation_scores = np.concatenate([stats.query_activation_scores, scores])
+        stream_reduce(gallery, new_bank, reducers, progress=progress, desc=f"new {side}-bank items")
+    out = replace(stats)
+    setattr(out, f"n_{side}_bank", n_bank + m)
+    setattr(out, f"{side}_bank_mean", _weighted_mean(mean, n_bank, new_bank))
+    setattr(out, f"{side}_lse", {b: np.logaddexp(old_lse[b], lse.values[:, t]) for t, b in enumerate(betas)})
+    if topk is not None:
+        out.query_topk = topk.values
+    if probes is not None:
+        out.query_probes = np.sort(np.concatenate([stats.query_probes, probes.values], axis=1), axis=1)
+    ids = getattr(stats, f"{side}_activation")
+    if ids is not None:
+        new_scores, new_ids = nearest_gallery_items(new_bank, gallery, ids.shape[1], progress=progress)
+        setattr(out, f"{side}_activation", np.concatenate([ids, new_ids]))
+        setattr(out, f"{side}_activation_scores", np.concatenate([getattr(stats, f"{side}_activation_scores"), new_scores]))
     return out

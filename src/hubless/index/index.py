@@ -218,11 +218,21 @@ class Index:
         """Add reference queries to the query bank: every item's bank statistics are merged
         with its similarities to the new queries (n_gallery x n_new, no full refit), so every
         bias changes; the FAISS structure keeps its training (an HNSW graph is kept as is)."""
-        updated = copy.copy(self.correction).add_query_bank(queries, progress=progress)
+        return self._add_bank_items(queries, "query", progress)
+
+    def add_gallery_bank(self, items, *, progress: bool | None = None) -> Index:
+        """Add reference items to the gallery bank (DualIS/DualDIS, DN), as :meth:`add_query_bank`."""
+        return self._add_bank_items(items, "gallery", progress)
+
+    def _add_bank_items(self, items, side: str, progress) -> Index:
+        corr = self.correction
+        new = as_embeddings(items, f"new {side}-bank items", normalize=corr.normalize, dim=corr.dim_)
+        updated = copy.copy(corr)
+        updated = updated.add_query_bank(new, progress=progress) if side == "query" else updated.add_gallery_bank(new, progress=progress)
         self._update_faiss(updated, same_items=True)
-        if self.query_bank is not None:
-            new = as_embeddings(queries, "queries", normalize=updated.normalize, dim=updated.dim_)
-            self.query_bank = np.concatenate([self.query_bank, new])
+        bank = self.query_bank if side == "query" else self.gallery_bank
+        if bank is not None:
+            setattr(self, f"{side}_bank", np.concatenate([bank, new]))
         return self
 
     def _update_faiss(self, updated: AdditiveCorrection, *, append_from: int | None = None, same_items: bool = False) -> None:
