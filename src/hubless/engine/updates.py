@@ -1,4 +1,4 @@
-"""Keep bank statistics current as the gallery or the query bank changes, without a full pass.
+"""Keep bank statistics current as the gallery or a reference bank changes, without a full pass.
 
 Every row statistic (the top-k, log-sum-exp and probes of a gallery item) depends only on that
 item and the banks, and every activation set is a union of per-bank-item top-k lists. So:
