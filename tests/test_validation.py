@@ -224,3 +224,16 @@ def test_spec_round_trip(name):
     corr = hubless.make_correction(name)
     again = hubless.make_correction(corr.spec)
     assert type(again) is type(corr) and again.get_params() == corr.get_params()
+
+
+def test_normalising_a_row_does_not_depend_on_its_batch():
+    from hubless._validation import as_embeddings
+
+    near_unit = np.array([[0.6, 0.7995]], dtype=np.float32)  # norm 0.9996: within the warning tolerance
+    batch = np.vstack([near_unit, [[3.0, 4.0]]]).astype(np.float32)
+    alone, together = as_embeddings(near_unit, "x", normalize=True), as_embeddings(batch, "x", normalize=True)
+    np.testing.assert_array_equal(alone[0], together[0])
+    assert abs(np.linalg.norm(alone[0]) - 1) < 1e-6
+    assert near_unit[0, 1] == np.float32(0.7995)  # the caller's array is not modified
+    unit = np.array([[0.6, 0.8]], dtype=np.float32)
+    assert as_embeddings(unit, "x", normalize=True) is unit  # already unit: no copy

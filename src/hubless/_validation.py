@@ -23,6 +23,9 @@ __all__ = [
 
 #: Relative tolerance on ||x|| = 1 under which vectors count as already normalised.
 NORM_TOLERANCE = 1e-3
+#: With ``normalize=True``, rows whose norm is within this of 1 (float32 rounding of a unit
+#: vector) are left unchanged; every other row is divided by its norm.
+UNIT_PRECISION = 1e-6
 
 _warned_names: set[str] = set()
 
@@ -88,14 +91,18 @@ def as_embeddings(
         )
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
     if normalize:
-        if not unit.all():
+        # Row by row, so a row's result never depends on the other rows in its batch; rows
+        # already unit-length to float32 precision are left as they are (no copy).
+        off = np.abs(norms - 1.0) > UNIT_PRECISION
+        if off.any():
             zero = np.flatnonzero(norms == 0)
             if zero.size:
                 raise ValueError(
                     f"{name} has {zero.size} all-zero row(s) (first: row {int(zero[0])}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
-            arr = (arr / norms[:, None]).astype(np.float32, copy=False)
+            arr = arr.copy()
+            arr[off] = arr[off] / norms[off, None]
     elif not unit.all() and name not in _warned_names:
         _warned_names.add(name)
         warnings.warn(
