@@ -14,13 +14,14 @@ one streamed pass per bank, not one per method or per parameter value:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
 
-__all__ = ["StatisticsRequest", "BankStatistics", "compute_statistics"]
+__all__ = ["StatisticsRequest", "BankStatistics", "compute_statistics", "row_statistics"]
 
 
 @dataclass(frozen=True)
@@ -209,33 +210,13 @@ def compute_statistics(
         gallery_mean=_mean(gallery),
         gallery_bank_mean=None if gallery_bank is None else _mean(gallery_bank),
     )
-    reducers = []
-    topk = lse = probes = None
-    if request.query_topk:
-        topk = TopK(n_gallery, request.query_topk)
-        reducers.append(topk)
-    query_betas = sorted(request.query_betas)
-    if query_betas:
-        lse = LogSumExp(n_gallery, query_betas)
-        reducers.append(lse)
-    if request.query_probes:
-        probes = SortedRows(n_gallery, query_bank.shape[0])
-        reducers.append(probes)
-    if reducers:
-        stream_reduce(gallery, query_bank, reducers, progress=progress, desc="query bank")
-        if topk is not None:
-            stats.query_topk = topk.values
-        if lse is not None:
-            stats.query_lse = {b: lse.values[:, t] for t, b in enumerate(query_betas)}
-        if probes is not None:
-            stats.query_probes = probes.values
+    stats.query_topk, stats.query_lse, stats.query_probes = row_statistics(
+        gallery, query_bank, k=request.query_topk, betas=request.query_betas, probes=request.query_probes,
+        progress=progress, desc="query bank",
+    )
     if request.needs_gallery_bank and gallery_bank is None:
         raise ValueError("these statistics need a gallery bank; pass gallery_bank=")
-    gallery_betas = sorted(request.gallery_betas)
-    if gallery_betas:
-        lse = LogSumExp(n_gallery, gallery_betas)
-        stream_reduce(gallery, gallery_bank, [lse], progress=progress, desc="gallery bank")
-        stats.gallery_lse = {b: lse.values[:, t] for t, b in enumerate(gallery_betas)}
+    _, stats.gallery_lse, _ = row_statistics(gallery, gallery_bank, betas=request.gallery_betas, progress=progress, desc="gallery bank")
     if request.query_activation_k:
         stats.query_activation_scores, stats.query_activation = nearest_gallery_items(
             query_bank, gallery, min(request.query_activation_k, n_gallery), progress=progress
@@ -245,6 +226,35 @@ def compute_statistics(
             gallery_bank, gallery, min(request.gallery_activation_k, n_gallery), progress=progress
         )
     return stats
+
+
+def row_statistics(
+    gallery: np.ndarray,
+    bank: np.ndarray | None,
+    *,
+    k: int = 0,
+    betas: Iterable[float] = (),
+    probes: bool = False,
+    initial_topk: np.ndarray | None = None,
+    progress: bool | None = None,
+    desc: str = "bank",
+) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None]:
+    """(top-k, {beta: log-sum-exp}, sorted probes) of each gallery item's similarities to
+    ``bank``, in one streamed pass; each is None / empty when not asked for (no pass at all when
+    nothing is). ``initial_topk``: an earlier top-k of the same items to merge the bank into."""
+    n = gallery.shape[0]
+    betas = sorted(betas)
+    topk = TopK(n, k, initial=None if initial_topk is None else (initial_topk, None)) if k else None
+    lse = LogSumExp(n, betas) if betas else None
+    rows = SortedRows(n, bank.shape[0]) if probes else None
+    reducers = [r for r in (topk, lse, rows) if r is not None]
+    if reducers:
+        stream_reduce(gallery, bank, reducers, progress=progress, desc=desc)
+    return (
+        None if topk is None else topk.values,
+        {} if lse is None else {b: lse.values[:, t] for t, b in enumerate(betas)},
+        None if rows is None else rows.values,
+    )
 
 
 def nearest_gallery_items(

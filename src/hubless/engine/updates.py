@@ -23,14 +23,31 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.engine.statistics import BankStatistics, compute_statistics, nearest_gallery_items
-from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+from hubless.engine.statistics import BankStatistics, compute_statistics, nearest_gallery_items, row_statistics
 
 __all__ = ["add_bank_items", "add_gallery_items", "remove_gallery_items"]
 
 
 def _weighted_mean(mean: np.ndarray, n: int, new: np.ndarray) -> np.ndarray:
     return (mean * n + new.sum(axis=0, dtype=np.float64)) / (n + new.shape[0])
+
+
+def _map_items(update, stats: BankStatistics, *others: BankStatistics, **changes) -> BankStatistics:
+    """``stats`` with ``changes``, and each per-gallery-item array (top-k, log-sum-exps, probes)
+    set to ``update(array, *the same array of each of others)``."""
+
+    def one(get):
+        old = get(stats)
+        return None if old is None else update(old, *(get(o) for o in others))
+
+    return replace(
+        stats,
+        query_topk=one(lambda s: s.query_topk),
+        query_probes=one(lambda s: s.query_probes),
+        query_lse={b: one(lambda s, b=b: s.query_lse[b]) for b in stats.query_lse},
+        gallery_lse={b: one(lambda s, b=b: s.gallery_lse[b]) for b in stats.gallery_lse},
+        **changes,
+    )
 
 
 def add_gallery_items(
@@ -47,17 +64,13 @@ def add_gallery_items(
         items, query_bank, gallery_bank, replace(request, query_activation_k=0, gallery_activation_k=0), progress=progress
     )
     n_old = stats.n_gallery
-    out = replace(
+    out = _map_items(
+        lambda old, new: np.concatenate([old, new]),
         stats,
+        rows,
         n_gallery=n_old + items.shape[0],
         gallery_mean=_weighted_mean(stats.gallery_mean, n_old, items),
-        query_lse={b: np.concatenate([v, rows.query_lse[b]]) for b, v in stats.query_lse.items()},
-        gallery_lse={b: np.concatenate([v, rows.gallery_lse[b]]) for b, v in stats.gallery_lse.items()},
     )
-    if stats.query_topk is not None:
-        out.query_topk = np.concatenate([stats.query_topk, rows.query_topk])
-    if stats.query_probes is not None:
-        out.query_probes = np.concatenate([stats.query_probes, rows.query_probes])
     for side, bank in (("query", query_bank), ("gallery", gallery_bank)):
         ids = getattr(stats, f"{side}_activation")
         if ids is not None:
@@ -85,17 +98,7 @@ def remove_gallery_items(
     """
     removed = np.setdiff1d(np.arange(stats.n_gallery), keep)
     kept = gallery[keep]
-    out = replace(
-        stats,
-        n_gallery=keep.size,
-        gallery_mean=kept.mean(axis=0, dtype=np.float64),
-        query_lse={b: v[keep] for b, v in stats.query_lse.items()},
-        gallery_lse={b: v[keep] for b, v in stats.gallery_lse.items()},
-    )
-    if stats.query_topk is not None:
-        out.query_topk = stats.query_topk[keep]
-    if stats.query_probes is not None:
-        out.query_probes = stats.query_probes[keep]
+    out = _map_items(lambda old: old[keep], stats, n_gallery=keep.size, gallery_mean=kept.mean(axis=0, dtype=np.float64))
     for side, bank in (("query", query_bank), ("gallery", gallery_bank)):
         ids = getattr(stats, f"{side}_activation")
         if ids is None:
@@ -124,34 +127,26 @@ def add_bank_items(
     ``new_bank``, from those against the bank alone."""
     if side not in ("query", "gallery"):
         raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
-    n, m = stats.n_gallery, new_bank.shape[0]
+    m = new_bank.shape[0]
     n_bank = getattr(stats, f"n_{side}_bank")
     mean = getattr(stats, f"{side}_bank_mean")
     if n_bank is None or mean is None:
         raise ValueError(f"these statistics were computed without a {side} bank: there is nothing to extend")
     old_lse = getattr(stats, f"{side}_lse")
-    reducers = []
-    topk = lse = probes = None
-    if side == "query" and stats.query_topk is not None:
-        topk = TopK(n, stats.query_topk.shape[1], initial=(stats.query_topk, None))
-        reducers.append(topk)
-    betas = sorted(old_lse)
-    if betas:
-        lse = LogSumExp(n, betas)
-        reducers.append(lse)
-    if side == "query" and stats.query_probes is not None:
-        probes = SortedRows(n, m)
-        reducers.append(probes)
-    if reducers:
-        stream_reduce(gallery, new_bank, reducers, progress=progress, desc=f"new {side}-bank items")
+    old_topk = stats.query_topk if side == "query" else None
+    old_probes = stats.query_probes if side == "query" else None
+    topk, new_lse, probes = row_statistics(
+        gallery, new_bank, k=0 if old_topk is None else old_topk.shape[1], betas=old_lse, probes=old_probes is not None,
+        initial_topk=old_topk, progress=progress, desc=f"new {side}-bank items",
+    )
     out = replace(stats)
     setattr(out, f"n_{side}_bank", n_bank + m)
     setattr(out, f"{side}_bank_mean", _weighted_mean(mean, n_bank, new_bank))
-    setattr(out, f"{side}_lse", {b: np.logaddexp(old_lse[b], lse.values[:, t]) for t, b in enumerate(betas)})
+    setattr(out, f"{side}_lse", {b: np.logaddexp(v, new_lse[b]) for b, v in old_lse.items()})
     if topk is not None:
-        out.query_topk = topk.values
+        out.query_topk = topk
     if probes is not None:
-        out.query_probes = np.sort(np.concatenate([stats.query_probes, probes.values], axis=1), axis=1)
+        out.query_probes = np.sort(np.concatenate([old_probes, probes], axis=1), axis=1)
     ids = getattr(stats, f"{side}_activation")
     if ids is not None:
         new_scores, new_ids = nearest_gallery_items(new_bank, gallery, ids.shape[1], progress=progress)
