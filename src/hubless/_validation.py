@@ -80,7 +80,8 @@ def as_embeddings(
             f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; "
             "all embeddings must come from the same model."
         )
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    given = arr
+    arr = np.ascontiguousarray(given, dtype=np.float32)
     # One pass: a row's float64 norm is finite exactly when all its entries are.
     norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
     if not np.isfinite(norms).all():
@@ -92,7 +93,7 @@ def as_embeddings(
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
     if normalize:
         # Row by row, so a row's result never depends on the other rows in its batch; rows
-        # already unit-length to float32 precision are left as they are (no copy).
+        # already unit-length to float32 precision are left as they are.
         off = np.abs(norms - 1.0) > UNIT_PRECISION
         if off.any():
             zero = np.flatnonzero(norms == 0)
@@ -101,7 +102,8 @@ def as_embeddings(
                     f"{name} has {zero.size} all-zero row(s) (first: row {int(zero[0])}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
-            arr = arr.copy()
+            if np.may_share_memory(arr, given):  # never write into the caller's memory
+                arr = arr.copy()
             arr[off] = arr[off] / norms[off, None]
     elif not unit.all() and name not in _warned_names:
         _warned_names.add(name)
