@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("eccv_caption")
 
-from hubless.data.eccv import DEPTH, coco5k_ids, eccv_metrics  # noqa: E402
+from hubless.evaluation.eccv import DEPTH, coco5k_ids, eccv_metrics  # noqa: E402
 from hubless.metrics import captions_per_item  # noqa: E402
 
 

@@ -130,12 +130,16 @@ def test_exact_search_breaks_ties_by_lower_index():
     np.testing.assert_allclose(scores, [[1, 1, 1, 0.5], [1, 0.5, 0, 0]])
 
 
-def test_exact_search_with_extra_dimensions_is_the_augmented_inner_product():
+def test_exact_search_ranks_blocks_rewritten_by_the_transform():
     rng = np.random.default_rng(3)
     q, g = rng.standard_normal((50, 8)).astype(np.float32), rng.standard_normal((300, 8)).astype(np.float32)
-    qx, gx = rng.standard_normal((50, 2)).astype(np.float32), rng.standard_normal((300, 2)).astype(np.float32)
-    scores, ids = exact_search(q, g, 12, query_extra=qx, gallery_extra=gx)
-    dense = np.hstack([q, qx]).astype(np.float64) @ np.hstack([g, gx]).T.astype(np.float64)
+    shift = rng.standard_normal(300).astype(np.float32)
+
+    def subtract(sims, r0, r1, c0, c1):
+        sims -= shift[c0:c1]
+
+    scores, ids = exact_search(q, g, 12, transform=subtract)
+    dense = q.astype(np.float64) @ g.T.astype(np.float64) - shift
     np.testing.assert_array_equal(ids, ranking(dense)[:, :12])
     np.testing.assert_allclose(scores, np.take_along_axis(dense, ids, axis=1), rtol=1e-5, atol=1e-5)
 

@@ -36,7 +36,7 @@ def assert_same_ranking(ids, scores, ref_ids, ref_scores, rtol=1e-5):
 @pytest.mark.parametrize("method", ["baseline", "nnn:alpha=0.5,k=8", "csls", "dn", "is", "dis", "dualis", "dualdis"])
 def test_flat_index_equals_exact_corrected_search(data, method):
     index = hubless.Index.build(data.gallery, data.query_bank, method, "Flat", gallery_bank=data.gallery_bank)
-    assert not index.rescore
+    assert not index.config.rescore
     scores, ids = index.search(data.queries[:500], 10)
     ref_scores, ref_ids = index.correction.search(data.queries[:500], 10)
     assert_same_ranking(ids, scores, ref_ids, ref_scores)
@@ -46,7 +46,7 @@ def test_flat_index_equals_exact_corrected_search(data, method):
 def test_ann_indexes_with_rescoring_recover_the_exact_top10(data, factory, rescore_factor):
     # PQ codes are coarse (3 dims per 4-bit code here): more candidates go to exact re-scoring.
     index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", factory, nprobe=8, ef_search=64, rescore_factor=rescore_factor)
-    assert index.rescore
+    assert index.config.rescore
     _, ids = index.search(data.queries, 10)
     _, ref = index.correction.search(data.queries, 10)
     recall = np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref)]) / 10
@@ -318,7 +318,7 @@ def test_calibrate_picks_the_smallest_breadth_reaching_the_target(data, factory)
     result = index.calibrate(target_recall=0.95, sample=500)
     param = result["param"]
     assert param == ("nprobe" if factory.startswith("IVF") else "ef_search")
-    assert result["reached"] and getattr(index, param) == result["value"]
+    assert result["reached"] and getattr(index.config, param) == result["value"]
     recalls = [r for _, r in result["curve"]]
     assert recalls[-1] >= 0.95 and all(r < 0.95 for r in recalls[:-1])
 
@@ -347,7 +347,7 @@ def test_calibrate_edge_cases_and_cli(data, tmp_path):
     r = runner.invoke(app, ["index", "build", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "qb.npy"),
                             "--factory", "IVF32,Flat", "--out", idx, "--target-recall", "0.99", "--no-progress"])  # fmt: skip
     assert r.exit_code == 0 and "reaches recall" in r.output, r.output
-    chosen = hubless.Index.load(idx).nprobe
+    chosen = hubless.Index.load(idx).config.nprobe
     r = runner.invoke(app, ["index", "calibrate", idx, "--target-recall", "0.5", "--sample", "300"])
     assert r.exit_code == 0 and "nprobe" in r.output, r.output
-    assert hubless.Index.load(idx).nprobe <= chosen
+    assert hubless.Index.load(idx).config.nprobe <= chosen

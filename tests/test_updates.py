@@ -122,7 +122,7 @@ def test_updates_check_their_inputs(data):
     assert corr.n_gallery_ == len(g)  # failed updates changed nothing
     with pytest.raises(ValueError, match="without a gallery bank"):
         corr.add_gallery_bank(data.gallery_bank)
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(hubless.NotFittedError, match="not fitted"):
         hubless.NNN().add_items(g[:3], qb)
 
 

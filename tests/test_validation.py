@@ -153,7 +153,7 @@ def test_missing_banks(small_data):
 
 
 def test_use_before_fit():
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(hubless.NotFittedError, match="not fitted"):
         hubless.NNN().search(np.ones((1, 4), np.float32))
 
 

@@ -5,58 +5,57 @@
     scores, ids = nnn.search(queries, top_k=10)
 
 Every correction is a per-candidate bias fitted on reference banks (never on test queries);
-see :mod:`hubless.corrections` and the project's DESIGN notes.
+see :mod:`hubless.corrections` and ``docs/architecture.md``. The names below are imported on
+first use (PEP 562), so ``import hubless`` and the command line start fast.
 """
 
-from hubless._validation import UnnormalizedEmbeddingsWarning
-from hubless.corrections import (
-    CSLS,
-    DN,
-    METHODS,
-    NNN,
-    AdditiveCorrection,
-    Baseline,
-    Correction,
-    DualDIS,
-    DualIS,
-    DynamicInvertedSoftmax,
-    GlobalCorrection,
-    InvertedSoftmax,
-    fit_many,
-    make_correction,
-)
-from hubless.engine import exact_search
-from hubless.evaluation import Evaluation, evaluate
-from hubless.index import Index
-from hubless.metrics import Truth, captions_per_item
-from hubless.rerank import Pipeline
-from hubless.tuning import tune
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AdditiveCorrection",
-    "Baseline",
-    "CSLS",
-    "Correction",
-    "DN",
-    "DualDIS",
-    "DualIS",
-    "DynamicInvertedSoftmax",
-    "Evaluation",
-    "GlobalCorrection",
-    "Index",
-    "InvertedSoftmax",
-    "METHODS",
-    "NNN",
-    "Pipeline",
-    "Truth",
-    "UnnormalizedEmbeddingsWarning",
-    "__version__",
-    "captions_per_item",
-    "evaluate",
-    "exact_search",
-    "fit_many",
-    "make_correction",
-    "tune",
-]
+#: Public name -> module that defines it.
+_EXPORTS = {
+    "AdditiveCorrection": "hubless.corrections",
+    "Baseline": "hubless.corrections",
+    "CSLS": "hubless.corrections",
+    "Correction": "hubless.corrections",
+    "DN": "hubless.corrections",
+    "DualDIS": "hubless.corrections",
+    "DualIS": "hubless.corrections",
+    "DynamicInvertedSoftmax": "hubless.corrections",
+    "GlobalCorrection": "hubless.corrections",
+    "InvertedSoftmax": "hubless.corrections",
+    "METHODS": "hubless.corrections",
+    "NNN": "hubless.corrections",
+    "fit_many": "hubless.corrections",
+    "make_correction": "hubless.corrections",
+    "exact_search": "hubless.engine",
+    "Evaluation": "hubless.evaluation",
+    "evaluate": "hubless.evaluation",
+    "Index": "hubless.index",
+    "IndexConfig": "hubless.index",
+    "Truth": "hubless.metrics",
+    "captions_per_item": "hubless.metrics",
+    "Pipeline": "hubless.rerank",
+    "tune": "hubless.tuning",
+    "NotFittedError": "hubless.errors",
+    "MissingDependencyError": "hubless.errors",
+    "UnnormalizedEmbeddingsWarning": "hubless._validation",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hubless' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

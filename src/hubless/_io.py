@@ -1,4 +1,4 @@
-"""Atomic file writes: write to a temporary file in the same directory, then rename.
+"""File helpers: atomic writes (a temporary file in the same directory, then a rename) and checksums.
 
 A crash or an exception mid-write leaves the previous file (if any) untouched and no partial
 file behind. Use these for every file hubless writes.
@@ -7,6 +7,7 @@ file behind. Use these for every file hubless writes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -16,7 +17,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_open", "write_text", "write_json", "save_npy", "umask_mode"]
+__all__ = ["atomic_open", "file_sha256", "write_text", "write_json", "save_npy", "umask_mode"]
 
 
 def umask_mode(base: int = 0o666) -> int:
@@ -66,3 +67,12 @@ def save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     with atomic_open(path, "wb") as fh:
         np.save(fh, array, allow_pickle=False)
     return Path(path)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (streamed in 1 MiB chunks), as hex."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

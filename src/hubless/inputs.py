@@ -1,11 +1,21 @@
-"""Reading embedding files (.npy, .npz) with clear errors; shared by every command.
+"""Every input file hubless reads, with the same formats and clear errors everywhere.
 
-``load_array`` returns the stored array (memory-mapped for .npy when possible); ``load_embeddings``
-also validates it as (n, d) float embeddings (see :func:`hubless._validation.as_embeddings`).
+* Embeddings: ``load_array`` returns a stored array (.npy memory-mapped when possible, .npz
+  entries, clip-retrieval output folders); ``load_embeddings`` also validates it as (n, d) float
+  embeddings (see :func:`hubless._validation.as_embeddings`).
+* Tables of per-row records (item metadata, fairness attributes): :func:`read_records` reads
+  .parquet, .csv, .tsv, .json (a list of objects, or the ``OUT.meta.json`` of ``hubless
+  embed``) and .txt (one value per line, as ``{"item": line}``).
+* Items, one string per row (texts to embed, what a reranker reads, query texts):
+  :func:`read_items` reads .txt (one per line), a .json list of strings, an ``OUT.meta.json``
+  (its paths or texts), or one column of a table.
+* Gallery positions: :func:`read_ids` reads "3,17,42", a .npy of integers or a .txt of them.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -14,7 +24,12 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 
-__all__ = ["load_array", "load_clip_retrieval", "load_embeddings"]
+__all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "read_items", "read_records"]
+
+#: Table formats :func:`read_records` reads.
+TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".json", ".txt")
+#: Columns that hold an item's path or text, in order of preference.
+ITEM_COLUMNS = ("path", "text", "item")
 
 #: clip-retrieval's output layout: modality -> (embeddings folder, file prefix).
 CLIP_RETRIEVAL = {"img": ("img_emb", "img_emb_"), "text": ("text_emb", "text_emb_")}
@@ -108,3 +123,110 @@ def load_embeddings(
     """Load and validate (n, d) embeddings as float32, L2-normalised when ``normalize``."""
     array = load_array(path, key)
     return as_embeddings(array, f"{name} ({os.fspath(path)})", normalize=normalize, dim=dim, dim_of=dim_of)
+
+
+def _existing_file(path: str | os.PathLike, what: str) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory, not a file")
+    if not path.exists():
+        raise FileNotFoundError(f"no such {what}: {path}")
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is not a regular file")
+    return path
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text: {exc}") from None
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """One dict per row of a table (see the module docstring for the formats)."""
+    path = _existing_file(path, "table")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            from hubless.errors import MissingDependencyError
+
+            raise MissingDependencyError("reading .parquet tables", "pyarrow", "index") from exc
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises its own error types for corrupt files
+            raise ValueError(f"cannot read {path}: {exc}") from None
+    if suffix in (".csv", ".tsv"):
+        try:
+            with open(path, newline="", encoding="utf-8") as fh:
+                return list(csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ","))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise ValueError(f"cannot read {path}: {exc}") from None
+    if suffix == ".json":
+        data = _read_json(path)
+        if isinstance(data, dict) and "items" in data:  # an OUT.meta.json from `hubless embed`
+            data = data["items"]
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise ValueError(f"{path} must hold a JSON list of objects (one per row)")
+        return data
+    if suffix == ".txt":
+        return [{"item": line} for line in _read_lines(path)]
+    raise ValueError(f"{path}: unsupported table format {suffix!r}; use {', '.join(TABLE_SUFFIXES)}")
+
+
+def read_items(path: str | os.PathLike, column: str | None = None) -> list[str]:
+    """One string per row: a path or a text (see the module docstring for the formats).
+
+    For tables, ``column`` names the column (default: the first of path, text, item present).
+    """
+    path = _existing_file(path, "items file")
+    suffix = path.suffix.lower()
+    if suffix == ".txt" and column is None:
+        return _read_lines(path)
+    if suffix == ".json" and column is None:
+        data = _read_json(path)
+        if isinstance(data, list) and all(isinstance(x, str) for x in data):
+            return data
+    records = read_records(path)
+    if not records:
+        return []
+    name = column or next((c for c in ITEM_COLUMNS if c in records[0]), None)
+    if name is None or name not in records[0]:
+        raise ValueError(f"{path} has no {column or ' / '.join(ITEM_COLUMNS)} column (columns: {', '.join(records[0])})")
+    return [str(r.get(name, "")) for r in records]
+
+
+def read_ids(spec: str) -> np.ndarray:
+    """Gallery positions from "3,17,42", a .npy of integers or a .txt (one per line), as int64."""
+    text = str(spec).strip()
+    if text.lower().endswith((".npy", ".txt")):
+        path = _existing_file(text, "ids file")
+        if path.suffix.lower() == ".npy":
+            values = load_array(path, mmap=False)
+        else:
+            try:
+                values = np.loadtxt(path, ndmin=1)
+            except ValueError as exc:
+                raise ValueError(f"{path} must hold one integer per line: {exc}") from None
+    else:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"ids must be comma-separated integers or a .npy/.txt file; got {text!r}") from None
+    values = np.asarray(values)
+    if values.size == 0:
+        raise ValueError("ids: name at least one integer position")
+    if values.dtype.kind not in "iuf" or not np.all(np.isfinite(values)) or not np.all(np.mod(values, 1) == 0):
+        raise ValueError("ids must be integers")
+    if np.abs(values).max() >= 2**62:
+        raise ValueError("ids are far larger than any gallery")
+    return values.astype(np.int64).ravel()

@@ -23,28 +23,15 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.corrections import METHODS, fit_many, make_correction
-from hubless.engine.parallel import progress_bar
-from hubless.evaluation import _as_truth, _check_ks, query_block_rows, ranking_scores
-from hubless.metrics.retrieval import PerQuery, per_query_metrics, relevant_ranks, summarize
+from hubless.evaluation.core import rank_queries
+from hubless.metrics.retrieval import PerQuery, check_ks, per_query_metrics, summarize
+from hubless.metrics.truth import load_truth
 
 __all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune"]
 
-_LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
-_KS = tuple(2**i for i in range(10))  # 1 .. 512
-
-#: Default grids from the papers: NNN (Chowdhury 2024, app. B), QB-Norm (Bogolin 2022),
-#: DBNorm (Wang 2023, log grid of both betas), DN (Zhou 2023, lambda in [0, 1]).
-DEFAULT_GRIDS: dict[str, dict[str, tuple]] = {
-    "baseline": {},
-    "nnn": {"alpha": tuple(0.25 + 0.125 * i for i in range(11)), "k": _KS},
-    "csls": {"k": _KS},
-    "dn": {"lam": tuple(round(0.1 * i, 1) for i in range(11))},
-    "is": {"beta": _LOG_BETAS},
-    "dis": {"beta": _LOG_BETAS, "k_activation": (1, 5)},
-    "dualis": {"beta_query": _LOG_BETAS, "beta_gallery": _LOG_BETAS},
-    "dualdis": {"beta_query": _LOG_BETAS, "beta_gallery": _LOG_BETAS},
-    "gc": {},
-}
+#: Default grids, from each method's ``default_grid`` (the papers': NNN, Chowdhury 2024, app. B;
+#: QB-Norm, Bogolin 2022; DBNorm, Wang 2023, log grid of both betas; DN, Zhou 2023, lambda in [0, 1]).
+DEFAULT_GRIDS: dict[str, dict[str, tuple]] = {name: dict(cls.default_grid) for name, cls in METHODS.items()}
 
 #: Metrics where lower is better.
 _LOWER_IS_BETTER = {"MdR", "MnR"}
@@ -112,7 +99,7 @@ def grid_edges(points: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any]) -
 def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
     """Whether a grid point fits the data (e.g. k no larger than the bank); others are skipped."""
     try:
-        corr._check_sizes(gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0])
+        corr.check_sizes(gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0])
     except ValueError:
         return False
     return True
@@ -143,8 +130,8 @@ def tune(
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     dim = gallery.shape[1]
     val = as_embeddings(val_queries, "validation queries", normalize=normalize, dim=dim, dim_of="the gallery")
-    truth = _as_truth(val_truth, val.shape[0], gallery.shape[0])
-    ks = _check_ks(ks, gallery.shape[0])
+    truth = load_truth(val_truth, val.shape[0], gallery.shape[0])
+    ks = check_ks(ks, gallery.shape[0])
     valid = {f"R@{k}" for k in ks} | {"MdR", "MnR", "MRR", "mAP@R"}
     if objective not in valid:
         raise ValueError(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
@@ -177,18 +164,7 @@ def tune(
 
 
 def _validate_all(corrections, queries: np.ndarray, truth, ks, progress) -> list[dict[str, float]]:
-    """Metrics of every fitted correction on the validation queries, sharing each block of
-    raw similarities between them."""
-    gallery = corrections[0].gallery_
-    ranks = np.empty((len(corrections), truth.indices.size), dtype=np.int64)
-    rows = query_block_rows(gallery.shape[0])
-    starts = progress_bar(range(0, queries.shape[0], rows), progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)", unit="block")
-    for start in starts:
-        block = queries[start : start + rows]
-        stop = start + block.shape[0]
-        sims = block @ gallery.T
-        sub = truth.subset(np.arange(start, stop))
-        lo, hi = truth.indptr[start], truth.indptr[stop]
-        for i, corr in enumerate(corrections):
-            ranks[i, lo:hi] = relevant_ranks(ranking_scores(corr, block, sims), sub)
-    return [summarize(per_query_metrics(PerQuery(r, truth), ks)) for r in ranks]
+    """Metrics of every fitted correction on the validation queries (one streamed pass: each
+    block of raw similarities is shared by every grid point)."""
+    ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)")
+    return [summarize(per_query_metrics(PerQuery(r.ranks, truth), ks)) for r in ranked]

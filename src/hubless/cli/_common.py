@@ -10,8 +10,6 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from hubless.evaluation import file_digest
-from hubless.inputs import load_embeddings
 
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -37,6 +35,8 @@ def load(path: Path | None, name: str, *, normalize: bool, dim: int | None = Non
     """Load an embeddings file (None passes through)."""
     if path is None:
         return None
+    from hubless.inputs import load_embeddings
+
     return load_embeddings(path, name, normalize=normalize, dim=dim)
 
 
@@ -44,8 +44,10 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     """Path, shape and sha256 of an input, for results files."""
     if path is None:
         return None
+    from hubless._io import file_sha256
+
     file = str(path).partition(":")[0] if not Path(path).exists() else str(path)
-    return {"path": str(path), "shape": list(array.shape), "sha256": file_digest(file)}
+    return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
 
 
 def friendly_errors(func: Callable) -> Callable:
@@ -69,20 +71,3 @@ def wide_console() -> Console:
     if not console.is_terminal:
         console.width = max(console.width, 160)
     return console
-
-
-def read_items(path: Path) -> list[str]:
-    """What a reranker sees per row: a .txt (one path or text per line), a .json list, or the
-    OUT.meta.json of `hubless embed` (its items' paths or texts, in row order)."""
-    import json
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no such items file: {path}")
-    if str(path).endswith(".json"):
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "items" in data:
-            return [item.get("path", item.get("text")) for item in data["items"]]
-        if isinstance(data, list):
-            return [str(x) for x in data]
-        raise ValueError(f"{path}: expected a JSON list or an embed .meta.json")
-    return Path(path).read_text(encoding="utf-8").splitlines()

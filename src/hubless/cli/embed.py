@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from hubless.cli._common import friendly_errors
-
-
-def _read_texts(path: Path) -> list[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"no such text file: {path}")
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, list) or not all(isinstance(t, str) for t in data):
-            raise ValueError(f"{path} must hold a JSON list of strings")
-        return data
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 @friendly_errors
@@ -43,7 +31,9 @@ def embed_command(
         raise typer.BadParameter("give exactly one of --images or --texts")
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
-    items = list_images(images) if images is not None else _read_texts(texts)
+    from hubless.inputs import read_items
+
+    items = list_images(images) if images is not None else [t for t in read_items(texts) if t.strip()]
     encoder = load_encoder(model, kind=kind, device=device)
     result = embed_to_file(
         encoder, out, images=items if images is not None else None, texts=items if texts is not None else None,

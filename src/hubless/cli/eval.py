@@ -65,9 +65,9 @@ def eval_command(
     ev = evaluate(g, q, truth, qb, method, gallery_bank=gb, ks=parse_ints(ks, "--ks"), bootstrap=bootstrap, seed=seed, normalize=normalize, progress=progress, inputs={"files": inputs})
     print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
     if eccv:
-        _eccv(ev, g, q, qb, gb, normalize, progress)
+        _eccv(ev, q, qb, gb, progress)
     if rerank:
-        _rerank(ev, g, q, qb, gb, truth, rerank, rerank_k, fusion, lam, gallery_items, query_items, normalize, progress)
+        _rerank(ev, q, truth, rerank, rerank_k, fusion, lam, gallery_items, query_items, progress)
     if out is not None:
         write_json(out, ev.to_dict())
         typer.echo(f"results: {out}")
@@ -78,13 +78,13 @@ def eval_command(
         typer.echo(f"report: {report}")
 
 
-def _eccv(ev, images, captions, caption_bank, image_bank, normalize: bool, progress) -> None:
+def _eccv(ev, captions, caption_bank, image_bank, progress) -> None:
     """Add ECCV Caption / CxC metrics to each result (both directions) and print them."""
-    from hubless.data.eccv import eccv_evaluate
+    from hubless.evaluation.eccv import eccv_evaluate
 
     if image_bank is None:
         raise ValueError("--eccv evaluates image->text too, which needs an image bank: pass --gallery-bank")
-    scores = eccv_evaluate(images, captions, caption_bank, image_bank, [r.spec for r in ev.results], normalize=normalize, progress=progress)
+    scores = eccv_evaluate([r.correction for r in ev.results], captions, caption_bank, image_bank, progress=progress)
     table = Table(title="ECCV Caption (Chun et al. 2022) and CxC, percent: text->image / image->text")
     names = ["eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1"]
     table.add_column("method")
@@ -96,20 +96,20 @@ def _eccv(ev, images, captions, caption_bank, image_bank, normalize: bool, progr
     wide_console().print(table)
 
 
-def _rerank(ev, g, q, qb, gb, truth, model, k, fusion, lam, gallery_items, query_items, normalize, progress) -> None:
+def _rerank(ev, q, truth, model, k, fusion, lam, gallery_items, query_items, progress) -> None:
     """Rerank every method's top k with a cross-encoder; add retrieve vs retrieve+rerank R@K."""
-    from hubless.cli._common import read_items
-    from hubless.corrections import make_correction
-    from hubless.evaluation import _as_truth
+    from hubless.inputs import read_items
+    from hubless.metrics import load_truth
     from hubless.rerank import Pipeline, load_reranker, rerank_eval
 
+    n_gallery = ev.inputs["n_gallery"]
     if gallery_items is None or query_items is None:
         raise ValueError("--rerank needs --gallery-items and --query-items (what the cross-encoder reads)")
     g_items, q_items = read_items(gallery_items), read_items(query_items)
-    if len(g_items) != g.shape[0] or len(q_items) != q.shape[0]:
-        raise ValueError(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({g.shape[0]}, {q.shape[0]})")
+    if len(g_items) != n_gallery or len(q_items) != q.shape[0]:
+        raise ValueError(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({n_gallery}, {q.shape[0]})")
     reranker = load_reranker(model)
-    truth = _as_truth(truth, q.shape[0], g.shape[0])
+    truth = load_truth(truth, q.shape[0], n_gallery)
     ks = [k_ for k_ in ev.ks if k_ <= k]
     table = Table(title=f"retrieve (top {k}) + rerank with {model}")
     table.add_column("method")
@@ -117,8 +117,7 @@ def _rerank(ev, g, q, qb, gb, truth, model, k, fusion, lam, gallery_items, query
         table.add_column(f"R@{k_} retrieve -> +rerank", justify="right")
     table.add_column("ms/query retrieve, rerank", justify="right")
     for r in ev.results:
-        corr = make_correction(r.spec).set_params(normalize=normalize).fit(g, qb, gb, progress=progress)
-        pipe = Pipeline(corr, reranker, k=k, fusion=fusion, lam=lam, gallery_items=g_items)
+        pipe = Pipeline(r.correction, reranker, k=k, fusion=fusion, lam=lam, gallery_items=g_items)
         res = rerank_eval(pipe, q, q_items, truth, ks=ks, progress=progress)
         r.extra["rerank"] = res
         cells = [f"{res['retrieve'][f'R@{k_}']:.2f} -> {res['retrieve+rerank'][f'R@{k_}']:.2f}" for k_ in ks]

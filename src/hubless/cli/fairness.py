@@ -8,7 +8,6 @@ import typer
 from rich.table import Table
 
 from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, friendly_errors, load, wide_console
-from hubless.reports.fairness import fairness_report, overall_rows
 
 
 @friendly_errors
@@ -30,10 +29,12 @@ def fairness_command(
 ) -> None:
     """Audit retrieval fairness (SISPI protocol) before and after each correction."""
     from hubless._io import write_json
-    from hubless.data.fairness import read_table, relevance_by_column
+    from hubless.data.fairness import relevance_by_column
     from hubless.fairness import audit
+    from hubless.inputs import read_records
+    from hubless.reports.fairness import fairness_report, overall_rows
 
-    g_rows, q_rows = read_table(gallery_meta), read_table(query_meta)
+    g_rows, q_rows = read_records(gallery_meta), read_records(query_meta)
     g = load(gallery, "gallery", normalize=normalize)
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
     if len(g_rows) != g.shape[0] or len(q_rows) != q.shape[0]:

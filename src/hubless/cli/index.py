@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -15,26 +14,10 @@ app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_ar
 
 
 def _read_metadata(path: Path | None):
-    """Item metadata from .parquet / .csv / .json (list of records) / .txt (one value per line)."""
-    if path is None:
-        return None
-    if not path.is_file():
-        raise FileNotFoundError(f"no such metadata file: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    """Item metadata records (see :func:`hubless.inputs.read_records`); None passes through."""
+    from hubless.inputs import read_records
 
-        return pq.read_table(path).to_pylist()
-    if path.suffix == ".csv":
-        import csv
-
-        with open(path, newline="", encoding="utf-8") as fh:
-            return list(csv.DictReader(fh))
-    if path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "items" in data:  # an OUT.meta.json from `hubless embed`
-            data = data["items"]
-        return data
-    return [{"item": line} for line in path.read_text(encoding="utf-8").splitlines()]
+    return None if path is None else read_records(path)
 
 
 @app.command("build")
@@ -65,7 +48,7 @@ def build_command(
     if target_recall is not None:
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
-    typer.echo(f"built {index!r} in {index.build_seconds:.1f}s -> {out}")
+    typer.echo(f"built {index!r} in {index.config.build_seconds:.1f}s -> {out}")
 
 
 @app.command("info")
@@ -156,28 +139,13 @@ def remove_command(
     """Remove items by position (later items move up); the other items' biases are kept."""
     from hubless.index import Index
 
+    from hubless.inputs import read_ids
+
     index = Index.load(path)
-    positions = _read_ids(ids)
+    positions = read_ids(ids)
     index.remove(positions)
     index.save(path, overwrite=True)
-    typer.echo(f"removed {np.unique(positions).size} items: {index!r}")
-
-
-def _read_ids(spec: str) -> np.ndarray:
-    file = Path(spec)
-    if file.suffix in (".npy", ".txt"):
-        if not file.is_file():
-            raise FileNotFoundError(f"no such ids file: {file}")
-        values = np.load(file) if file.suffix == ".npy" else np.loadtxt(file, ndmin=1)
-    else:
-        try:
-            values = [int(v) for v in spec.split(",") if v.strip()]
-        except ValueError:
-            raise typer.BadParameter(f"--ids must be comma-separated integers or a .npy/.txt file; got {spec!r}") from None
-    values = np.asarray(values)
-    if values.size == 0 or not np.all(np.mod(values, 1) == 0):
-        raise typer.BadParameter("--ids must name at least one integer position")
-    return values.astype(np.int64).ravel()
+    typer.echo(f"removed {len(set(positions.tolist()))} items: {index!r}")
 
 
 @friendly_errors
@@ -233,7 +201,7 @@ def search_command(
 
 
 def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, weight):
-    from hubless.cli._common import read_items
+    from hubless.inputs import read_items
     from hubless.rerank import Pipeline, load_reranker
 
     if query_items is None or not index.metadata:
@@ -245,10 +213,6 @@ def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, we
     if len(items) != q.shape[0]:
         raise ValueError(f"{len(items)} query items for {q.shape[0]} queries")
 
-    class _FirstStage:  # the index with this call's weight
-        def search(self, queries, top_k):
-            return index.search(queries, top_k, **weight)
-
-    pipe = Pipeline(_FirstStage(), load_reranker(model), k=k, fusion=fusion, lam=lam, gallery_items=[m[column] for m in index.metadata])
-    result = pipe.search(q, items, top_k=min(top_k, k))
+    pipe = Pipeline(index, load_reranker(model), k=k, fusion=fusion, lam=lam, gallery_items=[m[column] for m in index.metadata])
+    result = pipe.search(q, items, top_k=min(top_k, k), **weight)
     return result.scores, result.ids

@@ -1,6 +1,6 @@
 """Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
 
-See ``DESIGN.md`` for the table of methods. Every class shares the interface of
+See ``docs/architecture.md`` for the table of methods. Every class shares the interface of
 :class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
 """
 
@@ -16,7 +16,8 @@ from hubless.corrections.dn import DN
 from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
-from hubless.corrections.spec import METHODS, make_correction
+from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
+from hubless.corrections.spec import METHODS, make_correction, method_help
 from hubless.engine import StatisticsRequest, compute_statistics
 
 __all__ = [
@@ -32,8 +33,12 @@ __all__ = [
     "InvertedSoftmax",
     "METHODS",
     "NNN",
+    "QueryBatch",
+    "QueryRequest",
+    "QueryStatistics",
     "fit_many",
     "make_correction",
+    "method_help",
 ]
 
 

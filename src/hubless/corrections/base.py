@@ -8,11 +8,14 @@ queries against the gallery it was fitted with:
     scores, ids = corr.search(queries, top_k=10, alpha=0.5)  # new weight, no refit
     corr.add_items(new_items, query_bank)                   # updates, no refit from scratch
 
-Additive corrections (all but GC) rank by ``s(q, r) - sum_c w_c(q) * bias_c(r)``, which is the
-inner product of the augmented vectors ``[q, -w(q)] . [r, bias(r)]``; that is how every search
-ranks, and any inner-product index can serve it. ``score`` returns each method's own scores
-(e.g. the inverted-softmax probability); ``search`` returns the same scores for the items it
-finds, and both order the gallery identically.
+Everything that ranks goes through one hook, :meth:`Correction.rank`: the *ranking scores* of
+a batch of queries over some gallery items, from their raw similarities. For additive
+corrections (all but GC) that is ``s(q, r) - sum_c W_c(q) * bias_c(r)``, the inner product of
+the augmented vectors ``[q, -W(q)] . [r, bias(r)]``, so any inner-product index can serve it.
+:meth:`Correction.method_scores` maps ranking scores to each method's own scores (e.g. the
+inverted-softmax probability) by a map that is increasing for every query, so it never changes
+an order. ``score``, ``search``, the evaluation, tuning, the fairness audit and
+:class:`hubless.Index` are all built on these two methods.
 """
 
 from __future__ import annotations
@@ -23,20 +26,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_top_k
+from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
+from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
+from hubless.errors import NotFittedError
 
-__all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK", "validate_fit_inputs"]
+__all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
 
-#: Queries per block in :meth:`Correction.score`, and the most scores one block may hold
-#: (this bounds the temporaries, not the output).
-SCORE_BLOCK = 1024
+#: The most scores one block of :meth:`Correction.score` computes at once (bounds the
+#: temporaries, not the output).
 SCORE_BLOCK_ELEMENTS = 2**24
 
 
 class Correction:
-    """Base class. Subclasses set ``name`` and implement the hooks marked below.
+    """Base class. Subclasses set the class attributes below and implement the hooks.
 
     Parameters common to all corrections:
 
@@ -48,8 +52,14 @@ class Correction:
 
     #: Registry name used in method specs such as ``"nnn:alpha=0.5,k=16"``.
     name: ClassVar[str] = ""
-    #: Constructor parameter that is the weight w and may be overridden at search time.
+    #: One line for help texts: what the method is and where it comes from.
+    summary: ClassVar[str] = ""
+    #: The papers' hyper-parameter grid, used by :func:`hubless.tune` (empty: nothing to tune).
+    default_grid: ClassVar[dict[str, tuple]] = {}
+    #: Constructor parameter that is the weight w and may be overridden per call.
     weight_param: ClassVar[str | None] = None
+    #: Whether ranking is ``s - W . bias`` (servable from an inner-product index).
+    additive: ClassVar[bool] = False
     #: Whether ``fit`` needs a query bank (only the baseline does not).
     needs_query_bank: ClassVar[bool] = True
     #: How ``gallery_bank`` is used by ``fit``: "required", "optional" or "ignored".
@@ -68,7 +78,9 @@ class Correction:
         sig = inspect.signature(cls.__init__)
         return [p for p in sig.parameters if p != "self"]
 
-    def get_params(self) -> dict[str, Any]:
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Constructor parameters and their values (scikit-learn's estimator API; ``deep`` is
+        accepted for compatibility: no parameter is itself an estimator)."""
         return {name: getattr(self, name) for name in self.param_names()}
 
     def set_params(self, **params: Any) -> Correction:
@@ -90,8 +102,26 @@ class Correction:
         return self
 
     def _validate_params(self) -> None:
+        """Hook: check every parameter (subclasses call ``super()._validate_params()``)."""
         if not isinstance(self.normalize, (bool, np.bool_)):
             raise TypeError(f"normalize must be True or False; got {self.normalize!r}")
+        if self.weight_param is not None:
+            self.check_weight(getattr(self, self.weight_param))
+
+    @classmethod
+    def check_weight(cls, value) -> np.ndarray:
+        """The one rule for the weight w, in the constructor and per call: finite and >= 0
+        (w = 0 is the baseline; a negative weight would reward hubs). Returns float64."""
+        name = cls.weight_param or "weight"
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
+            raise TypeError(f"{name} must be a real number (or one per query); got {value!r}")
+        array = array.astype(np.float64)
+        if array.ndim == 0:
+            check_nonnegative_float(float(array), name)
+        elif not (np.isfinite(array).all() and (array >= 0).all()):
+            raise ValueError(f"{name} must be finite and >= 0 for every query")
+        return array
 
     @property
     def spec(self) -> str:
@@ -112,6 +142,9 @@ class Correction:
     def statistics_request(self) -> StatisticsRequest:
         """What this correction needs from the banks (hook)."""
         return StatisticsRequest()
+
+    def check_sizes(self, n_gallery: int, n_query_bank: int | None, n_gallery_bank: int | None) -> None:
+        """Refuse parameters that exceed the bank or gallery sizes (hook; ValueError)."""
 
     def fit(
         self,
@@ -143,8 +176,19 @@ class Correction:
         self._fit_arrays(gallery, statistics)
         return self
 
-    def _check_sizes(self, n_gallery: int, n_query_bank: int | None, n_gallery_bank: int | None) -> None:
-        """Hook: refuse parameters that exceed the bank or gallery sizes."""
+    def fit_from_statistics(self, gallery, statistics: BankStatistics) -> Correction:
+        """Fit from the bank statistics of ``gallery`` alone (no bank is read), e.g. statistics
+        kept by a saved index or merged from distributed tiles; returns ``self``."""
+        self._validate_params()
+        gallery = as_embeddings(gallery, "gallery", normalize=self.normalize)
+        if statistics.n_gallery != gallery.shape[0]:
+            raise ValueError(f"statistics describe {statistics.n_gallery} gallery items; the gallery has {gallery.shape[0]}")
+        self.check_sizes(gallery.shape[0], statistics.n_query_bank if self.needs_query_bank else None, statistics.n_gallery_bank)
+        missing = statistics.missing(self.statistics_request())
+        if missing:
+            raise ValueError("statistics lack " + "; ".join(missing))
+        self._fit_arrays(gallery, statistics)
+        return self
 
     def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics) -> None:
         self.gallery_ = gallery
@@ -152,6 +196,10 @@ class Correction:
         self._fit_statistics(statistics)
         #: the bank statistics this correction uses (views of the ones given), kept for updates
         self.statistics_ = statistics.restricted(self.statistics_request())
+
+    def _fit_statistics(self, statistics: BankStatistics) -> None:  # pragma: no cover - hook
+        """Hook: set the fitted attributes from the bank statistics."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ updates
     def add_items(self, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> Correction:
@@ -163,7 +211,7 @@ class Correction:
         """
         self._check_fitted()
         items = as_embeddings(items, "items", normalize=self.normalize, dim=self.dim_)
-        self._check_sizes(self.n_gallery_ + items.shape[0], self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
+        self.check_sizes(self.n_gallery_ + items.shape[0], self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
         qb, gb = self._update_banks(query_bank, gallery_bank, required=True)
         stats = add_gallery_items(self.statistics_, items, qb, gb, progress=progress)
         self._fit_arrays(np.concatenate([self.gallery_, items]), stats)
@@ -182,7 +230,7 @@ class Correction:
         keep = np.setdiff1d(np.arange(self.n_gallery_), ids)
         if keep.size == 0:
             raise ValueError("cannot remove every gallery item")
-        self._check_sizes(keep.size, self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
+        self.check_sizes(keep.size, self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
         qb, gb = self._update_banks(query_bank, gallery_bank, required=False)
         stats = remove_gallery_items(self.statistics_, self.gallery_, keep, qb, gb, progress=progress)
         self._fit_arrays(self.gallery_[keep], stats)
@@ -212,7 +260,7 @@ class Correction:
         stats = self.statistics_
         sizes = [self.n_gallery_, stats.n_query_bank, stats.n_gallery_bank]
         sizes[1 if side == "query" else 2] += new.shape[0]
-        self._check_sizes(*sizes)
+        self.check_sizes(*sizes)
         self._fit_arrays(self.gallery_, add_bank_items(stats, self.gallery_, new, side=side, progress=progress))
         return self
 
@@ -238,35 +286,93 @@ class Correction:
             out.append(bank)
         return tuple(out)
 
-    def _fit_statistics(self, statistics: BankStatistics) -> None:  # pragma: no cover - hook
-        """Hook: set the fitted attributes from the bank statistics."""
+    # ------------------------------------------------------------------ ranking
+    @property
+    def is_fitted(self) -> bool:
+        return hasattr(self, "gallery_")
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise NotFittedError(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
+
+    @property
+    def query_request(self) -> QueryRequest:
+        """What this correction needs about each query's raw neighbours (hook; see
+        :class:`~hubless.corrections.queries.QueryRequest`)."""
+        return QueryRequest()
+
+    def queries(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> QueryBatch:
+        """Validate ``queries`` (and this call's weight override, e.g. ``alpha=0.5``, a scalar or
+        one value per query) into a batch for :meth:`rank` and :meth:`method_scores`.
+        ``statistics``: raw-neighbour statistics computed elsewhere (e.g. by an index)."""
+        self._check_fitted()
+        q = as_embeddings(queries, "queries", normalize=self.normalize, dim=self.dim_)
+        return QueryBatch(q, self._weight_override(weight, q.shape[0]), statistics)
+
+    def _weight_override(self, weight: dict, n_queries: int) -> np.ndarray | None:
+        if not weight:
+            return None
+        if self.weight_param is None or set(weight) != {self.weight_param}:
+            allowed = f"only {self.weight_param}=" if self.weight_param else "no weight override"
+            raise TypeError(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
+        value = self.check_weight(weight[self.weight_param])
+        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
+            raise ValueError(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
+        return value
+
+    def query_statistics(self, batch: QueryBatch, *, progress: bool | None = None) -> QueryStatistics | None:
+        """The raw-neighbour statistics of ``batch``, filled in by exact search over the gallery
+        when the batch does not carry them already (None when nothing is needed)."""
+        request = self.query_request
+        if not request.depth:
+            return None
+        if batch.statistics is None or not batch.statistics.satisfies(request):
+            depth = min(request.depth, self.n_gallery_)
+            scores, ids = exact_search(batch.vectors, self.gallery_, depth, progress=progress)
+            batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
+        return batch.statistics
+
+    def rank(self, batch: QueryBatch, sims: np.ndarray, *, columns=None, out: np.ndarray | None = None) -> np.ndarray:
+        """Ranking scores of ``batch`` from the raw similarities ``sims`` (float32): what every
+        search orders by (best first, ties to the lower gallery id).
+
+        ``columns`` says which gallery items ``sims`` covers: None (the whole gallery, in order),
+        a slice (a contiguous block of items), or an (n_queries, k) int array (per query, the
+        items of each entry, e.g. an index's candidates). ``out`` may be ``sims`` to rank in
+        place; without it ``sims`` is left unchanged (but may be returned as is when the
+        correction changes nothing).
+        """
+        self._check_fitted()
+        if batch.statistics is None or not batch.statistics.satisfies(self.query_request):
+            if columns is None and self.query_request.depth:
+                batch.statistics = QueryStatistics.from_similarities(self.query_request, sims)
+            else:
+                self.query_statistics(batch)
+        return self._rank(batch, sims, columns, out)
+
+    def _rank(self, batch: QueryBatch, sims: np.ndarray, columns, out) -> np.ndarray:  # pragma: no cover - hook
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ querying
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "gallery_"):
-            raise RuntimeError(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
+    def method_scores(self, batch: QueryBatch, ranking: np.ndarray) -> np.ndarray:
+        """Map ranking scores (n_queries, any columns) to the method's own scores, float32.
 
-    def _queries(self, queries) -> np.ndarray:
-        self._check_fitted()
-        return as_embeddings(queries, "queries", normalize=self.normalize, dim=self.dim_)
+        Increasing for every query, so it never changes an order. Identity by default.
+        """
+        return ranking
 
-    def score(self, queries) -> np.ndarray:
+    def score(self, queries, **weight) -> np.ndarray:
         """The method's own corrected scores, (n_queries, n_gallery) float32.
 
         The output is dense: for large galleries use :meth:`search`, which never builds it.
         """
-        q = self._queries(queries)
-        out = np.empty((q.shape[0], self.n_gallery_), dtype=np.float32)
-        rows = max(1, min(SCORE_BLOCK, SCORE_BLOCK_ELEMENTS // self.n_gallery_))
-        for start in range(0, q.shape[0], rows):
-            block = q[start : start + rows]
-            out[start : start + block.shape[0]] = self._score_block(block, block @ self.gallery_.T)
+        batch = self.queries(queries, **weight)
+        out = np.empty((len(batch), self.n_gallery_), dtype=np.float32)
+        rows = max(1, SCORE_BLOCK_ELEMENTS // self.n_gallery_)
+        for start in range(0, len(batch), rows):
+            block = batch.rows(start, start + rows)
+            sims = block.vectors @ self.gallery_.T
+            out[start : start + len(block)] = self.method_scores(block, self.rank(block, sims, out=sims))
         return out
-
-    def _score_block(self, queries: np.ndarray, sims: np.ndarray) -> np.ndarray:  # pragma: no cover
-        """Hook: own scores of a block of queries from their raw similarities to the gallery."""
-        raise NotImplementedError
 
     def search(self, queries, top_k: int = 10, *, progress: bool | None = None, **weight) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
@@ -276,34 +382,27 @@ class Correction:
         here to override the fitted value without refitting, as a scalar or one value per
         query (e.g. ``NNN.search(q, alpha=0.5)``, ``DN.search(q, lam=0.2)``).
         """
-        q = self._queries(queries)
+        batch = self.queries(queries, **weight)
         top_k = check_top_k(top_k, self.n_gallery_)
-        return self._search(q, top_k, self._weight_override(weight, q.shape[0]), progress)
+        self.query_statistics(batch, progress=progress)
 
-    def _search(self, queries, top_k, weight, progress):  # pragma: no cover - hook
-        raise NotImplementedError
+        def transform(sims, r0, r1, c0, c1):
+            self._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
 
-    def _weight_override(self, weight: dict, n_queries: int):
-        if not weight:
-            return None
-        if self.weight_param is None or set(weight) != {self.weight_param}:
-            allowed = f"only {self.weight_param}=" if self.weight_param else "no weight override"
-            raise TypeError(f"{type(self).__name__}.search got {sorted(weight)}; it accepts {allowed}")
-        value = np.asarray(weight[self.weight_param], dtype=np.float64)
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
-            raise ValueError(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
-        if not np.isfinite(value).all():
-            raise ValueError(f"{self.weight_param} must be finite")
-        return value
+        ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=transform, progress=progress)
+        return self.method_scores(batch, ranking), ids
 
 
 class AdditiveCorrection(Correction):
-    """A correction that ranks by ``s(q, r) - sum_c w_c(q) * bias_c(r)``.
+    """A correction that ranks by ``s(q, r) - sum_c W_c(q) * bias_c(r)``.
 
     Fitted attributes: ``bias_columns_`` (n_gallery, n_columns) float32, one column per gated
     factor (one for all methods but DualDIS); ``bias_`` (n_gallery,) is their sum, the bias
-    applied when every gate is open.
+    applied when every gate is open. :meth:`weights` gives the per-query W, so an index over
+    ``[r, bias_columns_(r)]`` queried with ``[q, -W(q)]`` ranks exactly as :meth:`rank`.
     """
+
+    additive = True
 
     @property
     def bias_(self) -> np.ndarray:
@@ -315,44 +414,31 @@ class AdditiveCorrection(Correction):
         """The weight w applied to the bias when no override is given (hook)."""
         return 1.0
 
-    def query_weights(self, queries, *, top1: np.ndarray | None = None, **weight) -> np.ndarray:
-        """The per-query weights W (n_queries, n_columns) so that ranking = s - W . bias_columns_.
+    def weights(self, batch: QueryBatch) -> np.ndarray:
+        """W (n_queries, n_columns) float32, so that ranking = s - W . bias_columns_; gated
+        methods read the batch's raw top-1 (computed by exact search when it is missing)."""
+        w = self.weight() if batch.weight is None else batch.weight
+        w = np.asarray(w, dtype=np.float32).reshape(-1, 1)
+        return np.broadcast_to(w, (len(batch), self.bias_columns_.shape[1]))
 
-        Gated methods need the raw top-1 gallery item of each query; pass ``top1`` when it comes
-        from elsewhere (an index), otherwise it is computed by exact search.
-        """
-        q = self._queries(queries)
-        return self._query_weights(q, self._weight_override(weight, q.shape[0]), top1)
+    def query_weights(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> np.ndarray:
+        """W for ``queries`` (see :meth:`weights`): the extra query coordinates ``-W`` to serve
+        this correction from any inner-product index holding ``[r, bias_columns_(r)]``."""
+        return np.ascontiguousarray(self.weights(self.queries(queries, statistics=statistics, **weight)))
 
-    def _query_weights(self, queries: np.ndarray, weight, top1) -> np.ndarray:
-        w = self.weight() if weight is None else weight
-        w = np.broadcast_to(np.asarray(w, dtype=np.float32).reshape(-1, 1), (queries.shape[0], 1))
-        return np.broadcast_to(w, (queries.shape[0], self.bias_columns_.shape[1]))
-
-    def _raw_top1(self, queries: np.ndarray) -> np.ndarray:
-        return exact_search(queries, self.gallery_, 1)[1][:, 0]
-
-    def to_method_scores(self, ranking: np.ndarray, queries, weights: np.ndarray) -> np.ndarray:
-        """Map ranking scores ``s - W . bias`` (n_queries, k) to the method's own scores.
-
-        The map is increasing for each query, so it never changes an order. Identity by default.
-        """
-        return ranking
-
-    def _search(self, queries, top_k, weight, progress):
-        weights = self._query_weights(queries, weight, None)
-        if not weights.any():
-            ranking, ids = exact_search(queries, self.gallery_, top_k, progress=progress)
+    def _rank(self, batch, sims, columns, out):
+        w = self.weights(batch)
+        if not w.any():
+            if out is None or out is sims:
+                return sims
+            out[...] = sims
+            return out
+        if isinstance(columns, np.ndarray):
+            shift = np.einsum("qc,qkc->qk", w, self.bias_columns_[columns])
         else:
-            ranking, ids = exact_search(
-                queries,
-                self.gallery_,
-                top_k,
-                query_extra=np.ascontiguousarray(-weights, dtype=np.float32),
-                gallery_extra=self.bias_columns_,
-                progress=progress,
-            )
-        return self.to_method_scores(ranking, queries, weights), ids
+            bias = self.bias_columns_ if columns is None else self.bias_columns_[columns]
+            shift = w @ bias.T
+        return np.subtract(sims, shift, out=out)
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
@@ -387,7 +473,7 @@ def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):
     if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):
         gb = as_embeddings(gallery_bank, "gallery_bank", normalize=normalize, dim=dim)
     for c in corrections:
-        c._check_sizes(g.shape[0], None if b is None else b.shape[0], None if gb is None else gb.shape[0])
+        c.check_sizes(g.shape[0], None if b is None else b.shape[0], None if gb is None else gb.shape[0])
     return g, b, gb
 
 

@@ -13,6 +13,7 @@ class Baseline(AdditiveCorrection):
     """No correction: score(q, r) = s(q, r) (bias 0, weight 0). Needs no bank; banks are ignored."""
 
     name = "baseline"
+    summary = "no correction: rank by s(q, r)"
     needs_query_bank = False
 
     def __init__(self, *, normalize: bool = True) -> None:
@@ -23,6 +24,3 @@ class Baseline(AdditiveCorrection):
 
     def _bias_columns(self, statistics) -> np.ndarray:
         return np.zeros(self.n_gallery_, dtype=np.float32)
-
-    def _score_block(self, queries, sims):
-        return sims

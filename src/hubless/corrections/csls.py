@@ -6,8 +6,9 @@ import numpy as np
 
 from hubless._validation import check_k, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
-from hubless.corrections.nnn import topk_mean
-from hubless.engine import StatisticsRequest, exact_search
+from hubless.corrections.nnn import POWERS_OF_TWO, topk_mean
+from hubless.corrections.queries import QueryRequest
+from hubless.engine import StatisticsRequest
 
 __all__ = ["CSLS"]
 
@@ -20,10 +21,13 @@ class CSLS(AdditiveCorrection):
         r_q = mean of the k largest s(q, g) over gallery items g
 
     r_q is constant for a query, so CSLS ranks exactly as NNN with alpha = 1/2 and the same k
-    (weight 0.5, not adjustable). ``gallery_bank`` is ignored.
+    (weight 0.5, not adjustable); r_q is only needed for the scores shown, and comes from the
+    query's raw top-k (see :attr:`query_request`). ``gallery_bank`` is ignored.
     """
 
     name = "csls"
+    summary = "CSLS (Conneau et al. 2018): 2s - r_q - r_r, ranks as NNN with alpha 1/2"
+    default_grid = {"k": POWERS_OF_TWO}
 
     def __init__(self, k: int = 10, *, normalize: bool = True) -> None:
         self.k = k
@@ -36,7 +40,11 @@ class CSLS(AdditiveCorrection):
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_topk=self.k)
 
-    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+    @property
+    def query_request(self) -> QueryRequest:
+        return QueryRequest(topk=self.k)
+
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         check_k(self.k, n_query_bank, "k", "the query bank")
         check_k(self.k, n_gallery, "k", "the gallery")
 
@@ -46,11 +54,6 @@ class CSLS(AdditiveCorrection):
     def _bias_columns(self, statistics) -> np.ndarray:
         return topk_mean(statistics, self.k)
 
-    def to_method_scores(self, ranking, queries, weights):
-        r_q = exact_search(queries, self.gallery_, self.k)[0].mean(axis=1, dtype=np.float64)
+    def method_scores(self, batch, ranking):
+        r_q = self.query_statistics(batch).topk[:, : self.k].mean(axis=1, dtype=np.float64)
         return (2.0 * ranking - r_q[:, None]).astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        n = sims.shape[1]
-        r_q = np.partition(sims, n - self.k, axis=1)[:, n - self.k :].mean(axis=1, dtype=np.float64)
-        return (2.0 * sims - r_q[:, None].astype(np.float32)) - self.bias_columns_[:, 0]

@@ -6,6 +6,8 @@ import numpy as np
 
 from hubless._validation import check_k, check_nonnegative_float, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.qbnorm import LOG_BETAS
+from hubless.corrections.queries import QueryRequest
 from hubless.engine import StatisticsRequest
 
 __all__ = ["DualIS", "DualDIS"]
@@ -26,6 +28,8 @@ class DualIS(AdditiveCorrection):
     """
 
     name = "dualis"
+    summary = "DBNorm dual inverted softmax (Wang et al. 2023): normalised over the query and gallery banks"
+    default_grid = {"beta_query": LOG_BETAS, "beta_gallery": LOG_BETAS}
     gallery_bank_use = "required"
 
     def __init__(self, beta_query: float = 20.0, beta_gallery: float = 20.0, *, normalize: bool = True) -> None:
@@ -61,12 +65,8 @@ class DualIS(AdditiveCorrection):
     def _bias_columns(self, statistics) -> np.ndarray:
         return self._log_normalizers(statistics).sum(axis=1) / self._beta_sum
 
-    def to_method_scores(self, ranking, queries, weights):
+    def method_scores(self, batch, ranking):
         return np.exp(self._beta_sum * ranking.astype(np.float64)).astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        log_z = self.log_normalizers_.sum(axis=1)
-        return np.exp(self._beta_sum * sims.astype(np.float64) - log_z).astype(np.float32)
 
 
 class DualDIS(DualIS):
@@ -81,6 +81,7 @@ class DualDIS(DualIS):
     """
 
     name = "dualdis"
+    summary = "DBNorm DualDIS: DualIS with each bank's factor gated by its activation set"
 
     def __init__(
         self,
@@ -102,7 +103,11 @@ class DualDIS(DualIS):
             StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation)
         )
 
-    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+    @property
+    def query_request(self) -> QueryRequest:
+        return QueryRequest(top1=True)
+
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
     def _bias_columns(self, statistics) -> np.ndarray:
@@ -115,12 +120,5 @@ class DualDIS(DualIS):
         )
         return self._log_normalizers(statistics) / self._beta_sum
 
-    def _query_weights(self, queries, weight, top1):
-        if top1 is None:
-            top1 = self._raw_top1(queries)
-        return self.activation_masks_[top1].astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        gates = self.activation_masks_[sims.argmax(axis=1)].astype(np.float64)
-        log_z = gates @ self.log_normalizers_.T
-        return np.exp(self._beta_sum * sims.astype(np.float64) - log_z).astype(np.float32)
+    def weights(self, batch):
+        return self.activation_masks_[self.query_statistics(batch).top1].astype(np.float32)

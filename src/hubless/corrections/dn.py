@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless._validation import check_nonnegative_float
 from hubless.corrections.base import AdditiveCorrection
 
 __all__ = ["DN"]
@@ -18,20 +17,18 @@ class DN(AdditiveCorrection):
 
     mu_B is the mean of the query bank; mu_G the mean of ``gallery_bank`` when given, else of the
     gallery itself. Only ``mu_B . r`` varies with r, so DN ranks as s - lam * bias(r) with
-    bias(r) = mu_B . r; ``lam`` is the weight and can be changed at search time.
+    bias(r) = mu_B . r; ``lam`` (>= 0) is the weight and can be changed at search time.
     """
 
     name = "dn"
+    summary = "Distribution Normalization (Zhou et al. 2023): (q - lam mu_B).(r - lam mu_G)"
+    default_grid = {"lam": tuple(round(0.1 * i, 1) for i in range(11))}
     weight_param = "lam"
     gallery_bank_use = "optional"
 
     def __init__(self, lam: float = 0.5, *, normalize: bool = True) -> None:
         self.lam = lam
         super().__init__(normalize=normalize)
-
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        check_nonnegative_float(self.lam, "lam")
 
     def weight(self) -> float:
         return float(self.lam)
@@ -42,17 +39,7 @@ class DN(AdditiveCorrection):
         self.gallery_mean_ = statistics.gallery_mean if mean is None else mean
         return self.gallery_ @ self.query_bank_mean_.astype(np.float32)
 
-    def to_method_scores(self, ranking, queries, weights):
-        lam = weights[:, :1].astype(np.float64)
-        per_query = -lam * (queries @ self.gallery_mean_)[:, None] + lam**2 * (
-            self.query_bank_mean_ @ self.gallery_mean_
-        )
+    def method_scores(self, batch, ranking):
+        lam = self.weights(batch)[:, :1].astype(np.float64)
+        per_query = -lam * (batch.vectors @ self.gallery_mean_)[:, None] + lam**2 * (self.query_bank_mean_ @ self.gallery_mean_)
         return (ranking + per_query).astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        lam = self.lam
-        q_shift = queries.astype(np.float64) - lam * self.query_bank_mean_
-        per_query = -lam * (q_shift @ self.gallery_mean_)
-        # (q - lam mu_B) . r  - lam (q - lam mu_B) . mu_G
-        own = sims.astype(np.float64) - lam * self.bias_columns_[:, 0][None, :]
-        return (own + per_query[:, None]).astype(np.float32)

@@ -6,7 +6,7 @@ import numpy as np
 
 from hubless._validation import check_positive_int
 from hubless.corrections.base import Correction
-from hubless.engine import StatisticsRequest, exact_search
+from hubless.engine import StatisticsRequest
 
 __all__ = ["GlobalCorrection"]
 
@@ -24,6 +24,7 @@ class GlobalCorrection(Correction):
     """
 
     name = "gc"
+    summary = "globally-corrected retrieval (Dinu et al. 2015): s minus its rank among the bank probes; exact search only"
     resource_params = ("max_probe_bytes",)
 
     def __init__(self, max_probe_bytes: int = 4 * 2**30, *, normalize: bool = True) -> None:
@@ -41,7 +42,7 @@ class GlobalCorrection(Correction):
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_probes=True)
 
-    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         need = 4 * n_gallery * n_query_bank
         if need > self.max_probe_bytes:
             raise ValueError(
@@ -53,18 +54,21 @@ class GlobalCorrection(Correction):
     def _fit_statistics(self, statistics) -> None:
         self.probes_ = statistics.query_probes
 
-    def _subtract_ranks(self, sims: np.ndarray, row_start: int, row_stop: int, col_start: int, col_stop: int) -> None:
-        """In place: sims[:, j] -= number of probes of gallery item col_start + j above sims[:, j]."""
+    def _rank(self, batch, sims, columns, out):
+        """sims - (number of probes of each item strictly above sims), item by item."""
+        if out is None:
+            out = np.array(sims, dtype=np.float32, copy=True)
+        elif out is not sims:
+            out[...] = sims
         n_bank = self.probes_.shape[1]
-        for j in range(col_stop - col_start):
-            column = sims[:, j]
-            at_or_below = np.searchsorted(self.probes_[col_start + j], column, side="right")
-            column -= (n_bank - at_or_below).astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        sims = np.array(sims, dtype=np.float32, copy=True)
-        self._subtract_ranks(sims, 0, sims.shape[0], 0, sims.shape[1])
-        return sims
-
-    def _search(self, queries, top_k, weight, progress):
-        return exact_search(queries, self.gallery_, top_k, transform=self._subtract_ranks, progress=progress)
+        if isinstance(columns, np.ndarray):  # per-query items: one pass per distinct item
+            for item in np.unique(columns):
+                rows, cols = np.nonzero(columns == item)
+                at_or_below = np.searchsorted(self.probes_[item], out[rows, cols], side="right")
+                out[rows, cols] -= (n_bank - at_or_below).astype(np.float32)
+            return out
+        first = 0 if columns is None else columns.start
+        for j in range(out.shape[1]):
+            at_or_below = np.searchsorted(self.probes_[first + j], out[:, j], side="right")
+            out[:, j] -= (n_bank - at_or_below).astype(np.float32)
+        return out

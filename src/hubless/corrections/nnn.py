@@ -10,6 +10,9 @@ from hubless.engine import StatisticsRequest
 
 __all__ = ["NNN", "topk_mean"]
 
+#: k in {1, 2, 4, ..., 512}: the NNN paper's grid (appendix B), also used for CSLS.
+POWERS_OF_TWO = tuple(2**i for i in range(10))
+
 
 def topk_mean(statistics, k: int) -> np.ndarray:
     """Mean of the k largest s(b, r) over the query bank, for every gallery item r (float32)."""
@@ -22,12 +25,14 @@ class NNN(AdditiveCorrection):
         bias(r) = (1/k) * sum of the k largest s(b, r) over query-bank items b
         score(q, r) = s(q, r) - alpha * bias(r)
 
-    ``alpha`` is the weight w and can be changed at search time (``search(q, alpha=0.5)``);
+    ``alpha`` is the weight w (>= 0) and can be changed at search time (``search(q, alpha=0.5)``);
     alpha = 0 is the baseline. The paper tunes alpha in {0.25, ..., 1.5}, k in {1, ..., 512}.
     ``gallery_bank`` is ignored.
     """
 
     name = "nnn"
+    summary = "Nearest Neighbor Normalization (Chowdhury et al. 2024): s - alpha x mean top-k bank similarity"
+    default_grid = {"alpha": tuple(0.25 + 0.125 * i for i in range(11)), "k": POWERS_OF_TWO}
     weight_param = "alpha"
 
     def __init__(self, alpha: float = 0.75, k: int = 16, *, normalize: bool = True) -> None:
@@ -37,13 +42,12 @@ class NNN(AdditiveCorrection):
 
     def _validate_params(self) -> None:
         super()._validate_params()
-        _check_real(self.alpha, "alpha")
         check_positive_int(self.k, "k")
 
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_topk=self.k)
 
-    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         check_k(self.k, n_query_bank, "k", "the query bank")
 
     def weight(self) -> float:
@@ -51,13 +55,3 @@ class NNN(AdditiveCorrection):
 
     def _bias_columns(self, statistics) -> np.ndarray:
         return topk_mean(statistics, self.k)
-
-    def _score_block(self, queries, sims):
-        return sims - np.float32(self.alpha) * self.bias_columns_[:, 0]
-
-
-def _check_real(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number; got {value!r}")
-    if not np.isfinite(value):
-        raise ValueError(f"{name} must be finite; got {value}")

@@ -9,9 +9,13 @@ import numpy as np
 
 from hubless._validation import check_k, check_nonnegative_float, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.queries import QueryRequest
 from hubless.engine import StatisticsRequest
 
-__all__ = ["InvertedSoftmax", "DynamicInvertedSoftmax"]
+__all__ = ["InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS"]
+
+#: Inverse temperatures tried by tuning: a log grid around the paper's default 20.
+LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
 class InvertedSoftmax(AdditiveCorrection):
@@ -26,6 +30,8 @@ class InvertedSoftmax(AdditiveCorrection):
     """
 
     name = "is"
+    summary = "QB-Norm inverted softmax (Bogolin et al. 2022): exp(beta s) / sum over the query bank"
+    default_grid = {"beta": LOG_BETAS}
 
     def __init__(self, beta: float = 20.0, *, normalize: bool = True) -> None:
         self.beta = beta
@@ -42,11 +48,8 @@ class InvertedSoftmax(AdditiveCorrection):
         self.log_normalizer_ = statistics.query_lse[float(self.beta)]
         return self.log_normalizer_ / self.beta
 
-    def to_method_scores(self, ranking, queries, weights):
+    def method_scores(self, batch, ranking):
         return np.exp(self.beta * ranking.astype(np.float64)).astype(np.float32)
-
-    def _score_block(self, queries, sims):
-        return np.exp(self.beta * sims.astype(np.float64) - self.log_normalizer_).astype(np.float32)
 
 
 class DynamicInvertedSoftmax(InvertedSoftmax):
@@ -58,11 +61,13 @@ class DynamicInvertedSoftmax(InvertedSoftmax):
 
         score(q, r) = IS(q, r)  if argmax_r' s(q, r') in A,  else  s(q, r)
 
-    In bias form the weight is the gate: 1 or 0 per query. Searching costs one extra raw top-1
-    look-up per query. ``gallery_bank`` is ignored.
+    In bias form the weight is the gate: 1 or 0 per query, from the query's raw top-1 (see
+    :attr:`query_request`). ``gallery_bank`` is ignored.
     """
 
     name = "dis"
+    summary = "QB-Norm dynamic inverted softmax: IS only for queries whose raw top-1 is a likely hub"
+    default_grid = {"beta": LOG_BETAS, "k_activation": (1, 5)}
 
     def __init__(self, beta: float = 20.0, k_activation: int = 1, *, normalize: bool = True) -> None:
         self.k_activation = k_activation
@@ -75,22 +80,20 @@ class DynamicInvertedSoftmax(InvertedSoftmax):
     def statistics_request(self) -> StatisticsRequest:
         return super().statistics_request().merge(StatisticsRequest(query_activation_k=self.k_activation))
 
-    def _check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+    @property
+    def query_request(self) -> QueryRequest:
+        return QueryRequest(top1=True)
+
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
     def _bias_columns(self, statistics) -> np.ndarray:
         self.activation_mask_ = statistics.activation_mask("query", self.k_activation)
         return super()._bias_columns(statistics)
 
-    def _query_weights(self, queries, weight, top1):
-        if top1 is None:
-            top1 = self._raw_top1(queries)
-        return self.activation_mask_[top1].astype(np.float32)[:, None]
+    def weights(self, batch):
+        return self.activation_mask_[self.query_statistics(batch).top1].astype(np.float32)[:, None]
 
-    def to_method_scores(self, ranking, queries, weights):
-        gated = weights[:, :1] > 0
-        return np.where(gated, super().to_method_scores(ranking, queries, weights), ranking)
-
-    def _score_block(self, queries, sims):
-        gated = self.activation_mask_[sims.argmax(axis=1)][:, None]
-        return np.where(gated, super()._score_block(queries, sims), sims)
+    def method_scores(self, batch, ranking):
+        gated = self.weights(batch) > 0
+        return np.where(gated, super().method_scores(batch, ranking), ranking)

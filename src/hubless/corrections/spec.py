@@ -13,7 +13,7 @@ from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 
-__all__ = ["METHODS", "make_correction"]
+__all__ = ["METHODS", "make_correction", "method_help"]
 
 #: Registry: spec name -> correction class.
 METHODS: dict[str, type[Correction]] = {
@@ -74,3 +74,8 @@ def make_correction(spec: str | Correction) -> Correction:
     if unknown:
         raise ValueError(f"{name} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
     return cls(**params)
+
+
+def method_help() -> str:
+    """One line per method for help texts: its spec at the defaults and what it is."""
+    return "\n".join(f"{cls().spec}: {cls.summary}" for cls in METHODS.values())

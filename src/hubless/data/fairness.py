@@ -7,39 +7,23 @@ file names by prefix, so "nurse" would also match "nurse_practitioner"; we do no
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hubless.inputs import read_records
 from hubless.metrics.truth import Truth
 
 __all__ = [
     "FairnessData",
     "make_fairness_data",
-    "read_table",
     "relevance_by_column",
     "sispi_table",
     "synthetic_embeddings",
     "visogender_table",
 ]
-
-
-def read_table(path: str | os.PathLike) -> list[dict]:
-    """Rows of a .csv / .tsv / .parquet table as dicts."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such table: {path}")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    if path.suffix in (".csv", ".tsv"):
-        with open(path, newline="", encoding="utf-8") as fh:
-            return list(csv.DictReader(fh, delimiter="\t" if path.suffix == ".tsv" else ","))
-    raise ValueError(f"{path}: unsupported table format {path.suffix!r}; use .csv, .tsv or .parquet")
 
 
 def relevance_by_column(gallery_rows: list[dict], query_rows: list[dict], column: str) -> Truth:
@@ -86,7 +70,7 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
     files = {"OP": folder / "OP_Visogender_11012024.tsv", "OO": folder / "OO_Visogender_10052025.tsv"}
     rows = []
     for kind, file in files.items():
-        for r in read_table(file):
+        for r in read_records(file):
             other = r.get("Participant") if kind == "OP" else r.get("Object")
             rows.append({
                 "id": r["IDX"], "occupation": r["Occupation"].strip(), "gender": r["Occupation_perceived_gender"].strip(),

@@ -61,7 +61,7 @@ class CaptionSplit:
         if names_file.is_file():
             names = names_file.read_text(encoding="utf-8").split()[: self.n_images]
         elif self.dataset == "coco" and self.split.startswith("test"):
-            from hubless.data.eccv import coco5k_ids
+            from hubless.evaluation.eccv import coco5k_ids
 
             names = [f"COCO_val2014_{i:012d}.jpg" for i in coco5k_ids()[1][: self.n_images]]
         else:

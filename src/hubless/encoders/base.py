@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hubless.engine.parallel import progress_bar
+from hubless.progress import progress_bar
 
 __all__ = ["Encoder", "open_image"]
 

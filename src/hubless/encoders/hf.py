@@ -13,7 +13,7 @@ padded to ``max_length`` as its model card prescribes.
 
 from __future__ import annotations
 
-from hubless.encoders._torch import require, resolve_device
+from hubless._torch import require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["HFEncoder", "KINDS"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from hubless._io import save_npy, write_json
 from hubless.encoders.base import Encoder, open_image
-from hubless.engine.parallel import progress_bar
+from hubless.progress import progress_bar
 
 __all__ = ["EmbedResult", "embed_to_file", "list_images", "meta_path", "IMAGE_SUFFIXES"]
 

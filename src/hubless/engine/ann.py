@@ -4,7 +4,8 @@ The exact NNN bias needs every s(b, r): n_gallery x n_bank inner products. An IV
 the bank visits only ``nprobe`` of its ``nlist`` lists per gallery item (NNN paper, section 3.1
 and appendix C: 55-160x faster for at most 0.2 points of R@1), and HNSW a graph neighbourhood.
 The top-k found this way can only miss true neighbours, so the approximate bias is a lower bound
-of the exact one; :func:`bias_error` measures the gap on a sample so users can choose.
+of the exact one; :func:`hubless.index.ann_bias.bias_error` measures the gap on a sample so users
+can choose.
 
 Only statistics made of top-k similarities and means can be computed this way (NNN, CSLS, DN,
 the baseline); log-sum-exp over the whole bank (IS, DIS, DualIS, DualDIS) and GC's probes need
@@ -14,7 +15,6 @@ every similarity, and are refused with a clear message.
 from __future__ import annotations
 
 import re
-import time
 
 import faiss
 import numpy as np
@@ -23,7 +23,7 @@ from hubless.engine.parallel import num_threads
 from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
 
-__all__ = ["ann_statistics", "bias_error", "default_bank_factory"]
+__all__ = ["ann_statistics", "default_bank_factory", "ivf_topk"]
 
 
 def default_bank_factory(n_bank: int) -> str:
@@ -115,19 +115,3 @@ def _faiss_topk(gallery, bank, k, factory, ef_search) -> np.ndarray:
     values, ids = index.search(gallery, k)
     values = np.where(ids < 0, -1.0, values).astype(np.float32)
     return -np.sort(-values, axis=1)
-
-
-def bias_error(correction, gallery: np.ndarray, query_bank: np.ndarray, gallery_bank=None, *, sample: int = 1000, seed: int = 0) -> dict[str, float]:
-    """Mean and max |bias_ann - bias_exact| over a random sample of gallery items, and the exact
-    time per item (for choosing), comparing ``correction`` (fitted) with an exact refit."""
-    from hubless.corrections import make_correction
-
-    rng = np.random.default_rng(seed)
-    n = gallery.shape[0]
-    rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    exact = make_correction(correction.spec).set_params(normalize=correction.normalize)
-    t0 = time.perf_counter()
-    exact.fit(gallery[rows], query_bank, gallery_bank)
-    seconds = time.perf_counter() - t0
-    diff = np.abs(correction.bias_columns_[rows] - exact.bias_columns_).sum(axis=1)
-    return {"mean_abs": float(diff.mean()), "max_abs": float(diff.max()), "sample": int(rows.size), "exact_seconds_per_item": seconds / rows.size}

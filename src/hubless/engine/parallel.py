@@ -1,4 +1,4 @@
-"""Run independent row blocks on all cores, with an optional progress bar.
+"""Run independent row blocks on all cores, with an optional progress bar (:mod:`hubless.progress`).
 
 Each worker thread calls BLAS single-threaded on its own block (threadpoolctl limits BLAS to one
 thread while the pool runs), so GEMM and the numpy post-processing of a block both use a full
@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from threadpoolctl import threadpool_limits
-from tqdm.auto import tqdm
 
-__all__ = ["num_threads", "progress_enabled", "run_blocks"]
+from hubless.progress import progress_bar
+
+__all__ = ["num_threads", "run_blocks"]
 
 
 def num_threads() -> int:
@@ -30,25 +31,6 @@ def num_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-def progress_enabled(progress: bool | None) -> bool | None:
-    """Resolve a ``progress`` argument: True/False force it; None means "only on a terminal".
-
-    ``HUBLESS_PROGRESS=0`` turns bars off everywhere. The returned value is tqdm's ``disable``
-    convention inverted: None lets tqdm disable itself when stderr is not a TTY.
-    """
-    if os.environ.get("HUBLESS_PROGRESS", "").strip() in {"0", "false", "no", "off"}:
-        return False
-    return progress
-
-
-def progress_bar(iterable, progress: bool | None, **tqdm_kwargs):
-    """Wrap ``iterable`` in a tqdm bar per the ``progress`` convention of :func:`progress_enabled`
-    (None: only on a terminal, and only once the work has taken a second)."""
-    show = progress_enabled(progress)
-    disable = True if show is False else (None if show is None else False)
-    return tqdm(iterable, disable=disable, delay=1.0, leave=False, **tqdm_kwargs)
 
 
 def run_blocks(
@@ -66,18 +48,7 @@ def run_blocks(
     only after a second, so short runs stay quiet.
     """
     total = bounds[-1][1] - bounds[0][0] if bounds else 0
-    show = progress_enabled(progress)
-    # tqdm: disable=None hides the bar when stderr is not a terminal.
-    disable = True if show is False else (None if show is None else False)
-    bar = tqdm(
-        total=total,
-        desc=desc,
-        unit=unit,
-        unit_scale=True,
-        disable=disable,
-        delay=1.0,
-        leave=False,
-    )
+    bar = progress_bar(None, progress, total=total, desc=desc, unit=unit, unit_scale=True)
     threads = min(num_threads(), len(bounds))
     try:
         if threads <= 1:

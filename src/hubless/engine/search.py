@@ -14,18 +14,16 @@ def exact_search(
     gallery: np.ndarray,
     top_k: int,
     *,
-    query_extra: np.ndarray | None = None,
-    gallery_extra: np.ndarray | None = None,
     transform: Transform | None = None,
     progress: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` gallery items of each query by inner product, best first.
 
-    The score is ``[q, query_extra] . [r, gallery_extra]``: with ``query_extra = -w`` and
-    ``gallery_extra = bias`` this is ``q . r - w * bias(r)``, the augmented-vector form of an
-    additive correction. Ties are broken by the lower gallery index. Inputs must already be
-    validated float32 arrays; ``top_k <= len(gallery)``. Peak memory is one 512 x 8192 block of
-    scores per thread plus the (n_queries, top_k) outputs, whatever the sizes.
+    The score is ``q . r``, rewritten block by block by ``transform(sims, row_start, row_stop,
+    col_start, col_stop)`` when given (a correction's ranking). Ties are broken by the lower
+    gallery index. Inputs must already be validated float32 arrays; ``top_k <= len(gallery)``.
+    Peak memory is one row block x column block of scores per thread (see
+    :mod:`hubless.engine.stream`) plus the (n_queries, top_k) outputs, whatever the sizes.
 
     Returns ``(scores, ids)``: float32 and int64 arrays of shape (n_queries, top_k).
     """
@@ -34,8 +32,6 @@ def exact_search(
         queries,
         gallery,
         [result],
-        row_extra=query_extra,
-        col_extra=gallery_extra,
         transform=transform,
         progress=progress,
         desc="search",

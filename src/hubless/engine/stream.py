@@ -6,9 +6,9 @@ numbers (the top-k, a log-sum-exp, sorted probes). :func:`stream_reduce` compute
 similarities at a time with a single GEMM, hands it to each reducer, and never holds more than
 ``row_block x col_block`` similarities per thread, however large either side is.
 
-Similarities may carry extra dimensions: with ``row_extra``/``col_extra`` a block is
-``rows . cols + row_extra . col_extra``, i.e. the inner product of the augmented vectors
-[q, -w] . [r, bias] used to serve additive corrections.
+A ``transform`` may rewrite each block in place before the reducers see it: exact search of a
+correction passes its ranking hook (``Correction.rank``), so a searched block is ranked exactly
+as a scored one.
 """
 
 from __future__ import annotations
@@ -197,36 +197,29 @@ def stream_reduce(
     cols: np.ndarray,
     reducers: Sequence[Reducer],
     *,
-    row_extra: np.ndarray | None = None,
-    col_extra: np.ndarray | None = None,
     transform: Transform | None = None,
     row_block: int = ROW_BLOCK,
     col_block: int = COL_BLOCK,
     progress: bool | None = None,
     desc: str = "",
 ) -> None:
-    """Feed every block of ``rows @ cols.T`` (plus ``row_extra @ col_extra.T``) to ``reducers``.
+    """Feed every block of ``rows @ cols.T`` to ``reducers``.
 
     ``rows`` (n, d) and ``cols`` (m, d) must be float32 and C-contiguous (see
-    :func:`hubless._validation.as_embeddings`); extras are (n, e) and (m, e). ``transform(sims,
+    :func:`hubless._validation.as_embeddings`). ``transform(sims,
     row_start, row_stop, col_start, col_stop)`` may rewrite a block in place before the reducers
     see it. Reducers must not modify the block.
     """
     n, m = rows.shape[0], cols.shape[0]
-    if (row_extra is None) != (col_extra is None):
-        raise ValueError("row_extra and col_extra must be given together")
     col_bounds = _bounds(m, col_block)
 
     def work(start: int, stop: int) -> None:
         states = [r.start(start, stop) for r in reducers]
         block_rows = rows[start:stop]
-        block_extra = None if row_extra is None else row_extra[start:stop]
         buffer = np.empty((stop - start, min(col_block, m)), dtype=np.float32)
         for c0, c1 in col_bounds:
             sims = buffer if c1 - c0 == buffer.shape[1] else np.empty((stop - start, c1 - c0), np.float32)
             np.matmul(block_rows, cols[c0:c1].T, out=sims)
-            if block_extra is not None:
-                sims += block_extra @ col_extra[c0:c1].T
             if transform is not None:
                 transform(sims, start, stop, c0, c1)
             for state in states:

@@ -19,12 +19,10 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
-from hubless.corrections import Correction, make_correction
-from hubless.engine.topk import RunningTopK
-from hubless.evaluation import ranking_blocks
+from hubless.corrections import Correction
+from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
-from hubless.metrics.retrieval import relevant_ranks
-from hubless.metrics.truth import Truth
+from hubless.metrics.truth import Truth, load_truth
 
 __all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]
 
@@ -79,7 +77,7 @@ class FairnessAudit:
 def audit(
     gallery,
     queries,
-    relevant: Truth,
+    relevant,
     attributes: Mapping[str, Sequence],
     query_bank=None,
     methods: Sequence[str | Correction] = ("baseline", "nnn"),
@@ -95,11 +93,12 @@ def audit(
     label per gallery item; with ``joint`` and two or more attributes their intersection is
     also measured (``NDKL_joint``). Metrics (means over queries; per-query values kept):
     ``NDCG``, ``AP``, ``NDKL_<attribute>``, ``NDKL_joint``, ``precision@n`` and, for an
-    attribute named ``gender`` with masculine/feminine labels, ``bias@n``."""
+    attribute named ``gender`` with masculine/feminine labels, ``bias@n``. ``relevant`` takes
+    every form of ground truth :func:`hubless.evaluate` takes (a Truth, ids, lists of ids, a
+    file; see :func:`hubless.metrics.load_truth`)."""
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
-    if relevant.n_queries != queries.shape[0] or relevant.n_gallery != gallery.shape[0]:
-        raise ValueError(f"relevance covers {relevant.n_queries} queries x {relevant.n_gallery} items; have {queries.shape[0]} x {gallery.shape[0]}")
+    relevant = load_truth(relevant, queries.shape[0], gallery.shape[0])
     top_n = min(check_positive_int(top_n, "top_n"), gallery.shape[0])
     encoded: dict[str, tuple[np.ndarray, list[str]]] = {}
     for name, values in attributes.items():
@@ -109,19 +108,17 @@ def audit(
     if not encoded:
         raise ValueError("give at least one attribute (e.g. gender)")
     if joint and len(encoded) >= 2:
-        codes, size = joint_codes(*(c for c, _ in encoded.values()), sizes=[len(lab) for _, lab in encoded.values()])
+        codes, _ = joint_codes(*(c for c, _ in encoded.values()), sizes=[len(lab) for _, lab in encoded.values()])
         labels = [" & ".join(parts) for parts in _product([lab for _, lab in encoded.values()])]
         encoded["joint"] = (codes, labels)
-        assert size == len(labels)
-    corrections = [make_correction(m) for m in methods]
-    for c, m in zip(corrections, methods):
-        if isinstance(m, str):
-            c.set_params(normalize=normalize)
-    if not any(c.name == "baseline" for c in corrections):
-        corrections.insert(0, make_correction("baseline").set_params(normalize=normalize))
-    corrections.sort(key=lambda c: c.name != "baseline")
+    if query_names is not None and len(query_names) != queries.shape[0]:
+        raise ValueError(f"query_names has {len(query_names)} names for {queries.shape[0]} queries")
     names = list(query_names) if query_names is not None else [str(i) for i in range(queries.shape[0])]
-    results = [_audit_one(c, gallery, queries, relevant, encoded, query_bank, gallery_bank, top_n, progress) for c in corrections]
+    corrections = prepare_methods(methods, normalize)
+    for corr in corrections:
+        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+    ranked = rank_queries(corrections, queries, relevant, depth=top_n, progress=progress, desc=f"audit {len(corrections)} methods")
+    results = [_audit_one(c, r, relevant, encoded, top_n) for c, r in zip(corrections, ranked)]
     base = results[0]
     for r in results[1:]:
         r.delta = {k: v - base.metrics[k] for k, v in r.metrics.items()}
@@ -135,16 +132,8 @@ def _product(lists):
     return out
 
 
-def _audit_one(corr, gallery, queries, relevant: Truth, encoded, query_bank, gallery_bank, top_n, progress) -> FairnessResult:
-    corr.fit(gallery, query_bank, gallery_bank, progress=progress)
-    ranks = np.empty(relevant.indices.size, dtype=np.int64)
-    top = np.empty((relevant.n_queries, top_n), dtype=np.int64)
-    for start, scores in ranking_blocks(corr, queries):
-        stop = start + scores.shape[0]
-        ranks[relevant.indptr[start] : relevant.indptr[stop]] = relevant_ranks(scores, relevant.subset(np.arange(start, stop)))
-        best = RunningTopK(scores.shape[0], top_n, with_ids=True)
-        best.update(scores)
-        top[start:stop] = best.sorted()[1]
+def _audit_one(corr: Correction, ranked: Ranked, relevant: Truth, encoded, top_n: int) -> FairnessResult:
+    ranks, top = ranked.ranks, ranked.top
     counts = relevant.counts
     per_query: dict[str, np.ndarray] = {"NDCG": ndcg(ranks, relevant.indptr), "AP": average_precision(ranks, relevant.indptr)}
     # Relevant items of each query in rank order, padded into a (n_queries, max R) matrix.

@@ -1,5 +1,6 @@
 """Serving corrections from FAISS indexes: :class:`Index` (build, search, add, remove, save, load)."""
 
+from hubless.index.config import IndexConfig
 from hubless.index.index import Index
 
-__all__ = ["Index"]
+__all__ = ["Index", "IndexConfig"]

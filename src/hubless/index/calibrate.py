@@ -14,13 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
-from hubless.index.faiss_build import search_knob
 
 __all__ = ["calibrate"]
 
 
 def calibrate(index, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000, seed: int = 0) -> dict:
-    """Set ``index.nprobe`` (IVF) or ``index.ef_search`` (HNSW) to the smallest power of two whose
+    """Set ``index.config.nprobe`` (IVF) or ``.ef_search`` (HNSW) to the smallest power of two whose
     recall@``top_k`` against exact corrected search reaches ``target_recall`` on up to ``sample``
     of ``queries`` (default: the stored query bank). Returns ``{"param", "value", "recall",
     "reached", "curve": [[value, recall], ...]}``; when even the largest value falls short it
@@ -38,7 +37,7 @@ def calibrate(index, queries=None, *, target_recall: float = 0.95, top_k: int = 
     if q.shape[0] > sample:
         q = q[np.sort(np.random.default_rng(seed).choice(q.shape[0], sample, replace=False))]
     top_k = min(check_positive_int(top_k, "top_k"), index.ntotal)
-    knob = search_knob(index._faiss)
+    knob = index.search_knob()
     if knob is None:
         return {"param": None, "value": None, "recall": 1.0, "reached": True, "curve": []}
     param, limit = knob
@@ -51,7 +50,7 @@ def calibrate(index, queries=None, *, target_recall: float = 0.95, top_k: int = 
         curve.append([value, float(hits.mean() / top_k)])
         if curve[-1][1] >= target_recall:
             break
-    setattr(index, param, curve[-1][0])
+    setattr(index.config, param, curve[-1][0])
     return {"param": param, "value": curve[-1][0], "recall": curve[-1][1], "reached": curve[-1][1] >= target_recall, "curve": curve}
 
 

@@ -28,7 +28,7 @@ import re
 import faiss
 import numpy as np
 
-__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "search_knob", "set_search_params"]
+__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "search_knob", "search_parameters"]
 
 
 def default_factory(n_gallery: int) -> str:
@@ -145,11 +145,34 @@ def search_knob(index) -> tuple[str, int] | None:
     return ("ef_search", 4096) if _hnsw(index) is not None else None
 
 
-def set_search_params(index, *, nprobe: int | None = None, ef_search: int | None = None) -> None:
-    """Set nprobe (IVF) / efSearch (HNSW) where they apply; silently ignored elsewhere."""
-    ivf = _ivf(index)
-    if nprobe is not None and ivf is not None:
-        ivf.nprobe = int(min(nprobe, ivf.nlist))
-    hnsw = _hnsw(index)
-    if ef_search is not None and hnsw is not None:
-        hnsw.hnsw.efSearch = int(ef_search)
+def search_parameters(index, *, nprobe: int, ef_search: int):
+    """FAISS search parameters for one call: ``nprobe`` lists for IVF (capped at the number of
+    lists; an HNSW coarse quantiser gets ``ef_search``), ``ef_search`` for HNSW, through a
+    pre-transform when there is one. None for indexes without a breadth (Flat). Passing these
+    per call, instead of setting the shared index's fields, keeps concurrent searches with
+    different settings from interfering."""
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        sub = search_parameters(inner.index, nprobe=nprobe, ef_search=ef_search)
+        if sub is None:
+            return None
+        params = faiss.SearchParametersPreTransform()
+        params.index_params = sub
+        params.referenced_objects = [sub]  # the SWIG proxy must outlive the search
+        return params
+    ivf = _ivf(inner)
+    if ivf is not None:
+        params = faiss.SearchParametersIVF()
+        params.nprobe = int(min(nprobe, ivf.nlist))
+        quantizer = _hnsw(ivf.quantizer)
+        if quantizer is not None:
+            sub = faiss.SearchParametersHNSW()
+            sub.efSearch = int(ef_search)
+            params.quantizer_params = sub
+            params.referenced_objects = [sub]
+        return params
+    if _hnsw(inner) is not None:
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = int(ef_search)
+        return params
+    return None

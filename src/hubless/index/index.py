@@ -4,12 +4,13 @@
     scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
     index.save("idx/");  index = hubless.Index.load("idx/")
 
-The FAISS index holds [r, bias(r)] and is queried with [q, -w] (see
+The FAISS index holds [r, bias(r)] and is queried with [q, -W(q)] (see
 :mod:`hubless.index.faiss_build` for how ANN structures are kept free of the bias). With
 ``rescore=True`` (default for every non-Flat index) the ANN returns ``rescore_factor x top_k``
-candidates, which are re-scored exactly from the stored gallery and biases, so approximation
-only affects which items become candidates. DIS/DualDIS gates use one extra raw top-1 lookup on
-the same index (w = 0).
+candidates, which are re-scored exactly by the correction's ranking hook from the stored
+gallery and biases, so approximation only affects which items become candidates. Raw-neighbour
+statistics a correction asks for (the DIS/DualDIS gates' raw top-1, CSLS's r_q) come from one
+extra search of the same index with w = 0.
 """
 
 from __future__ import annotations
@@ -24,19 +25,26 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
-from hubless.corrections import AdditiveCorrection, Correction, make_correction
-from hubless.index.faiss_build import append_rows, build_faiss, default_factory, replace_rows, set_search_params
+from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
+from hubless.engine import exact_search
+from hubless.errors import NotFittedError
+from hubless.index import store
+from hubless.index.config import IndexConfig
+from hubless.index.faiss_build import append_rows, build_faiss, default_factory, replace_rows, search_knob, search_parameters
 
-__all__ = ["Index"]
+__all__ = ["Index", "IndexConfig", "augmented_rows"]
+
+#: Id FAISS returns for a slot it could not fill (e.g. probed IVF lists ran dry).
+MISSING = -1
 
 
 class Index:
     """A searchable gallery corrected by one additive correction (see module docstring).
 
     Build with :meth:`build` (fits the correction) or ``Index(correction, factory)`` from a
-    fitted correction.
-    ``metadata``: optional per-item records (a list of dicts, or a dict of columns), kept aligned
-    with the gallery through add/remove and saved as parquet.
+    fitted correction. ``metadata``: optional per-item records (a list of dicts, or a dict of
+    columns), kept aligned with the gallery through add/remove and saved as parquet.
+    ``config`` holds the factory, model name and search defaults (:class:`IndexConfig`).
     """
 
     def __init__(
@@ -53,27 +61,25 @@ class Index:
         rescore: bool | None = None,
         rescore_factor: int = 4,
     ) -> None:
-        if not isinstance(correction, AdditiveCorrection):
-            raise TypeError(
-                f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
-                "vector index; use its exact search()"
-            )
-        correction._check_fitted()
+        _check_servable(correction)
+        if not correction.is_fitted:
+            raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
+        factory = factory or default_factory(correction.n_gallery_)
+        rescore = (factory.strip().lower() != "flat") if rescore is None else rescore
+        config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
+        t0 = time.perf_counter()
+        faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
+        config.build_seconds = time.perf_counter() - t0
+        self._setup(correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False)
+
+    def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
+        """The one place an index's state is set (by the constructor and by :meth:`load`)."""
         self.correction = correction
-        self.factory = factory or default_factory(correction.n_gallery_)
+        self.config = config
         self.query_bank = query_bank
         self.gallery_bank = gallery_bank
-        self.model = model
-        self.nprobe = check_positive_int(nprobe, "nprobe")
-        self.ef_search = check_positive_int(ef_search, "ef_search")
-        self.rescore = (self.factory.strip().lower() != "flat") if rescore is None else bool(rescore)
-        self.rescore_factor = check_positive_int(rescore_factor, "rescore_factor")
-        self.metadata = _as_records(metadata, correction.n_gallery_)
-        t0 = time.perf_counter()
-        self._faiss, self._dim = build_faiss(self.factory, correction.gallery_, augmented_rows(correction))
-        self.build_seconds = time.perf_counter() - t0
-        self.bias_error = None
-        self._mmap = False
+        self.metadata = metadata
+        self._faiss, self._dim, self._mmap = faiss_index, dim, mmap
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -98,35 +104,62 @@ class Index:
         ``bias_search``: "exact" (streamed, every similarity) or "ann" / a FAISS factory string
         for the bank ("IVF2048,Flat", "HNSW32"): sublinear top-k statistics (NNN, CSLS, DN only),
         with ``bias_nprobe`` lists visited; the error on a 1,000-item sample is then in
-        ``index.bias_error`` (see :mod:`hubless.engine.ann`).
+        ``index.bias_error`` (see :mod:`hubless.index.ann_bias`).
         """
         corr = make_correction(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
+        _check_servable(corr)
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, progress=progress)
         else:
-            from hubless.corrections.base import validate_fit_inputs
-            from hubless.engine.ann import ann_statistics, bias_error as measure
+            from hubless.index.ann_bias import fit_ann_bias
 
-            g, qb, gb = validate_fit_inputs([corr], gallery, query_bank, gallery_bank)
-            factory_ann = None if bias_search == "ann" else bias_search
-            stats = ann_statistics(g, qb, gb, corr.statistics_request(), factory=factory_ann, nprobe=bias_nprobe)
-            corr.fit(g, qb, gb, statistics=stats)
-            bias_error = measure(corr, g, qb, gb)
+            bias_error = fit_ann_bias(corr, gallery, query_bank, gallery_bank, bias_search=bias_search, nprobe=bias_nprobe)
         dim = corr.dim_
         qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
         gb = None if gallery_bank is None or not keep_banks else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
-        index.bias_error = bias_error
+        index.config.bias_error = bias_error
         return index
 
-    # ------------------------------------------------------------------ search
+    # ------------------------------------------------------------------ description
     @property
     def ntotal(self) -> int:
         return self.correction.n_gallery_
 
+    @property
+    def factory(self) -> str:
+        return self.config.factory
+
+    @property
+    def model(self) -> str | None:
+        return self.config.model
+
+    @property
+    def bias_error(self) -> dict[str, float] | None:
+        """Mean and max |bias_ann - bias_exact| on a sample when biases came from an ANN search."""
+        return self.config.bias_error
+
+    def info(self) -> dict[str, Any]:
+        corr = self.correction
+        return {
+            "method": corr.spec,
+            "n_items": self.ntotal,
+            "dim": corr.dim_,
+            "bias_columns": int(corr.bias_columns_.shape[1]),
+            "normalize": bool(corr.normalize),
+            "n_query_bank": None if self.query_bank is None else int(self.query_bank.shape[0]),
+            "n_gallery_bank": None if self.gallery_bank is None else int(self.gallery_bank.shape[0]),
+            "metadata_columns": sorted({k for r in self.metadata for k in r}) if self.metadata else [],
+            **self.config.to_dict(),
+        }
+
+    def __repr__(self) -> str:
+        return f"Index({self.correction.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
+
+    # ------------------------------------------------------------------ search
     def search(
         self,
         queries,
@@ -141,48 +174,71 @@ class Index:
 
         ``weight`` overrides the correction's weight per call (``alpha=`` for NNN, ``lam=`` for
         DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
-        defaults for this call.
+        defaults for this call only (other threads searching meanwhile are not affected).
         """
         corr = self.correction
-        q = corr._queries(queries)
+        batch = corr.queries(queries, **weight)
         top_k = check_top_k(top_k, self.ntotal)
-        override = corr._weight_override(weight, q.shape[0])
-        set_search_params(self._faiss, nprobe=nprobe or self.nprobe, ef_search=ef_search or self.ef_search)
-        top1 = None
-        if getattr(corr, "k_activation", None) is not None:  # gated (DIS, DualDIS): raw top-1 first
-            top1 = self._faiss_search(q, np.zeros((q.shape[0], corr.bias_columns_.shape[1]), np.float32), 1)[1][:, 0]
-        weights = np.ascontiguousarray(corr._query_weights(q, override, top1), dtype=np.float32)
-        do_rescore = self.rescore if rescore is None else bool(rescore)
-        depth = min(self.ntotal, top_k * self.rescore_factor) if do_rescore else top_k
-        ranking, ids = self._faiss_search(q, -weights, depth)
+        params = search_parameters(
+            self._faiss,
+            nprobe=self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe"),
+            ef_search=self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search"),
+        )
+        self._raw_statistics(batch, params)
+        weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
+        do_rescore = self.config.rescore if rescore is None else bool(rescore)
+        depth = min(self.ntotal, top_k * self.config.rescore_factor) if do_rescore else top_k
+        ranking, ids = self._faiss_search(batch.vectors, -weights, depth, params)
         if do_rescore:
-            ranking, ids = self._rescore(q, weights, ids, top_k)
-        return corr.to_method_scores(ranking, q, weights), ids
+            ranking, ids = self._rescore(batch, ids, top_k)
+        return corr.method_scores(batch, ranking), ids
 
-    def _faiss_search(self, q: np.ndarray, extra: np.ndarray, k: int):
+    def _raw_statistics(self, batch: QueryBatch, params) -> None:
+        """Fill the raw-neighbour statistics the correction asks for from this index (w = 0);
+        queries the index found too few raw neighbours for get them by exact search."""
+        corr = self.correction
+        request = corr.query_request
+        if not request.depth:
+            return
+        depth = min(request.depth, self.ntotal)
+        zeros = np.zeros((len(batch), corr.bias_columns_.shape[1]), np.float32)
+        scores, ids = self._faiss_search(batch.vectors, zeros, depth, params)
+        short = np.flatnonzero((ids == MISSING).any(axis=1))
+        if short.size:
+            scores[short], ids[short] = exact_search(batch.vectors[short], corr.gallery_, depth)
+        batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
+
+    def _faiss_search(self, q: np.ndarray, extra: np.ndarray, k: int, params):
         xq = np.zeros((q.shape[0], self._dim), dtype=np.float32)
         xq[:, : q.shape[1]] = q
         xq[:, q.shape[1] : q.shape[1] + extra.shape[1]] = extra
-        scores, ids = self._faiss.search(xq, k)
+        scores, ids = self._faiss.search(xq, k, params=params)
         return scores, ids.astype(np.int64)
 
-    def _rescore(self, q: np.ndarray, weights: np.ndarray, ids: np.ndarray, top_k: int):
-        """Exact ranking scores of the candidates, sorted (ties to the lower id); -1 ids (lists
-        that ran dry) sort last."""
+    def _rescore(self, batch: QueryBatch, ids: np.ndarray, top_k: int):
+        """Exact ranking scores of the candidates by the correction's ranking hook, sorted (ties
+        to the lower id); missing ids (lists that ran dry) sort last."""
         corr = self.correction
-        safe = np.where(ids < 0, 0, ids)
-        exact = np.einsum("qd,qkd->qk", q, corr.gallery_[safe]) - np.einsum("qc,qkc->qk", weights, corr.bias_columns_[safe])
-        exact = np.where(ids < 0, -np.inf, exact).astype(np.float32)
-        order = np.lexsort((np.where(ids < 0, np.iinfo(np.int64).max, ids), -exact), axis=1)[:, :top_k]
-        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        found = ids != MISSING
+        safe = np.where(found, ids, 0)
+        sims = np.einsum("qd,qkd->qk", batch.vectors, corr.gallery_[safe])
+        ranking = corr.rank(batch, sims, columns=safe, out=sims)
+        ranking = np.where(found, ranking, -np.inf).astype(np.float32)
+        order = np.lexsort((np.where(found, ids, np.iinfo(np.int64).max), -ranking), axis=1)[:, :top_k]
+        return np.take_along_axis(ranking, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
     def calibrate(self, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000) -> dict:
-        """Set ``nprobe`` / ``ef_search`` to the smallest power of two reaching ``target_recall``
-        of the exact corrected top-k on a sample of ``queries`` (default: the stored query
-        bank); see :mod:`hubless.index.calibrate`. Returns the choice and the recall curve."""
+        """Set ``config.nprobe`` / ``config.ef_search`` to the smallest power of two reaching
+        ``target_recall`` of the exact corrected top-k on a sample of ``queries`` (default: the
+        stored query bank); see :mod:`hubless.index.calibrate`. Returns the choice and the
+        recall curve."""
         from hubless.index.calibrate import calibrate
 
         return calibrate(self, queries, target_recall=target_recall, top_k=top_k, sample=sample)
+
+    def search_knob(self) -> tuple[str, int] | None:
+        """("nprobe", n_lists) for IVF, ("ef_search", limit) for HNSW, None for Flat."""
+        return search_knob(self._faiss)
 
     # ------------------------------------------------------------------ updates
     def add(self, embeddings, metadata=None, *, progress: bool | None = None) -> Index:
@@ -247,42 +303,40 @@ class Index:
             replace_rows(self._faiss, updated.gallery_, augmented, same_items=same_items)
         self.correction = updated
 
-    # ------------------------------------------------------------------ description / persistence
-    def info(self) -> dict[str, Any]:
-        corr = self.correction
-        return {
-            "method": corr.spec,
-            "factory": self.factory,
-            "n_items": self.ntotal,
-            "dim": corr.dim_,
-            "bias_columns": int(corr.bias_columns_.shape[1]),
-            "model": self.model,
-            "normalize": bool(corr.normalize),
-            "n_query_bank": None if self.query_bank is None else int(self.query_bank.shape[0]),
-            "n_gallery_bank": None if self.gallery_bank is None else int(self.gallery_bank.shape[0]),
-            "metadata_columns": sorted({k for r in self.metadata for k in r}) if self.metadata else [],
-            "nprobe": self.nprobe,
-            "ef_search": self.ef_search,
-            "rescore": self.rescore,
-            "rescore_factor": self.rescore_factor,
-            "bias_error": getattr(self, "bias_error", None),
-        }
-
+    # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the index to the directory ``path`` atomically (see :mod:`hubless.index.store`)."""
-        from hubless.index.store import save_index
-
-        return save_index(self, path, overwrite=overwrite)
+        corr = self.correction
+        return store.save_index(
+            path,
+            faiss_index=self._faiss,
+            faiss_dim=self._dim,
+            correction=corr,
+            config=self.config,
+            banks={"query_bank": self.query_bank, "gallery_bank": self.gallery_bank},
+            metadata=self.metadata,
+            overwrite=overwrite,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
         """Read an index saved by :meth:`save`, verifying format version and checksums."""
-        from hubless.index.store import load_index
+        saved = store.load_index(path, mmap=mmap)
+        _check_servable(saved.correction)
+        index = cls.__new__(cls)
+        index._setup(
+            saved.correction, saved.config, saved.faiss_index, saved.faiss_dim,
+            saved.banks.get("query_bank"), saved.banks.get("gallery_bank"), saved.metadata, mmap=mmap,
+        )  # fmt: skip
+        return index
 
-        return load_index(path, mmap=mmap)
 
-    def __repr__(self) -> str:
-        return f"Index({self.correction.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
+def _check_servable(correction: Correction) -> None:
+    if not correction.additive:
+        raise TypeError(
+            f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
+            "vector index; use its exact search()"
+        )
 
 
 def augmented_rows(corr: AdditiveCorrection) -> np.ndarray:

@@ -1,10 +1,11 @@
 """Saving and loading an :class:`~hubless.index.Index` as a directory, safely.
 
-Layout (format version 2)::
+Layout (format version 3)::
 
     idx/
-      manifest.json      format, version, method spec, FAISS factory, dims, model, search
-                         defaults, and the sha256 + size of every other file
+      manifest.json      format, version, method spec, dims, the index config (FAISS
+                         factory, model, search defaults; see IndexConfig) and the sha256
+                         + size of every other file
       index.faiss        the FAISS index over [r, bias(r)]
       correction.npz     the gallery and the bank statistics the correction keeps (top-k,
                          log-sum-exps, activation top-k, means), from which its biases and
@@ -20,63 +21,76 @@ format version and every checksum before reading, and names the damaged file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from hubless._io import umask_mode
-from hubless.corrections import make_correction
+from hubless._io import file_sha256, umask_mode
+from hubless.corrections import Correction, make_correction
 from hubless.engine import BankStatistics
+from hubless.index.config import IndexConfig
 
-__all__ = ["FORMAT", "VERSION", "load_index", "save_index"]
+__all__ = ["FORMAT", "VERSION", "SavedIndex", "load_index", "save_index"]
 
 FORMAT = "hubless-index"
-VERSION = 2
+VERSION = 3
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+@dataclass
+class SavedIndex:
+    """What :func:`load_index` reads: the parts an :class:`~hubless.index.Index` is made of."""
+
+    correction: Correction
+    config: IndexConfig
+    faiss_index: object
+    faiss_dim: int
+    banks: dict[str, np.ndarray]
+    metadata: list[dict] | None
 
 
-def save_index(index, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+def save_index(
+    path: str | os.PathLike,
+    *,
+    faiss_index,
+    faiss_dim: int,
+    correction: Correction,
+    config: IndexConfig,
+    banks: dict[str, np.ndarray | None],
+    metadata: list[dict] | None,
+    overwrite: bool = False,
+) -> Path:
+    """Write an index's parts to the directory ``path`` atomically (see the module docstring)."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        corr = index.correction
-        faiss.write_index(index._faiss, str(tmp / "index.faiss"))
+        corr = correction
+        faiss.write_index(faiss_index, str(tmp / "index.faiss"))
         arrays = {f"statistics.{k}": v for k, v in corr.statistics_.to_arrays().items()}
         np.savez(tmp / "correction.npz", gallery=corr.gallery_, **arrays)
-        banks = {k: v for k, v in (("query_bank", index.query_bank), ("gallery_bank", index.gallery_bank)) if v is not None}
+        banks = {k: v for k, v in banks.items() if v is not None}
         if banks:
             np.savez(tmp / "banks.npz", **banks)
-        if index.metadata is not None:
-            _write_parquet(index.metadata, tmp / "metadata.parquet")
-        files = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size} for f in sorted(tmp.iterdir())}
+        if metadata is not None:
+            _write_parquet(metadata, tmp / "metadata.parquet")
+        files = {f.name: {"sha256": file_sha256(f), "bytes": f.stat().st_size} for f in sorted(tmp.iterdir())}
         manifest = {
             "format": FORMAT,
             "version": VERSION,
             "method": corr.spec,
             "normalize": bool(corr.normalize),
-            "factory": index.factory,
             "dim": int(corr.dim_),
-            "faiss_dim": int(index._dim),
+            "faiss_dim": int(faiss_dim),
             "n_items": int(corr.n_gallery_),
-            "model": index.model,
-            "search": {"nprobe": index.nprobe, "ef_search": index.ef_search, "rescore": index.rescore, "rescore_factor": index.rescore_factor},
-            "bias_error": getattr(index, "bias_error", None),
+            "config": config.to_dict(),
             "files": files,
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -98,9 +112,8 @@ def save_index(index, path: str | os.PathLike, *, overwrite: bool = False) -> Pa
     return path
 
 
-def load_index(path: str | os.PathLike, *, mmap: bool = False):
-    from hubless.index.index import Index
-
+def load_index(path: str | os.PathLike, *, mmap: bool = False) -> SavedIndex:
+    """Read the parts of an index saved by :func:`save_index`, verifying version and checksums."""
     path = Path(path)
     manifest_file = path / "manifest.json"
     if not manifest_file.is_file():
@@ -119,7 +132,7 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
             raise ValueError(f"{path}: {name} is missing")
         if f.stat().st_size != expected["bytes"]:
             raise ValueError(f"{path}: {name} is truncated or altered ({f.stat().st_size} bytes, expected {expected['bytes']})")
-        if _sha256(f) != expected["sha256"]:
+        if file_sha256(f) != expected["sha256"]:
             raise ValueError(f"{path}: {name} is corrupt (checksum mismatch)")
     corr = make_correction(manifest["method"]).set_params(normalize=manifest["normalize"])
     with np.load(path / "correction.npz", allow_pickle=False) as data:
@@ -128,7 +141,7 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
     expected = (int(manifest["n_items"]), int(manifest["dim"]))
     if gallery.shape != expected or stats.n_gallery != expected[0]:
         raise ValueError(f"{path}: gallery is {gallery.shape} with statistics of {stats.n_gallery} items, manifest says {expected}")
-    corr._fit_arrays(gallery, stats)  # biases and gates are derived from the kept statistics
+    corr.fit_from_statistics(gallery, stats)  # biases and gates are derived from the kept statistics
     banks = {}
     if (path / "banks.npz").is_file():
         with np.load(path / "banks.npz", allow_pickle=False) as data:
@@ -137,21 +150,8 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False):
     faiss_index = faiss.read_index(str(path / "index.faiss"), flags)
     if faiss_index.d != manifest["faiss_dim"] or faiss_index.ntotal != corr.n_gallery_:
         raise ValueError(f"{path}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} items; manifest says {manifest['faiss_dim']}, {corr.n_gallery_}")
-    index = object.__new__(Index)
-    index.correction = corr
-    index.factory = manifest["factory"]
-    index.query_bank = banks.get("query_bank")
-    index.gallery_bank = banks.get("gallery_bank")
-    index.model = manifest.get("model")
-    search = manifest["search"]
-    index.nprobe, index.ef_search = search["nprobe"], search["ef_search"]
-    index.rescore, index.rescore_factor = search["rescore"], search["rescore_factor"]
-    index.metadata = _read_parquet(path / "metadata.parquet") if (path / "metadata.parquet").is_file() else None
-    index._faiss, index._dim = faiss_index, manifest["faiss_dim"]
-    index._mmap = bool(mmap)
-    index.build_seconds = 0.0
-    index.bias_error = manifest.get("bias_error")
-    return index
+    metadata = _read_parquet(path / "metadata.parquet") if (path / "metadata.parquet").is_file() else None
+    return SavedIndex(corr, IndexConfig.from_dict(manifest["config"]), faiss_index, int(manifest["faiss_dim"]), banks, metadata)
 
 
 def _write_parquet(records: list[dict], file: Path) -> None:

@@ -22,9 +22,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hubless._validation import check_positive_int
 from hubless.metrics.truth import Truth
 
-__all__ = ["PerQuery", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
+__all__ = ["PerQuery", "check_ks", "first_hit_ranks", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
 
 #: Elements compared at once when counting ranks (bounds the temporary boolean arrays).
 _COMPARE_ELEMENTS = 1 << 22
@@ -82,7 +83,7 @@ def per_query_metrics(per_query: PerQuery, ks: Sequence[int]) -> dict[str, np.nd
     """Per-query arrays whose mean (median for MdR) is each metric: ``R@K`` hits in percent,
     ``MnR``/``MdR`` first ranks, ``MRR`` reciprocal ranks, ``mAP@R`` AP@R in percent."""
     first = per_query.first_rank
-    values: dict[str, np.ndarray] = {f"R@{k}": 100.0 * (first <= k) for k in ks}
+    values: dict[str, np.ndarray] = {f"R@{k}": recall_percent(first, k) for k in ks}
     values["MdR"] = first.astype(np.float64)
     values["MnR"] = first.astype(np.float64)
     values["MRR"] = 1.0 / first
@@ -95,14 +96,45 @@ def summarize(values: dict[str, np.ndarray]) -> dict[str, float]:
     return {name: float(np.median(v) if name == "MdR" else np.mean(v)) for name, v in values.items()}
 
 
-def recall_at_k(ranked_ids: np.ndarray, relevant: np.ndarray, k: int) -> float:
-    """Recall@k in percent for one relevant item per query: the share of queries whose relevant
-    item ``relevant[i]`` is among the first ``k`` of ``ranked_ids[i]`` (n_queries, >= k)."""
+def check_ks(ks: Sequence[int], n_gallery: int) -> tuple[int, ...]:
+    """The cut-offs K of R@K, sorted and unique; each in [1, n_gallery]."""
+    ks = tuple(sorted({check_positive_int(k, "ks") for k in ks}))
+    if not ks:
+        raise ValueError("ks must list at least one K, e.g. 1,5,10")
+    if ks[-1] > n_gallery:
+        raise ValueError(f"K={ks[-1]} is larger than the gallery ({n_gallery} items)")
+    return ks
+
+
+def recall_percent(first_rank: np.ndarray, k: int) -> np.ndarray:
+    """Per-query R@K hits in percent (100 or 0) from the rank of each query's first relevant item."""
+    return 100.0 * (first_rank <= k)
+
+
+def first_hit_ranks(ranked_ids: np.ndarray, truth: Truth) -> np.ndarray:
+    """1-based position of the first relevant item in each query's ranked list (n_queries,),
+    or a value beyond any K when the list holds none."""
     ranked_ids = np.asarray(ranked_ids)
-    relevant = np.asarray(relevant)
-    if ranked_ids.ndim != 2 or relevant.shape != (ranked_ids.shape[0],):
-        raise ValueError("ranked_ids must be (n_queries, n_ranked) and relevant (n_queries,)")
+    if ranked_ids.ndim != 2 or ranked_ids.shape[0] != truth.n_queries:
+        raise ValueError(f"ranked_ids must be ({truth.n_queries}, n_ranked); got {ranked_ids.shape}")
+    # Membership of (query, item) pairs, encoded as query * n_gallery + item.
+    pairs = np.arange(ranked_ids.shape[0])[:, None] * truth.n_gallery + ranked_ids
+    hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices)
+    return np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, np.iinfo(np.int64).max)
+
+
+def recall_at_k(ranked_ids: np.ndarray, relevant, k: int) -> float:
+    """R@K in percent from ranked lists: the share of queries with a relevant item among the
+    first ``k`` of ``ranked_ids[i]`` (n_queries, >= k). ``relevant``: a :class:`Truth` or one
+    relevant gallery id per query."""
+    ranked_ids = np.asarray(ranked_ids)
+    if ranked_ids.ndim != 2:
+        raise ValueError("ranked_ids must be (n_queries, n_ranked)")
     if not 1 <= k <= ranked_ids.shape[1]:
         raise ValueError(f"k={k} must be between 1 and the number of ranked items ({ranked_ids.shape[1]})")
-    hits = (ranked_ids[:, :k] == relevant[:, None]).any(axis=1)
-    return float(100.0 * hits.mean())
+    if not isinstance(relevant, Truth):
+        relevant = np.asarray(relevant)
+        if relevant.shape != (ranked_ids.shape[0],):
+            raise ValueError("relevant must hold one gallery id per query (or be a Truth)")
+        relevant = Truth.from_labels(relevant, int(max(relevant.max(), ranked_ids.max())) + 1)
+    return float(recall_percent(first_hit_ranks(ranked_ids, relevant), k).mean())

@@ -55,6 +55,20 @@ class Truth:
         return cls(np.arange(labels.size + 1), labels.astype(np.int64), int(n_gallery))
 
     @classmethod
+    def from_array(cls, array, n_gallery: int) -> Truth:
+        """From an integer array: 1-D (one gallery id per query) or 2-D (ids padded with -1)."""
+        arr = np.asarray(array)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"truth must hold integers (gallery ids); got {arr.dtype}")
+        if arr.ndim == 1:
+            return cls.from_labels(arr, n_gallery)
+        if arr.ndim == 2:
+            valid = arr >= 0
+            counts = valid.sum(axis=1)
+            return cls(np.concatenate([[0], np.cumsum(counts)]), arr[valid], n_gallery)
+        raise ValueError(f"truth must be 1-D (one id per query) or 2-D (ids padded with -1); got shape {arr.shape}")
+
+    @classmethod
     def from_lists(cls, lists, n_gallery: int) -> Truth:
         """Several relevant items per query: ``lists[i]`` is a sequence of gallery ids."""
         counts = np.fromiter((len(x) for x in lists), dtype=np.int64)
@@ -107,16 +121,25 @@ def captions_per_item(n_items: int, per: int = 5) -> tuple[Truth, Truth]:
     return t2i, i2t
 
 
-def load_truth(source: str | os.PathLike | Truth, n_queries: int, n_gallery: int) -> Truth:
-    """Read ground truth and check it fits ``n_queries`` queries over ``n_gallery`` items.
+def load_truth(source, n_queries: int, n_gallery: int) -> Truth:
+    """Ground truth in any accepted form, checked to fit ``n_queries`` queries over ``n_gallery``
+    items. Every entry point that takes ground truth (evaluation, tuning, the fairness audit,
+    the CLI) goes through here, so all accept the same forms.
 
-    ``source`` is a :class:`Truth`; a ``.npy`` file of one gallery id per query (1-D int) or of
-    several padded with -1 (2-D int); a ``.json`` file holding a list of ids or a list of lists;
-    or a layout shorthand: ``"t2i:5"`` (caption j -> image j // 5) or ``"i2t:5"`` (image i ->
-    captions 5i..5i+4).
+    ``source`` is a :class:`Truth`; an integer array (1-D: one gallery id per query; 2-D: several
+    padded with -1); a list of ids or a list of lists of ids; a ``.npy`` file holding such an
+    array; a ``.json`` file holding a list of ids or a list of lists; or a layout shorthand:
+    ``"t2i:5"`` (caption j -> image j // 5) or ``"i2t:5"`` (image i -> captions 5i..5i+4).
     """
     if isinstance(source, Truth):
         truth = source
+    elif isinstance(source, np.ndarray):
+        truth = Truth.from_array(source, n_gallery)
+    elif isinstance(source, (list, tuple)):
+        if source and all(isinstance(x, (list, tuple, np.ndarray)) for x in source):
+            truth = Truth.from_lists(source, n_gallery)
+        else:
+            truth = Truth.from_array(np.asarray(source), n_gallery)
     else:
         text = str(source)
         kind, _, per = text.partition(":")
@@ -153,14 +176,8 @@ def _read_truth_file(path: Path, n_gallery: int) -> Truth:
     if path.suffix == ".npy":
         from hubless.inputs import load_array
 
-        arr = np.asarray(load_array(path, mmap=False))
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"truth file {path} must hold integers; got {arr.dtype}")
-        if arr.ndim == 1:
-            return Truth.from_labels(arr, n_gallery)
-        if arr.ndim == 2:
-            valid = arr >= 0
-            counts = valid.sum(axis=1)
-            return Truth(np.concatenate([[0], np.cumsum(counts)]), arr[valid], n_gallery)
-        raise ValueError(f"truth file {path} must be 1-D (one id per query) or 2-D (ids padded with -1)")
+        try:
+            return Truth.from_array(load_array(path, mmap=False), n_gallery)
+        except ValueError as exc:
+            raise ValueError(f"truth file {path}: {exc}") from None
     raise ValueError(f"truth file {path}: unsupported format {path.suffix!r}; use .npy or .json")

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless.metrics.retrieval import recall_at_k
 from hubless.metrics.truth import Truth
 
 __all__ = ["rerank_eval"]
 
 
 def _recalls(ids: np.ndarray, truth: Truth, ks) -> dict[str, float]:
-    # Membership of (query, item) pairs, encoded as query * n_gallery + item.
-    pairs = np.arange(ids.shape[0])[:, None] * truth.n_gallery + ids
-    hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices)
-    first = np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, np.iinfo(np.int64).max)
-    return {f"R@{k}": float(100.0 * np.mean(first <= k)) for k in ks}
+    return {f"R@{k}": recall_at_k(ids, truth, k) for k in ks}
 
 
 def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5, 10), *, progress=None) -> dict:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless._validation import check_positive_int
-from hubless.engine.parallel import progress_bar
+from hubless.progress import progress_bar
 
 __all__ = ["Pipeline", "RerankResult", "fuse"]
 
@@ -79,8 +79,11 @@ class Pipeline:
         self.gallery_items = None if gallery_items is None else list(gallery_items)
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")
 
-    def search(self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None) -> RerankResult:
-        """Retrieve the corrected top ``k``, rerank, return the best ``top_k`` (<= k)."""
+    def search(self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None, **first_stage) -> RerankResult:
+        """Retrieve the corrected top ``k``, rerank, return the best ``top_k`` (<= k).
+
+        ``first_stage``: per-call arguments of the first stage's ``search``, e.g. ``alpha=0.5``
+        or, for an index, ``nprobe=32``."""
         if self.gallery_items is None:
             raise ValueError("the pipeline needs gallery_items (what the reranker sees for each gallery position)")
         query_items = list(query_items)
@@ -90,7 +93,7 @@ class Pipeline:
         if top_k > self.k:
             raise ValueError(f"top_k={top_k} is more than the k={self.k} candidates that are reranked")
         t0 = time.perf_counter()
-        first, ids = self.first_stage.search(query_embeddings, top_k=self.k)
+        first, ids = self.first_stage.search(query_embeddings, top_k=self.k, **first_stage)
         t1 = time.perf_counter()
         if len(self.gallery_items) < int(ids.max()) + 1:
             raise ValueError(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hubless.encoders._torch import require, resolve_device
+from hubless._torch import require, resolve_device
 from hubless.encoders.base import open_image
 
 __all__ = ["BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]

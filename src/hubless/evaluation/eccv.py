@@ -69,17 +69,18 @@ def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, di
     return {name: {d: 100.0 * float(v) for d, v in scores[name].items()} for name in TARGETS if name in scores}
 
 
-def eccv_evaluate(images, captions, caption_bank, image_bank, methods: Sequence[str], *, normalize: bool = True, progress=None):
+def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progress=None) -> dict[str, dict]:
     """Every method in both directions on COCO-5k, scored with :func:`eccv_metrics`.
 
-    text->image is fitted on ``caption_bank`` (query bank) and ``image_bank`` (gallery bank);
-    image->text swaps the roles. Returns {spec: metrics}.
+    ``t2i_corrections``: corrections already fitted text->image (gallery: the 5,000 images;
+    query bank: ``caption_bank``; gallery bank: ``image_bank``), e.g. the ``correction`` of each
+    result of :func:`hubless.evaluate`; image->text fits each method again with the roles of
+    the banks swapped. Returns {spec: metrics}.
     """
     from hubless.corrections import make_correction
 
     out = {}
-    for method in methods:
-        t2i = make_correction(method).set_params(normalize=normalize).fit(images, caption_bank, image_bank, progress=progress)
-        i2t = make_correction(method).set_params(normalize=normalize).fit(captions, image_bank, caption_bank, progress=progress)
-        out[t2i.spec] = eccv_metrics(t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(images, DEPTH, progress=progress)[1])
+    for t2i in t2i_corrections:
+        i2t = make_correction(t2i.spec).set_params(normalize=t2i.normalize).fit(captions, image_bank, caption_bank, progress=progress)
+        out[t2i.spec] = eccv_metrics(t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(t2i.gallery_, DEPTH, progress=progress)[1])
     return out

@@ -1,18 +1,20 @@
-"""Lazy access to torch and friends, with a message that names the extra to install."""
+"""Lazy access to torch and friends (encoders and rerankers), with a message that names the
+extra to install."""
 
 from __future__ import annotations
 
 import importlib
 
-EXTRA_HINT = "pip install 'hubless[models]'"
+from hubless.errors import MissingDependencyError
 
 
 def require(module: str):
-    """Import ``module`` or raise ImportError saying which extra provides it."""
+    """Import ``module`` or raise :class:`~hubless.errors.MissingDependencyError` naming the
+    ``models`` extra that provides it."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(f"{module} is needed for encoders and rerankers: {EXTRA_HINT}") from exc
+        raise MissingDependencyError("encoders and rerankers", module, "models") from exc
 
 
 def resolve_device(device: str | None) -> str:

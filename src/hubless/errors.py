@@ -1,0 +1,22 @@
+"""Exceptions hubless raises beyond the built-in ones."""
+
+from __future__ import annotations
+
+__all__ = ["MissingDependencyError", "NotFittedError"]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """A correction (or an index) was used before it was fitted.
+
+    Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so code
+    written for scikit-learn estimators catches it.
+    """
+
+
+class MissingDependencyError(ImportError):
+    """An optional package is needed: the message names the extra that installs it."""
+
+    def __init__(self, what: str, package: str, extra: str) -> None:
+        self.package, self.extra = package, extra
+        self.install = f"pip install 'hubless[{extra}]'"
+        super().__init__(f"{what} needs {package}: {self.install}")

@@ -1,0 +1,113 @@
+"""The core every measurement shares: which methods to run, and one streamed ranking pass.
+
+:func:`prepare_methods` builds the corrections to compare (the baseline always first, so every
+method gets its difference to it). :func:`rank_queries` ranks the queries of a benchmark for
+several fitted corrections at once: each block of query rows gets its raw similarities to the
+gallery from one GEMM, shared by every correction, which ranks them with its own
+:meth:`~hubless.corrections.Correction.rank` (the form its ``search`` orders by). From each
+block come the rank of every relevant item (counted, never sorted; see
+:func:`hubless.metrics.relevant_ranks`) and, when asked, the top ``depth`` ids (hubness, bias@n).
+Memory stays at one block whatever the number of queries. :func:`hubless.evaluate`,
+:func:`hubless.tune` and :func:`hubless.fairness.audit` are built on these two functions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hubless.corrections import Correction, make_correction
+from hubless.engine.topk import RunningTopK
+from hubless.metrics.retrieval import relevant_ranks
+from hubless.metrics.truth import Truth
+from hubless.progress import progress_bar
+
+__all__ = ["BLOCK_ELEMENTS", "Ranked", "prepare_methods", "query_block_rows", "rank_queries"]
+
+#: Score elements per block of query rows (16 MiB of float32).
+BLOCK_ELEMENTS = 1 << 22
+
+
+def prepare_methods(methods: Sequence[str | Correction], normalize: bool = True) -> list[Correction]:
+    """Corrections for ``methods`` (specs such as ``"nnn:alpha=0.5,k=16"``, or correction
+    objects, used as given), with the baseline added when missing and put first. ``normalize``
+    applies to every correction built from a spec."""
+    corrections = []
+    for method in methods:
+        corr = make_correction(method)
+        corrections.append(corr.set_params(normalize=normalize) if isinstance(method, str) else corr)
+    if not any(c.name == "baseline" for c in corrections):
+        corrections.insert(0, make_correction("baseline").set_params(normalize=normalize))
+    corrections.sort(key=lambda c: c.name != "baseline")
+    return corrections
+
+
+def query_block_rows(n_gallery: int) -> int:
+    """Query rows per block so that one block of scores holds about BLOCK_ELEMENTS values."""
+    return max(1, min(4096, BLOCK_ELEMENTS // n_gallery))
+
+
+@dataclass
+class Ranked:
+    """One correction's ranking of a benchmark's queries.
+
+    ``ranks``: the 1-based rank of every relevant item, aligned with ``truth.indices``;
+    ``top``: the ``depth`` best gallery ids of each query (None for depth 0); ``seconds``: the
+    time this ranking would take alone (its own ranking plus the shared similarity blocks).
+    """
+
+    ranks: np.ndarray
+    top: np.ndarray | None
+    seconds: float
+
+
+def rank_queries(
+    corrections: Sequence[Correction],
+    queries: np.ndarray,
+    truth: Truth,
+    *,
+    depth: int = 0,
+    progress: bool | None = None,
+    desc: str = "rank",
+) -> list[Ranked]:
+    """Rank ``queries`` over the gallery for every fitted correction in one streamed pass.
+
+    The corrections must be fitted on the same gallery array (as :func:`hubless.fit_many` and
+    :func:`prepare_methods` + ``fit`` on one validated gallery give); ``truth`` describes the
+    queries. Returns one :class:`Ranked` per correction, in order.
+    """
+    if not corrections:
+        return []
+    gallery = corrections[0].gallery_
+    if any(c.gallery_ is not gallery for c in corrections):
+        raise ValueError("rank_queries compares corrections fitted on one gallery array; fit them on the same validated gallery")
+    if len({bool(c.normalize) for c in corrections}) > 1:
+        raise ValueError("rank_queries compares corrections with one normalize setting")
+    batches = [c.queries(queries) for c in corrections]
+    n_queries, n_gallery = len(batches[0]), gallery.shape[0]
+    depth = min(depth, n_gallery)
+    ranks = [np.empty(truth.indices.size, dtype=np.int64) for _ in corrections]
+    tops = [np.empty((n_queries, depth), dtype=np.int64) if depth else None for _ in corrections]
+    seconds = [0.0] * len(corrections)
+    rows = query_block_rows(n_gallery)
+    starts = progress_bar(range(0, n_queries, rows), progress, desc=desc, unit="block")
+    for start in starts:
+        stop = min(start + rows, n_queries)
+        t0 = time.perf_counter()
+        sims = batches[0].vectors[start:stop] @ gallery.T
+        shared = time.perf_counter() - t0
+        sub = truth.subset(np.arange(start, stop))
+        lo, hi = truth.indptr[start], truth.indptr[stop]
+        for i, corr in enumerate(corrections):
+            t0 = time.perf_counter()
+            scores = corr.rank(batches[i].rows(start, stop), sims)
+            ranks[i][lo:hi] = relevant_ranks(scores, sub)
+            if depth:
+                best = RunningTopK(scores.shape[0], depth, with_ids=True)
+                best.update(scores)
+                tops[i][start:stop] = best.sorted()[1]
+            seconds[i] += shared + time.perf_counter() - t0
+    return [Ranked(r, t, s) for r, t, s in zip(ranks, tops, seconds)]

@@ -1,0 +1,167 @@
+"""Evaluate corrections on a retrieval benchmark: accuracy, confidence, hubness, time.
+
+    result = hubless.evaluate(gallery, queries, "t2i:5", query_bank,
+                              methods=["baseline", "nnn:alpha=0.75,k=16", "is:beta=20"])
+    result.to_dict()      # the results.json schema of ``hubless eval``
+
+Each method is fitted on the banks only (never on ``queries``), then the queries are ranked in
+blocks of rows by :func:`hubless.evaluation.core.rank_queries` (the same ranking hook its
+``search`` uses), so memory stays at one block whatever the sizes. From the ranks of every
+relevant item come R@K, MdR, MnR, MRR and mAP@R (see :mod:`hubless.metrics.retrieval`), and from
+the top 10 the hubness statistics. Bootstrap intervals resample queries with one seed for every
+method, so the intervals of the differences to the baseline are paired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import as_embeddings
+from hubless.corrections import Correction
+from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
+from hubless.metrics.bootstrap import bootstrap_ci
+from hubless.metrics.hubness import hubness_statistics
+from hubless.metrics.retrieval import PerQuery, check_ks, per_query_metrics, summarize
+from hubless.metrics.truth import Truth, load_truth
+
+__all__ = ["Evaluation", "MethodResult", "evaluate"]
+
+#: Top results kept per query for the hubness statistics (N_1 and N_10).
+HUBNESS_DEPTH = 10
+
+
+@dataclass
+class MethodResult:
+    """One method's numbers. ``per_query`` holds the per-query values behind each metric,
+    ``n1`` the N_1 occurrence of every gallery item (for plots) and ``correction`` the fitted
+    correction (reused by reranking and ECCV evaluation); none of them goes to JSON."""
+
+    method: str
+    params: dict[str, Any]
+    spec: str
+    metrics: dict[str, float]
+    ci95: dict[str, tuple[float, float]]
+    hubness: dict[str, float]
+    seconds: dict[str, float]
+    delta: dict[str, float] = field(default_factory=dict)
+    delta_ci95: dict[str, tuple[float, float]] = field(default_factory=dict)
+    per_query: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    n1: np.ndarray | None = field(default=None, repr=False)
+    correction: Correction | None = field(default=None, repr=False)
+    #: Further results added by callers (e.g. "eccv", "rerank"); written to JSON as they are.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "spec": self.spec,
+            "params": self.params,
+            "metrics": self.metrics,
+            "ci95": {k: list(v) for k, v in self.ci95.items()},
+            "delta_vs_baseline": self.delta,
+            "delta_ci95": {k: list(v) for k, v in self.delta_ci95.items()},
+            "hubness": self.hubness,
+            "seconds": self.seconds,
+            **self.extra,
+        }
+
+
+@dataclass
+class Evaluation:
+    """Results of :func:`evaluate`: ``results`` (baseline first) and a description of the inputs."""
+
+    inputs: dict[str, Any]
+    results: list[MethodResult]
+    ks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": self.inputs, "results": [r.to_dict() for r in self.results]}
+
+    def __getitem__(self, spec: str) -> MethodResult:
+        for r in self.results:
+            if spec in (r.spec, r.method):
+                return r
+        raise KeyError(spec)
+
+
+def evaluate(
+    gallery,
+    queries,
+    truth,
+    query_bank=None,
+    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    *,
+    gallery_bank=None,
+    ks: Sequence[int] = (1, 5, 10),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    normalize: bool = True,
+    progress: bool | None = None,
+    inputs: dict[str, Any] | None = None,
+) -> Evaluation:
+    """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
+
+    ``truth``: a :class:`~hubless.metrics.truth.Truth`, one gallery id per query (int array),
+    lists of ids, a file (.npy/.json) or a layout such as ``"t2i:5"`` (see
+    :func:`~hubless.metrics.truth.load_truth`). ``methods``: specs like ``"nnn:alpha=0.5,k=16"``
+    or corrections (refitted here); the baseline is always evaluated (first) so every method
+    gets its difference to it, with a paired bootstrap interval. ``bootstrap=0`` skips intervals.
+    ``normalize`` applies to every method built from a spec.
+    """
+    gallery = as_embeddings(gallery, "gallery", normalize=normalize)
+    queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
+    truth = load_truth(truth, queries.shape[0], gallery.shape[0])
+    ks = check_ks(ks, gallery.shape[0])
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
+        raise ValueError(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+    corrections = prepare_methods(methods, normalize)
+    fit_seconds = []
+    for corr in corrections:
+        t0 = time.perf_counter()
+        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+        fit_seconds.append(time.perf_counter() - t0)
+    ranked = rank_queries(corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods")
+    results = [_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
+    base = results[0]
+    for r in results[1:]:
+        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
+        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
+        if bootstrap:
+            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
+    described = {
+        "n_gallery": int(gallery.shape[0]),
+        "n_queries": int(queries.shape[0]),
+        "dim": int(gallery.shape[1]),
+        "n_query_bank": None if query_bank is None else int(np.shape(query_bank)[0]),
+        "n_gallery_bank": None if gallery_bank is None else int(np.shape(gallery_bank)[0]),
+        "relevant_per_query": float(truth.counts.mean()),
+        "ks": list(ks),
+        "bootstrap": int(bootstrap),
+        "seed": int(seed),
+        "normalize": bool(normalize),
+    }
+    described.update(inputs or {})
+    return Evaluation(described, results, ks)
+
+
+def _result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+    values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
+    hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())
+    params = {k: v for k, v in corr.get_params().items() if k not in ("normalize", *corr.resource_params)}
+    return MethodResult(
+        method=corr.name,
+        params=params,
+        spec=corr.spec,
+        metrics=summarize(values),
+        ci95=bootstrap_ci(values, bootstrap, seed=seed) if bootstrap else {},
+        hubness=hub,
+        seconds={"fit": fit_seconds, "search": ranked.seconds},
+        per_query=values,
+        n1=np.bincount(ranked.top[:, 0], minlength=truth.n_gallery),
+        correction=corr,
+    )

@@ -1,0 +1,53 @@
+"""The description of an index besides its arrays: :class:`IndexConfig`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import check_positive_int
+
+__all__ = ["IndexConfig"]
+
+
+@dataclass
+class IndexConfig:
+    """Everything that describes an index besides its arrays: how it was built and how it is
+    searched by default. Saved as one block of the manifest and shown by :meth:`Index.info`."""
+
+    factory: str
+    model: str | None = None
+    nprobe: int = 16
+    ef_search: int = 64
+    rescore: bool = True
+    rescore_factor: int = 4
+    build_seconds: float = 0.0
+    bias_error: dict[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.factory, str) or not self.factory.strip():
+            raise ValueError(f"factory must be a FAISS factory string such as 'Flat' or 'IVF1024,Flat'; got {self.factory!r}")
+        if self.model is not None and not isinstance(self.model, str):
+            raise TypeError(f"model must be a name (str) or None; got {self.model!r}")
+        self.nprobe = check_positive_int(self.nprobe, "nprobe")
+        self.ef_search = check_positive_int(self.ef_search, "ef_search")
+        self.rescore_factor = check_positive_int(self.rescore_factor, "rescore_factor")
+        if not isinstance(self.rescore, (bool, np.bool_)):
+            raise TypeError(f"rescore must be True or False; got {self.rescore!r}")
+        self.rescore = bool(self.rescore)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IndexConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are refused (validated like the constructor)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"an index config must be a JSON object; got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown index config field(s): {', '.join(unknown)}")
+        return cls(**data)
