@@ -80,7 +80,9 @@ def run(direction: str, gallery, queries, truth: Truth, val_gallery, val_queries
         ci = r.delta_ci95.get("R@1")
         delta = f"{r.delta['R@1']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
         m = r.metrics
-        print(f"| {r.spec} | {m['R@1']:.2f} | {m['R@5']:.2f} | {m['R@10']:.2f} | {delta} | {int(r.hubness['N1_max'])} | {r.hubness['N1_kurtosis']:.1f} |")
+        print(
+            f"| {r.spec} | {m['R@1']:.2f} | {m['R@5']:.2f} | {m['R@10']:.2f} | {delta} | {int(r.hubness['N1_max'])} | {r.hubness['N1_kurtosis']:.1f} |"
+        )
 
 
 def main() -> None:

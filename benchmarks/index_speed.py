@@ -25,7 +25,7 @@ import numpy as np
 
 import hubless
 from hubless.data.synthetic import make_retrieval_data
-from hubless.index.faiss_build import build_faiss, set_search_params
+from hubless.index.faiss_build import build_faiss, search_parameters
 
 
 def median_time(fn, repeats: int) -> float:
@@ -57,7 +57,13 @@ def main() -> None:
     exact = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
     t_exact = time.perf_counter() - t0
     r_exact = r_at_1(exact, queries, truth)
-    rows = [("(a) R@1 uncorrected -> exact NNN bias", f"{r_at_1(hubless.Baseline().fit(data.gallery), queries, truth):.2f} -> {r_exact:.2f}", "")]
+    rows = [
+        (
+            "(a) R@1 uncorrected -> exact NNN bias",
+            f"{r_at_1(hubless.Baseline().fit(data.gallery), queries, truth):.2f} -> {r_exact:.2f}",
+            "",
+        )
+    ]
     for nprobe in (8, 32):
         t0 = time.perf_counter()
         ann = hubless.Index.build(data.gallery, data.query_bank, "nnn", "Flat", bias_search="ann", bias_nprobe=nprobe, keep_banks=False)
@@ -65,7 +71,11 @@ def main() -> None:
         r_ann = r_at_1(ann, queries, truth)
         rows += [
             (f"(a) exact bias time / ANN bias time (IVF, nprobe {nprobe})", f"{t_exact / t_ann:.1f}x", ">= 10x"),
-            (f"(a) R@1 exact bias -> ANN bias (nprobe {nprobe})", f"{r_exact:.2f} -> {r_ann:.2f} ({r_ann - r_exact:+.2f})", "|delta| <= 0.2"),
+            (
+                f"(a) R@1 exact bias -> ANN bias (nprobe {nprobe})",
+                f"{r_exact:.2f} -> {r_ann:.2f} ({r_ann - r_exact:+.2f})",
+                "|delta| <= 0.2",
+            ),
             (f"(a) mean |bias_ann - bias_exact| (nprobe {nprobe}, 1,000-item sample)", f"{ann.bias_error['mean_abs']:.5f}", ""),
         ]
 
@@ -76,13 +86,12 @@ def main() -> None:
     for factory in ("Flat", default_ivf(n_gallery), "HNSW32"):
         plain, _ = build_faiss(factory, data.gallery, data.gallery)
         corrected, _ = build_faiss(factory, data.gallery, np.hstack([data.gallery, exact.bias_columns_]))
-        for index in (plain, corrected):
-            set_search_params(index, nprobe=32, ef_search=64)
-        t_plain = median_time(lambda: plain.search(queries, 10), args.repeats)
-        t_corr = median_time(lambda: corrected.search(corrected_q, 10), args.repeats)
+        params = [search_parameters(index, nprobe=32, ef_search=64) for index in (plain, corrected)]
+        t_plain = median_time(lambda plain=plain, p=params[0]: plain.search(queries, 10, params=p), args.repeats)
+        t_corr = median_time(lambda corrected=corrected, p=params[1]: corrected.search(corrected_q, 10, params=p), args.repeats)
         rows.append((f"(b) {factory}: corrected / plain search latency", f"{t_corr / t_plain:.3f}x", "<= 1.05x"))
         if factory != "Flat":
-            ids = corrected.search(corrected_q, 10)[1]
+            ids = corrected.search(corrected_q, 10, params=params[1])[1]
             idx = hubless.Index(exact, factory, nprobe=32, ef_search=64)
             rescored = idx.search(queries, 10)[1]
             rec = np.mean([len(set(a) & set(b)) for a, b in zip(ids, exact_top)]) / 10
@@ -90,14 +99,18 @@ def main() -> None:
             rows.append((f"(c) {factory}: recall@10 vs exact corrected (raw / rescored)", f"{rec:.3f} / {rec_r:.3f}", ""))
             if factory.startswith("HNSW"):  # recall is HNSW's knob: show what a larger beam buys
                 for ef in (256, 1024):
-                    t_ef = median_time(lambda: idx.search(queries, 10, ef_search=ef), args.repeats)
+                    t_ef = median_time(lambda idx=idx, ef=ef: idx.search(queries, 10, ef_search=ef), args.repeats)
                     rec_ef = np.mean([len(set(a) & set(b)) for a, b in zip(idx.search(queries, 10, ef_search=ef)[1], exact_top)]) / 10
-                    t_64 = median_time(lambda: idx.search(queries, 10), args.repeats)
-                    rows.append((f"(c) {factory}, ef_search {ef}: recall@10 rescored (latency vs ef 64)", f"{rec_ef:.3f} ({t_ef / t_64:.1f}x)", ""))
+                    t_64 = median_time(lambda idx=idx: idx.search(queries, 10), args.repeats)
+                    rows.append(
+                        (f"(c) {factory}, ef_search {ef}: recall@10 rescored (latency vs ef 64)", f"{rec_ef:.3f} ({t_ef / t_64:.1f}x)", "")
+                    )
 
     # (d) growing an index: incremental add vs a refit from scratch (the exact bias time above)
     index = hubless.Index(exact, default_ivf(n_gallery), query_bank=data.query_bank)
-    new_items = data.gallery[: n_gallery // 100] + 0.05 * np.random.default_rng(1).standard_normal((n_gallery // 100, 512), dtype=np.float32)
+    new_items = data.gallery[: n_gallery // 100] + 0.05 * np.random.default_rng(1).standard_normal(
+        (n_gallery // 100, 512), dtype=np.float32
+    )
     t0 = time.perf_counter()
     index.add(new_items)
     t_add = time.perf_counter() - t0

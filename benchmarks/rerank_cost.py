@@ -31,7 +31,9 @@ def tiny_cross_encoder(folder: str) -> str:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + WORDS + [str(i) for i in range(100)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = tf.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", model_max_length=64)
+    fast = tf.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", model_max_length=64
+    )
     cfg = tf.BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=256, max_position_embeddings=64, num_labels=1)  # fmt: skip
     tf.BertForSequenceClassification(cfg).save_pretrained(folder)

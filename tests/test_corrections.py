@@ -121,7 +121,7 @@ def test_gc_rank_counts_strictly_greater_probes():
     # s(q, r1) = 0.6; probes of r1: 0.0, 0.8, 0.6 -> one strictly above -> 0.6 - 1
     np.testing.assert_allclose(gc.score(query), [[-0.2, -0.4]], atol=1e-6)
     with pytest.raises(AttributeError, match="rank-based"):
-        gc.bias_
+        _ = gc.bias_
 
 
 def test_gc_refuses_probe_matrices_over_its_memory_cap(small_data):

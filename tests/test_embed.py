@@ -41,7 +41,9 @@ def image_folder(tmp_path):
 
 def test_embed_images_skips_bad_files_and_stays_aligned(clip_dir, image_folder, tmp_path):
     out = tmp_path / "emb.npy"
-    result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--images", str(image_folder), "--out", str(out), "--chunk-size", "3", "--no-progress"])
+    result = runner.invoke(
+        app, ["embed", "--model", str(clip_dir), "--images", str(image_folder), "--out", str(out), "--chunk-size", "3", "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     assert "skipped 3" in result.output
     emb = np.load(out)
@@ -89,5 +91,7 @@ def test_embed_texts_cli_and_errors(clip_dir, tmp_path):
     assert np.load(out).shape[0] == 2
     result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--out", str(tmp_path / "x.npy")])
     assert result.exit_code != 0 and "exactly one" in result.output
-    result = runner.invoke(app, ["embed", "--model", str(tmp_path / "nope"), "--texts", str(tmp_path / "caps.txt"), "--out", str(tmp_path / "y.npy")])
+    result = runner.invoke(
+        app, ["embed", "--model", str(tmp_path / "nope"), "--texts", str(tmp_path / "caps.txt"), "--out", str(tmp_path / "y.npy")]
+    )
     assert result.exit_code == 2 and "error" in result.output

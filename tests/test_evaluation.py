@@ -58,9 +58,7 @@ def ranking_case(draw):
     # Few distinct values so ties are frequent.
     scores = np.array(draw(st.lists(st.integers(0, 3), min_size=n_q * n_g, max_size=n_q * n_g)), dtype=np.float32)
     scores = scores.reshape(n_q, n_g)
-    lists = [
-        sorted(draw(st.sets(st.integers(0, n_g - 1), min_size=1, max_size=min(4, n_g)))) for _ in range(n_q)
-    ]
+    lists = [sorted(draw(st.sets(st.integers(0, n_g - 1), min_size=1, max_size=min(4, n_g)))) for _ in range(n_q)]
     return scores, lists
 
 
@@ -149,6 +147,22 @@ def test_hubness_statistics_by_hand():
     from scipy import stats as sps
 
     assert stats["N2_kurtosis"] == pytest.approx(sps.kurtosis([4, 2, 1, 1, 0]))
+    assert stats["N2_skewness"] == pytest.approx(sps.skew([4, 2, 1, 1, 0]))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=2, max_size=200))
+def test_numpy_skewness_and_kurtosis_equal_scipy(counts):
+    from scipy import stats as sps
+
+    from hubless.metrics.hubness import kurtosis, skewness
+
+    x = np.asarray(counts, dtype=np.float64)
+    if x.min() == x.max():
+        assert skewness(x) == kurtosis(x) == 0.0
+    else:
+        assert skewness(x) == pytest.approx(sps.skew(x), rel=1e-9, abs=1e-9)
+        assert kurtosis(x) == pytest.approx(sps.kurtosis(x, fisher=True), rel=1e-9, abs=1e-9)
 
 
 # ---------------------------------------------------------------- bootstrap

@@ -8,7 +8,6 @@ import urllib.error
 import zipfile
 
 import pytest
-
 from typer.testing import CliRunner
 
 from hubless.cli.main import app

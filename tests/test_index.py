@@ -45,7 +45,9 @@ def test_flat_index_equals_exact_corrected_search(data, method):
 @pytest.mark.parametrize(("factory", "rescore_factor"), [("IVF32,Flat", 4), ("HNSW16", 4), ("IVF16,PQ11x4", 16)])
 def test_ann_indexes_with_rescoring_recover_the_exact_top10(data, factory, rescore_factor):
     # PQ codes are coarse (3 dims per 4-bit code here): more candidates go to exact re-scoring.
-    index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", factory, nprobe=8, ef_search=64, rescore_factor=rescore_factor)
+    index = hubless.Index.build(
+        data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", factory, nprobe=8, ef_search=64, rescore_factor=rescore_factor
+    )
     assert index.config.rescore
     _, ids = index.search(data.queries, 10)
     _, ref = index.correction.search(data.queries, 10)
@@ -279,7 +281,9 @@ def test_ann_bias_is_close_and_refuses_methods_needing_every_similarity(data):
     exact = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
     ann = hubless.Index.build(data.gallery, data.query_bank, "nnn:k=16", "Flat", bias_search="ann", bias_nprobe=32)
     err = np.abs(ann.correction.bias_ - exact.bias_)
-    assert ann.bias_error["mean_abs"] == pytest.approx(err[np.sort(np.random.default_rng(0).choice(2000, 1000, replace=False))].mean(), rel=1e-5)
+    assert ann.bias_error["mean_abs"] == pytest.approx(
+        err[np.sort(np.random.default_rng(0).choice(2000, 1000, replace=False))].mean(), rel=1e-5
+    )
     assert err.mean() < 0.01 and (ann.correction.bias_ <= exact.bias_ + 1e-6).all()  # ANN can only miss neighbours
     hnsw = hubless.Index.build(data.gallery, data.query_bank, "csls", "Flat", bias_search="HNSW16")
     assert hnsw.bias_error["mean_abs"] < 0.01
@@ -302,7 +306,10 @@ def test_clip_retrieval_folder_is_read_in_order(tmp_path):
         np.save(tmp_path / "img_emb" / f"img_emb_{i}.npy", parts[i])
         np.save(tmp_path / "text_emb" / f"text_emb_{i}.npy", parts[i][:, ::-1])
         start = sum(p.shape[0] for p in parts[:i])
-        pq.write_table(pa.table({"image_path": [f"{start + j}.jpg" for j in range(parts[i].shape[0])]}), tmp_path / "metadata" / f"metadata_{i}.parquet")
+        pq.write_table(
+            pa.table({"image_path": [f"{start + j}.jpg" for j in range(parts[i].shape[0])]}),
+            tmp_path / "metadata" / f"metadata_{i}.parquet",
+        )
     emb, meta = load_clip_retrieval(tmp_path, with_metadata=True)
     np.testing.assert_array_equal(emb, np.concatenate(parts))
     assert [m["image_path"] for m in meta] == [f"{j}.jpg" for j in range(9)]

@@ -13,9 +13,7 @@ nnn_ref = pytest.importorskip("nnn", reason="nnn-retrieval is in the test extra"
 
 def _reference_search(gallery, bank, queries, alpha, k, top_k):
     retriever = nnn_ref.NNNRetriever(gallery.shape[1])
-    ranker = nnn_ref.NNNRanker(
-        retriever, gallery, bank, alternate_ks=k, batch_size=64, alternate_weight=alpha
-    )
+    ranker = nnn_ref.NNNRanker(retriever, gallery, bank, alternate_ks=k, batch_size=64, alternate_weight=alpha)
     return ranker.search(queries, top_k)
 
 
@@ -35,12 +33,8 @@ def test_matches_nnn_retrieval_on_random_data(alpha, k):
 def _published_fixture():
     """The fixture of the reference repository's own test: five unit retrieval vectors, queries
     between each and a shared axis, and reference queries jittered by +-0.01 (so not unit)."""
-    retrieval = np.array(
-        [[0, 1.0, 0, 0], [1, 0, 0, 0], [0, -1, 0, 0], [-1, 0, 0, 0], [0, 0, 1, 0]], dtype=np.float32
-    )
-    queries = np.array(
-        [[0, 0.6, 0.8, 0], [0.6, 0, 0.8, 0], [0, -0.6, 0.8, 0], [-0.6, 0, 0.8, 0], [0, 0, 1, 0]], dtype=np.float32
-    )
+    retrieval = np.array([[0, 1.0, 0, 0], [1, 0, 0, 0], [0, -1, 0, 0], [-1, 0, 0, 0], [0, 0, 1, 0]], dtype=np.float32)
+    queries = np.array([[0, 0.6, 0.8, 0], [0.6, 0, 0.8, 0], [0, -0.6, 0.8, 0], [-0.6, 0, 0.8, 0], [0, 0, 1, 0]], dtype=np.float32)
     jitter = 0.01
     shifts = [[0, jitter, 0, 0], [0, -jitter, 0, 0], [jitter, 0, 0, 0], [-jitter, 0, 0, 0]]
     references = np.concatenate([queries + np.array(s, dtype=np.float32) for s in shifts])

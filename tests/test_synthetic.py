@@ -40,9 +40,7 @@ def test_hubness_knob_creates_hubs_that_nnn_removes():
 
     flat = make_retrieval_data(hubness=0.0)
     hubby = make_retrieval_data(hubness=1.0)
-    assert k_occurrence(top1(hubby, hubless.Baseline()), 1000).max() > 1.5 * k_occurrence(
-        top1(flat, hubless.Baseline()), 1000
-    ).max()
+    assert k_occurrence(top1(hubby, hubless.Baseline()), 1000).max() > 1.5 * k_occurrence(top1(flat, hubless.Baseline()), 1000).max()
     base, nnn = top1(hubby, hubless.Baseline()), top1(hubby, hubless.NNN())
     assert recall_at_k(nnn, hubby.query_item, 1) > recall_at_k(base, hubby.query_item, 1) + 3
     assert k_occurrence(nnn, 1000).max() < k_occurrence(base, 1000).max() / 2

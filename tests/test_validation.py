@@ -161,9 +161,7 @@ def test_wrong_search_keyword(fitted, small_data):
     with pytest.raises(TypeError, match="only alpha="):
         fitted.search(small_data["queries"], lam=0.3)
     with pytest.raises(TypeError, match="no weight override"):
-        hubless.InvertedSoftmax().fit(small_data["gallery"], small_data["query_bank"]).search(
-            small_data["queries"], alpha=0.3
-        )
+        hubless.InvertedSoftmax().fit(small_data["gallery"], small_data["query_bank"]).search(small_data["queries"], alpha=0.3)
     with pytest.raises(ValueError, match="one value per query"):
         fitted.search(small_data["queries"], alpha=np.ones(3))
 

@@ -77,8 +77,7 @@ def as_embeddings(
         raise ValueError(f"{name} has zero-length vectors (shape {arr.shape}).")
     if dim is not None and arr.shape[1] != dim:
         raise ValueError(
-            f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; "
-            "all embeddings must come from the same model."
+            f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; all embeddings must come from the same model."
         )
     given = arr
     arr = np.ascontiguousarray(given, dtype=np.float32)
@@ -86,10 +85,7 @@ def as_embeddings(
     norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
     if not np.isfinite(norms).all():
         bad_rows = np.flatnonzero(~np.isfinite(norms))
-        raise ValueError(
-            f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); "
-            "fix or drop those rows."
-        )
+        raise ValueError(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); fix or drop those rows.")
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
     if normalize:
         # Row by row, so a row's result never depends on the other rows in its batch; rows

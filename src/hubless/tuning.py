@@ -99,7 +99,9 @@ def grid_edges(points: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any]) -
 def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
     """Whether a grid point fits the data (e.g. k no larger than the bank); others are skipped."""
     try:
-        corr.check_sizes(gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0])
+        corr.check_sizes(
+            gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0]
+        )
     except ValueError:
         return False
     return True

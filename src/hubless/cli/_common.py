@@ -10,12 +10,10 @@ from typing import Any
 import typer
 from rich.console import Console
 
-
 err_console = Console(stderr=True, soft_wrap=True)
 
 METHOD_HELP = (
-    "Correction spec, repeatable: baseline, nnn:alpha=0.75,k=16, dn:lam=0.5, csls:k=10, is:beta=20, "
-    "dis:beta=20,k_activation=1, dualis:beta_query=20,beta_gallery=20, dualdis, gc."
+    "Correction spec, repeatable, e.g. nnn:alpha=0.75,k=16 or is:beta=20 (`hubless methods` lists every method with its parameters)."
 )
 NORMALIZE_HELP = "L2-normalise every input so scores are cosine similarities, as in the papers (default on)."
 

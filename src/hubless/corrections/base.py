@@ -126,9 +126,7 @@ class Correction:
     @property
     def spec(self) -> str:
         """The method spec that rebuilds this correction, e.g. ``"nnn:alpha=0.75,k=16"``."""
-        defaults = {
-            name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()
-        }
+        defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()}
         hidden = ("normalize", *self.resource_params)
         params = {k: v for k, v in self.get_params().items() if not (k in hidden and v == defaults[k])}
         body = ",".join(f"{k}={_format_value(v)}" for k, v in params.items())

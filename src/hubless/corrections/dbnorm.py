@@ -99,8 +99,10 @@ class DualDIS(DualIS):
         check_positive_int(self.k_activation, "k_activation")
 
     def statistics_request(self) -> StatisticsRequest:
-        return super().statistics_request().merge(
-            StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation)
+        return (
+            super()
+            .statistics_request()
+            .merge(StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation))
         )
 
     @property

@@ -25,7 +25,11 @@ __all__ = ["KARPATHY_URL", "fetch"]
 KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
 _LAYOUT = {
     "coco": ("dataset_coco.json", "coco_karpathy", {"test": ("test5k_captions.txt", 5000), "val": ("dev1k_captions.txt", 1000)}),
-    "flickr30k": ("dataset_flickr30k.json", "flickr30k_karpathy", {"test": ("test1k_captions.txt", 1000), "val": ("dev1k_captions.txt", None)}),
+    "flickr30k": (
+        "dataset_flickr30k.json",
+        "flickr30k_karpathy",
+        {"test": ("test1k_captions.txt", 1000), "val": ("dev1k_captions.txt", None)},
+    ),
 }
 
 

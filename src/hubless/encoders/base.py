@@ -48,7 +48,9 @@ class Encoder:
     def encode_images(self, images: Sequence, *, batch_size: int = 32, progress: bool | None = None) -> np.ndarray:
         """(len(images), dim) float32 unit vectors from image paths or PIL images."""
         self._require("image")
-        return self._batched(list(images), lambda batch: self._images([open_image(i) for i in batch]), batch_size, progress, "encode images")
+        return self._batched(
+            list(images), lambda batch: self._images([open_image(i) for i in batch]), batch_size, progress, "encode images"
+        )
 
     def _require(self, modality: str) -> None:
         if modality not in self.modalities:

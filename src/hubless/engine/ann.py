@@ -54,7 +54,9 @@ def ann_statistics(
         ("activation sets (DIS/DualDIS)", request.query_activation_k or request.gallery_activation_k),
     ) if need]  # fmt: skip
     if unsupported:
-        raise ValueError(f"ANN bank statistics only give top-k similarities and means; this method needs {', '.join(unsupported)}: use exact statistics")
+        raise ValueError(
+            f"ANN bank statistics only give top-k similarities and means; this method needs {', '.join(unsupported)}: use exact statistics"
+        )
     stats = compute_statistics(gallery, query_bank, gallery_bank, StatisticsRequest())  # the means
     k = request.query_topk
     if not k:

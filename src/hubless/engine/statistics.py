@@ -128,7 +128,9 @@ class BankStatistics:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> BankStatistics:
         n_gallery, n_query_bank, n_gallery_bank = (int(v) for v in arrays["sizes"])
-        stats = cls(n_gallery, n_query_bank, None if n_gallery_bank < 0 else n_gallery_bank, arrays["query_bank_mean"], arrays["gallery_mean"])
+        stats = cls(
+            n_gallery, n_query_bank, None if n_gallery_bank < 0 else n_gallery_bank, arrays["query_bank_mean"], arrays["gallery_mean"]
+        )
         for name, values in arrays.items():
             if name in _OPTIONAL_ARRAYS:
                 setattr(stats, name, values)
@@ -144,9 +146,7 @@ class BankStatistics:
         if request.query_topk > have_k:
             lacks.append(f"top-{request.query_topk} query-bank similarities (have {have_k})")
         lacks += [f"query-bank log-sum-exp at beta={b}" for b in sorted(request.query_betas - set(self.query_lse))]
-        lacks += [
-            f"gallery-bank log-sum-exp at beta={b}" for b in sorted(request.gallery_betas - set(self.gallery_lse))
-        ]
+        lacks += [f"gallery-bank log-sum-exp at beta={b}" for b in sorted(request.gallery_betas - set(self.gallery_lse))]
         for name, need, have in (
             ("query-bank", request.query_activation_k, self.query_activation),
             ("gallery-bank", request.gallery_activation_k, self.gallery_activation),
@@ -197,7 +197,7 @@ def compute_statistics(
     """Compute the statistics in ``request`` by streaming similarity blocks (bounded memory).
 
     Inputs must be validated float32 arrays of one dimension (the corrections' ``fit`` does
-    this; :func:`hubless.corrections.fit_statistics` is the validating public entry point).
+    this; :meth:`hubless.Correction.fit` and :func:`hubless.fit_many` are the validating entry points).
     """
     n_gallery = gallery.shape[0]
     if query_bank is None:
@@ -211,8 +211,13 @@ def compute_statistics(
         gallery_bank_mean=None if gallery_bank is None else _mean(gallery_bank),
     )
     stats.query_topk, stats.query_lse, stats.query_probes = row_statistics(
-        gallery, query_bank, k=request.query_topk, betas=request.query_betas, probes=request.query_probes,
-        progress=progress, desc="query bank",
+        gallery,
+        query_bank,
+        k=request.query_topk,
+        betas=request.query_betas,
+        probes=request.query_probes,
+        progress=progress,
+        desc="query bank",
     )
     if request.needs_gallery_bank and gallery_bank is None:
         raise ValueError("these statistics need a gallery bank; pass gallery_bank=")

@@ -48,7 +48,7 @@ class Reducer:
     and only write their own rows.
     """
 
-    def start(self, start: int, stop: int) -> "ReducerState":  # pragma: no cover - interface
+    def start(self, start: int, stop: int) -> ReducerState:  # pragma: no cover - interface
         raise NotImplementedError
 
 

@@ -136,8 +136,14 @@ def add_bank_items(
     old_topk = stats.query_topk if side == "query" else None
     old_probes = stats.query_probes if side == "query" else None
     topk, new_lse, probes = row_statistics(
-        gallery, new_bank, k=0 if old_topk is None else old_topk.shape[1], betas=old_lse, probes=old_probes is not None,
-        initial_topk=old_topk, progress=progress, desc=f"new {side}-bank items",
+        gallery,
+        new_bank,
+        k=0 if old_topk is None else old_topk.shape[1],
+        betas=old_lse,
+        probes=old_probes is not None,
+        initial_topk=old_topk,
+        progress=progress,
+        desc=f"new {side}-bank items",
     )
     out = replace(stats)
     setattr(out, f"n_{side}_bank", n_bank + m)

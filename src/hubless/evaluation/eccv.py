@@ -11,7 +11,6 @@ Karpathy order: image i, captions 5i..5i+4) to COCO ids with the package's
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -82,5 +81,7 @@ def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progre
     out = {}
     for t2i in t2i_corrections:
         i2t = make_correction(t2i.spec).set_params(normalize=t2i.normalize).fit(captions, image_bank, caption_bank, progress=progress)
-        out[t2i.spec] = eccv_metrics(t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(t2i.gallery_, DEPTH, progress=progress)[1])
+        out[t2i.spec] = eccv_metrics(
+            t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(t2i.gallery_, DEPTH, progress=progress)[1]
+        )
     return out

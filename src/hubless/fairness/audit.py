@@ -57,7 +57,12 @@ class FairnessAudit:
     top_n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"attributes": self.attributes, "queries": self.query_names, "top_n": self.top_n, "results": [r.to_dict() for r in self.results]}
+        return {
+            "attributes": self.attributes,
+            "queries": self.query_names,
+            "top_n": self.top_n,
+            "results": [r.to_dict() for r in self.results],
+        }
 
     def __getitem__(self, spec: str) -> FairnessResult:
         for r in self.results:
@@ -145,7 +150,9 @@ def _audit_one(corr: Correction, ranked: Ranked, relevant: Truth, encoded, top_n
         seq = np.zeros((relevant.n_queries, depth), dtype=np.int64)
         seq[relevant.rows, pos] = codes[items]
         per_query[f"NDKL_{name}"] = ndkl(seq, len(labels), lengths=counts)
-    is_relevant = np.zeros((relevant.n_queries, relevant.n_gallery), dtype=bool) if relevant.n_queries * relevant.n_gallery <= 1 << 26 else None
+    is_relevant = (
+        np.zeros((relevant.n_queries, relevant.n_gallery), dtype=bool) if relevant.n_queries * relevant.n_gallery <= 1 << 26 else None
+    )
     if is_relevant is not None:
         is_relevant[relevant.rows, relevant.indices] = True
         per_query[f"precision@{top_n}"] = is_relevant[np.arange(relevant.n_queries)[:, None], top].mean(axis=1)

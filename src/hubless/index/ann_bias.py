@@ -19,7 +19,9 @@ from hubless.engine.ann import ann_statistics
 __all__ = ["bias_error", "fit_ann_bias"]
 
 
-def fit_ann_bias(correction: Correction, gallery, query_bank, gallery_bank=None, *, bias_search: str = "ann", nprobe: int = 32) -> dict[str, float]:
+def fit_ann_bias(
+    correction: Correction, gallery, query_bank, gallery_bank=None, *, bias_search: str = "ann", nprobe: int = 32
+) -> dict[str, float]:
     """Fit ``correction`` in place from ANN bank statistics; returns its :func:`bias_error`.
 
     ``bias_search``: "ann" (an IVF over the bank with about 2 sqrt(n) lists) or a FAISS factory
@@ -32,7 +34,9 @@ def fit_ann_bias(correction: Correction, gallery, query_bank, gallery_bank=None,
     return bias_error(correction, g, qb, gb)
 
 
-def bias_error(correction: Correction, gallery: np.ndarray, query_bank: np.ndarray, gallery_bank=None, *, sample: int = 1000, seed: int = 0) -> dict[str, float]:
+def bias_error(
+    correction: Correction, gallery: np.ndarray, query_bank: np.ndarray, gallery_bank=None, *, sample: int = 1000, seed: int = 0
+) -> dict[str, float]:
     """Mean and max |bias_ann - bias_exact| over a random sample of gallery items, and the exact
     time per item (for choosing), comparing ``correction`` (fitted) with an exact refit."""
     rng = np.random.default_rng(seed)
@@ -43,4 +47,9 @@ def bias_error(correction: Correction, gallery: np.ndarray, query_bank: np.ndarr
     exact.fit(gallery[rows], query_bank, gallery_bank)
     seconds = time.perf_counter() - t0
     diff = np.abs(correction.bias_columns_[rows] - exact.bias_columns_).sum(axis=1)
-    return {"mean_abs": float(diff.mean()), "max_abs": float(diff.max()), "sample": int(rows.size), "exact_seconds_per_item": seconds / rows.size}
+    return {
+        "mean_abs": float(diff.mean()),
+        "max_abs": float(diff.max()),
+        "sample": int(rows.size),
+        "exact_seconds_per_item": seconds / rows.size,
+    }

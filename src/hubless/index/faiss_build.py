@@ -73,7 +73,9 @@ def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_
     ivf = _ivf(index)
     if ivf is not None and not ivf.is_trained:
         if unit.shape[0] < ivf.nlist:
-            raise ValueError(f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {unit.shape[0]}); use fewer lists or Flat")
+            raise ValueError(
+                f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {unit.shape[0]}); use fewer lists or Flat"
+            )
         km = faiss.Kmeans(unit.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)
         km.train(np.ascontiguousarray(unit[sample], dtype=np.float32))
         ivf.quantizer.add(_pad(km.centroids, dim))

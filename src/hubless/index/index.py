@@ -70,7 +70,9 @@ class Index:
         t0 = time.perf_counter()
         faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
         config.build_seconds = time.perf_counter() - t0
-        self._setup(correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False)
+        self._setup(
+            correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False
+        )
 
     def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
         """The one place an index's state is set (by the constructor and by :meth:`load`)."""
@@ -119,7 +121,11 @@ class Index:
             bias_error = fit_ann_bias(corr, gallery, query_bank, gallery_bank, bias_search=bias_search, nprobe=bias_nprobe)
         dim = corr.dim_
         qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
-        gb = None if gallery_bank is None or not keep_banks else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
+        gb = (
+            None
+            if gallery_bank is None or not keep_banks
+            else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
+        )
         index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error
         return index

@@ -149,7 +149,9 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False) -> SavedIndex:
     flags = faiss.IO_FLAG_MMAP if mmap else 0
     faiss_index = faiss.read_index(str(path / "index.faiss"), flags)
     if faiss_index.d != manifest["faiss_dim"] or faiss_index.ntotal != corr.n_gallery_:
-        raise ValueError(f"{path}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} items; manifest says {manifest['faiss_dim']}, {corr.n_gallery_}")
+        raise ValueError(
+            f"{path}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} items; manifest says {manifest['faiss_dim']}, {corr.n_gallery_}"
+        )
     metadata = _read_parquet(path / "metadata.parquet") if (path / "metadata.parquet").is_file() else None
     return SavedIndex(corr, IndexConfig.from_dict(manifest["config"]), faiss_index, int(manifest["faiss_dim"]), banks, metadata)
 

@@ -8,7 +8,6 @@ image j // n), :func:`captions_per_item` builds both directions.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -59,7 +59,10 @@ def _hubness_tables(ev: Evaluation) -> list[str]:
     prefixes = sorted({key.split("_", 1)[0] for key in ev.results[0].hubness}, key=lambda p: int(p[1:]))
     for prefix in prefixes:
         rows = [
-            {"method": r.spec, **{key.split("_", 1)[1].replace("_", " "): v for key, v in r.hubness.items() if key.startswith(prefix + "_")}}
+            {
+                "method": r.spec,
+                **{key.split("_", 1)[1].replace("_", " "): v for key, v in r.hubness.items() if key.startswith(prefix + "_")},
+            }
             for r in ev.results
         ]
         parts.append(f"<p class='note'>{prefix} (k-occurrence at k={prefix[1:]})</p>" + html_table(rows))
@@ -74,7 +77,11 @@ def evaluation_report(ev: Evaluation, path: str | os.PathLike, *, title: str = "
     report.section("Inputs", f"<p>{html.escape(inputs)}</p>", section_id="inputs")
     report.section("Results", html_table(results_rows(ev)), section_id="results")
 
-    report.figure(recall_figure(ev), caption="R@K per method (one panel per K, axis zoomed to the values), whiskers: bootstrap 95% CI, dashed: baseline", alt="recall bars")
+    report.figure(
+        recall_figure(ev),
+        caption="R@K per method (one panel per K, axis zoomed to the values), whiskers: bootstrap 95% CI, dashed: baseline",
+        alt="recall bars",
+    )
 
     base = ev.results[0]
     others = ev.results[1:] or ev.results
@@ -115,7 +122,11 @@ def tune_report(tuned, path: str | os.PathLike, ev: Evaluation | None = None, *,
     for method, rows in tuned.tables.items():
         params = list(tuned.best[method]["params"])
         shown = [{k: (f"{v:g}" if k in params and isinstance(v, float) else v) for k, v in r.items()} for r in rows]
-        report.section(f"Validation: {method}", f"<details><summary>{len(rows)} grid points</summary>{html_table(shown)}</details>", section_id=f"validation-{method}")
+        report.section(
+            f"Validation: {method}",
+            f"<details><summary>{len(rows)} grid points</summary>{html_table(shown)}</details>",
+            section_id=f"validation-{method}",
+        )
         if len(params) == 2:
             report.figure(_grid_heatmap(plt, rows, params, tuned.best[method]["params"], objective, method),
                           caption=f"{method}: validation {objective} over the ({params[0]}, {params[1]}) grid; box: chosen", alt=f"{method} heat map")  # fmt: skip

@@ -45,7 +45,13 @@ def fairness_report(result: FairnessAudit, path: str | os.PathLike, *, title: st
     most, least = result.extremes(key)
     items = "".join(f"<li>{html.escape(n)}: {v:.3f}</li>" for n, v in most)
     items2 = "".join(f"<li>{html.escape(n)}: {v:.3f}</li>" for n, v in least)
-    report.section(f"Most and least biased queries (baseline {key})", f"<p>Most:</p><ul>{items}</ul><p>Least:</p><ul>{items2}</ul>", section_id="queries")
-    per_query = [{"query": n, **{f"{r.spec} {key}": float(r.per_query[key][i]) for r in result.results}} for i, n in enumerate(result.query_names)]
+    report.section(
+        f"Most and least biased queries (baseline {key})",
+        f"<p>Most:</p><ul>{items}</ul><p>Least:</p><ul>{items2}</ul>",
+        section_id="queries",
+    )
+    per_query = [
+        {"query": n, **{f"{r.spec} {key}": float(r.per_query[key][i]) for r in result.results}} for i, n in enumerate(result.query_names)
+    ]
     report.section("Per query", html_table(per_query), section_id="per-query")
     return report.write(path)

@@ -34,9 +34,7 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "reports need matplotlib: pip install 'hubless[report]'"
-        ) from exc
+        raise ImportError("reports need matplotlib: pip install 'hubless[report]'") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -71,10 +69,10 @@ def html_table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | No
 class Report:
     """An HTML report assembled section by section::
 
-        report = Report("hubless evaluation")
-        report.section("Results", html_table(rows))
-        report.figure("Hubness", fig, caption="N_1 before and after")
-        report.write("report.html")
+    report = Report("hubless evaluation")
+    report.section("Results", html_table(rows))
+    report.figure("Hubness", fig, caption="N_1 before and after")
+    report.write("report.html")
     """
 
     def __init__(self, title: str) -> None:

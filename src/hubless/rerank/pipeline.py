@@ -79,7 +79,9 @@ class Pipeline:
         self.gallery_items = None if gallery_items is None else list(gallery_items)
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")
 
-    def search(self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None, **first_stage) -> RerankResult:
+    def search(
+        self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None, **first_stage
+    ) -> RerankResult:
         """Retrieve the corrected top ``k``, rerank, return the best ``top_k`` (<= k).
 
         ``first_stage``: per-call arguments of the first stage's ``search``, e.g. ``alpha=0.5``

@@ -51,7 +51,11 @@ class CrossEncoderReranker(Reranker):
 
     def score_pairs(self, queries, candidates) -> np.ndarray:
         pairs = [(str(q), str(c)) for q, c in zip(queries, candidates)]
-        scores = self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True, activation_fn=None) if pairs else []
+        scores = (
+            self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True, activation_fn=None)
+            if pairs
+            else []
+        )
         return np.asarray(scores, dtype=np.float32).reshape(len(pairs), -1)[:, -1]
 
 
@@ -84,7 +88,9 @@ class BlipITMReranker(Reranker):
         keys = [i if isinstance(i, str) else id(i) for i in images]
         missing = [i for i, k in enumerate(keys) if k not in self._cache]
         if missing:
-            pixels = self.image_processor(images=[open_image(images[i]) for i in missing], return_tensors="pt")["pixel_values"].to(self.device)
+            pixels = self.image_processor(images=[open_image(images[i]) for i in missing], return_tensors="pt")["pixel_values"].to(
+                self.device
+            )
             states = self.model.vision_model(pixel_values=pixels, return_dict=True).last_hidden_state
             for row, i in enumerate(missing):
                 self._cache[keys[i]] = states[row]
@@ -104,7 +110,9 @@ class BlipITMReranker(Reranker):
             for start in range(0, len(texts), self.batch_size):
                 t = texts[start : start + self.batch_size]
                 states = self._image_states(images[start : start + self.batch_size])
-                tokens = self.tokenizer(t, padding=True, truncation=True, max_length=self.model.config.text_config.max_position_embeddings, return_tensors="pt").to(self.device)
+                tokens = self.tokenizer(
+                    t, padding=True, truncation=True, max_length=self.model.config.text_config.max_position_embeddings, return_tensors="pt"
+                ).to(self.device)
                 hidden = self.model.text_encoder(
                     input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"], encoder_hidden_states=states,
                     encoder_attention_mask=torch.ones(states.shape[:-1], dtype=torch.long, device=self.device), return_dict=True,
