@@ -31,29 +31,14 @@ MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 
 #: package -> packages it must never import (the data flow: engine -> corrections -> index ->
 #: evaluation/tuning/fairness/rerank -> reports -> cli).
+MEASURING = ("hubless.evaluation", "hubless.tuning", "hubless.fairness", "hubless.rerank")
+PRESENTING = ("hubless.cli", "hubless.reports")
 FORBIDDEN = {
-    "hubless.engine": (
-        "hubless.corrections",
-        "hubless.index",
-        "hubless.evaluation",
-        "hubless.tuning",
-        "hubless.fairness",
-        "hubless.rerank",
-        "hubless.cli",
-        "hubless.reports",
-    ),
-    "hubless.metrics": ("hubless.corrections", "hubless.index", "hubless.evaluation", "hubless.cli", "hubless.engine"),
-    "hubless.corrections": (
-        "hubless.index",
-        "hubless.evaluation",
-        "hubless.tuning",
-        "hubless.fairness",
-        "hubless.rerank",
-        "hubless.cli",
-        "hubless.reports",
-    ),
-    "hubless.index": ("hubless.evaluation", "hubless.tuning", "hubless.fairness", "hubless.cli", "hubless.reports"),
-    "hubless.evaluation": ("hubless.cli", "hubless.index"),
+    "hubless.engine": ("hubless.corrections", "hubless.index", *MEASURING, *PRESENTING),
+    "hubless.metrics": ("hubless.corrections", "hubless.index", "hubless.engine", *MEASURING, *PRESENTING),
+    "hubless.corrections": ("hubless.index", *MEASURING, *PRESENTING),
+    "hubless.index": (*MEASURING, *PRESENTING),
+    "hubless.evaluation": ("hubless.index", *PRESENTING),
     "hubless.progress": ("hubless.",),
 }
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless._validation import check_k, check_positive_int
-from hubless.corrections.base import AdditiveCorrection
-from hubless.corrections.nnn import POWERS_OF_TWO, topk_mean
+from hubless._validation import check_k
+from hubless.corrections.nnn import POWERS_OF_TWO, TopKMeanBias
 from hubless.corrections.queries import QueryRequest
-from hubless.engine import StatisticsRequest
 
 __all__ = ["CSLS"]
 
 
-class CSLS(AdditiveCorrection):
+class CSLS(TopKMeanBias):
     """CSLS (Conneau et al. 2018; as cast in QB-Norm, Bogolin et al. 2022, section 3.4).
 
         score(q, r) = 2 s(q, r) - r_q - r_r
@@ -33,26 +31,16 @@ class CSLS(AdditiveCorrection):
         self.k = k
         super().__init__(normalize=normalize)
 
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        check_positive_int(self.k, "k")
-
-    def statistics_request(self) -> StatisticsRequest:
-        return StatisticsRequest(query_topk=self.k)
-
     @property
     def query_request(self) -> QueryRequest:
         return QueryRequest(topk=self.k)
 
     def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
-        check_k(self.k, n_query_bank, "k", "the query bank")
+        super().check_sizes(n_gallery, n_query_bank, n_gallery_bank)
         check_k(self.k, n_gallery, "k", "the gallery")
 
     def weight(self) -> float:
         return 0.5
-
-    def _bias_columns(self, statistics) -> np.ndarray:
-        return topk_mean(statistics, self.k)
 
     def method_scores(self, batch, ranking):
         r_q = self.query_statistics(batch).topk[:, : self.k].mean(axis=1, dtype=np.float64)

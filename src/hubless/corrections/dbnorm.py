@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless._validation import check_k, check_nonnegative_float, check_positive_int
+from hubless._validation import check_nonnegative_float
 from hubless.corrections.base import AdditiveCorrection
-from hubless.corrections.qbnorm import LOG_BETAS
-from hubless.corrections.queries import QueryRequest
+from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated
 from hubless.engine import StatisticsRequest
 
 __all__ = ["DualIS", "DualDIS"]
@@ -69,7 +68,7 @@ class DualIS(AdditiveCorrection):
         return np.exp(self._beta_sum * ranking.astype(np.float64)).astype(np.float32)
 
 
-class DualDIS(DualIS):
+class DualDIS(ActivationGated, DualIS):
     """DBNorm DualDIS: DualIS with each factor gated by its own activation set.
 
     A_B (A_G) is the union, over query-bank (gallery-bank) items, of their ``k_activation``
@@ -94,23 +93,12 @@ class DualDIS(DualIS):
         self.k_activation = k_activation
         super().__init__(beta_query=beta_query, beta_gallery=beta_gallery, normalize=normalize)
 
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        check_positive_int(self.k_activation, "k_activation")
-
     def statistics_request(self) -> StatisticsRequest:
         return (
             super()
             .statistics_request()
             .merge(StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation))
         )
-
-    @property
-    def query_request(self) -> QueryRequest:
-        return QueryRequest(top1=True)
-
-    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
-        check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
     def _bias_columns(self, statistics) -> np.ndarray:
         self.activation_masks_ = np.stack(
@@ -123,4 +111,4 @@ class DualDIS(DualIS):
         return self._log_normalizers(statistics) / self._beta_sum
 
     def weights(self, batch):
-        return self.activation_masks_[self.query_statistics(batch).top1].astype(np.float32)
+        return self.gates(batch, self.activation_masks_)

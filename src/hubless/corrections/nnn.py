@@ -8,7 +8,7 @@ from hubless._validation import check_k, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
 from hubless.engine import StatisticsRequest
 
-__all__ = ["NNN", "topk_mean"]
+__all__ = ["NNN", "TopKMeanBias", "topk_mean"]
 
 #: k in {1, 2, 4, ..., 512}: the NNN paper's grid (appendix B), also used for CSLS.
 POWERS_OF_TWO = tuple(2**i for i in range(10))
@@ -19,7 +19,26 @@ def topk_mean(statistics, k: int) -> np.ndarray:
     return statistics.query_topk[:, :k].mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
-class NNN(AdditiveCorrection):
+class TopKMeanBias(AdditiveCorrection):
+    """Shared by NNN and CSLS: bias(r) = mean of the ``k`` largest s(b, r) over the query bank."""
+
+    k: int
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        check_positive_int(self.k, "k")
+
+    def statistics_request(self) -> StatisticsRequest:
+        return StatisticsRequest(query_topk=self.k)
+
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+        check_k(self.k, n_query_bank, "k", "the query bank")
+
+    def _bias_columns(self, statistics) -> np.ndarray:
+        return topk_mean(statistics, self.k)
+
+
+class NNN(TopKMeanBias):
     """Nearest Neighbor Normalization (Chowdhury et al. 2024, eqs. 1-2).
 
         bias(r) = (1/k) * sum of the k largest s(b, r) over query-bank items b
@@ -40,18 +59,5 @@ class NNN(AdditiveCorrection):
         self.k = k
         super().__init__(normalize=normalize)
 
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        check_positive_int(self.k, "k")
-
-    def statistics_request(self) -> StatisticsRequest:
-        return StatisticsRequest(query_topk=self.k)
-
-    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
-        check_k(self.k, n_query_bank, "k", "the query bank")
-
     def weight(self) -> float:
         return float(self.alpha)
-
-    def _bias_columns(self, statistics) -> np.ndarray:
-        return topk_mean(statistics, self.k)

@@ -12,7 +12,7 @@ from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.queries import QueryRequest
 from hubless.engine import StatisticsRequest
 
-__all__ = ["InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS"]
+__all__ = ["ActivationGated", "InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS"]
 
 #: Inverse temperatures tried by tuning: a log grid around the paper's default 20.
 LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -52,7 +52,31 @@ class InvertedSoftmax(AdditiveCorrection):
         return np.exp(self.beta * ranking.astype(np.float64)).astype(np.float32)
 
 
-class DynamicInvertedSoftmax(InvertedSoftmax):
+class ActivationGated:
+    """Mixin of the dynamic variants (DIS, DualDIS): a factor applies to a query only when its
+    raw top-1 gallery item is in an activation set, the union over a bank's items of their
+    ``k_activation`` nearest gallery items (QB-Norm, Bogolin et al. 2022, section 3.4)."""
+
+    k_activation: int
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        check_positive_int(self.k_activation, "k_activation")
+
+    @property
+    def query_request(self) -> QueryRequest:
+        return QueryRequest(top1=True)
+
+    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
+        check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
+
+    def gates(self, batch, masks: np.ndarray) -> np.ndarray:
+        """Per query, whether its raw top-1 is in each activation set: ``masks`` (n_gallery,
+        n_sets) -> (n_queries, n_sets) float32 (1 open, 0 closed)."""
+        return masks[self.query_statistics(batch).top1].astype(np.float32)
+
+
+class DynamicInvertedSoftmax(ActivationGated, InvertedSoftmax):
     """QB-Norm dynamic inverted softmax (DIS), Bogolin et al. 2022, eq. 2.
 
     The activation set A is the union, over query-bank items b, of the ``k_activation`` gallery
@@ -73,26 +97,15 @@ class DynamicInvertedSoftmax(InvertedSoftmax):
         self.k_activation = k_activation
         super().__init__(beta=beta, normalize=normalize)
 
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        check_positive_int(self.k_activation, "k_activation")
-
     def statistics_request(self) -> StatisticsRequest:
         return super().statistics_request().merge(StatisticsRequest(query_activation_k=self.k_activation))
-
-    @property
-    def query_request(self) -> QueryRequest:
-        return QueryRequest(top1=True)
-
-    def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
-        check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
     def _bias_columns(self, statistics) -> np.ndarray:
         self.activation_mask_ = statistics.activation_mask("query", self.k_activation)
         return super()._bias_columns(statistics)
 
     def weights(self, batch):
-        return self.activation_mask_[self.query_statistics(batch).top1].astype(np.float32)[:, None]
+        return self.gates(batch, self.activation_mask_[:, None])
 
     def method_scores(self, batch, ranking):
         gated = self.weights(batch) > 0
