@@ -12,6 +12,7 @@ first use (PEP 562), so ``import hubless`` and the command line start fast.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -51,7 +52,11 @@ __all__ = sorted([*_EXPORTS, "__version__"])
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'hubless' has no attribute {name!r}")
+        if name.startswith("_") or importlib.util.find_spec(f"hubless.{name}") is None:
+            raise AttributeError(f"module 'hubless' has no attribute {name!r}")
+        value = importlib.import_module(f"hubless.{name}")  # a subpackage: hubless.fairness, ...
+        globals()[name] = value
+        return value
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups skip this function
     return value

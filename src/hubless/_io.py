@@ -70,8 +70,15 @@ def save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes (streamed in 1 MiB chunks), as hex."""
+    """sha256 of a file's bytes (streamed in 1 MiB chunks), as hex. For a directory (e.g. a
+    clip-retrieval output folder): the sha256 of every file's relative path and sha256, in
+    sorted order, so any change to any file changes it."""
+    path = Path(path)
     h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f"{f.relative_to(path).as_posix()}\0{file_sha256(f)}\n".encode())
+        return h.hexdigest()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)

@@ -4,8 +4,15 @@ extra to install."""
 from __future__ import annotations
 
 import importlib
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
 
 from hubless.errors import MissingDependencyError
+
+#: Seconds to wait for the Hugging Face hub before saying a model cannot be fetched.
+HUB_PROBE_SECONDS = 3.0
 
 
 def require(module: str):
@@ -25,3 +32,33 @@ def resolve_device(device: str | None) -> str:
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use device='cpu'")
     return str(device)
+
+
+def ensure_model_available(name_or_path: str, marker: str = "config.json") -> None:
+    """Fail in one line, before any work, when a model can be neither read locally nor fetched.
+
+    A local folder is used as it is. A hub name is fine when its ``marker`` file is in the
+    Hugging Face cache; otherwise, with ``HF_HUB_OFFLINE=1`` or when the hub does not answer
+    within a few seconds, this raises a ValueError saying so (instead of the hub client's
+    retries and tracebacks). When the model is cached, loading is switched to the cache only.
+    """
+    if Path(name_or_path).exists():
+        return
+    hub = require("huggingface_hub")
+    try:
+        cached = hub.try_to_load_from_cache(str(name_or_path), marker)
+    except Exception:  # not a valid repo id: let the loader say what is wrong
+        return
+    if isinstance(cached, str):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # cached: no network round trips
+        return
+    where = f"{name_or_path!r} is not a local folder and not in the Hugging Face cache"
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
+        raise ValueError(f"model {where}, and HF_HUB_OFFLINE is set: download it first or pass a local folder")
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
+    except OSError:
+        raise ValueError(
+            f"model {where}, and the hub ({host}) cannot be reached: download it where there is network, or pass a local folder"
+        ) from None

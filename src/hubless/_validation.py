@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
+import weakref
 
 import numpy as np
 
@@ -28,6 +29,9 @@ NORM_TOLERANCE = 1e-3
 UNIT_PRECISION = 1e-6
 
 _warned_names: set[str] = set()
+#: Arrays already warned about (by identity): an array validated once and passed on (e.g. by the
+#: CLI to ``fit``) is not warned about again under another name.
+_warned_arrays: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
 
 class UnnormalizedEmbeddingsWarning(UserWarning):
@@ -37,6 +41,7 @@ class UnnormalizedEmbeddingsWarning(UserWarning):
 def _reset_warnings() -> None:
     """Forget which arrays were already warned about (for tests)."""
     _warned_names.clear()
+    _warned_arrays.clear()
 
 
 def as_embeddings(
@@ -101,8 +106,9 @@ def as_embeddings(
             if np.may_share_memory(arr, given):  # never write into the caller's memory
                 arr = arr.copy()
             arr[off] = arr[off] / norms[off, None]
-    elif not unit.all() and name not in _warned_names:
+    elif not unit.all() and name not in _warned_names and _warned_arrays.get(id(given)) is not given:
         _warned_names.add(name)
+        _warned_arrays[id(arr)] = arr
         warnings.warn(
             f"{name} is not L2-normalised (norms from {norms.min():.3g} to {norms.max():.3g}) and "
             "normalize=False: scores are raw dot products, not the cosine similarities the "

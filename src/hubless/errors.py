@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MissingDependencyError", "NotFittedError"]
+__all__ = ["MissingDependencyError", "NotFittedError", "check_available"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -20,3 +20,20 @@ class MissingDependencyError(ImportError):
         self.package, self.extra = package, extra
         self.install = f"pip install 'hubless[{extra}]'"
         super().__init__(f"{what} needs {package}: {self.install}")
+
+
+def check_available(module: str, what: str, extra: str, package: str | None = None) -> None:
+    """Raise :class:`MissingDependencyError` now, before any work, when ``module`` is not
+    installed (checked without importing it)."""
+    import sys
+    from importlib.util import find_spec
+
+    if module in sys.modules:  # imported already, or blocked (None)
+        found = sys.modules[module] is not None
+    else:
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+    if not found:
+        raise MissingDependencyError(what, package or module, extra)

@@ -35,7 +35,7 @@ ITEM_COLUMNS = ("path", "text", "item")
 CLIP_RETRIEVAL = {"img": ("img_emb", "img_emb_"), "text": ("text_emb", "text_emb_")}
 
 
-def _split_key(path: str | os.PathLike) -> tuple[Path, str | None]:
+def split_key(path: str | os.PathLike) -> tuple[Path, str | None]:
     """``"file.npz:key"`` / ``"folder:text"`` -> (path, "key"); other paths pass through."""
     text = os.fspath(path)
     head, sep, key = text.rpartition(":")
@@ -82,7 +82,7 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     archive holding a single array needs none), or from a clip-retrieval output folder
     (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings).
     Object arrays (pickles) are refused."""
-    file, inline_key = _split_key(path)
+    file, inline_key = split_key(path)
     key = key or inline_key
     if file.is_dir() and ((file / "img_emb").is_dir() or (file / "text_emb").is_dir()):
         return load_clip_retrieval(file, key or "img")

@@ -1,4 +1,8 @@
-"""Options and helpers shared by the sub-commands (loading inputs, parsing lists, errors)."""
+"""Options and helpers shared by the sub-commands (loading inputs, parsing lists, messages).
+
+Every message and table is printed with rich markup off: user content (paths, specs, captions,
+``pip install 'hubless[report]'``) is shown exactly as it is, never read as a style tag.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,9 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-err_console = Console(stderr=True, soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 METHOD_HELP = (
     "Correction spec, repeatable, e.g. nnn:alpha=0.75,k=16 or is:beta=20 (`hubless methods` lists every method with its parameters)."
@@ -43,29 +48,47 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     if path is None:
         return None
     from hubless._io import file_sha256
+    from hubless.inputs import split_key
 
-    file = str(path).partition(":")[0] if not Path(path).exists() else str(path)
+    file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
     return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
 
 
+def print_error(message: str) -> None:
+    """One line on stderr: ``error: message`` (the message is printed as it is)."""
+    err_console.print(Text.assemble(("error: ", "bold red"), str(message)))
+
+
+def print_note(message: str, label: str = "note") -> None:
+    """One line on stderr: ``note: message`` (or another label, e.g. warning)."""
+    err_console.print(Text.assemble((f"{label}: ", "yellow"), str(message)))
+
+
+def error_message(exc: BaseException) -> str:
+    """The one-line text of a library error (KeyError's repr quotes dropped)."""
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(str(text).split()) or type(exc).__name__
+
+
 def friendly_errors(func: Callable) -> Callable:
-    """Turn the library's input errors into a one-line message and exit code 2 (no traceback)."""
+    """Turn the library's errors into a one-line message and exit code 2 (no traceback).
+    A missing optional package names the exact pip command that installs it."""
 
     @wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
         except (ValueError, OSError, KeyError, TypeError, ImportError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}")
+            print_error(error_message(exc))
             raise typer.Exit(2) from None
 
     return wrapper
 
 
 def wide_console() -> Console:
-    """A console for result tables: on a terminal its width, otherwise (pipes, CI logs) 160
-    columns so tables are not folded."""
-    console = Console()
+    """A console for result tables (markup off): on a terminal its width, otherwise (pipes, CI
+    logs) 160 columns so tables are not folded."""
+    console = Console(markup=False)
     if not console.is_terminal:
         console.width = max(console.width, 160)
     return console

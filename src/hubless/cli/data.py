@@ -8,7 +8,9 @@ import typer
 
 from hubless.cli._common import friendly_errors
 
-app = typer.Typer(help="Benchmark data: COCO and Flickr30k Karpathy caption splits.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmark data: COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (visogender).", no_args_is_help=True
+)
 
 
 @app.command("fetch")

@@ -7,9 +7,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import wide_console
+from hubless.cli._common import friendly_errors, print_note, wide_console
 
 
+@friendly_errors
 def demo(
     seed: int = typer.Option(0, help="Seed of the synthetic benchmark."),
     n_items: int = typer.Option(1000, help="Gallery items (images); each has 5 captions as queries."),
@@ -19,7 +20,14 @@ def demo(
     """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
+    from hubless.errors import MissingDependencyError, check_available
 
+    if str(report) not in ("", "."):
+        try:
+            check_available("matplotlib", "the HTML report", "report")
+        except MissingDependencyError as exc:
+            print_note(f"{exc}; the report is skipped")
+            report = Path("")
     data = make_retrieval_data(n_items=n_items, seed=seed)
     ev = run_demo(data, progress=progress)
     base = ev.results[0]

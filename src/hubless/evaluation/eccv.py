@@ -10,7 +10,10 @@ Karpathy order: image i, captions 5i..5i+4) to COCO ids with the package's
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +30,9 @@ def _package_dir() -> Path:
     try:
         import eccv_caption
     except ImportError as exc:
-        raise ImportError("ECCV Caption metrics need the eccv-caption package: pip install eccv-caption") from exc
+        from hubless.errors import MissingDependencyError
+
+        raise MissingDependencyError("ECCV Caption metrics", "eccv-caption", "eccv") from exc
     return Path(eccv_caption.__file__).parent
 
 
@@ -64,7 +69,10 @@ def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, di
     caption_ids, image_ids = coco5k_ids()
     t2i = {int(c): image_ids[row].tolist() for c, row in zip(caption_ids, t2i_ranked)}
     i2t = {int(i): caption_ids[row].tolist() for i, row in zip(image_ids, i2t_ranked)}
-    scores = Metrics().compute_all_metrics(i2t, t2i, target_metrics=TARGETS, Ks=(1,), verbose=False)
+    # The package prints, warns and draws progress bars of its own: keep them out of our output.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scores = Metrics().compute_all_metrics(i2t, t2i, target_metrics=TARGETS, Ks=(1,), verbose=False)
     return {name: {d: 100.0 * float(v) for d, v in scores[name].items()} for name in TARGETS if name in scores}
 
 

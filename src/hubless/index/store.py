@@ -34,6 +34,7 @@ import numpy as np
 from hubless._io import file_sha256, umask_mode
 from hubless.corrections import Correction, make_correction
 from hubless.engine import BankStatistics
+from hubless.errors import MissingDependencyError
 from hubless.index.config import IndexConfig
 
 __all__ = ["FORMAT", "VERSION", "SavedIndex", "load_index", "save_index"]
@@ -161,7 +162,7 @@ def _write_parquet(records: list[dict], file: Path) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise ImportError("saving item metadata needs pyarrow: pip install 'hubless[index]'") from exc
+        raise MissingDependencyError("saving item metadata", "pyarrow", "index") from exc
     pq.write_table(pa.Table.from_pylist(records), file)
 
 
@@ -169,5 +170,5 @@ def _read_parquet(file: Path) -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise ImportError("reading item metadata needs pyarrow: pip install 'hubless[index]'") from exc
+        raise MissingDependencyError("reading item metadata", "pyarrow", "index") from exc
     return pq.read_table(file).to_pylist()

@@ -57,7 +57,7 @@ def hubness_statistics(ranked_ids: np.ndarray, n_gallery: int, ks=(1, 10), expec
         total = counts.sum()
         out[f"N{k}_skewness"] = skewness(counts)
         out[f"N{k}_kurtosis"] = kurtosis(counts)
-        out[f"N{k}_max"] = float(counts.max())
+        out[f"N{k}_max"] = int(counts.max())  # a count
         out[f"N{k}_antihub_share"] = float(np.mean(counts == 0))
         out[f"N{k}_robin_hood"] = float(0.5 * np.abs(counts - counts.mean()).sum() / total)
         out[f"N{k}_hub_occurrence"] = float(np.sort(counts)[-n_top:].sum() / total)

@@ -34,7 +34,9 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("reports need matplotlib: pip install 'hubless[report]'") from exc
+        from hubless.errors import MissingDependencyError
+
+        raise MissingDependencyError("HTML reports", "matplotlib", "report") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hubless._torch import require, resolve_device
+from hubless._torch import ensure_model_available, require, resolve_device
 from hubless.encoders.base import open_image
 
 __all__ = ["BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]
@@ -43,6 +43,7 @@ class CrossEncoderReranker(Reranker):
     """A sentence-transformers ``CrossEncoder`` (text->text), by hub name or folder."""
 
     def __init__(self, name_or_path: str, device: str | None = None, batch_size: int = 64) -> None:
+        ensure_model_available(str(name_or_path))  # before the slow imports
         st = require("sentence_transformers")
         self.name = str(name_or_path)
         self.device = resolve_device(device)
@@ -71,10 +72,11 @@ class BlipITMReranker(Reranker):
 
     def __init__(self, name_or_path: str, direction: str = "text->image", device: str | None = None,
                  batch_size: int = 32, cache_size: int = 4096) -> None:  # fmt: skip
-        transformers = require("transformers")
-        self.torch = require("torch")
         if direction not in ("text->image", "image->text"):
             raise ValueError("BLIP ITM reranks text->image or image->text")
+        ensure_model_available(str(name_or_path))  # before the slow imports
+        transformers = require("transformers")
+        self.torch = require("torch")
         self.name, self.direction = str(name_or_path), direction
         self.device = resolve_device(device)
         self.batch_size, self.cache_size = batch_size, cache_size
