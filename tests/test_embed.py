@@ -95,3 +95,16 @@ def test_embed_texts_cli_and_errors(clip_dir, tmp_path):
         app, ["embed", "--model", str(tmp_path / "nope"), "--texts", str(tmp_path / "caps.txt"), "--out", str(tmp_path / "y.npy")]
     )
     assert result.exit_code == 2 and "error" in result.output
+
+
+def test_embed_with_no_readable_image_fails_and_writes_nothing(clip_dir, tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"\xff\xd8 nope")
+    (folder / "b.txt").write_text("not an image")
+    out = tmp_path / "emb.npy"
+    result = runner.invoke(app, ["embed", "--model", str(clip_dir), "--images", str(folder), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert "none of the 2 images could be read" in result.output and "a.jpg" in result.output and "b.txt" in result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no .npy, no .meta.json, no .parts

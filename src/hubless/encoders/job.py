@@ -5,7 +5,8 @@
 Items are encoded ``chunk_size`` at a time; each finished chunk is written atomically to
 ``emb.npy.parts/`` together with which items it holds, so an interrupted job started again
 with the same inputs and model skips the finished chunks. Unreadable or corrupt images are
-skipped and listed (never crash the job). At the end ``emb.npy`` holds one row per embedded
+skipped and listed (never crash the job); when none can be read, nothing is written and
+:class:`NothingEmbeddedError` lists them. At the end ``emb.npy`` holds one row per embedded
 item and ``emb.meta.json`` the matching metadata, row for row: the item's index in the input,
 its path or text, the model, the dimension, and the skipped items with their errors.
 """
@@ -25,9 +26,19 @@ from hubless._io import save_npy, write_json
 from hubless.encoders.base import Encoder, open_image
 from hubless.progress import progress_bar
 
-__all__ = ["EmbedResult", "embed_to_file", "list_images", "meta_path", "IMAGE_SUFFIXES"]
+__all__ = ["EmbedResult", "NothingEmbeddedError", "embed_to_file", "list_images", "meta_path", "IMAGE_SUFFIXES"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+class NothingEmbeddedError(ValueError):
+    """No item of a job could be read; nothing was written. ``skipped`` lists each item and its error."""
+
+    def __init__(self, skipped: list[dict]) -> None:
+        self.skipped = skipped
+        shown = "; ".join(f"{s['path']}: {s['error']}" for s in skipped[:5])
+        more = f" (and {len(skipped) - 5} more)" if len(skipped) > 5 else ""
+        super().__init__(f"none of the {len(skipped)} images could be read, nothing was written: {shown}{more}")
 
 
 @dataclass
@@ -138,6 +149,9 @@ def embed_to_file(
         index.extend(ids["ok"])
         skipped.extend(ids["skipped"])
     matrix = np.concatenate(embeddings) if embeddings else np.empty((0, encoder.dim), np.float32)
+    if matrix.shape[0] == 0:  # every image unreadable: an empty (0, d) file would only fail later
+        shutil.rmtree(parts)
+        raise NothingEmbeddedError(skipped)
     if matrix.shape[0] != len(index):  # pragma: no cover - guarded by the chunk files
         raise RuntimeError("embeddings and metadata are out of step; delete the .parts folder and rerun")
     field = "path" if modality == "image" else "text"
