@@ -89,8 +89,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", type=int, default=1000)
     args = parser.parse_args()
-    test = embed(load_captions("coco", "test5k").captions, "coco-test5k")
-    dev = embed(load_captions("coco", "dev").captions, "coco-dev")
+    try:
+        test_captions, dev_captions = load_captions("coco", "test5k").captions, load_captions("coco", "dev").captions
+    except FileNotFoundError as exc:
+        sys.exit(f"{exc}\nGet the caption files with `hubless data fetch coco` (then HUBLESS_DATA_DIR=data) or run next to ../shared/data.")
+    test = embed(test_captions, "coco-test5k")
+    dev = embed(dev_captions, "coco-dev")
     val, bank = dev[:2500], dev[2500:]
 
     gallery, queries, query_image = split_first_caption(test)

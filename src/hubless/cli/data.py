@@ -9,24 +9,34 @@ import typer
 from hubless.cli._common import friendly_errors
 
 app = typer.Typer(
-    help="Benchmark data: COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (visogender).", no_args_is_help=True
+    help="Benchmark data: COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (fetch visogender, visogender).",
+    no_args_is_help=True,
 )
 
 
 @app.command("fetch")
 @friendly_errors
 def fetch_command(
-    dataset: str = typer.Argument(..., help="coco or flickr30k"),
+    dataset: str = typer.Argument(..., help="coco, flickr30k or visogender"),
     dest: Path = typer.Option(None, help="Folder to write into (default: $HUBLESS_DATA_DIR or ./data)."),
-    archive: Path = typer.Option(None, help="A local caption_datasets.zip instead of downloading it."),
+    archive: Path = typer.Option(
+        None, help="A local copy instead of downloading: caption_datasets.zip (coco, flickr30k) or a folder with the VisoGender TSVs."
+    ),
+    verify: bool = typer.Option(True, "--verify/--no-verify", help="VisoGender: refuse files that differ from the pinned release."),
 ) -> None:
-    """Download Karpathy's caption splits and write the caption files hubless reads."""
+    """Download Karpathy's caption splits (coco, flickr30k) or the VisoGender metadata
+    (github.com/oxai/visogender, pinned and checksummed) and write the files hubless reads."""
     import os
 
     from hubless.data.fetch import fetch
+    from hubless.data.visogender import fetch_visogender
 
+    dest = dest or Path(os.environ.get("HUBLESS_DATA_DIR", "data"))
     try:
-        files = fetch(dataset, dest or Path(os.environ.get("HUBLESS_DATA_DIR", "data")), archive=archive)
+        if dataset == "visogender":
+            files = fetch_visogender(dest, source=archive, verify=verify)
+        else:
+            files = fetch(dataset, dest, archive=archive)
     except ConnectionError as exc:
         raise ValueError(str(exc)) from None
     for f in files:

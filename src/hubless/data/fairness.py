@@ -68,6 +68,12 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
 
     folder = Path(root) if root is not None else data_dir() / "visogender"
     files = {"OP": folder / "OP_Visogender_11012024.tsv", "OO": folder / "OO_Visogender_10052025.tsv"}
+    missing = [f.name for f in files.values() if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"VisoGender metadata ({', '.join(missing)}) not found in {folder}: run `hubless data fetch visogender` "
+            "(writes ./data/visogender; set HUBLESS_DATA_DIR=data) or set HUBLESS_DATA_DIR to a folder holding visogender/"
+        )
     rows = []
     for kind, file in files.items():
         for r in read_records(file):
