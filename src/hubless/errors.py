@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MissingDependencyError", "NotFittedError", "check_available"]
+__all__ = ["MissingDependencyError", "MissingInputError", "NotFittedError", "check_available"]
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -11,6 +11,18 @@ class NotFittedError(ValueError, AttributeError):
     Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so code
     written for scikit-learn estimators catches it.
     """
+
+
+class MissingInputError(ValueError):
+    """A required input was not given. ``argument`` is its Python name (``gallery_bank``); the
+    message names it as a keyword argument, and :meth:`for_cli` as the command-line flag."""
+
+    def __init__(self, argument: str, template: str) -> None:
+        self.argument, self.template = argument, template
+        super().__init__(template.format(arg=f"{argument}=..."))
+
+    def for_cli(self) -> str:
+        return self.template.format(arg="--" + self.argument.replace("_", "-"))
 
 
 class MissingDependencyError(ImportError):

@@ -66,6 +66,10 @@ def print_note(message: str, label: str = "note") -> None:
 
 def error_message(exc: BaseException) -> str:
     """The one-line text of a library error (KeyError's repr quotes dropped)."""
+    from hubless.errors import MissingInputError
+
+    if isinstance(exc, MissingInputError):
+        return exc.for_cli()
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(str(text).split()) or type(exc).__name__
 

@@ -30,7 +30,7 @@ from hubless._validation import as_embeddings, check_nonnegative_float, check_to
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
-from hubless.errors import NotFittedError
+from hubless.errors import MissingInputError, NotFittedError
 
 __all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
 
@@ -460,13 +460,12 @@ def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):
     needing = [c for c in corrections if c.needs_query_bank]
     if needing:
         if query_bank is None:
-            raise ValueError(f"{type(needing[0]).__name__} needs a query bank: fit(gallery, query_bank)")
+            raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
         b = as_embeddings(query_bank, "query_bank", normalize=normalize, dim=dim)
     requiring = [c for c in corrections if c.gallery_bank_use == "required"]
     if requiring and gallery_bank is None:
-        raise ValueError(
-            f"{type(requiring[0]).__name__} needs a gallery bank (reference items of the gallery's "
-            "modality): fit(gallery, query_bank, gallery_bank)"
+        raise MissingInputError(
+            "gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank (reference items of the gallery's modality): pass {{arg}}"
         )
     if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):
         gb = as_embeddings(gallery_bank, "gallery_bank", normalize=normalize, dim=dim)
