@@ -23,6 +23,7 @@ import sys
 import time
 
 import numpy as np
+from _table import print_table  # benchmarks/_table.py (run as python benchmarks/...)
 
 D = 512
 K = 64
@@ -150,10 +151,8 @@ def main() -> None:
         ("nnn-retrieval extra peak memory", f"{results['nnn-retrieval']['extra_mib']:.0f} MiB", ""),
         ("faiss extra peak memory", f"{results['faiss']['extra_mib']:.0f} MiB", ""),
     ]  # fmt: skip
-    width = max(len(r[0]) for r in rows)
-    print(f"\n| {'measure'.ljust(width)} | value | floor |\n|{'-' * (width + 2)}|---|---|")
-    for label, value, floor in rows:
-        print(f"| {label.ljust(width)} | {value} | {floor} |")
+    full = (args.gallery, args.bank) == (20_000, 100_000)
+    print_table(rows, full_size=full, size="gallery 20k x bank 100k")
     print(f"\n(GEMM peak measured here: {peak:.0f} GFLOP/s; hubless reached {flops / ours['seconds'] / 1e9:.0f} GFLOP/s)")
 
 

@@ -1,7 +1,7 @@
 """Serving corrections from FAISS: ratios measured in one run on synthetic unit vectors (d 512).
 
     python benchmarks/index_speed.py              # gallery 100k, bank 1M (exact bias: ~25 min on 2 cores)
-    python benchmarks/index_speed.py --scale 0.3  # gallery 30k, bank 300k (~4 min)
+    python benchmarks/index_speed.py --scale 0.3  # gallery 30k, bank 300k (10.7 min measured; no floors)
 
 (a) NNN bias from an IVF index over the bank vs the exact streamed bias: time ratio (the ANN time
     includes training and filling the bank index) and the change in R@1 of the corrected search
@@ -22,6 +22,7 @@ import time
 
 import faiss
 import numpy as np
+from _table import print_table  # benchmarks/_table.py (run as python benchmarks/...)
 
 import hubless
 from hubless.data.synthetic import make_retrieval_data
@@ -115,10 +116,7 @@ def main() -> None:
     index.add(new_items)
     t_add = time.perf_counter() - t0
     rows.append((f"(d) add {n_gallery // 100:,} items to {index.factory}: refit time / incremental time", f"{t_exact / t_add:.0f}x", ""))
-    width = max(len(r[0]) for r in rows)
-    print(f"| {'measure'.ljust(width)} | value | floor |\n|{'-' * (width + 2)}|---|---|")
-    for label, value, floor in rows:
-        print(f"| {label.ljust(width)} | {value} | {floor} |")
+    print_table(rows, full_size=args.scale == 1.0, size="gallery 100k x bank 1M")
     print(f"\n(exact bias {t_exact:.1f}s; faiss {faiss.__version__})")
 
 

@@ -1,0 +1,18 @@
+"""The results table every benchmark prints: measure | value | floor.
+
+A floor is the size-specific target an issue set (e.g. ">= 10x" at gallery 100k x bank 1M);
+at any other size it does not apply, so the column says so instead of suggesting a verdict.
+"""
+
+from __future__ import annotations
+
+
+def print_table(rows: list[tuple[str, str, str]], *, full_size: bool, size: str) -> None:
+    """Print ``(measure, value, floor)`` rows as a Markdown table; floors only at ``full_size``."""
+    width = max(len(r[0]) for r in rows)
+    print(f"\n| {'measure'.ljust(width)} | value | floor |\n|{'-' * (width + 2)}|---|---|")
+    for label, value, floor in rows:
+        shown = floor if full_size or not floor else "n/a at this size"
+        print(f"| {label.ljust(width)} | {value} | {shown} |")
+    if not full_size and any(r[2] for r in rows):
+        print(f"(floors are set at the default size, {size}; run without --scale to check them)")
