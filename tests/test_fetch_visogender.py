@@ -4,6 +4,7 @@ clear messages offline and on a mismatch; then `hubless data visogender` reads t
 from __future__ import annotations
 
 import urllib.error
+import urllib.request
 
 import pytest
 from typer.testing import CliRunner
@@ -51,7 +52,7 @@ def test_offline_and_missing_files_give_clear_messages(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
-    monkeypatch.setattr(vg.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     result = runner.invoke(app, ["data", "fetch", "visogender", "--dest", str(tmp_path)])
     assert result.exit_code == 2 and "no network" in result.output and "--archive" in result.output
     assert "Traceback" not in result.output and not any(tmp_path.iterdir())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hubless._io import write_text
 
-__all__ = ["KARPATHY_URL", "fetch"]
+__all__ = ["KARPATHY_URL", "download", "fetch"]
 
 KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
 _LAYOUT = {
@@ -33,16 +33,15 @@ _LAYOUT = {
 }
 
 
-def _download(url: str, timeout: float) -> bytes:
+def download(url: str, timeout: float, hint: str) -> bytes:
+    """The bytes at ``url``; a ConnectionError saying "no network?" and ``hint`` (what to do
+    instead) when it cannot be fetched."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.read()
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise ConnectionError(
-            f"could not download {url} ({reason}): no network? Download it by hand and pass --archive, "
-            "or point HUBLESS_DATA_DIR at a folder that has the caption files"
-        ) from None
+        raise ConnectionError(f"could not download {url} ({reason}): no network? {hint}") from None
 
 
 def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike | None = None, timeout: float = 60.0) -> list[Path]:
@@ -53,7 +52,8 @@ def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike |
     if dataset not in _LAYOUT:
         raise ValueError(f"unknown dataset {dataset!r}; choose coco or flickr30k")
     member, folder, splits = _LAYOUT[dataset]
-    data = Path(archive).read_bytes() if archive else _download(KARPATHY_URL, timeout)
+    hint = "Download it by hand and pass --archive, or point HUBLESS_DATA_DIR at a folder that has the caption files"
+    data = Path(archive).read_bytes() if archive else download(KARPATHY_URL, timeout, hint)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             name = next((n for n in zf.namelist() if n.endswith(member)), None)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from hubless._io import atomic_open
+from hubless.data.fetch import download
 
 __all__ = ["VISOGENDER_FILES", "fetch_visogender"]
 
@@ -32,18 +31,6 @@ VISOGENDER_FILES = {
         "d5fcb91c6188ca9da147891912e5b60f5dfd07f155194fe49f9e455e7a9be003",
     ),
 }
-
-
-def _download(url: str, timeout: float) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConnectionError(
-            f"could not download {url} ({reason}): no network? Download the two VisoGender TSV files "
-            f"({', '.join(VISOGENDER_FILES)}) from github.com/oxai/visogender by hand and pass their folder with --archive"
-        ) from None
 
 
 def fetch_visogender(
@@ -63,7 +50,8 @@ def fetch_visogender(
                 raise FileNotFoundError(f"{name} not found under {source}")
             data = found[0].read_bytes()
         else:
-            data = _download(url, timeout)
+            hint = f"Download {', '.join(VISOGENDER_FILES)} from github.com/oxai/visogender by hand and pass their folder with --archive"
+            data = download(url, timeout, hint)
         if verify and hashlib.sha256(data).hexdigest() != digest:
             raise ValueError(f"{name} does not match the pinned VisoGender release (sha256 differs); pass --no-verify to use it anyway")
         contents[name] = data
