@@ -1,7 +1,7 @@
 """Serving corrections from FAISS: ratios measured in one run on synthetic unit vectors (d 512).
 
     python benchmarks/index_speed.py              # gallery 100k, bank 1M (exact bias: ~25 min on 2 cores)
-    python benchmarks/index_speed.py --scale 0.3  # gallery 30k, bank 300k (10.7 min measured; no floors)
+    python benchmarks/index_speed.py --scale 0.3  # gallery 30k, bank 300k (4.3 min on 2 idle cores; no floors)
 
 (a) NNN bias from an IVF index over the bank vs the exact streamed bias: time ratio (the ANN time
     includes training and filling the bank index) and the change in R@1 of the corrected search
