@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.data.synthetic import make_retrieval_data
+from hubless._io import file_sha256
 from hubless.index import store
 
 runner = CliRunner()
@@ -97,13 +98,20 @@ def test_save_load_roundtrip_and_metadata(data, tmp_path):
 
 
 def _snapshot(path):
-    return {f.name: f.read_bytes() for f in path.iterdir()}
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "version", "missing"])
+def forge_pointer(path):
+    """Make CURRENT agree with an edited manifest (as a tamperer with write access could)."""
+    pointer = json.loads((path / "CURRENT").read_text())
+    pointer["manifest_sha256"] = file_sha256(store.current_dir(path) / "manifest.json")
+    (path / "CURRENT").write_text(json.dumps(pointer))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "version", "missing", "manifest"])
 def test_damaged_index_gives_a_clear_error(data, tmp_path, damage):
     path = hubless.Index.build(data.gallery[:300], data.query_bank[:500], "nnn", "Flat").save(tmp_path / "idx")
-    target = path / ("index.faiss" if damage != "flip" else "correction.npz")
+    target = store.current_dir(path) / ("index.faiss" if damage != "flip" else "correction.npz")
     if damage == "truncate":
         target.write_bytes(target.read_bytes()[:100])
         match = "truncated"
@@ -112,11 +120,14 @@ def test_damaged_index_gives_a_clear_error(data, tmp_path, damage):
         raw[len(raw) // 2] ^= 0xFF
         target.write_bytes(bytes(raw))
         match = "corrupt"
-    elif damage == "version":
-        manifest = json.loads((path / "manifest.json").read_text())
+    elif damage in ("version", "manifest"):
+        file = store.current_dir(path) / "manifest.json"
+        manifest = json.loads(file.read_text())
         manifest["version"] = 99
-        (path / "manifest.json").write_text(json.dumps(manifest))
-        match = "version 99"
+        file.write_text(json.dumps(manifest))
+        if damage == "version":
+            forge_pointer(path)
+        match = "version 99" if damage == "version" else "altered"
     else:
         target.unlink()
         match = "missing"
@@ -139,7 +150,7 @@ def test_interrupted_save_leaves_the_previous_index_intact(data, tmp_path, monke
     with pytest.raises(KeyboardInterrupt):
         new.save(path, overwrite=True)
     assert _snapshot(path) == before
-    assert [p.name for p in tmp_path.iterdir()] == ["idx"]  # no temporary left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".idx.lock", "idx"]  # no temporary left behind (the lock file stays)
     assert hubless.Index.load(path).ntotal == 300
 
 
@@ -247,7 +258,7 @@ def test_cli_build_info_add_search(data, tmp_path):
     assert [h["id"] for h in lines[0]["results"]] == ids[0].tolist()
     assert index.ntotal == 1100 and "metadata" in lines[0]["results"][0]
     r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])
-    assert r.exit_code == 2 and "not a hubless index" in r.output
+    assert r.exit_code == 2 and "no such index directory" in r.output
 
 
 def test_cli_add_bank_queries_and_remove_items(data, tmp_path):

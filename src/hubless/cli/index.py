@@ -84,21 +84,20 @@ def add_command(
 
     if embeddings is None and query_bank is None and gallery_bank is None:
         raise typer.BadParameter("pass --embeddings (new items), --query-bank and/or --gallery-bank (new bank items)")
-    index = Index.load(path)
-    corr = index.correction
-    if query_bank is not None:
-        new_bank = load(query_bank, "query bank", normalize=corr.normalize, dim=corr.dim_)
-        index.add_query_bank(new_bank, progress=progress)
-        typer.echo(f"added {new_bank.shape[0]} bank queries")
-    if gallery_bank is not None:
-        new_bank = load(gallery_bank, "gallery bank", normalize=corr.normalize, dim=corr.dim_)
-        index.add_gallery_bank(new_bank, progress=progress)
-        typer.echo(f"added {new_bank.shape[0]} gallery-bank items")
-    if embeddings is not None:
-        new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
-        index.add(new, _read_metadata(metadata), progress=progress)
-        typer.echo(f"added {new.shape[0]} items")
-    index.save(path, overwrite=True)
+    with Index.update(path) as index:  # locked from load to save: concurrent adds never lose a batch
+        corr = index.correction
+        if query_bank is not None:
+            new_bank = load(query_bank, "query bank", normalize=corr.normalize, dim=corr.dim_)
+            index.add_query_bank(new_bank, progress=progress)
+            typer.echo(f"added {new_bank.shape[0]} bank queries")
+        if gallery_bank is not None:
+            new_bank = load(gallery_bank, "gallery bank", normalize=corr.normalize, dim=corr.dim_)
+            index.add_gallery_bank(new_bank, progress=progress)
+            typer.echo(f"added {new_bank.shape[0]} gallery-bank items")
+        if embeddings is not None:
+            new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
+            index.add(new, _read_metadata(metadata), progress=progress)
+            typer.echo(f"added {new.shape[0]} items")
     typer.echo(f"saved {index!r}")
 
 
@@ -114,12 +113,10 @@ def calibrate_command(
     """Choose nprobe (IVF) / ef_search (HNSW): the smallest power of two reaching the target recall."""
     from hubless.index import Index
 
-    index = Index.load(path)
-    q = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
-    result = index.calibrate(q, target_recall=target_recall, top_k=top_k, sample=sample)
-    _print_calibration(result)
-    if result["param"] is not None:
-        index.save(path, overwrite=True)
+    with Index.update(path) as index:
+        q = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+        result = index.calibrate(q, target_recall=target_recall, top_k=top_k, sample=sample)
+        _print_calibration(result)
 
 
 def _print_calibration(result: dict) -> None:
@@ -146,10 +143,9 @@ def remove_command(
     from hubless.index import Index
     from hubless.inputs import read_ids
 
-    index = Index.load(path)
     positions = read_ids(ids)
-    index.remove(positions)
-    index.save(path, overwrite=True)
+    with Index.update(path) as index:
+        index.remove(positions)
     typer.echo(f"removed {len(set(positions.tolist()))} items: {index!r}")
 
 

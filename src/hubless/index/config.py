@@ -37,6 +37,14 @@ class IndexConfig:
         if not isinstance(self.rescore, (bool, np.bool_)):
             raise TypeError(f"rescore must be True or False; got {self.rescore!r}")
         self.rescore = bool(self.rescore)
+        if isinstance(self.build_seconds, bool) or not isinstance(self.build_seconds, (int, float)) or not self.build_seconds >= 0:
+            raise ValueError(f"build_seconds must be a number of seconds >= 0; got {self.build_seconds!r}")
+        self.build_seconds = float(self.build_seconds)
+        if self.bias_error is not None and (
+            not isinstance(self.bias_error, dict)
+            or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in self.bias_error.items())
+        ):
+            raise ValueError(f"bias_error must be None or a mapping of names to numbers; got {self.bias_error!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,10 +15,11 @@ extra search of the same index with w = 0.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from hubless.errors import NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import append_rows, build_faiss, default_factory, replace_rows, search_knob, search_parameters
+from hubless.index.lock import write_lock
 
 __all__ = ["Index", "IndexConfig", "augmented_rows"]
 
@@ -311,18 +313,41 @@ class Index:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-        """Write the index to the directory ``path`` atomically (see :mod:`hubless.index.store`)."""
-        corr = self.correction
+        """Write the index to the directory ``path`` as one atomic switch, under the index's
+        write lock (see :mod:`hubless.index.store`). ``overwrite`` replaces an existing hubless
+        index only. To change a saved index, use :meth:`update` (it locks from load to save)."""
+        return self._save(path, overwrite=overwrite, locked=False)
+
+    def _save(self, path, *, overwrite: bool, locked: bool) -> Path:
         return store.save_index(
             path,
             faiss_index=self._faiss,
             faiss_dim=self._dim,
-            correction=corr,
+            correction=self.correction,
             config=self.config,
             banks={"query_bank": self.query_bank, "gallery_bank": self.gallery_bank},
             metadata=self.metadata,
             overwrite=overwrite,
+            locked=locked,
         )
+
+    @classmethod
+    @contextlib.contextmanager
+    def update(cls, path: str | os.PathLike, *, timeout: float | None = None) -> Iterator[Index]:
+        """Change a saved index safely against other writers::
+
+            with hubless.Index.update("idx/") as index:
+                index.add(new_items, metadata)
+
+        Holds the index's write lock (:func:`hubless.index.lock.write_lock`; a second writer
+        waits up to ``timeout`` s) from loading to saving, so concurrent updates are applied one
+        after the other and none is lost; the new version is saved on leaving the block, and
+        nothing is saved if the block raises. Readers keep loading the previous version meanwhile.
+        """
+        with write_lock(path, timeout=timeout):
+            index = cls.load(path)
+            yield index
+            index._save(path, overwrite=True, locked=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
