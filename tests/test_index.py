@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import hubless
+from hubless._io import file_sha256
 from hubless.cli.main import app
 from hubless.data.synthetic import make_retrieval_data
-from hubless._io import file_sha256
 from hubless.index import store
 
 runner = CliRunner()
