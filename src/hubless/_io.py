@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_open", "file_sha256", "write_text", "write_json", "save_npy", "umask_mode"]
+__all__ = ["atomic_open", "file_sha256", "to_json", "write_text", "write_json", "save_npy", "umask_mode"]
 
 
 def umask_mode(base: int = 0o666) -> int:
@@ -57,10 +58,30 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
+    """Write ``obj`` as strict JSON, atomically: NaN and infinities become null (Python's
+    ``json`` would write ``NaN``/``Infinity``, which other JSON readers reject)."""
+    text = to_json(obj, indent=indent)
     with atomic_open(path, "w") as fh:
-        json.dump(obj, fh, indent=indent)
-        fh.write("\n")
+        fh.write(text + "\n")
     return Path(path)
+
+
+def to_json(obj: Any, *, indent: int | None = None) -> str:
+    """Strict JSON text of ``obj``: non-finite floats become null."""
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), indent=indent, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from hubless._io import to_json
 from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, wide_console
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
@@ -192,9 +193,10 @@ def search_command(
             hits = [
                 {"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})}
                 for j, s in zip(ids[i], scores[i])
+                if j >= 0  # slots an ANN index could not fill are left out
             ]
             given = {} if query_texts is None else {"text": query_texts[i]}
-            typer.echo(json.dumps({"query": i, **given, "results": hits}))
+            typer.echo(to_json({"query": i, **given, "results": hits}))
         return
     table = Table(title=f"{index!r}: top {top_k}")
     table.add_column("query", justify="right")
@@ -204,7 +206,7 @@ def search_command(
     if index.metadata:
         table.add_column("metadata")
     for i in range(min(q.shape[0], 20)):
-        for r, (j, s) in enumerate(zip(ids[i], scores[i]), start=1):
+        for r, (j, s) in enumerate(((j, s) for j, s in zip(ids[i], scores[i]) if j >= 0), start=1):
             label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 1 else str(i)
             row = [label, str(r), str(int(j)), f"{s:.4f}"]
             if index.metadata:

@@ -180,6 +180,10 @@ class Index:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first.
 
+        An ANN index can find fewer than ``top_k`` items for a query (the IVF lists it probed ran
+        dry): the unfilled slots come last, with id ``-1`` (``hubless.index.index.MISSING``)
+        and score ``-inf``; the CLI and the service leave them out.
+
         ``weight`` overrides the correction's weight per call (``alpha=`` for NNN, ``lam=`` for
         DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
         defaults for this call only (other threads searching meanwhile are not affected).
@@ -199,7 +203,11 @@ class Index:
         ranking, ids = self._faiss_search(batch.vectors, -weights, depth, params)
         if do_rescore:
             ranking, ids = self._rescore(batch, ids, top_k)
-        return corr.method_scores(batch, ranking), ids
+        found = ids != MISSING
+        if found.all():
+            return corr.method_scores(batch, ranking), ids
+        scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
+        return np.where(found, scores, -np.inf).astype(np.float32), ids
 
     def _raw_statistics(self, batch: QueryBatch, params) -> None:
         """Fill the raw-neighbour statistics the correction asks for from this index (w = 0);

@@ -57,6 +57,12 @@ def fuse(first: np.ndarray, logits: np.ndarray, fusion: str | None, lam: float) 
     raise ValueError(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
 
 
+def _fill_missing(values: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """``values`` with each row's missing entries set to the row's lowest found value (0 if none)."""
+    lowest = np.where(found, values, np.inf).min(axis=1, keepdims=True)
+    return np.where(found, values, np.where(np.isfinite(lowest), lowest, 0.0)).astype(values.dtype)
+
+
 class Pipeline:
     """First stage (anything with ``search(queries, top_k) -> (scores, ids)``: a fitted
     correction or a :class:`hubless.Index`) + a reranker over its top ``k``.
@@ -99,15 +105,19 @@ class Pipeline:
         t1 = time.perf_counter()
         if len(self.gallery_items) < int(ids.max()) + 1:
             raise ValueError(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")
-        logits = np.empty(ids.shape, dtype=np.float32)
+        logits = np.full(ids.shape, -np.inf, dtype=np.float32)  # slots an ANN could not fill (id -1) stay last
         starts = progress_bar(range(0, ids.shape[0], self.batch_queries), progress, desc="rerank", unit="batch")
         for s in starts:
-            block = ids[s : s + self.batch_queries]
-            pairs_q = [query_items[s + r] for r in range(block.shape[0]) for _ in range(block.shape[1])]
-            pairs_c = [self.gallery_items[j] for j in block.ravel()]
-            logits[s : s + block.shape[0]] = np.asarray(self.reranker.score_pairs(pairs_q, pairs_c), dtype=np.float32).reshape(block.shape)
+            rows, cols = np.nonzero(ids[s : s + self.batch_queries] >= 0)
+            pairs_q = [query_items[s + r] for r in rows]
+            pairs_c = [self.gallery_items[j] for j in ids[s + rows, cols]]
+            logits[s + rows, cols] = np.asarray(self.reranker.score_pairs(pairs_q, pairs_c), dtype=np.float32)
         t2 = time.perf_counter()
-        final = fuse(first, logits, self.fusion, self.lam)
+        found = ids >= 0
+        if found.all():
+            final = fuse(first, logits, self.fusion, self.lam)
+        else:  # missing slots take their row's lowest score, so min-max fusion ignores them, then go last
+            final = np.where(found, fuse(_fill_missing(first, found), _fill_missing(logits, found), self.fusion, self.lam), -np.inf)
         # Stable sort: equal final scores keep the first stage's order.
         order = np.argsort(-final, axis=1, kind="stable")[:, :top_k]
         take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
