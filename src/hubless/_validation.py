@@ -24,6 +24,9 @@ __all__ = [
 
 #: Relative tolerance on ||x|| = 1 under which vectors count as already normalised.
 NORM_TOLERANCE = 1e-3
+#: Largest row norm accepted with normalize=False: dot products of two such rows stay far below
+#: float32's maximum (3.4e38), whatever the dimension.
+MAX_RAW_NORM = 1e15
 #: With ``normalize=True``, rows whose norm is within this of 1 (float32 rounding of a unit
 #: vector) are left unchanged; every other row is divided by its norm.
 UNIT_PRECISION = 1e-6
@@ -91,6 +94,12 @@ def as_embeddings(
     if not np.isfinite(norms).all():
         bad_rows = np.flatnonzero(~np.isfinite(norms))
         raise ValueError(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); fix or drop those rows.")
+    if not normalize and norms.max() > MAX_RAW_NORM:
+        big = np.flatnonzero(norms > MAX_RAW_NORM)
+        raise ValueError(
+            f"{name} has {big.size} row(s) of norm above {MAX_RAW_NORM:.0e} (first: row {int(big[0])}, norm {norms[big[0]]:.3g}): "
+            "their dot products overflow float32; normalise the embeddings (drop --no-normalize / normalize=False)"
+        )
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
     if normalize:
         # Row by row, so a row's result never depends on the other rows in its batch; rows

@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless._io import to_json
 from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, wide_console
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
@@ -189,6 +188,8 @@ def search_command(
     else:
         scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
     if as_json:
+        from hubless._io import to_json
+
         for i in range(q.shape[0]):
             hits = [
                 {"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})}

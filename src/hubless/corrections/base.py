@@ -440,6 +440,9 @@ class AdditiveCorrection(Correction):
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
+        if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
+            bad = int((~np.isfinite(cols)).any(axis=1).sum())
+            raise ValueError(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
         self.bias_columns_ = np.ascontiguousarray(cols.reshape(self.n_gallery_, -1))
 
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook

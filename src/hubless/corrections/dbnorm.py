@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless._validation import check_nonnegative_float
 from hubless.corrections.base import AdditiveCorrection
-from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated
+from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta
 from hubless.engine import StatisticsRequest
 
 __all__ = ["DualIS", "DualDIS"]
@@ -19,11 +18,13 @@ class DualIS(AdditiveCorrection):
 
     with b over the query bank (``beta_query`` = bq) and g over the gallery bank (``beta_gallery``
     = bg; s(g, r) compares two items of the gallery's modality, e.g. image-image). In log space
-    this is (bq + bg) * (s - bias) with
+    this is (bq + bg) * (s - bias) - log(nb) - log(ng) with the centred (log-mean-exp) bias
 
-        bias(r) = [logsumexp_b(bq s(b, r)) + logsumexp_g(bg s(g, r))] / (bq + bg).
+        bias(r) = [log mean_b exp(bq s(b, r)) + log mean_g exp(bg s(g, r))] / (bq + bg)
 
-    beta_gallery = 0 reduces to IS at beta_query (QB-Norm). ``gallery_bank`` is required.
+    (nb, ng: the bank sizes; see InvertedSoftmax for why the bias is centred). Each beta is 0 or
+    within [1e-6, 1e6]. beta_gallery = 0 (the gallery bank's beta) reduces DualIS to IS at
+    beta_query (QB-Norm). ``gallery_bank`` is required.
     """
 
     name = "dualis"
@@ -38,8 +39,8 @@ class DualIS(AdditiveCorrection):
 
     def _validate_params(self) -> None:
         super()._validate_params()
-        bq = check_nonnegative_float(self.beta_query, "beta_query")
-        bg = check_nonnegative_float(self.beta_gallery, "beta_gallery")
+        bq = check_beta(self.beta_query, "beta_query", allow_zero=True)
+        bg = check_beta(self.beta_gallery, "beta_gallery", allow_zero=True)
         if bq + bg == 0:
             raise ValueError("beta_query and beta_gallery cannot both be 0")
 
@@ -54,18 +55,30 @@ class DualIS(AdditiveCorrection):
         )
 
     def _log_normalizers(self, statistics) -> np.ndarray:
-        """(n_gallery, 2): logsumexp over the query bank and over the gallery bank."""
+        """(n_gallery, 2): logsumexp over the query bank and over the gallery bank; keeps the
+        log bank sizes that centre them."""
         self.log_normalizers_ = np.stack(
             [statistics.query_lse[float(self.beta_query)], statistics.gallery_lse[float(self.beta_gallery)]],
             axis=1,
         )
+        self.log_bank_sizes_ = np.log([statistics.n_query_bank, statistics.n_gallery_bank])
         return self.log_normalizers_
 
+    def _centred_columns(self, statistics) -> np.ndarray:
+        """(n_gallery, 2) float64: each bank's log-mean-exp over (bq + bg)."""
+        return (self._log_normalizers(statistics) - self.log_bank_sizes_) / self._beta_sum
+
     def _bias_columns(self, statistics) -> np.ndarray:
-        return self._log_normalizers(statistics).sum(axis=1) / self._beta_sum
+        return self._centred_columns(statistics).sum(axis=1)
 
     def method_scores(self, batch, ranking):
-        return np.exp(self._beta_sum * ranking.astype(np.float64)).astype(np.float32)
+        log_sizes = self._normaliser_log_sizes(batch)[:, None]
+        with np.errstate(over="ignore"):  # beyond float32 shows as inf; ranking uses log scores
+            return np.exp(self._beta_sum * ranking.astype(np.float64) - log_sizes).astype(np.float32)
+
+    def _normaliser_log_sizes(self, batch) -> np.ndarray:
+        """Per query, the log bank sizes the centred biases left out (both banks' here)."""
+        return np.full(len(batch), self.log_bank_sizes_.sum())
 
 
 class DualDIS(ActivationGated, DualIS):
@@ -108,7 +121,10 @@ class DualDIS(ActivationGated, DualIS):
             ],
             axis=1,
         )
-        return self._log_normalizers(statistics) / self._beta_sum
+        return self._centred_columns(statistics)
 
     def weights(self, batch):
         return self.gates(batch, self.activation_masks_)
+
+    def _normaliser_log_sizes(self, batch) -> np.ndarray:
+        return (self.weights(batch) > 0).astype(np.float64) @ self.log_bank_sizes_  # only the open gates' banks

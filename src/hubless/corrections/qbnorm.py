@@ -12,7 +12,7 @@ from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.queries import QueryRequest
 from hubless.engine import StatisticsRequest
 
-__all__ = ["ActivationGated", "InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS"]
+__all__ = ["ActivationGated", "BETA_RANGE", "InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS", "check_beta", "log_mean_exp_bias"]
 
 #: Inverse temperatures tried by tuning: a log grid around the paper's default 20.
 LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -23,9 +23,16 @@ class InvertedSoftmax(AdditiveCorrection):
 
         score(q, r) = exp(beta s(q, r)) / sum_b exp(beta s(b, r))     (b over the query bank)
 
-    log score = beta * (s(q, r) - bias(r)) with bias(r) = (1/beta) logsumexp_b(beta s(b, r)),
-    so IS ranks as s - bias (weight 1). The paper's default inverse temperature is beta = 20.
-    Very large beta can overflow the displayed float32 score; the ranking is unaffected.
+    log score = beta * (s(q, r) - bias(r)) - log n with the centred bias
+
+        bias(r) = (1/beta) log( (1/n) sum_b exp(beta s(b, r)) )        (n: query-bank size)
+
+    a log-mean-exp: it differs from the log-sum-exp form by log(n)/beta, the same for every r,
+    so the ranking is IS's, while the bias stays of the size of a similarity for every beta
+    (the log-sum-exp form is ~log(n)/beta, 10^5 at beta = 1e-4, where float32 keeps no digits of
+    the part that ranks). IS ranks as s - bias (weight 1); its score is the probability above.
+    beta is limited to [1e-6, 1e6], where this stays exact in float32 ranking (beyond, IS is
+    plain top-1 matching or plain mean-similarity correction). The paper's default is beta = 20.
     ``gallery_bank`` is ignored.
     """
 
@@ -39,17 +46,40 @@ class InvertedSoftmax(AdditiveCorrection):
 
     def _validate_params(self) -> None:
         super()._validate_params()
-        check_nonnegative_float(self.beta, "beta", positive=True)
+        check_beta(self.beta, "beta")
 
     def statistics_request(self) -> StatisticsRequest:
         return StatisticsRequest(query_betas=frozenset({float(self.beta)}))
 
     def _bias_columns(self, statistics) -> np.ndarray:
         self.log_normalizer_ = statistics.query_lse[float(self.beta)]
-        return self.log_normalizer_ / self.beta
+        self.log_bank_size_ = np.log(statistics.n_query_bank)
+        return log_mean_exp_bias(self.log_normalizer_, statistics.n_query_bank, self.beta)
 
     def method_scores(self, batch, ranking):
-        return np.exp(self.beta * ranking.astype(np.float64)).astype(np.float32)
+        with np.errstate(over="ignore"):  # a probability beyond float32 shows as inf; ranking uses log scores
+            return np.exp(self.beta * ranking.astype(np.float64) - self.log_bank_size_).astype(np.float32)
+
+
+#: The inverse temperatures the inverted-softmax methods accept (see InvertedSoftmax).
+BETA_RANGE = (1e-6, 1e6)
+
+
+def check_beta(value, name: str, *, allow_zero: bool = False) -> float:
+    """An inverse temperature within :data:`BETA_RANGE` (or 0 where a factor can be switched off)."""
+    beta = check_nonnegative_float(value, name, positive=not allow_zero)
+    low, high = BETA_RANGE
+    if beta != 0 and not low <= beta <= high:
+        raise ValueError(
+            f"{name} must be between {low:g} and {high:g}; got {beta:g} (beyond that range the inverted softmax "
+            "cannot be ranked reliably in float32: it is then plain top-1 matching or a plain mean-similarity correction)"
+        )
+    return beta
+
+
+def log_mean_exp_bias(lse: np.ndarray, n: int, beta: float) -> np.ndarray:
+    """(1/beta) log((1/n) sum exp(beta s)) from the log-sum-exp ``lse``, in float64."""
+    return (np.asarray(lse, dtype=np.float64) - np.log(n)) / float(beta)
 
 
 class ActivationGated:

@@ -111,8 +111,13 @@ class _TopKState(ReducerState):
 class LogSumExp(Reducer):
     """``log sum_j exp(beta * s_ij)`` of each row for several ``betas`` (>= 0), in float64.
 
-    Streamed with a running maximum (max-subtraction), so no exponential overflows.
-    ``values[:, t]`` belongs to ``betas[t]``; beta = 0 gives log(n_cols).
+    Streamed in a centred form that stays exact for every beta in [1e-6, 1e6]: with m the running
+    row maximum of s and c the number of columns seen, it accumulates the deviation
+    D = sum_j expm1(beta (s_ij - m)) and returns beta m + log(c + D). Every exponent is <= 0 (no
+    overflow); s_ij - m is formed before scaling by beta (a large beta does not magnify the
+    rounding of beta * s); and expm1 keeps the digits of exp(beta (s - m)) - 1 that a tiny beta
+    puts far below float32's resolution of exp near 1. ``values[:, t]`` belongs to ``betas[t]``;
+    beta = 0 gives log(n_cols).
     """
 
     def __init__(self, n_rows: int, betas: Sequence[float]) -> None:
@@ -126,36 +131,34 @@ class LogSumExp(Reducer):
 class _LogSumExpState(ReducerState):
     def __init__(self, parent: LogSumExp, start: int, stop: int) -> None:
         self.parent, self.start, self.stop = parent, start, stop
-        shape = (stop - start, len(parent.betas))
-        self.peak = np.full(shape, -np.inf)  # running max of beta * s
-        self.total = np.zeros(shape)  # running sum of exp(beta * s - peak)
+        self.peak = np.full(stop - start, -np.inf)  # running max m of s
+        self.deviation = np.zeros((stop - start, len(parent.betas)))  # D = sum expm1(beta (s - m))
         self.count = 0
         self.scratch: np.ndarray | None = None
 
     def update(self, block: np.ndarray, col_offset: int) -> None:
-        self.count += block.shape[1]
         if self.scratch is None or self.scratch.shape != block.shape:
             self.scratch = np.empty_like(block)
         tmp = self.scratch
-        row_max = block.max(axis=1).astype(np.float64)
+        new_peak = np.maximum(self.peak, block.max(axis=1).astype(np.float64))
+        peak32 = new_peak.astype(np.float32)[:, None]
         for t, beta in enumerate(self.parent.betas):
             if beta == 0.0:
                 continue
-            new_peak = np.maximum(self.peak[:, t], beta * row_max)
-            self.total[:, t] *= np.exp(self.peak[:, t] - new_peak)
-            np.multiply(block, np.float32(beta), out=tmp)
-            tmp -= new_peak.astype(np.float32)[:, None]
-            np.exp(tmp, out=tmp)
-            self.total[:, t] += tmp.sum(axis=1, dtype=np.float64)
-            self.peak[:, t] = new_peak
+            if self.count:  # re-centre what was summed so far on the new maximum
+                shift = beta * (self.peak - new_peak)
+                self.deviation[:, t] = self.count * np.expm1(shift) + self.deviation[:, t] * np.exp(shift)
+            np.subtract(block, peak32, out=tmp)  # s - m <= 0, formed before scaling by beta
+            tmp *= np.float32(beta)
+            np.expm1(tmp, out=tmp)
+            self.deviation[:, t] += tmp.sum(axis=1, dtype=np.float64)
+        self.peak = new_peak
+        self.count += block.shape[1]
 
     def finish(self) -> None:
-        with np.errstate(divide="ignore"):
-            out = self.peak + np.log(self.total)
+        out = self.parent.values[self.start : self.stop]
         for t, beta in enumerate(self.parent.betas):
-            if beta == 0.0:
-                out[:, t] = np.log(self.count)
-        self.parent.values[self.start : self.stop] = out
+            out[:, t] = np.log(self.count) if beta == 0.0 else beta * self.peak + np.log(self.count + self.deviation[:, t])
 
 
 class SortedRows(Reducer):
