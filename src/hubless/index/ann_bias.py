@@ -15,6 +15,7 @@ import numpy as np
 from hubless.corrections import Correction, make_correction
 from hubless.corrections.base import validate_fit_inputs
 from hubless.engine.ann import ann_statistics
+from hubless.index.factory import check_factory
 
 __all__ = ["bias_error", "fit_ann_bias"]
 
@@ -28,7 +29,7 @@ def fit_ann_bias(
     string for the bank ("IVF2048,Flat", "HNSW32"); ``nprobe`` lists are visited.
     """
     g, qb, gb = validate_fit_inputs([correction], gallery, query_bank, gallery_bank)
-    factory = None if bias_search == "ann" else bias_search
+    factory = None if bias_search == "ann" else check_factory(bias_search, qb.shape[0], qb.shape[1])
     stats = ann_statistics(g, qb, gb, correction.statistics_request(), factory=factory, nprobe=nprobe)
     correction.fit(g, qb, gb, statistics=stats)
     return bias_error(correction, g, qb, gb)

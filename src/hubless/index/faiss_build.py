@@ -28,6 +28,8 @@ import re
 import faiss
 import numpy as np
 
+from hubless.index.factory import check_factory
+
 __all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "search_knob", "search_parameters"]
 
 
@@ -61,6 +63,7 @@ def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_
 
     Returns ``(index, dim)`` where ``dim`` is the (possibly padded) dimension queries must have.
     """
+    factory = check_factory(factory, unit.shape[0], augmented.shape[1])
     dim = padded_dim(factory, augmented.shape[1])
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)

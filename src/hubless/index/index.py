@@ -31,6 +31,7 @@ from hubless.engine import exact_search
 from hubless.errors import NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
+from hubless.index.factory import check_factory
 from hubless.index.faiss_build import append_rows, build_faiss, default_factory, replace_rows, search_knob, search_parameters
 from hubless.index.lock import write_lock
 
@@ -114,6 +115,9 @@ class Index:
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
         _check_servable(corr)
+        shape = np.shape(gallery)
+        if factory is not None and len(shape) == 2:  # before the fit: a bad factory fails in a second, not after it
+            check_factory(factory, shape[0], shape[1] + 1)
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, progress=progress)
