@@ -28,7 +28,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
-from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, exact_search
+from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import MissingInputError, NotFittedError
 
@@ -364,13 +364,23 @@ class Correction:
         The output is dense: for large galleries use :meth:`search`, which never builds it.
         """
         batch = self.queries(queries, **weight)
+        self.query_statistics(batch)
         out = np.empty((len(batch), self.n_gallery_), dtype=np.float32)
+        # The ranking by the same streamed blocks as search(), so both see bitwise equal values
+        # and order every query identically (ties to the lower index), duplicate rows included.
+        stream_reduce(batch.vectors, self.gallery_, [Dense(out)], transform=self._block_transform(batch))
         rows = max(1, SCORE_BLOCK_ELEMENTS // self.n_gallery_)
         for start in range(0, len(batch), rows):
-            block = batch.rows(start, start + rows)
-            sims = block.vectors @ self.gallery_.T
-            out[start : start + len(block)] = self.method_scores(block, self.rank(block, sims, out=sims))
+            out[start : start + rows] = self.method_scores(batch.rows(start, start + rows), out[start : start + rows])
         return out
+
+    def _block_transform(self, batch: QueryBatch):
+        """The engine transform that turns a block of raw similarities into ranking scores."""
+
+        def transform(sims, r0, r1, c0, c1):
+            self._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
+
+        return transform
 
     def search(self, queries, top_k: int = 10, *, progress: bool | None = None, **weight) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
@@ -383,11 +393,7 @@ class Correction:
         batch = self.queries(queries, **weight)
         top_k = check_top_k(top_k, self.n_gallery_)
         self.query_statistics(batch, progress=progress)
-
-        def transform(sims, r0, r1, c0, c1):
-            self._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
-
-        ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=transform, progress=progress)
+        ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), progress=progress)
         return self.method_scores(batch, ranking), ids
 
 

@@ -2,10 +2,11 @@
 
 from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
-from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+from hubless.engine.stream import Dense, LogSumExp, SortedRows, TopK, stream_reduce
 
 __all__ = [
     "BankStatistics",
+    "Dense",
     "LogSumExp",
     "SortedRows",
     "StatisticsRequest",

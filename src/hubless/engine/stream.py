@@ -28,6 +28,7 @@ __all__ = [
     "TopK",
     "LogSumExp",
     "SortedRows",
+    "Dense",
     "stream_reduce",
 ]
 
@@ -183,6 +184,29 @@ class _SortedRowsState(ReducerState):
 
     def finish(self) -> None:
         self.rows.sort(axis=1)
+
+
+class Dense(Reducer):
+    """Every (transformed) block written into ``out`` (n_rows, n_cols): the full score matrix,
+    computed by the very block products a streamed search uses, so its values are bitwise the
+    ones the search ranks (a single big GEMM can round a product differently in the last bit)."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _DenseState(self.out[start:stop])
+
+
+class _DenseState(ReducerState):
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        self.rows[:, col_offset : col_offset + block.shape[1]] = block
+
+    def finish(self) -> None:
+        pass
 
 
 def _bounds(n: int, block: int) -> list[tuple[int, int]]:
