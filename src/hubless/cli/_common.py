@@ -96,3 +96,49 @@ def wide_console() -> Console:
     if not console.is_terminal:
         console.width = max(console.width, 160)
     return console
+
+
+#: Marks hubless writes into its JSON results and HTML reports, so a re-run may replace them.
+GENERATOR = "hubless"
+OVERWRITE_HELP = "Replace existing --out / --report files that hubless did not write."
+
+
+def generator_mark() -> dict[str, str]:
+    """The key every JSON result starts with (see :func:`check_outputs`)."""
+    from hubless import __version__
+
+    return {"generator": f"{GENERATOR} {__version__}"}
+
+
+def _written_by_hubless(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    return f'"generator": "{GENERATOR}'.encode() in head or f"<meta name='generator' content='{GENERATOR}".encode() in head
+
+
+def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, overwrite: bool = False) -> None:
+    """Refuse, before any work, outputs that would destroy something: an output that is one of
+    the inputs, two outputs on one path, a path that is not a regular file (a folder, a FIFO, a
+    device), or an existing file hubless did not write (unless ``overwrite``)."""
+    from hubless.inputs import split_key
+
+    seen: dict[Path, str] = {}
+    sources = {}
+    for flag, value in inputs.items():
+        if value is not None:
+            file, _ = split_key(value) if isinstance(value, Path) else (Path(str(value)), None)
+            sources[Path(file).resolve()] = flag
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        real = path.resolve()
+        if real in sources:
+            raise ValueError(f"{flag} {path} is also the input {sources[real]}: it would be overwritten; choose another path")
+        if real in seen:
+            raise ValueError(f"{flag} and {seen[real]} are the same file ({path}); give them different paths")
+        seen[real] = flag
+        if path.exists() or path.is_symlink():
+            if not path.is_file():
+                raise ValueError(f"{flag} {path} exists and is not a regular file (a folder, FIFO or device); choose a file path")
+            if not overwrite and not _written_by_hubless(path):
+                raise ValueError(f"{flag} {path} exists and was not written by hubless; pass --overwrite to replace it")

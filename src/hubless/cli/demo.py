@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import friendly_errors, print_note, wide_console
+from hubless.cli._common import check_outputs, friendly_errors, print_note, wide_console
 
 
 @friendly_errors
@@ -23,6 +23,7 @@ def demo(
     from hubless.errors import MissingDependencyError, check_available
 
     if str(report) not in ("", "."):
+        check_outputs({"--report": report}, {}, overwrite=False)  # its own earlier report is replaced
         try:
             check_available("matplotlib", "the HTML report", "report")
         except MissingDependencyError as exc:

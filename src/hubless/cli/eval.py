@@ -7,7 +7,18 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, describe_file, friendly_errors, load, parse_ints, wide_console
+from hubless.cli._common import (
+    METHOD_HELP,
+    NORMALIZE_HELP,
+    OVERWRITE_HELP,
+    check_outputs,
+    describe_file,
+    friendly_errors,
+    generator_mark,
+    load,
+    parse_ints,
+    wide_console,
+)
 
 
 def print_results(ev, title: str) -> None:
@@ -59,6 +70,7 @@ def eval_command(
         help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank).",
     ),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
     bootstrap CIs, the change vs the baseline and hubness. The baseline is always included."""
@@ -67,6 +79,12 @@ def eval_command(
     from hubless.evaluation import evaluate
 
     # Everything that can fail without computing anything is checked first.
+    check_outputs(
+        {"--out": out, "--report": report},
+        {"--gallery": gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
+         "--gallery-items": gallery_items, "--query-items": query_items},
+        overwrite=overwrite,
+    )  # fmt: skip
     if report is not None:
         check_available("matplotlib", "--report", "report")
     if eccv:
@@ -115,7 +133,7 @@ def eval_command(
     if rerank:
         _rerank(ev, q, truth, reranker, rerank, rerank_k, fusion, lam, gallery_items, query_items, progress)
     if out is not None:
-        write_json(out, ev.to_dict())
+        write_json(out, {**generator_mark(), **ev.to_dict()})
         typer.echo(f"results: {out}")
     if report is not None:
         from hubless.reports.evaluation import evaluation_report

@@ -7,7 +7,16 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, friendly_errors, load, wide_console
+from hubless.cli._common import (
+    METHOD_HELP,
+    NORMALIZE_HELP,
+    OVERWRITE_HELP,
+    check_outputs,
+    friendly_errors,
+    generator_mark,
+    load,
+    wide_console,
+)
 
 
 @friendly_errors
@@ -32,6 +41,7 @@ def fairness_command(
     out: Path = typer.Option(None, help="Write the audit (overall and per query) as JSON."),
     report: Path = typer.Option(None, help="Write an HTML report with per-query NDKL distributions and NDCG vs NDKL."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Audit retrieval fairness (SISPI protocol) before and after each correction."""
     from hubless._io import write_json
@@ -40,6 +50,12 @@ def fairness_command(
     from hubless.inputs import read_records
     from hubless.reports.fairness import fairness_report, overall_rows
 
+    check_outputs(
+        {"--out": out, "--report": report},
+        {"--gallery": gallery, "--gallery-meta": gallery_meta, "--queries": queries, "--query-meta": query_meta,
+         "--query-bank": query_bank, "--gallery-bank": gallery_bank},
+        overwrite=overwrite,
+    )  # fmt: skip
     if report is not None:
         from hubless.errors import check_available
 
@@ -74,7 +90,7 @@ def fairness_command(
     console.print(f"most biased queries (baseline {key}): " + "; ".join(f"{n} {v:.3f}" for n, v in most))
     console.print(f"least biased queries (baseline {key}): " + "; ".join(f"{n} {v:.3f}" for n, v in least))
     if out is not None:
-        write_json(out, result.to_dict())
+        write_json(out, {**generator_mark(), **result.to_dict()})
         typer.echo(f"results: {out}")
     if report is not None:
         fairness_report(result, report)

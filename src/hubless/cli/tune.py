@@ -7,7 +7,17 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_ints, print_note, wide_console
+from hubless.cli._common import (
+    NORMALIZE_HELP,
+    OVERWRITE_HELP,
+    check_outputs,
+    friendly_errors,
+    generator_mark,
+    load,
+    parse_ints,
+    print_note,
+    wide_console,
+)
 
 
 @friendly_errors
@@ -32,6 +42,7 @@ def tune_command(
     out: Path = typer.Option(None, help="Write the choice, validation tables and test results as JSON."),
     report: Path = typer.Option(None, help="Write an HTML report (grid heat maps, tables)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Grid-search each method on the validation split (never on the test queries) and report
     the chosen parameters; with --queries and --truth, evaluate them on the test queries."""
@@ -39,6 +50,13 @@ def tune_command(
     from hubless.evaluation import evaluate
     from hubless.tuning import tune
 
+    check_outputs(
+        {"--out": out, "--report": report},
+        {"--gallery": gallery, "--validation-queries": validation_queries, "--validation-truth": validation_truth,
+         "--validation-gallery": validation_gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank,
+         "--gallery-bank": gallery_bank},
+        overwrite=overwrite,
+    )  # fmt: skip
     if report is not None:
         from hubless.errors import check_available
 
@@ -77,7 +95,7 @@ def tune_command(
         data = tuned.to_dict()
         if ev is not None:
             data["test"] = ev.to_dict()
-        write_json(out, data)
+        write_json(out, {**generator_mark(), **data})
         typer.echo(f"results: {out}")
     if report is not None:
         from hubless.reports.evaluation import tune_report

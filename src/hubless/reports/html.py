@@ -101,7 +101,7 @@ class Report:
     def to_html(self) -> str:
         body = "\n".join(self._parts)
         return (
-            "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n"
+            "<!DOCTYPE html>\n<html lang='en'>\n<head>\n<meta charset='utf-8'>\n<meta name='generator' content='hubless'>\n"
             f"<title>{html.escape(self.title)}</title>\n<style>{_STYLE}</style>\n</head>\n"
             f"<body>\n<h1>{html.escape(self.title)}</h1>\n{body}\n</body>\n</html>\n"
         )
