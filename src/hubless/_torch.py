@@ -31,7 +31,11 @@ def resolve_device(device: str | None) -> str:
     torch = require("torch")
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
+    try:
+        kind = torch.device(str(device)).type
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {device!r}; use cpu, cuda, cuda:1, mps, ...") from None
+    if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use device='cpu'")
     return str(device)
 

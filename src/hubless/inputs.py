@@ -86,6 +86,10 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     key = key or inline_key
     if file.is_dir() and ((file / "img_emb").is_dir() or (file / "text_emb").is_dir()):
         return load_clip_retrieval(file, key or "img")
+    if file.is_dir():
+        raise IsADirectoryError(f"{file} is a directory, not a .npy/.npz file (nor a clip-retrieval folder with img_emb/ or text_emb/)")
+    if file.exists() and not file.is_file():
+        raise ValueError(f"{file} is not a regular file (a FIFO or device?); give a .npy or .npz file")
     if not file.is_file():
         raise FileNotFoundError(f"no such file: {file}")
     suffix = file.suffix.lower()
@@ -95,6 +99,7 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
         raise ValueError(f"{file} is a .npy file; a key ({key!r}) only applies to .npz archives")
     try:
         if suffix == ".npy":
+            check_npy(file)
             return np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
         with np.load(file, allow_pickle=False) as archive:
             names = list(archive.files)
@@ -102,13 +107,49 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
                 key = names[0]
             if key in names:
                 return archive[key]
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, EOFError, ValueError, SyntaxError, zipfile.BadZipFile) as exc:
+        if str(exc).startswith(("cannot read", f"{file} holds")):
+            raise
         if "Object arrays" in str(exc) or "Python objects" in str(exc):
             raise ValueError(f"{file} holds Python objects; only numeric arrays are read (no pickles)") from exc
         raise ValueError(f"cannot read {file}: the file is truncated or corrupt ({exc})") from exc
     if key is None:
         raise ValueError(f"{file} holds {len(names)} arrays ({', '.join(names) or 'none'}); name one as {file}:KEY")
     raise KeyError(f"{file} has no array {key!r}; it holds: {', '.join(names)}")
+
+
+def check_npy(file: Path) -> None:
+    """Refuse a ``.npy`` whose header is damaged or disagrees with the file's size, before
+    numpy reads it (a flipped bit in the header can otherwise raise a tokenizer error, or load
+    silently with another shape)."""
+    fmt = np.lib.format
+    try:
+        with open(file, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError(f"unknown .npy version {version}")
+            read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
+            shape, fortran, dtype = read(fh) if read else fmt._read_array_header(fh, version)  # noqa: SLF001 - v3 has no public reader
+            offset = fh.tell()
+    except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError... for damaged headers
+        raise ValueError(
+            f"cannot read {file}: its .npy header is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+        ) from None
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape) or not isinstance(fortran, bool):
+        raise ValueError(f"cannot read {file}: its .npy header holds an invalid shape {shape!r}")
+    if dtype.hasobject:
+        raise ValueError(f"{file} holds Python objects; only numeric arrays are read (no pickles)")
+    if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
+        raise ValueError(
+            f"{file} is big-endian ({dtype.str}); hubless reads little-endian arrays: convert it with "
+            "np.save(path, np.load(path).astype(np.float32)) (a damaged header can also look like this)"
+        )
+    expected = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
+    size = file.stat().st_size
+    if size != expected:
+        raise ValueError(
+            f"cannot read {file}: the header says {shape} {dtype} ({expected:,} bytes) but the file has {size:,} bytes (truncated or corrupt)"
+        )
 
 
 def load_embeddings(

@@ -6,6 +6,7 @@ Every message and table is printed with rich markup off: user content (paths, sp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -74,6 +75,14 @@ def error_message(exc: BaseException) -> str:
     return " ".join(str(text).split()) or type(exc).__name__
 
 
+_CLI_EXCEPTIONS = (
+    typer.Exit,
+    typer.Abort,
+    typer.BadParameter,
+    *[getattr(typer.exceptions, n) for n in ("TyperException",) if hasattr(typer.exceptions, n)],
+)
+
+
 def friendly_errors(func: Callable) -> Callable:
     """Turn the library's errors into a one-line message and exit code 2 (no traceback).
     A missing optional package names the exact pip command that installs it."""
@@ -82,9 +91,21 @@ def friendly_errors(func: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except (ValueError, OSError, KeyError, TypeError, ImportError) as exc:
+        except _CLI_EXCEPTIONS:  # usage errors and exits: typer reports them itself
+            raise
+        except (ValueError, OSError, KeyError, TypeError, ImportError, ArithmeticError) as exc:
             print_error(error_message(exc))
             raise typer.Exit(2) from None
+        except MemoryError:
+            print_error("out of memory: the inputs or parameters need more memory than this machine has (smaller inputs, or a smaller k)")
+            raise typer.Exit(1) from None
+        except Exception as exc:  # a bug: one line, the traceback only on request
+            if os.environ.get("HUBLESS_DEBUG"):
+                raise
+            print_error(
+                f"unexpected {type(exc).__name__}: {error_message(exc)} (a bug in hubless: rerun with HUBLESS_DEBUG=1 for the traceback, and please report it)"
+            )
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -59,21 +59,36 @@ def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike |
             name = next((n for n in zf.namelist() if n.endswith(member)), None)
             if name is None:
                 raise ValueError(f"the archive has no {member}")
-            images = json.loads(zf.read(name))["images"]
+            try:
+                images = json.loads(zf.read(name))["images"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                raise ValueError(f"{name} in the archive is not a Karpathy split file (no 'images' list)") from None
+            if not isinstance(images, list) or not all(isinstance(img, dict) for img in images):
+                raise ValueError(f"{name} in the archive is not a Karpathy split file ('images' is not a list of records)")
     except zipfile.BadZipFile:
         raise ValueError("the downloaded archive is not a valid zip file (truncated download?)") from None
-    written = []
-    for split, (filename, limit) in splits.items():
+    chosen_by_split = {}
+    for split, (_, limit) in splits.items():
         chosen = [img for img in images if img.get("split") == split]
-        if limit is not None:
-            chosen = chosen[:limit]
+        if not chosen:
+            raise ValueError(f"the archive's {member} has no image of split {split!r}; nothing was written")
+        chosen_by_split[split] = chosen if limit is None else chosen[:limit]
+    contents = {}  # every file's text, built (and checked) before anything is written
+    for split, (filename, _) in splits.items():
+        chosen = chosen_by_split[split]
         lines = []
         for img in chosen:
-            sentences = [s["raw"].strip().replace("\n", " ") for s in img["sentences"]][:5]
+            try:
+                sentences = [s["raw"].strip().replace("\n", " ") for s in img["sentences"]][:5]
+                image_name = str(img["filename"])
+            except (KeyError, TypeError, AttributeError):
+                raise ValueError(f"image {img.get('filename')} in the archive has malformed records") from None
             if len(sentences) < 5:
-                raise ValueError(f"image {img.get('filename')} has fewer than 5 captions")
+                raise ValueError(f"image {image_name} has fewer than 5 captions")
             lines.extend(sentences)
-        written.append(write_text(Path(dest) / folder / filename, "\n".join(lines) + "\n"))
-        names = "\n".join(img["filename"] for img in chosen) + "\n"
-        written.append(write_text(Path(dest) / folder / filename.replace("_captions.txt", "_images.txt"), names))
+        contents[Path(dest) / folder / filename] = "\n".join(lines) + "\n"
+        contents[Path(dest) / folder / filename.replace("_captions.txt", "_images.txt")] = (
+            "\n".join(str(img["filename"]) for img in chosen) + "\n"
+        )
+    written = [write_text(file, text) for file, text in contents.items()]
     return written

@@ -72,7 +72,7 @@ class Truth:
         """Several relevant items per query: ``lists[i]`` is a sequence of gallery ids."""
         counts = np.fromiter((len(x) for x in lists), dtype=np.int64)
         flat = [int(v) for x in lists for v in x]
-        return cls(np.concatenate([[0], np.cumsum(counts)]), np.asarray(flat, dtype=np.int64), int(n_gallery))
+        return cls(np.concatenate([[0], np.cumsum(counts)]), _id_array(flat), int(n_gallery))
 
     # ------------------------------------------------------------------ views
     @property
@@ -168,7 +168,7 @@ def _read_truth_file(path: Path, n_gallery: int) -> Truth:
         if not isinstance(data, list) or not data:
             raise ValueError(f"truth file {path} must hold a non-empty list (ids, or lists of ids)")
         if all(isinstance(x, int) and not isinstance(x, bool) for x in data):
-            return Truth.from_labels(np.asarray(data, dtype=np.int64), n_gallery)
+            return Truth.from_labels(_id_array(data), n_gallery)
         if all(isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x) for x in data):
             return Truth.from_lists(data, n_gallery)
         raise ValueError(f"truth file {path} must hold integers or lists of integers")
@@ -180,3 +180,12 @@ def _read_truth_file(path: Path, n_gallery: int) -> Truth:
         except ValueError as exc:
             raise ValueError(f"truth file {path}: {exc}") from None
     raise ValueError(f"truth file {path}: unsupported format {path.suffix!r}; use .npy or .json")
+
+
+def _id_array(values: list[int]) -> np.ndarray:
+    """Gallery ids as int64; a value no gallery could hold (beyond int64) is a clear error."""
+    try:
+        return np.asarray(values, dtype=np.int64)
+    except OverflowError:
+        big = next(v for v in values if not -(2**63) <= v < 2**63)
+        raise ValueError(f"truth holds the id {big}, which is no gallery position (ids are 0 .. n_gallery - 1)") from None
