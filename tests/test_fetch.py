@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import urllib.error
@@ -48,8 +49,15 @@ def test_download_is_converted_to_the_caption_files(monkeypatch, tmp_path):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(fetch_module.urllib.request, "urlopen", lambda url, timeout: Response(fake_archive()))
+    archive = fake_archive()
+    monkeypatch.setattr(fetch_module.urllib.request, "urlopen", lambda url, timeout: Response(archive))
+    # the fake archive has 3 test images, not the release's 1,000: refused, nothing written
     result = runner.invoke(app, ["data", "fetch", "flickr30k", "--dest", str(tmp_path)])
+    assert result.exit_code == 2 and "Karpathy's release has 1000" in result.output and not any(tmp_path.iterdir())
+    digest = hashlib.sha256(archive).hexdigest()
+    result = runner.invoke(app, ["data", "fetch", "flickr30k", "--dest", str(tmp_path), "--no-verify", "--sha256", "0" * 64])
+    assert result.exit_code == 2 and digest in result.output and not any(tmp_path.iterdir())
+    result = runner.invoke(app, ["data", "fetch", "flickr30k", "--dest", str(tmp_path), "--no-verify", "--sha256", digest])
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "flickr30k_karpathy" / "test1k_captions.txt").read_text().splitlines()
     assert lines[:2] == ["test 0 caption 0", "test 0 caption 1"] and len(lines) == 15

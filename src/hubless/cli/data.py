@@ -22,7 +22,10 @@ def fetch_command(
     archive: Path = typer.Option(
         None, help="A local copy instead of downloading: caption_datasets.zip (coco, flickr30k) or a folder with the VisoGender TSVs."
     ),
-    verify: bool = typer.Option(True, "--verify/--no-verify", help="VisoGender: refuse files that differ from the pinned release."),
+    verify: bool = typer.Option(
+        True, "--verify/--no-verify", help="Refuse files that differ from the release (VisoGender: pinned sha256; Karpathy: split sizes)."
+    ),
+    sha256: str = typer.Option(None, help="coco/flickr30k: the sha256 the downloaded caption_datasets.zip must have."),
 ) -> None:
     """Download Karpathy's caption splits (coco, flickr30k) or the VisoGender metadata
     (github.com/oxai/visogender, pinned and checksummed) and write the files hubless reads."""
@@ -36,7 +39,7 @@ def fetch_command(
         if dataset == "visogender":
             files = fetch_visogender(dest, source=archive, verify=verify)
         else:
-            files = fetch(dataset, dest, archive=archive)
+            files = fetch(dataset, dest, archive=archive, verify=verify, sha256=sha256)
     except ConnectionError as exc:
         raise ValueError(str(exc)) from None
     for f in files:

@@ -10,6 +10,7 @@ image order: ``coco_karpathy/test5k_captions.txt`` and ``dev1k_captions.txt`` (C
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from hubless._io import write_text
 
-__all__ = ["KARPATHY_URL", "download", "fetch"]
+__all__ = ["KARPATHY_SPLIT_SIZES", "KARPATHY_URL", "download", "fetch"]
 
 KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
 _LAYOUT = {
@@ -44,16 +45,35 @@ def download(url: str, timeout: float, hint: str) -> bytes:
         raise ConnectionError(f"could not download {url} ({reason}): no network? {hint}") from None
 
 
-def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike | None = None, timeout: float = 60.0) -> list[Path]:
+#: Images per split in Karpathy's release (dataset -> split -> count): a fetched archive must match.
+KARPATHY_SPLIT_SIZES = {"coco": {"test": 5000, "val": 5000}, "flickr30k": {"test": 1000, "val": 1014}}
+
+
+def fetch(
+    dataset: str,
+    dest: str | os.PathLike,
+    *,
+    archive: str | os.PathLike | None = None,
+    timeout: float = 60.0,
+    verify: bool = True,
+    sha256: str | None = None,
+) -> list[Path]:
     """Write the caption files of ``dataset`` ('coco' or 'flickr30k') under ``dest``.
 
     ``archive``: a local copy of caption_datasets.zip (skips the download). Returns the files.
+    With ``verify`` (default) the archive must hold Karpathy's split sizes
+    (:data:`KARPATHY_SPLIT_SIZES`), and, when ``sha256`` is given, have that digest; nothing is
+    written otherwise. (The release publishes no checksum, and none can be computed on a machine
+    without network, so hubless cannot pin one: pass the digest you trust with ``sha256``.)
     """
     if dataset not in _LAYOUT:
         raise ValueError(f"unknown dataset {dataset!r}; choose coco or flickr30k")
     member, folder, splits = _LAYOUT[dataset]
     hint = "Download it by hand and pass --archive, or point HUBLESS_DATA_DIR at a folder that has the caption files"
     data = Path(archive).read_bytes() if archive else download(KARPATHY_URL, timeout, hint)
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256.strip().lower():
+        raise ValueError(f"the archive's sha256 is {digest}, not the expected {sha256}; nothing was written")
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             name = next((n for n in zf.namelist() if n.endswith(member)), None)
@@ -72,6 +92,12 @@ def fetch(dataset: str, dest: str | os.PathLike, *, archive: str | os.PathLike |
         chosen = [img for img in images if img.get("split") == split]
         if not chosen:
             raise ValueError(f"the archive's {member} has no image of split {split!r}; nothing was written")
+        expected = KARPATHY_SPLIT_SIZES[dataset][split]
+        if verify and len(chosen) != expected:
+            raise ValueError(
+                f"the archive's {member} has {len(chosen)} {split} images, Karpathy's release has {expected}: not the release "
+                "(truncated or altered?); nothing was written (--no-verify uses it anyway)"
+            )
         chosen_by_split[split] = chosen if limit is None else chosen[:limit]
     contents = {}  # every file's text, built (and checked) before anything is written
     for split, (filename, _) in splits.items():
