@@ -100,6 +100,12 @@ def test_weight_override_per_call_and_one_rule_for_weights(small_data):
         hubless.DN(lam=-0.5)
     with pytest.raises(TypeError, match="lam="):
         corr.search(q[:2], 3, lam=0.5)
+    dn = _fit("dn", small_data)  # the same rule per call as in the constructor, for every weight
+    with pytest.raises(ValueError, match="lam"):
+        dn.search(q[:2], 3, lam=-1.0)
+    index = hubless.Index(corr, "Flat")
+    with pytest.raises(ValueError, match="alpha"):
+        index.search(q[:2], 3, alpha=-1.0)
 
 
 def test_sklearn_clone_get_params_and_not_fitted():
