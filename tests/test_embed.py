@@ -108,3 +108,21 @@ def test_embed_with_no_readable_image_fails_and_writes_nothing(clip_dir, tmp_pat
     assert "none of the 2 images could be read" in result.output and "a.jpg" in result.output and "b.txt" in result.output
     assert "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no .npy, no .meta.json, no .parts
+
+
+def test_embeddings_and_metadata_stay_one_unit(clip_dir, tmp_path):
+    """A crash between writing OUT.npy and OUT.meta.json leaves new embeddings beside old
+    metadata: the metadata names its embeddings' checksum, so using the pair is refused."""
+    enc = load_encoder(clip_dir, device="cpu")
+    out = tmp_path / "t.npy"
+    embed_to_file(enc, out, texts=["a dog", "a cat", "a red car"])
+    meta = json.loads((tmp_path / "t.meta.json").read_text())
+    assert meta["embeddings_sha256"] and meta["embeddings"] == "t.npy"
+    np.save(tmp_path / "bank.npy", enc.encode_texts(["one dog", "two cats", "the red ball", "a man"]))
+    build = ["index", "build", "--gallery", str(out), "--query-bank", str(tmp_path / "bank.npy"), "--method", "nnn:k=2",
+             "--metadata", str(tmp_path / "t.meta.json"), "--out"]  # fmt: skip
+    assert runner.invoke(app, [*build, str(tmp_path / "idx")]).exit_code == 0
+    embed_to_file(enc, tmp_path / "new.npy", texts=["two dogs", "a green bike", "a man"])
+    (tmp_path / "new.npy").replace(out)  # the new embeddings landed, the old metadata stayed
+    result = runner.invoke(app, [*build, str(tmp_path / "idx2")])
+    assert result.exit_code == 2 and "another version" in result.output and not (tmp_path / "idx2").exists()

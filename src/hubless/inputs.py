@@ -271,3 +271,20 @@ def read_ids(spec: str) -> np.ndarray:
     if np.abs(values).max() >= 2**62:
         raise ValueError("ids are far larger than any gallery")
     return values.astype(np.int64).ravel()
+
+
+def check_embedding_meta(meta: str | os.PathLike, embeddings: str | os.PathLike) -> None:
+    """Refuse an ``OUT.meta.json`` of ``hubless embed`` that describes another version of the
+    embeddings file it is used with (e.g. a job interrupted between writing the two)."""
+    meta, embeddings = Path(meta), Path(split_key(embeddings)[0])
+    if not meta.name.endswith(".meta.json") or not embeddings.is_file():
+        return
+    data = _read_json(meta)
+    if not isinstance(data, dict) or data.get("embeddings") != embeddings.name or "embeddings_sha256" not in data:
+        return  # not the metadata of this file (or written by an older hubless)
+    from hubless._io import file_sha256
+
+    if file_sha256(embeddings) != data["embeddings_sha256"]:
+        raise ValueError(
+            f"{meta} describes another version of {embeddings} (checksums differ: an interrupted embed?); run `hubless embed` again"
+        )

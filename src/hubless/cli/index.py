@@ -45,6 +45,10 @@ def build_command(
 
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    if metadata is not None:
+        from hubless.inputs import check_embedding_meta
+
+        check_embedding_meta(metadata, gallery)
     g = load(gallery, "gallery", normalize=normalize)
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
@@ -95,6 +99,10 @@ def add_command(
             index.add_gallery_bank(new_bank, progress=progress)
             typer.echo(f"added {new_bank.shape[0]} gallery-bank items")
         if embeddings is not None:
+            if metadata is not None:
+                from hubless.inputs import check_embedding_meta
+
+                check_embedding_meta(metadata, embeddings)
             new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
             index.add(new, _read_metadata(metadata), progress=progress)
             typer.echo(f"added {new.shape[0]} items")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import save_npy, write_json
+from hubless._io import file_sha256, save_npy, write_json
 from hubless.encoders.base import Encoder, open_image
 from hubless.progress import progress_bar
 
@@ -165,6 +165,9 @@ def embed_to_file(
         "skipped": skipped,
     }
     save_npy(out, matrix)
+    # The pair is one unit: the metadata names the embeddings' checksum, so a crash between the
+    # two writes (new embeddings, old metadata) is detected wherever they are read together.
+    meta["embeddings_sha256"] = file_sha256(out)
     write_json(meta_path(out), meta)
     shutil.rmtree(parts)
     return EmbedResult(out, meta_path(out), int(matrix.shape[0]), skipped, reused)
