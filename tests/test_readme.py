@@ -83,7 +83,7 @@ def workdir(tmp_path_factory):
         "images.npy": data.gallery, "captions.npy": data.queries, "bank_captions.npy": data.query_bank,
         "bank_images.npy": data.gallery_bank, "val_images.npy": data.val_gallery, "val_captions.npy": data.val_queries,
         "val_truth.npy": data.val_query_item.astype(np.int64), "new_images.npy": data.gallery_bank[:50],
-        "more_captions.npy": data.query_bank[:200],
+        "more_captions.npy": data.query_bank[:200], "distractors.npy": data.gallery_bank[:300],
     }  # fmt: skip
     for name, array in files.items():
         np.save(root / name, array)

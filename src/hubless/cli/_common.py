@@ -163,3 +163,14 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
                 raise ValueError(f"{flag} {path} exists and is not a regular file (a folder, FIFO or device); choose a file path")
             if not overwrite and not _written_by_hubless(path):
                 raise ValueError(f"{flag} {path} exists and was not written by hubless; pass --overwrite to replace it")
+
+
+def warn_low_coverage(gallery, query_bank) -> None:
+    """Print the QB-Norm paper's warning when the query bank covers little of the gallery."""
+    if query_bank is None:
+        return
+    from hubless.banks import bank_report
+
+    warning = bank_report(gallery, query_bank, normalize=False).warning  # inputs are loaded (and normalised) already
+    if warning:
+        print_note(warning, "warning")

@@ -17,6 +17,7 @@ from hubless.cli._common import (
     generator_mark,
     load,
     parse_ints,
+    warn_low_coverage,
     wide_console,
 )
 
@@ -46,6 +47,9 @@ def eval_command(
         None, help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline."
     ),
     gallery_bank: Path = typer.Option(None, help="Reference items of the gallery's modality (DualIS/DualDIS need it; DN uses its mean)."),
+    distractors: Path = typer.Option(
+        None, help="Extra gallery items that are never relevant, appended after the gallery (a distractor-enlarged gallery)."
+    ),
     method: list[str] = typer.Option(["baseline", "nnn"], "--method", "-m", help=METHOD_HELP),
     ks: str = typer.Option("1,5,10", help="Cut-offs K of R@K, comma-separated."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples for 95% CIs (0: none)."),
@@ -74,6 +78,8 @@ def eval_command(
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
     bootstrap CIs, the change vs the baseline and hubness. The baseline is always included."""
+    import numpy as np
+
     from hubless._io import write_json
     from hubless.errors import check_available
     from hubless.evaluation import evaluate
@@ -82,11 +88,13 @@ def eval_command(
     check_outputs(
         {"--out": out, "--report": report},
         {"--gallery": gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
-         "--gallery-items": gallery_items, "--query-items": query_items},
+         "--gallery-items": gallery_items, "--query-items": query_items, "--distractors": distractors},
         overwrite=overwrite,
     )  # fmt: skip
     if report is not None:
         check_available("matplotlib", "--report", "report")
+    if distractors is not None and (eccv or rerank):
+        raise ValueError("--distractors cannot be combined with --eccv or --rerank (they assume the gallery as given)")
     if eccv:
         check_available("eccv_caption", "--eccv", "eccv", "eccv-caption")
         if gallery_bank is None:
@@ -102,6 +110,8 @@ def eval_command(
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
+    extra = load(distractors, "distractors", normalize=normalize, dim=g.shape[1])
+    warn_low_coverage(g if extra is None else np.concatenate([g, extra]), qb)
     inputs = {
         name: describe_file(path, arr)
         for name, path, arr in (
@@ -109,6 +119,7 @@ def eval_command(
             ("queries", queries, q),
             ("query_bank", query_bank, qb),
             ("gallery_bank", gallery_bank, gb),
+            ("distractors", distractors, extra),
         )
         if path is not None
     }
@@ -126,8 +137,10 @@ def eval_command(
         normalize=normalize,
         progress=progress,
         inputs={"files": inputs},
+        distractors=extra,
     )
-    print_results(ev, f"{q.shape[0]} queries over {g.shape[0]} items")
+    size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
+    print_results(ev, f"{q.shape[0]} queries over {size}")
     if eccv:
         _eccv(ev, q, qb, gb, progress)
     if rerank:

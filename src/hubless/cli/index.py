@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, warn_low_coverage, wide_console
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
 
@@ -52,6 +52,7 @@ def build_command(
     g = load(gallery, "gallery", normalize=normalize)
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
+    warn_low_coverage(g, qb)
     index = Index.build(
         g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress
     )

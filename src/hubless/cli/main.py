@@ -7,7 +7,7 @@ import warnings
 import typer
 
 from hubless import __version__
-from hubless.cli import data, demo, index
+from hubless.cli import bank, data, demo, index
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.fairness import fairness_command
@@ -55,6 +55,7 @@ app.command("eval")(eval_command)
 app.command("tune")(tune_command)
 app.command("embed")(embed_command)
 app.add_typer(data.app, name="data")
+app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
 app.command("search")(index.search_command)
 app.command("fairness")(fairness_command)

@@ -16,6 +16,7 @@ from hubless.cli._common import (
     load,
     parse_ints,
     print_note,
+    warn_low_coverage,
     wide_console,
 )
 
@@ -32,6 +33,7 @@ def tune_command(
     truth: str = typer.Option(None, help="Relevant gallery ids of each test query."),
     query_bank: Path = typer.Option(None, help="Reference queries the corrections are fitted on."),
     gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
+    distractors: Path = typer.Option(None, help="Extra test-gallery items that are never relevant (a distractor-enlarged test gallery)."),
     method: list[str] = typer.Option(
         ["nnn"], "--method", "-m", help="Method name to tune, repeatable, e.g. nnn (grids from the papers; `hubless methods` lists them)."
     ),
@@ -54,7 +56,7 @@ def tune_command(
         {"--out": out, "--report": report},
         {"--gallery": gallery, "--validation-queries": validation_queries, "--validation-truth": validation_truth,
          "--validation-gallery": validation_gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank,
-         "--gallery-bank": gallery_bank},
+         "--gallery-bank": gallery_bank, "--distractors": distractors},
         overwrite=overwrite,
     )  # fmt: skip
     if report is not None:
@@ -68,9 +70,13 @@ def tune_command(
     q = load(queries, "queries", normalize=normalize, dim=dim)
     qb = load(query_bank, "query bank", normalize=normalize, dim=dim)
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=dim)
+    extra = load(distractors, "distractors", normalize=normalize, dim=dim)
     k_list = parse_ints(ks, "--ks")
     if truth is not None and q is None:
         raise typer.BadParameter("--truth needs --queries")
+    if extra is not None and truth is None:
+        raise typer.BadParameter("--distractors enlarge the test gallery: they need --queries and --truth")
+    warn_low_coverage(vg if vg is not None else g, qb)
     tuned = tune(vg if vg is not None else g, vq, validation_truth, qb, method, gallery_bank=gb, test_queries=q,
                  objective=objective, ks=k_list, normalize=normalize, progress=progress)  # fmt: skip
     console = wide_console()
@@ -87,10 +93,10 @@ def tune_command(
     if truth is not None:
         from hubless.cli.eval import print_results
 
-        ev = evaluate(
-            g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize, progress=progress
-        )
-        print_results(ev, f"test: {q.shape[0]} queries over {g.shape[0]} items, chosen parameters")
+        ev = evaluate(g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize,
+                      progress=progress, distractors=extra)  # fmt: skip
+        size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
+        print_results(ev, f"test: {q.shape[0]} queries over {size}, chosen parameters")
     if out is not None:
         data = tuned.to_dict()
         if ev is not None:

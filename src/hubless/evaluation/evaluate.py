@@ -14,6 +14,7 @@ method, so the intervals of the differences to the baseline are paired.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,7 @@ def evaluate(
     normalize: bool = True,
     progress: bool | None = None,
     inputs: dict[str, Any] | None = None,
+    distractors=None,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -111,11 +113,19 @@ def evaluate(
     :func:`~hubless.metrics.truth.load_truth`). ``methods``: specs like ``"nnn:alpha=0.5,k=16"``
     or corrections (refitted here); the baseline is always evaluated (first) so every method
     gets its difference to it, with a paired bootstrap interval. ``bootstrap=0`` skips intervals.
-    ``normalize`` applies to every method built from a spec.
+    ``normalize`` applies to every method built from a spec. ``distractors``: extra gallery
+    items that are never relevant, appended after the gallery (the distractor-enlarged galleries
+    of Geigle et al.): ``truth`` keeps referring to the gallery's own positions.
     """
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
     truth = load_truth(truth, queries.shape[0], gallery.shape[0])
+    n_distractors = 0
+    if distractors is not None:
+        extra = as_embeddings(distractors, "distractors", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
+        n_distractors = extra.shape[0]
+        gallery = np.concatenate([gallery, extra])
+        truth = dataclasses.replace(truth, n_gallery=gallery.shape[0])  # never relevant: no truth points at them
     ks = check_ks(ks, gallery.shape[0])
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise ValueError(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
@@ -135,6 +145,7 @@ def evaluate(
             r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
     described = {
         "n_gallery": int(gallery.shape[0]),
+        "n_distractors": int(n_distractors),
         "n_queries": int(queries.shape[0]),
         "dim": int(gallery.shape[1]),
         "n_query_bank": None if query_bank is None else int(np.shape(query_bank)[0]),

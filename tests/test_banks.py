@@ -1,0 +1,104 @@
+"""Bank diagnostics and the QB-Norm paper's adversarial banks (checked by brute force), the
+low-coverage warning, and distractor-enlarged galleries (never relevant, ranks exact)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import hubless
+from hubless.banks import LOW_COVERAGE, adversarial_bank, bank_report, nearest_items
+from hubless.cli.main import app
+from hubless.metrics.hubness import skewness
+from tests import reference as ref
+from tests.conftest import unit_rows
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_adversarial_bank_covers_the_fewest_items(seed):
+    rng = np.random.default_rng(seed)
+    gallery, candidates = unit_rows(rng, 6, 4), unit_rows(rng, 11, 4)
+    nearest = np.argmax(ref.cos(candidates, gallery), axis=1)
+    for n in (1, 3, 5, 8):
+        chosen = adversarial_bank(gallery, candidates, n)
+        assert chosen.size == n and len(set(chosen)) == n
+        best = min(len(set(nearest[list(c)])) for c in itertools.combinations(range(11), n))  # brute force
+        assert len(set(nearest[chosen])) == best
+
+
+def test_bank_report_matches_its_definition():
+    rng = np.random.default_rng(1)
+    gallery, bank, queries = unit_rows(rng, 50, 8), unit_rows(rng, 120, 8), unit_rows(rng, 30, 8)
+    report = bank_report(gallery, bank, queries=queries)
+    nearest = np.argmax(ref.cos(bank, gallery), axis=1)
+    np.testing.assert_array_equal(nearest_items(gallery, bank), nearest)
+    n1 = np.bincount(nearest, minlength=50)
+    assert report.distinct_items == len(set(nearest)) and report.coverage == pytest.approx(len(set(nearest)) / 50)
+    assert report.n1_max == n1.max() and report.n1_skewness == pytest.approx(skewness(n1))
+    mb, mq = bank.mean(axis=0), queries.mean(axis=0)
+    assert report.shift == pytest.approx(1 - mb @ mq / np.linalg.norm(mb) / np.linalg.norm(mq), abs=1e-6)
+    assert bank_report(gallery, bank, queries=bank).shift == pytest.approx(0.0, abs=1e-6)
+
+
+def test_low_coverage_warning_names_the_risk_and_the_robust_methods(tmp_path):
+    rng = np.random.default_rng(2)
+    gallery = unit_rows(rng, 200, 8)
+    narrow = gallery[:5] + 0.01 * unit_rows(rng, 5, 8)  # every bank query finds one of 5 items
+    narrow = np.repeat(narrow, 20, axis=0)
+    report = bank_report(gallery, narrow)
+    assert report.coverage < LOW_COVERAGE and "DIS" in report.warning and "GC" in report.warning
+    assert bank_report(gallery, gallery).warning is None
+    np.save(tmp_path / "g.npy", gallery)
+    np.save(tmp_path / "b.npy", narrow)
+    np.save(tmp_path / "q.npy", gallery[:40])
+    result = runner.invoke(app, ["eval", "--gallery", str(tmp_path / "g.npy"), "--queries", str(tmp_path / "q.npy"), "--truth",
+                                 str(_truth(tmp_path)), "--query-bank", str(tmp_path / "b.npy"),
+                                 "-m", "nnn:k=4", "--bootstrap", "0"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "covers only 2.5% of the gallery" in result.output
+    check = runner.invoke(app, ["bank", "check", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "b.npy"), "--json"])
+    assert check.exit_code == 0 and json.loads(check.output.splitlines()[0])["distinct_items"] == 5
+
+
+def _truth(tmp_path):
+    (tmp_path / "truth.json").write_text(json.dumps(list(range(40))))
+    return tmp_path / "truth.json"
+
+
+def test_bank_adversarial_cli(tmp_path):
+    rng = np.random.default_rng(3)
+    np.save(tmp_path / "g.npy", unit_rows(rng, 40, 8))
+    np.save(tmp_path / "c.npy", unit_rows(rng, 300, 8))
+    result = runner.invoke(app, ["bank", "adversarial", "--gallery", str(tmp_path / "g.npy"), "--candidates", str(tmp_path / "c.npy"),
+                                 "--n", "50", "--out", str(tmp_path / "adv.npy")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ids = np.load(tmp_path / "adv.ids.npy")
+    np.testing.assert_array_equal(ids, adversarial_bank(np.load(tmp_path / "g.npy"), np.load(tmp_path / "c.npy"), 50))
+    np.testing.assert_allclose(np.load(tmp_path / "adv.npy"), np.load(tmp_path / "c.npy")[ids], atol=1e-6)
+    again = runner.invoke(app, ["bank", "adversarial", "--gallery", str(tmp_path / "g.npy"), "--candidates", str(tmp_path / "c.npy"),
+                                "--n", "50", "--out", str(tmp_path / "adv.npy")])  # fmt: skip
+    assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+def test_distractors_are_never_hits_and_ranks_stay_exact():
+    rng = np.random.default_rng(4)
+    gallery, queries, bank = unit_rows(rng, 60, 16), unit_rows(rng, 30, 16), unit_rows(rng, 200, 16)
+    labels = np.arange(30)
+    distractors = np.concatenate([queries[:10], unit_rows(rng, 40, 16)])  # the first 10 equal their queries: always on top
+    ev = hubless.evaluate(gallery, queries, labels, bank, ["baseline"], distractors=distractors, ks=(1, 5), bootstrap=0)
+    full = np.concatenate([gallery, distractors])
+    s = ref.cos(queries, full)
+    expected_rank = 1 + (s > s[np.arange(30), labels][:, None]).sum(axis=1)  # brute force over gallery + distractors
+    base = ev.results[0]
+    ranks = base.per_query["MnR"]  # one relevant item per query: its rank
+    np.testing.assert_array_equal(ranks, expected_rank)
+    assert (ranks[:10] >= 2).all()  # a distractor equal to the query outranks the relevant item, and is no hit
+    assert ev.inputs["n_gallery"] == 110 and ev.inputs["n_distractors"] == 50
+    alone = hubless.evaluate(gallery, queries, labels, bank, ["baseline"], ks=(1, 5), bootstrap=0)
+    assert base.metrics["R@1"] <= alone.results[0].metrics["R@1"]
