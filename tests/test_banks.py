@@ -102,3 +102,40 @@ def test_distractors_are_never_hits_and_ranks_stay_exact():
     assert ev.inputs["n_gallery"] == 110 and ev.inputs["n_distractors"] == 50
     alone = hubless.evaluate(gallery, queries, labels, bank, ["baseline"], ks=(1, 5), bootstrap=0)
     assert base.metrics["R@1"] <= alone.results[0].metrics["R@1"]
+
+
+def test_multi_bank_rows_equal_separate_runs(tmp_path):
+    from hubless.evaluation.robustness import evaluate_banks, geometric_mean
+
+    rng = np.random.default_rng(6)
+    gallery, queries = unit_rows(rng, 80, 16), unit_rows(rng, 40, 16)
+    banks = {"near": unit_rows(rng, 300, 16), "narrow": np.repeat(gallery[:3], 50, axis=0)}
+    labels = rng.integers(0, 80, 40)
+    methods = ["nnn:alpha=0.5,k=4", "dis"]
+    result = evaluate_banks(gallery, queries, labels, banks, methods, ks=(1, 5), bootstrap=50, seed=3)
+    for name, bank in banks.items():
+        alone = hubless.evaluate(gallery, queries, labels, bank, methods, ks=(1, 5), bootstrap=50, seed=3)
+        for a, b in zip(result.evaluations[name].results, alone.results):
+            assert a.spec == b.spec and a.metrics == b.metrics and a.delta == b.delta and a.delta_ci95 == b.delta_ci95
+    assert len(result.rows) == 2 * 3 and {r["bank"] for r in result.rows} == {"near", "narrow"}
+    r1 = [ev.results[1].metrics["R@1"] for ev in result.evaluations.values()]
+    assert result.overall["nnn:alpha=0.5,k=4"]["R@1"] == pytest.approx(geometric_mean(r1))
+    assert result.reports["narrow"].coverage == pytest.approx(3 / 80)
+    np.save(tmp_path / "g.npy", gallery)
+    np.save(tmp_path / "q.npy", queries)
+    np.save(tmp_path / "labels.npy", labels)
+    for name, bank in banks.items():
+        np.save(tmp_path / f"{name}.npy", bank)
+    cli = runner.invoke(app, ["eval", "--gallery", str(tmp_path / "g.npy"), "--queries", str(tmp_path / "q.npy"), "--truth",
+                              str(tmp_path / "labels.npy"), "--query-bank", f"near={tmp_path / 'near.npy'}", "--query-bank",
+                              f"narrow={tmp_path / 'narrow.npy'}", "-m", methods[0], "-m", "dis", "--ks", "1,5", "--bootstrap", "50",
+                              "--seed", "3", "--out", str(tmp_path / "banks.json")])  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    assert "overall: geometric mean over 2 banks" in cli.output and "bank narrow: 150 queries, coverage 3.8%" in cli.output
+    assert "bank narrow: the query bank covers only 3.8%" in cli.output
+    saved = json.loads((tmp_path / "banks.json").read_text())
+    assert all(saved["overall"][spec] == pytest.approx(values) for spec, values in result.overall.items()) and len(saved["rows"]) == 6
+    bad = runner.invoke(app, ["eval", "--gallery", str(tmp_path / "g.npy"), "--queries", str(tmp_path / "q.npy"), "--truth",
+                              str(tmp_path / "labels.npy"), "--query-bank", f"near={tmp_path / 'near.npy'}", "--query-bank",
+                              str(tmp_path / "narrow.npy")])  # fmt: skip
+    assert bad.exit_code == 2 and "must all be named" in bad.output

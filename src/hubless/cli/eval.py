@@ -17,6 +17,7 @@ from hubless.cli._common import (
     generator_mark,
     load,
     parse_ints,
+    print_note,
     warn_low_coverage,
     wide_console,
 )
@@ -43,8 +44,10 @@ def eval_command(
     truth: str = typer.Option(
         ..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."
     ),
-    query_bank: Path = typer.Option(
-        None, help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline."
+    query_bank: list[str] = typer.Option(
+        None,
+        help="Reference queries (same modality as the queries, disjoint from them). Needed by every method but the baseline. "
+        "Repeat as NAME=PATH to evaluate with several banks: one row per method x bank and the geometric mean over banks.",
     ),
     gallery_bank: Path = typer.Option(None, help="Reference items of the gallery's modality (DualIS/DualDIS need it; DN uses its mean)."),
     distractors: Path = typer.Option(
@@ -84,13 +87,21 @@ def eval_command(
     from hubless.errors import check_available
     from hubless.evaluation import evaluate
 
+    banks = parse_banks(query_bank)
     # Everything that can fail without computing anything is checked first.
     check_outputs(
         {"--out": out, "--report": report},
-        {"--gallery": gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
-         "--gallery-items": gallery_items, "--query-items": query_items, "--distractors": distractors},
+        {"--gallery": gallery, "--queries": queries, "--truth": truth, "--gallery-bank": gallery_bank, "--gallery-items": gallery_items,
+         "--query-items": query_items, "--distractors": distractors, **{f"--query-bank {n}".strip(): p for n, p in (banks or {}).items()}},
         overwrite=overwrite,
     )  # fmt: skip
+    if banks is not None and (len(banks) > 1 or "" not in banks):  # named banks: the robustness protocol
+        if report is not None or eccv or rerank:
+            raise ValueError(
+                "with several named query banks, eval writes tables and --out JSON; --report, --eccv and --rerank take one bank"
+            )
+        return _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress)
+    query_bank = None if not banks else banks[""]
     if report is not None:
         check_available("matplotlib", "--report", "report")
     if distractors is not None and (eccv or rerank):
@@ -196,3 +207,52 @@ def _rerank(ev, q, truth, reranker, model, k, fusion, lam, gallery_items, query_
         ms = res["ms_per_query"]
         table.add_row(r.spec, *cells, f"{ms['retrieve']:.2f}, {ms['rerank']:.1f}")
     wide_console().print(table)
+
+
+def parse_banks(values: list[str] | None) -> dict[str, Path] | None:
+    """``--query-bank`` values: one unnamed PATH -> {"": PATH}; NAME=PATH (repeatable) -> by name."""
+    if not values:
+        return None
+    banks: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            name, path = "", value
+        elif not name.strip() or not path:
+            raise ValueError(f"--query-bank {value!r}: expected NAME=PATH (or a single PATH)")
+        if name in banks:
+            raise ValueError(f"--query-bank {name or value!r} is given twice")
+        banks[name.strip()] = Path(path)
+    if "" in banks and len(banks) > 1:
+        raise ValueError("several --query-bank values must all be named: NAME=PATH")
+    return banks
+
+
+def _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress) -> None:
+    """The bank robustness protocol (hubless.evaluation.robustness) from the command line."""
+    from hubless._io import write_json
+    from hubless.evaluation.robustness import evaluate_banks
+
+    g = load(gallery, "gallery", normalize=normalize)
+    loaded = {name: load(path, f"query bank {name}", normalize=normalize, dim=g.shape[1]) for name, path in banks.items()}
+    result = evaluate_banks(
+        g, load(queries, "queries", normalize=normalize, dim=g.shape[1]), truth, loaded, method,
+        gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1]), ks=parse_ints(ks, "--ks"),
+        bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=g.shape[1]),
+        progress=progress,
+    )  # fmt: skip
+    for name, ev in result.evaluations.items():
+        report = result.reports[name]
+        print_results(ev, f"bank {name}: {report.n_bank} queries, coverage {report.coverage:.1%}")
+        if report.warning:
+            print_note(f"bank {name}: {report.warning}", "warning")
+    table = Table(title=f"overall: geometric mean over {len(banks)} banks")
+    metrics = list(next(iter(result.overall.values())))
+    for col in ("method", *metrics):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for spec, values in result.overall.items():
+        table.add_row(spec, *(f"{values[m]:.2f}" for m in metrics))
+    wide_console().print(table)
+    if out is not None:
+        write_json(out, {**generator_mark(), **result.to_dict()})
+        typer.echo(f"results: {out}")

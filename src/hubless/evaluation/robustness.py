@@ -1,0 +1,101 @@
+"""The bank robustness protocol of QB-Norm (Bogolin et al. 2022, Table 2): every method with
+several query banks in one run, one row per method x bank, and the geometric mean over banks.
+
+    result = evaluate_banks(gallery, queries, truth, {"in-domain": b1, "far": b2}, ["nnn", "dis"])
+
+Each bank gets a full :func:`~hubless.evaluation.evaluate` (the baseline first, every method's
+change vs the baseline with a paired bootstrap interval) and its coverage report
+(:func:`hubless.banks.bank_report`); :attr:`BankEvaluation.overall` is each method's geometric
+mean of every metric over the banks (the paper's "Overall" block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hubless._validation import as_embeddings
+from hubless.banks import BankReport, bank_report
+from hubless.corrections import Correction
+from hubless.evaluation.evaluate import Evaluation, evaluate
+
+__all__ = ["BankEvaluation", "evaluate_banks", "geometric_mean"]
+
+
+@dataclass
+class BankEvaluation:
+    """One :class:`~hubless.evaluation.Evaluation` and one coverage report per bank."""
+
+    evaluations: dict[str, Evaluation]
+    reports: dict[str, BankReport]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per method x bank: bank, method, metrics and their change vs the baseline."""
+        out = []
+        for name, ev in self.evaluations.items():
+            for r in ev.results:
+                ci = r.delta_ci95
+                out.append({"bank": name, "method": r.spec, **r.metrics,
+                            **{f"delta {m}": v for m, v in r.delta.items()},
+                            **{f"delta {m} ci95": list(v) for m, v in ci.items()}})  # fmt: skip
+        return out
+
+    @property
+    def overall(self) -> dict[str, dict[str, float]]:
+        """Per method (by its position in the method list), the geometric mean of each metric
+        over the banks, as the paper's "Overall" block (keys are the first bank's specs)."""
+        evaluations = list(self.evaluations.values())
+        first = evaluations[0]
+        table = {}
+        for i, r in enumerate(first.results):
+            table[r.spec] = {m: geometric_mean([ev.results[i].metrics[m] for ev in evaluations]) for m in r.metrics}
+        return table
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "banks": {name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()},
+            "rows": self.rows,
+            "overall": self.overall,
+        }
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """exp(mean(log v)) of positive values; 0 when any is 0 (a metric that vanished on a bank)."""
+    v = np.asarray(values, dtype=np.float64)
+    if (v <= 0).any():
+        return 0.0
+    return float(np.exp(np.log(v).mean()))
+
+
+def evaluate_banks(
+    gallery,
+    queries,
+    truth,
+    banks: Mapping[str, Any],
+    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    *,
+    gallery_bank=None,
+    ks: Sequence[int] = (1, 5, 10),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    normalize: bool = True,
+    distractors=None,
+    progress: bool | None = None,
+) -> BankEvaluation:
+    """:func:`~hubless.evaluation.evaluate` with each query bank of ``banks`` (name -> array),
+    the same queries, truth, methods, bootstrap seed and gallery; see the module docstring."""
+    if not banks:
+        raise ValueError("banks is empty: give at least one name -> query bank")
+    g = as_embeddings(gallery, "gallery", normalize=normalize)
+    full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
+    evaluations, reports = {}, {}
+    for name, bank in banks.items():
+        b = as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1])
+        reports[name] = bank_report(full, b, normalize=False)
+        evaluations[name] = evaluate(g, queries, truth, b, methods, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap, seed=seed,
+                                     normalize=normalize, distractors=distractors, progress=progress)  # fmt: skip
+    return BankEvaluation(evaluations, reports)
