@@ -40,6 +40,7 @@ def test_bank_report_matches_its_definition():
     np.testing.assert_array_equal(nearest_items(gallery, bank), nearest)
     n1 = np.bincount(nearest, minlength=50)
     assert report.distinct_items == len(set(nearest)) and report.coverage == pytest.approx(len(set(nearest)) / 50)
+    assert report.relative_coverage == pytest.approx(len(set(nearest)) / 50)  # min(120 bank queries, 50 items)
     assert report.n1_max == n1.max() and report.n1_skewness == pytest.approx(skewness(n1))
     mb, mq = bank.mean(axis=0), queries.mean(axis=0)
     assert report.shift == pytest.approx(1 - mb @ mq / np.linalg.norm(mb) / np.linalg.norm(mq), abs=1e-6)
@@ -61,7 +62,7 @@ def test_low_coverage_warning_names_the_risk_and_the_robust_methods(tmp_path):
                                  str(_truth(tmp_path)), "--query-bank", str(tmp_path / "b.npy"),
                                  "-m", "nnn:k=4", "--bootstrap", "0"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "covers only 2.5% of the gallery" in result.output
+    assert "find only 5 distinct nearest gallery items (5% of what a bank this size could reach" in result.output
     check = runner.invoke(app, ["bank", "check", "--gallery", str(tmp_path / "g.npy"), "--query-bank", str(tmp_path / "b.npy"), "--json"])
     assert check.exit_code == 0 and json.loads(check.output.splitlines()[0])["distinct_items"] == 5
 
@@ -131,11 +132,39 @@ def test_multi_bank_rows_equal_separate_runs(tmp_path):
                               f"narrow={tmp_path / 'narrow.npy'}", "-m", methods[0], "-m", "dis", "--ks", "1,5", "--bootstrap", "50",
                               "--seed", "3", "--out", str(tmp_path / "banks.json")])  # fmt: skip
     assert cli.exit_code == 0, cli.output
-    assert "overall: geometric mean over 2 banks" in cli.output and "bank narrow: 150 queries, coverage 3.8%" in cli.output
-    assert "bank narrow: the query bank covers only 3.8%" in cli.output
+    assert "overall: geometric mean over 2 banks" in cli.output and "bank narrow: 150 queries, coverage 3.8% (relative 4%)" in cli.output
+    assert "bank narrow: the query bank's 150 queries find only 3 distinct" in cli.output
     saved = json.loads((tmp_path / "banks.json").read_text())
     assert all(saved["overall"][spec] == pytest.approx(values) for spec, values in result.overall.items()) and len(saved["rows"]) == 6
     bad = runner.invoke(app, ["eval", "--gallery", str(tmp_path / "g.npy"), "--queries", str(tmp_path / "q.npy"), "--truth",
                               str(tmp_path / "labels.npy"), "--query-bank", f"near={tmp_path / 'near.npy'}", "--query-bank",
                               str(tmp_path / "narrow.npy")])  # fmt: skip
     assert bad.exit_code == 2 and "must all be named" in bad.output
+
+
+def test_tune_with_several_banks_tunes_each_on_validation(tmp_path):
+    from hubless.evaluation.robustness import tune_banks
+    from hubless.tuning import tune
+
+    data = hubless.data.make_retrieval_data(n_items=150, dim=16, n_query_bank=400, n_val_items=60, seed=8)
+    banks = {"a": data.query_bank[:200], "b": data.query_bank[200:]}
+    truth, val_truth = data.query_item, data.val_query_item
+    result = tune_banks(data.gallery, data.val_queries, val_truth, banks, ["nnn", "is"], queries=data.queries, truth=truth,
+                        val_gallery=data.val_gallery, ks=(1, 5), bootstrap=0)  # fmt: skip
+    for name, bank in banks.items():
+        alone = tune(data.val_gallery, data.val_queries, val_truth, bank, ["nnn", "is"], test_queries=data.queries, ks=(1, 5))
+        assert result.tuned[name].best_specs == alone.best_specs
+        ev = hubless.evaluate(data.gallery, data.queries, truth, bank, alone.best_specs, ks=(1, 5), bootstrap=0)
+        assert [r.metrics for r in result.evaluations[name].results] == [r.metrics for r in ev.results]
+    for name, arr in {"g": data.gallery, "q": data.queries, "vg": data.val_gallery, "vq": data.val_queries, "a": banks["a"],
+                      "b": banks["b"], "t": truth, "vt": val_truth}.items():  # fmt: skip
+        np.save(tmp_path / f"{name}.npy", arr)
+    cli = runner.invoke(app, ["tune", "--gallery", str(tmp_path / "g.npy"), "--validation-queries", str(tmp_path / "vq.npy"),
+                              "--validation-truth", str(tmp_path / "vt.npy"), "--validation-gallery", str(tmp_path / "vg.npy"),
+                              "--queries", str(tmp_path / "q.npy"), "--truth", str(tmp_path / "t.npy"), "--query-bank",
+                              f"a={tmp_path / 'a.npy'}", "--query-bank", f"b={tmp_path / 'b.npy'}", "-m", "nnn", "-m", "is",
+                              "--ks", "1,5", "--bootstrap", "0", "--out", str(tmp_path / "t.json")])  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    assert f"bank a: chosen {', '.join(result.tuned['a'].best_specs)}" in cli.output
+    saved = json.loads((tmp_path / "t.json").read_text())
+    assert set(saved["banks"]) == {"a", "b"} and "tuning" in saved["banks"]["a"]

@@ -32,7 +32,8 @@ def check_command(
         typer.echo(json.dumps(report.to_dict()))
     else:
         typer.echo(
-            f"coverage: {report.coverage:.1%} of {report.n_gallery:,} gallery items ({report.distinct_items:,}) are some bank query's nearest item"
+            f"coverage: {report.coverage:.1%} of {report.n_gallery:,} gallery items ({report.distinct_items:,}) are some bank query's nearest item; "
+            f"relative coverage {report.relative_coverage:.0%} of what {report.n_bank:,} queries could reach"
         )
         typer.echo(f"N_1 under the bank: skewness {report.n1_skewness:.2f}, largest {report.n1_max} of {report.n_bank:,} bank queries")
         if report.shift is not None:

@@ -230,7 +230,6 @@ def parse_banks(values: list[str] | None) -> dict[str, Path] | None:
 
 def _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress) -> None:
     """The bank robustness protocol (hubless.evaluation.robustness) from the command line."""
-    from hubless._io import write_json
     from hubless.evaluation.robustness import evaluate_banks
 
     g = load(gallery, "gallery", normalize=normalize)
@@ -241,12 +240,19 @@ def _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, metho
         bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=g.shape[1]),
         progress=progress,
     )  # fmt: skip
+    print_banks(result, out)
+
+
+def print_banks(result, out: Path | None) -> None:
+    """A table per bank (with its coverage), the geometric-mean table, and the JSON."""
+    from hubless._io import write_json
+
     for name, ev in result.evaluations.items():
         report = result.reports[name]
-        print_results(ev, f"bank {name}: {report.n_bank} queries, coverage {report.coverage:.1%}")
+        print_results(ev, f"bank {name}: {report.n_bank} queries, coverage {report.coverage:.1%} (relative {report.relative_coverage:.0%})")
         if report.warning:
             print_note(f"bank {name}: {report.warning}", "warning")
-    table = Table(title=f"overall: geometric mean over {len(banks)} banks")
+    table = Table(title=f"overall: geometric mean over {len(result.evaluations)} banks")
     metrics = list(next(iter(result.overall.values())))
     for col in ("method", *metrics):
         table.add_column(col, justify="left" if col == "method" else "right")

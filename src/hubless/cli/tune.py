@@ -31,7 +31,11 @@ def tune_command(
         None, help="Test queries: checked for overlap, then evaluated with the chosen parameters when --truth is given."
     ),
     truth: str = typer.Option(None, help="Relevant gallery ids of each test query."),
-    query_bank: Path = typer.Option(None, help="Reference queries the corrections are fitted on."),
+    query_bank: list[str] = typer.Option(
+        None,
+        help="Reference queries the corrections are fitted on; repeat as NAME=PATH to tune and test with several banks "
+        "(needs --queries and --truth; a table per bank and the geometric mean over banks).",
+    ),
     gallery_bank: Path = typer.Option(None, help="Reference gallery-modality items (DualIS/DualDIS, DN)."),
     distractors: Path = typer.Option(None, help="Extra test-gallery items that are never relevant (a distractor-enlarged test gallery)."),
     method: list[str] = typer.Option(
@@ -49,20 +53,30 @@ def tune_command(
     """Grid-search each method on the validation split (never on the test queries) and report
     the chosen parameters; with --queries and --truth, evaluate them on the test queries."""
     from hubless._io import write_json
+    from hubless.cli.eval import parse_banks
     from hubless.evaluation import evaluate
     from hubless.tuning import tune
 
+    banks = parse_banks(query_bank)
     check_outputs(
         {"--out": out, "--report": report},
         {"--gallery": gallery, "--validation-queries": validation_queries, "--validation-truth": validation_truth,
-         "--validation-gallery": validation_gallery, "--queries": queries, "--truth": truth, "--query-bank": query_bank,
-         "--gallery-bank": gallery_bank, "--distractors": distractors},
+         "--validation-gallery": validation_gallery, "--queries": queries, "--truth": truth, "--gallery-bank": gallery_bank,
+         "--distractors": distractors, **{f"--query-bank {n}".strip(): p for n, p in (banks or {}).items()}},
         overwrite=overwrite,
     )  # fmt: skip
     if report is not None:
         from hubless.errors import check_available
 
         check_available("matplotlib", "--report", "report")
+    if banks is not None and (len(banks) > 1 or "" not in banks):  # named banks: the robustness protocol
+        if report is not None or queries is None or truth is None:
+            raise ValueError(
+                "with several named query banks, tune needs --queries and --truth and writes tables and --out JSON (no --report)"
+            )
+        return _tune_banks(gallery, validation_queries, validation_truth, validation_gallery, queries, truth, banks, gallery_bank,
+                           distractors, method, objective, ks, bootstrap, normalize, out, progress)  # fmt: skip
+    query_bank = None if not banks else banks[""]
     g = load(gallery, "gallery", normalize=normalize)
     dim = g.shape[1]
     vg = load(validation_gallery, "validation gallery", normalize=normalize, dim=dim)
@@ -108,3 +122,24 @@ def tune_command(
 
         tune_report(tuned, report, ev)
         typer.echo(f"report: {report}")
+
+
+def _tune_banks(gallery, val_queries, val_truth, val_gallery, queries, truth, banks, gallery_bank, distractors, method, objective, ks,
+                bootstrap, normalize, out, progress) -> None:  # fmt: skip
+    """Tune and test with each named bank (hubless.evaluation.robustness.tune_banks)."""
+    from hubless.cli.eval import print_banks
+    from hubless.evaluation.robustness import tune_banks
+
+    g = load(gallery, "gallery", normalize=normalize)
+    dim = g.shape[1]
+    result = tune_banks(
+        g, load(val_queries, "validation queries", normalize=normalize, dim=dim), val_truth,
+        {name: load(path, f"query bank {name}", normalize=normalize, dim=dim) for name, path in banks.items()}, method,
+        queries=load(queries, "queries", normalize=normalize, dim=dim), truth=truth,
+        val_gallery=load(val_gallery, "validation gallery", normalize=normalize, dim=dim),
+        gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=dim), objective=objective, ks=parse_ints(ks, "--ks"),
+        bootstrap=bootstrap, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=dim), progress=progress,
+    )  # fmt: skip
+    for name, tuned in result.tuned.items():
+        typer.echo(f"bank {name}: chosen {', '.join(tuned.best_specs)}")
+    print_banks(result, out)

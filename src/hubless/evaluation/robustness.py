@@ -22,7 +22,7 @@ from hubless.banks import BankReport, bank_report
 from hubless.corrections import Correction
 from hubless.evaluation.evaluate import Evaluation, evaluate
 
-__all__ = ["BankEvaluation", "evaluate_banks", "geometric_mean"]
+__all__ = ["BankEvaluation", "evaluate_banks", "geometric_mean", "tune_banks"]
 
 
 @dataclass
@@ -31,6 +31,8 @@ class BankEvaluation:
 
     evaluations: dict[str, Evaluation]
     reports: dict[str, BankReport]
+    #: With :func:`tune_banks`: each bank's tuning result (parameters chosen with that bank).
+    tuned: dict[str, Any] | None = None
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -47,20 +49,21 @@ class BankEvaluation:
     @property
     def overall(self) -> dict[str, dict[str, float]]:
         """Per method (by its position in the method list), the geometric mean of each metric
-        over the banks, as the paper's "Overall" block (keys are the first bank's specs)."""
+        over the banks, as the paper's "Overall" block. Keyed by the spec when every bank used the
+        same one, else (parameters tuned per bank) by the method's name."""
         evaluations = list(self.evaluations.values())
-        first = evaluations[0]
         table = {}
-        for i, r in enumerate(first.results):
-            table[r.spec] = {m: geometric_mean([ev.results[i].metrics[m] for ev in evaluations]) for m in r.metrics}
+        for i, r in enumerate(evaluations[0].results):
+            specs = {ev.results[i].spec for ev in evaluations}
+            label = r.spec if len(specs) == 1 else r.method
+            table[label] = {m: geometric_mean([ev.results[i].metrics[m] for ev in evaluations]) for m in r.metrics}
         return table
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "banks": {name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()},
-            "rows": self.rows,
-            "overall": self.overall,
-        }
+        banks = {name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()}
+        for name, tuned in (self.tuned or {}).items():
+            banks[name]["tuning"] = tuned.to_dict()
+        return {"banks": banks, "rows": self.rows, "overall": self.overall}
 
 
 def geometric_mean(values: Sequence[float]) -> float:
@@ -99,3 +102,42 @@ def evaluate_banks(
         evaluations[name] = evaluate(g, queries, truth, b, methods, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap, seed=seed,
                                      normalize=normalize, distractors=distractors, progress=progress)  # fmt: skip
     return BankEvaluation(evaluations, reports)
+
+
+def tune_banks(
+    gallery,
+    val_queries,
+    val_truth,
+    banks: Mapping[str, Any],
+    methods: Sequence[str] = ("nnn",),
+    *,
+    queries,
+    truth,
+    val_gallery=None,
+    gallery_bank=None,
+    objective: str = "R@1",
+    ks: Sequence[int] = (1, 5, 10),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    normalize: bool = True,
+    distractors=None,
+    progress: bool | None = None,
+) -> BankEvaluation:
+    """The protocol with every method tuned on the validation split separately for each bank
+    (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
+    from hubless.tuning import tune
+
+    if not banks:
+        raise ValueError("banks is empty: give at least one name -> query bank")
+    g = as_embeddings(gallery, "gallery", normalize=normalize)
+    vg = g if val_gallery is None else val_gallery
+    full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
+    evaluations, reports, tuned = {}, {}, {}
+    for name, bank in banks.items():
+        b = as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1])
+        reports[name] = bank_report(full, b, normalize=False)
+        tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
+                           ks=ks, normalize=normalize, progress=progress)  # fmt: skip
+        evaluations[name] = evaluate(g, queries, truth, b, tuned[name].best_specs, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap,
+                                     seed=seed, normalize=normalize, distractors=distractors, progress=progress)  # fmt: skip
+    return BankEvaluation(evaluations, reports, tuned)
