@@ -91,17 +91,36 @@ def evaluate_banks(
 ) -> BankEvaluation:
     """:func:`~hubless.evaluation.evaluate` with each query bank of ``banks`` (name -> array),
     the same queries, truth, methods, bootstrap seed and gallery; see the module docstring."""
+    g, checked, reports = _checked_banks(gallery, banks, distractors, normalize)
+    evaluations = {
+        name: evaluate(
+            g,
+            queries,
+            truth,
+            b,
+            methods,
+            gallery_bank=gallery_bank,
+            ks=ks,
+            bootstrap=bootstrap,
+            seed=seed,
+            normalize=normalize,
+            distractors=distractors,
+            progress=progress,
+        )  # fmt: skip
+        for name, b in checked.items()
+    }
+    return BankEvaluation(evaluations, reports)
+
+
+def _checked_banks(gallery, banks: Mapping[str, Any], distractors, normalize: bool):
+    """The validated gallery, each validated bank and its coverage report over the gallery as
+    searched (distractors included)."""
     if not banks:
         raise ValueError("banks is empty: give at least one name -> query bank")
     g = as_embeddings(gallery, "gallery", normalize=normalize)
     full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
-    evaluations, reports = {}, {}
-    for name, bank in banks.items():
-        b = as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1])
-        reports[name] = bank_report(full, b, normalize=False)
-        evaluations[name] = evaluate(g, queries, truth, b, methods, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap, seed=seed,
-                                     normalize=normalize, distractors=distractors, progress=progress)  # fmt: skip
-    return BankEvaluation(evaluations, reports)
+    checked = {name: as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1]) for name, bank in banks.items()}
+    return g, checked, {name: bank_report(full, b, normalize=False) for name, b in checked.items()}
 
 
 def tune_banks(
@@ -127,15 +146,10 @@ def tune_banks(
     (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
     from hubless.tuning import tune
 
-    if not banks:
-        raise ValueError("banks is empty: give at least one name -> query bank")
-    g = as_embeddings(gallery, "gallery", normalize=normalize)
+    g, checked, reports = _checked_banks(gallery, banks, distractors, normalize)
     vg = g if val_gallery is None else val_gallery
-    full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
-    evaluations, reports, tuned = {}, {}, {}
-    for name, bank in banks.items():
-        b = as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1])
-        reports[name] = bank_report(full, b, normalize=False)
+    evaluations, tuned = {}, {}
+    for name, b in checked.items():
         tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
                            ks=ks, normalize=normalize, progress=progress)  # fmt: skip
         evaluations[name] = evaluate(g, queries, truth, b, tuned[name].best_specs, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap,
