@@ -4,6 +4,7 @@ with metadata; an interrupted job resumes without redoing finished chunks."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -126,3 +127,48 @@ def test_embeddings_and_metadata_stay_one_unit(clip_dir, tmp_path):
     (tmp_path / "new.npy").replace(out)  # the new embeddings landed, the old metadata stayed
     result = runner.invoke(app, [*build, str(tmp_path / "idx2")])
     assert result.exit_code == 2 and "another version" in result.output and not (tmp_path / "idx2").exists()
+
+
+EMBED_SCRIPT = """
+import sys
+from hubless.encoders import load_encoder
+from hubless.encoders.job import embed_to_file
+enc = load_encoder(sys.argv[1], device="cpu")
+texts = [f"a photo of {i} red dogs on grass" for i in range(400)]
+embed_to_file(enc, sys.argv[2], texts=texts, chunk_size=25, batch_size=5, progress=False, overwrite=True)
+"""
+
+
+@pytest.mark.slow
+def test_kill_during_embed_then_resume_gives_the_clean_result(clip_dir, tmp_path):
+    """kill -9 an embedding job at random moments, rerun it: the result equals an uninterrupted
+    run, and embeddings and metadata always describe each other."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(EMBED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "e.npy"
+    rng = random.Random(1)
+    for _ in range(4):
+        proc = subprocess.Popen([sys.executable, str(script), str(clip_dir), str(out)], env=env)
+        time.sleep(rng.uniform(2.0, 5.0))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if out.exists():  # finished before the kill: the pair must match
+            meta = json.loads((tmp_path / "e.meta.json").read_text())
+            assert meta["count"] == np.load(out).shape[0]
+    done = subprocess.run([sys.executable, str(script), str(clip_dir), str(out)], env=env, timeout=300)
+    assert done.returncode == 0
+    clean = tmp_path / "clean.npy"
+    enc = load_encoder(clip_dir, device="cpu")
+    embed_to_file(enc, clean, texts=[f"a photo of {i} red dogs on grass" for i in range(400)], chunk_size=25, batch_size=5, progress=False)
+    np.testing.assert_allclose(np.load(out), np.load(clean), atol=1e-6)
+    meta = json.loads((tmp_path / "e.meta.json").read_text())
+    from hubless._io import file_sha256
+
+    assert meta["embeddings_sha256"] == file_sha256(out) and not (tmp_path / "e.npy.parts").exists()
