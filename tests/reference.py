@@ -71,7 +71,19 @@ def dual_is(queries, gallery, bank, gallery_bank, bq, bg):
     return (np.exp(bq * s) / zq) * (np.exp(bg * s) / zg)
 
 
+def dual_dis_published(queries, gallery, bank, gallery_bank, bq, bg, k_a):
+    """DualDIS as published (NNN paper appendix A1): a factor whose gate does not fire is s."""
+    s = cos(queries, gallery)
+    top1 = raw_top1(queries, gallery)
+    gate_q = activation_set(bank, gallery, k_a)[top1][:, None]
+    gate_g = activation_set(gallery_bank, gallery, k_a)[top1][:, None]
+    f_q = np.where(gate_q, np.exp(bq * s) / np.exp(bq * cos(bank, gallery)).sum(axis=0)[None, :], s)
+    f_g = np.where(gate_g, np.exp(bg * s) / np.exp(bg * cos(gallery_bank, gallery)).sum(axis=0)[None, :], s)
+    return f_q * f_g
+
+
 def dual_dis(queries, gallery, bank, gallery_bank, bq, bg, k_a):
+    """DualDIS with hubless's earlier "exp" form: an ungated factor is exp(beta s)."""
     s = cos(queries, gallery)
     top1 = raw_top1(queries, gallery)
     gate_q = activation_set(bank, gallery, k_a)[top1][:, None]

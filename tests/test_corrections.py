@@ -36,8 +36,8 @@ CASES = {
         hubless.DualIS(beta_query=6.0, beta_gallery=3.0),
         lambda d: ref.dual_is(d["queries"], d["gallery"], d["query_bank"], d["gallery_bank"], 6.0, 3.0),
     ),
-    "dualdis": (
-        hubless.DualDIS(beta_query=6.0, beta_gallery=3.0, k_activation=1),
+    "dualdis (exp form)": (
+        hubless.DualDIS(beta_query=6.0, beta_gallery=3.0, k_activation=1, ungated="exp"),
         lambda d: ref.dual_dis(d["queries"], d["gallery"], d["query_bank"], d["gallery_bank"], 6.0, 3.0, 1),
     ),
     "gc": (hubless.GlobalCorrection(), lambda d: ref.global_correction(d["queries"], d["gallery"], d["query_bank"])),

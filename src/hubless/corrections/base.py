@@ -409,6 +409,13 @@ class AdditiveCorrection(Correction):
     additive = True
 
     @property
+    def exactly_additive(self) -> bool:
+        """Whether :meth:`rank` is exactly ``s - W . bias_columns_`` for every query. False for a
+        correction whose score only partly has bias form (published DualDIS): an index then
+        re-scores its candidates exactly with :meth:`rank`."""
+        return True
+
+    @property
     def bias_(self) -> np.ndarray:
         self._check_fitted()
         cols = self.bias_columns_

@@ -86,14 +86,26 @@ class DualDIS(ActivationGated, DualIS):
 
     A_B (A_G) is the union, over query-bank (gallery-bank) items, of their ``k_activation``
     nearest gallery items. For a query whose raw top-1 item is in A_B the query-bank factor is
-    the normalised exp(bq s) / sum_b exp(bq s(b, r)); otherwise it is left unnormalised as
-    exp(bq s) (our documented choice: the "ungated" factor in log space is beta * s). Likewise
-    for the gallery-bank factor with A_G. In bias form there are two bias columns,
-    logsumexp_B / (bq + bg) and logsumexp_G / (bq + bg), weighted per query by the two gates.
+    the normalised exp(bq s) / sum_b exp(bq s(b, r)); likewise the gallery-bank factor with A_G.
+    A factor whose gate does not fire is, as published (NNN paper, appendix A1, and DBNorm),
+    the raw score s (``ungated="raw"``, the default):
+
+        score(q, r) = F_B * F_G,   F_X = exp(bX s) / sum_x exp(bX s(x, r)) if q's gate X fires, else s
+
+    With both gates open this is DualIS (a plain bias, served by any inner-product index).
+    With one or none open, s enters as a factor, log s + bX s - lse_X(r) or s * s, which is no
+    longer a bias: :class:`hubless.Index` serves it by exact re-scoring of the candidates its
+    FAISS index finds with the bias form (and by exact search on a Flat index). Items with s <= 0
+    would get a score <= 0 (one raw factor) or s * s (two, which would rank opposite vectors
+    first): hubless ranks them after every item with s > 0, in index order, and shows 0.
+
+    ``ungated="exp"`` keeps the earlier hubless form, in which an ungated factor is exp(bX s)
+    (unnormalised): then every gate combination is a bias, two columns lse_B / (bq + bg) and
+    lse_G / (bq + bg) weighted per query by the gates, and any inner-product index serves it.
     """
 
     name = "dualdis"
-    summary = "DBNorm DualDIS: DualIS with each bank's factor gated by its activation set"
+    summary = "DBNorm DualDIS: DualIS with each bank's factor gated by its activation set (raw score when a gate does not fire)"
 
     def __init__(
         self,
@@ -101,10 +113,21 @@ class DualDIS(ActivationGated, DualIS):
         beta_gallery: float = 20.0,
         k_activation: int = 1,
         *,
+        ungated: str = "raw",
         normalize: bool = True,
     ) -> None:
         self.k_activation = k_activation
+        self.ungated = ungated
         super().__init__(beta_query=beta_query, beta_gallery=beta_gallery, normalize=normalize)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        if self.ungated not in ("raw", "exp"):
+            raise ValueError(f"ungated must be 'raw' (as published) or 'exp'; got {self.ungated!r}")
+
+    @property
+    def exactly_additive(self) -> bool:
+        return self.ungated == "exp"
 
     def statistics_request(self) -> StatisticsRequest:
         return (
@@ -128,3 +151,48 @@ class DualDIS(ActivationGated, DualIS):
 
     def _normaliser_log_sizes(self, batch) -> np.ndarray:
         return (self.weights(batch) > 0).astype(np.float64) @ self.log_bank_sizes_  # only the open gates' banks
+
+    # ------------------------------------------------------------------ the published (raw) form
+    def _rank(self, batch, sims, columns, out):
+        if self.ungated == "exp":
+            return super()._rank(batch, sims, columns, out)
+        gates = self.weights(batch) > 0
+        cols = self.bias_columns_[columns] if isinstance(columns, np.ndarray) else (
+            self.bias_columns_ if columns is None else self.bias_columns_[columns])  # fmt: skip
+        out = np.empty_like(sims) if out is None else out
+        bq, bg, bsum = float(self.beta_query), float(self.beta_gallery), self._beta_sum
+        for open_q, open_g in ((True, True), (True, False), (False, True), (False, False)):
+            rows = np.flatnonzero((gates[:, 0] == open_q) & (gates[:, 1] == open_g))
+            if not rows.size:
+                continue
+            s = sims[rows]
+            c = cols[rows] if cols.ndim == 3 else cols[None, :, :]
+            if open_q and open_g:  # DualIS: s - cQ - cG (centred; exp(bsum * this) / (nB nG) is the score)
+                out[rows] = s - c[..., 0] - c[..., 1]
+                continue
+            s64 = s.astype(np.float64)
+            with np.errstate(divide="ignore"):
+                log_s = np.log(np.where(s > 0, s64, 0.0))
+            if open_q:  # log F + log nB = log s + bq s - lse_B = log s + bq s - bsum cQ
+                r = log_s + bq * s64 - bsum * c[..., 0]
+            elif open_g:
+                r = log_s + bg * s64 - bsum * c[..., 1]
+            else:  # F = s * s: ranks as s for s > 0
+                r = np.where(s > 0, s64, -np.inf)
+            out[rows] = np.where(s > 0, r, -np.inf)
+        return out
+
+    def method_scores(self, batch, ranking):
+        if self.ungated == "exp":
+            return super().method_scores(batch, ranking)
+        gates = self.weights(batch) > 0
+        r = ranking.astype(np.float64)
+        log_nb, log_ng = self.log_bank_sizes_
+        both = (gates[:, 0] & gates[:, 1])[:, None]
+        only_q, only_g = (gates[:, 0] & ~gates[:, 1])[:, None], (~gates[:, 0] & gates[:, 1])[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            score = np.where(
+                both, np.exp(self._beta_sum * r - log_nb - log_ng),
+                np.where(only_q, np.exp(r - log_nb), np.where(only_g, np.exp(r - log_ng), r * r)),
+            )  # fmt: skip
+        return np.where(np.isneginf(r), 0.0, score).astype(np.float32)

@@ -193,6 +193,8 @@ class Index:
         defaults for this call only (other threads searching meanwhile are not affected).
         """
         corr = self.correction
+        if not corr.exactly_additive and self.factory.strip().lower() == "flat":
+            return corr.search(queries, check_top_k(top_k, self.ntotal), **weight)  # exact: the streamed engine
         batch = corr.queries(queries, **weight)
         top_k = check_top_k(top_k, self.ntotal)
         params = search_parameters(
@@ -202,7 +204,8 @@ class Index:
         )
         self._raw_statistics(batch, params)
         weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
-        do_rescore = self.config.rescore if rescore is None else bool(rescore)
+        # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
+        do_rescore = (self.config.rescore if rescore is None else bool(rescore)) or not corr.exactly_additive
         depth = min(self.ntotal, top_k * self.config.rescore_factor) if do_rescore else top_k
         ranking, ids = self._faiss_search(batch.vectors, -weights, depth, params)
         if do_rescore:
