@@ -32,7 +32,7 @@ MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 #: package -> packages it must never import (the data flow: engine -> corrections -> index ->
 #: evaluation/tuning/fairness/rerank -> reports -> cli).
 MEASURING = ("hubless.evaluation", "hubless.tuning", "hubless.fairness", "hubless.rerank")
-PRESENTING = ("hubless.cli", "hubless.reports")
+PRESENTING = ("hubless.cli", "hubless.reports", "hubless.service")
 FORBIDDEN = {
     "hubless.engine": ("hubless.corrections", "hubless.index", *MEASURING, *PRESENTING),
     "hubless.metrics": ("hubless.corrections", "hubless.index", "hubless.engine", *MEASURING, *PRESENTING),

@@ -12,6 +12,7 @@ from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
+from hubless.cli.serve import serve_command
 from hubless.cli.tune import tune_command
 
 app = typer.Typer(
@@ -59,6 +60,7 @@ app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
 app.command("search")(index.search_command)
 app.command("fairness")(fairness_command)
+app.command("serve")(serve_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

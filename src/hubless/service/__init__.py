@@ -1,0 +1,11 @@
+"""``hubless serve``: an HTTP API over saved indexes (needs ``pip install 'hubless[serve]'``).
+
+    app = hubless.service.create_app({"coco": "idx/"}, model="openai/clip-vit-base-patch32")
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+See :mod:`hubless.service.app` for the endpoints.
+"""
+
+from hubless.service.app import Limits, SearchRequest, create_app
+
+__all__ = ["Limits", "SearchRequest", "create_app"]

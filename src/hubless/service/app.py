@@ -1,0 +1,295 @@
+"""The HTTP API over saved indexes: ``create_app({"coco": "idx/"})`` -> a FastAPI application.
+
+    POST /search              queries as embeddings, texts (needs a model) or an item id
+                              ("more like this"); top_k; the correction's weight; compare=true
+                              adds the uncorrected ranking and each hit's rank change
+    GET  /indexes             the served indexes
+    GET  /indexes/{name}      one index: size, method, parameters, model, banks, format
+    GET  /items/{name}/{id}   one item's metadata
+    GET  /health              liveness, and what is served
+    GET  /metrics             Prometheus text: requests and latency per endpoint
+
+A thin layer over :class:`hubless.Index`: searching is ``Index.search`` (the same numbers as in
+process), the uncorrected ranking is exact search over the same gallery. Bad requests get a 4xx
+JSON error naming the problem (unknown index or id, wrong dimension, NaN, a limit exceeded:
+body size 413, batch size and top_k 422); an unexpected failure is a 500 JSON error without a
+traceback, and the server keeps serving. OpenAPI documentation is at ``/docs``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hubless.errors import MissingDependencyError
+
+try:
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from pydantic import BaseModel, Field
+except ImportError as exc:  # pragma: no cover - the serve extra is missing
+    raise MissingDependencyError("the HTTP service", "fastapi", "serve") from exc
+
+__all__ = ["Limits", "SearchRequest", "create_app"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on a request, each reported by name when exceeded."""
+
+    max_body_bytes: int = 8 * 2**20
+    max_batch: int = 256
+    max_top_k: int = 1000
+
+
+class SearchRequest(BaseModel):
+    """``POST /search``: exactly one of ``embeddings``, ``texts`` or ``item``."""
+
+    index: str | None = Field(None, description="Index name (default: the only one served).")
+    embeddings: list[list[float]] | None = Field(None, description="Query embeddings, one list per query.")
+    texts: list[str] | None = Field(None, description="Text queries, encoded with the server's model.")
+    item: int | None = Field(None, description="A gallery item id: search with its embedding ('more like this').")
+    top_k: int = Field(10, ge=1, description="Results per query.")
+    weight: float | None = Field(None, ge=0, description="The correction's query-time weight (NNN alpha, DN lambda).")
+    compare: bool = Field(False, description="Also return the uncorrected ranking and each hit's rank change.")
+
+
+class _Served:
+    """One served index; ``index`` is replaced whole (never mutated) so readers never see a half update."""
+
+    def __init__(self, name: str, path: Path | None, index) -> None:
+        self.name, self.path, self.index = name, path, index
+
+
+def _load(indexes: Mapping[str, Any]) -> dict[str, _Served]:
+    from hubless.index import Index
+
+    if not indexes:
+        raise ValueError("give at least one index to serve")
+    served = {}
+    for name, value in indexes.items():
+        if isinstance(value, Index):
+            served[name] = _Served(name, None, value)
+        else:
+            served[name] = _Served(name, Path(value), Index.load(value))
+    return served
+
+
+class _Metrics:
+    """Request counts and latency per endpoint and status, in Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count: dict[tuple[str, int], int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def add(self, endpoint: str, status: int, seconds: float) -> None:
+        with self.lock:
+            self.count[(endpoint, status)] += 1
+            self.seconds[endpoint] += seconds
+
+    def text(self) -> str:
+        with self.lock:
+            lines = ["# HELP hubless_requests_total Requests served.", "# TYPE hubless_requests_total counter"]
+            lines += [f'hubless_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in sorted(self.count.items())]
+            lines += ["# HELP hubless_request_seconds_total Time spent serving requests.", "# TYPE hubless_request_seconds_total counter"]
+            lines += [f'hubless_request_seconds_total{{endpoint="{e}"}} {t:.6f}' for e, t in sorted(self.seconds.items())]
+        return "\n".join(lines) + "\n"
+
+
+def create_app(
+    indexes: Mapping[str, Any], *, model: str | None = None, encoder=None, limits: Limits = Limits(), api_key: str | None = None
+) -> FastAPI:
+    """The application serving ``indexes`` (name -> saved index directory or :class:`Index`).
+
+    ``model`` (a name or folder) encodes text queries (loaded once, here); an index recording
+    another model refuses text queries. ``encoder`` passes an already loaded encoder instead.
+    With ``api_key``, every request but ``/health`` must carry it (header ``X-API-Key`` or
+    ``Authorization: Bearer KEY``); otherwise 401.
+    """
+    served = _load(indexes)
+    if encoder is None and model is not None:
+        from hubless.encoders import load_encoder
+
+        encoder = load_encoder(model)
+    app = FastAPI(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version())
+    app.state.served, app.state.encoder, app.state.limits, app.state.metrics = served, encoder, limits, _Metrics()
+
+    @app.middleware("http")
+    async def limit_and_measure(request: Request, call_next):
+        t0 = time.perf_counter()
+        size = request.headers.get("content-length")
+        if api_key is not None and request.url.path != "/health" and not _authorised(request, api_key):
+            response = JSONResponse({"detail": "missing or wrong API key (header X-API-Key or Authorization: Bearer)"}, status_code=401)
+        elif size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
+            response = JSONResponse(
+                {"detail": f"request body larger than the limit max_body_bytes={limits.max_body_bytes}"}, status_code=413
+            )
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        app.state.metrics.add(getattr(route, "path", "unmatched"), response.status_code, time.perf_counter() - t0)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError):
+        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # one request fails, the server goes on, no traceback leaks
+        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server keeps running"}, status_code=500)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "indexes": sorted(served), "model": getattr(encoder, "name", None)}
+
+    @app.get("/indexes")
+    def list_indexes() -> list[dict]:
+        return [_summary(s) for s in served.values()]
+
+    @app.get("/indexes/{name}")
+    def describe(name: str) -> dict:
+        s = _get(served, name)
+        info = {k: _plain(v) for k, v in s.index.info().items()}
+        banks = {
+            k: None if v is None else int(v.shape[0])
+            for k, v in (("query_bank", s.index.query_bank), ("gallery_bank", s.index.gallery_bank))
+        }
+        from hubless.index.store import VERSION
+
+        return {**_summary(s), "info": info, "banks": banks, "format_version": VERSION, "path": None if s.path is None else s.path.name}
+
+    @app.get("/items/{name}/{item_id}")
+    def item(name: str, item_id: int) -> dict:
+        s = _get(served, name)
+        _check_id(s, item_id)
+        return {"id": item_id, "metadata": None if s.index.metadata is None else s.index.metadata[item_id]}
+
+    @app.post("/search")
+    def search(request: SearchRequest) -> dict:
+        s = _get(served, request.index if request.index is not None else _only(served))
+        index = s.index  # one consistent version for the whole request
+        queries = _queries(request, s, index, encoder, limits)
+        if request.top_k > limits.max_top_k:
+            raise HTTPException(422, f"top_k={request.top_k} exceeds the limit max_top_k={limits.max_top_k}")
+        top_k = min(request.top_k, index.ntotal)
+        weight = {}
+        if request.weight is not None:
+            if index.correction.weight_param is None:
+                raise HTTPException(422, f"{index.correction.spec} has no query-time weight")
+            weight = {index.correction.weight_param: request.weight}
+        scores, ids = index.search(queries, top_k, **weight)
+        raw = None
+        if request.compare:
+            from hubless.engine import exact_search
+
+            raw_scores, raw_ids = exact_search(index.correction.queries(queries).vectors, index.correction.gallery_, top_k)
+            raw = (raw_scores, raw_ids)
+        return {"index": s.name, "method": index.correction.spec, "results": [_hits(index, scores, ids, raw, i) for i in range(len(ids))]}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics() -> str:
+        return app.state.metrics.text()
+
+    return app
+
+
+def _authorised(request: Request, api_key: str) -> bool:
+    given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    return hmac.compare_digest(given.encode(), api_key.encode())
+
+
+def _version() -> str:
+    from hubless import __version__
+
+    return __version__
+
+
+def _only(served: dict[str, _Served]) -> str:
+    if len(served) != 1:
+        raise HTTPException(422, f"several indexes are served ({', '.join(sorted(served))}): name one with 'index'")
+    return next(iter(served))
+
+
+def _get(served: dict[str, _Served], name: str) -> _Served:
+    if name not in served:
+        raise HTTPException(404, f"no index named {name!r}; served: {', '.join(sorted(served))}")
+    return served[name]
+
+
+def _check_id(s: _Served, item_id: int) -> None:
+    if not 0 <= item_id < s.index.ntotal:
+        raise HTTPException(404, f"index {s.name!r} has no item {item_id} (ids are 0 .. {s.index.ntotal - 1})")
+
+
+def _summary(s: _Served) -> dict:
+    index = s.index
+    return {"name": s.name, "n_items": index.ntotal, "method": index.correction.spec, "factory": index.factory, "model": index.model}
+
+
+def _queries(request: SearchRequest, s: _Served, index, encoder, limits: Limits) -> np.ndarray:
+    given = [k for k in ("embeddings", "texts", "item") if getattr(request, k) is not None]
+    if len(given) != 1:
+        raise HTTPException(422, f"give exactly one of embeddings, texts or item (got {', '.join(given) or 'none'})")
+    if request.item is not None:
+        _check_id(s, request.item)
+        return index.correction.gallery_[request.item : request.item + 1]
+    batch = request.embeddings if request.embeddings is not None else request.texts
+    if not batch:
+        raise HTTPException(422, "no queries given")
+    if len(batch) > limits.max_batch:
+        raise HTTPException(422, f"{len(batch)} queries exceed the limit max_batch={limits.max_batch}")
+    if request.texts is not None:
+        if encoder is None:
+            raise HTTPException(422, "text queries need a model: start the server with --model (or search with embeddings)")
+        if index.model is not None and index.model not in (encoder.name, os.path.basename(str(encoder.name).rstrip("/"))):
+            raise HTTPException(422, f"index {s.name!r} holds {index.model} embeddings; the server's model is {encoder.name}")
+        from hubless.encoders import encode_queries
+
+        return encode_queries(encoder, texts=request.texts, expected_dim=index.correction.dim_)
+    rows = {len(r) for r in batch}
+    if rows != {index.correction.dim_}:
+        raise HTTPException(422, f"query embeddings must have dimension {index.correction.dim_}; got {sorted(rows)}")
+    return np.asarray(batch, dtype=np.float32)  # NaN/Inf and the like are refused by the index's validation (422)
+
+
+def _hits(index, scores, ids, raw, row: int) -> dict:
+    meta = index.metadata
+    found = ids[row] >= 0
+    hits = [{"id": int(j), "score": _plain(float(v)), "metadata": None if meta is None else meta[int(j)]}
+            for j, v in zip(ids[row][found], scores[row][found])]  # fmt: skip
+    out = {"query": row, "hits": hits}
+    if raw is not None:
+        raw_scores, raw_ids = raw
+        before = {int(j): r for r, j in enumerate(raw_ids[row], start=1)}
+        for rank, hit in enumerate(hits, start=1):
+            hit["uncorrected_rank"] = before.get(hit["id"])
+            hit["rank_change"] = None if hit["uncorrected_rank"] is None else hit["uncorrected_rank"] - rank
+        out["uncorrected"] = [{"id": int(j), "score": _plain(float(v)), "metadata": None if meta is None else meta[int(j)]}
+                              for j, v in zip(raw_ids[row], raw_scores[row])]  # fmt: skip
+    return out
+
+
+def _plain(value):
+    """JSON-safe: numpy scalars to Python, non-finite floats to None."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

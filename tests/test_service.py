@@ -1,0 +1,174 @@
+"""The HTTP API: every endpoint and every error with FastAPI's TestClient, the same results as
+Index.search in process, and a real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+import hubless  # noqa: E402
+from hubless.service import Limits, create_app  # noqa: E402
+from tests.conftest import unit_rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    rng = np.random.default_rng(9)
+    gallery, bank, queries = unit_rows(rng, 400, 16), unit_rows(rng, 800, 16), unit_rows(rng, 20, 16)
+    meta = [{"path": f"img{i}.jpg", "caption": f"item {i}"} for i in range(400)]
+    hubless.Index.build(gallery, bank, "nnn:alpha=0.75,k=8", "Flat", metadata=meta).save(root / "coco")
+    hubless.Index.build(gallery, bank, "is:beta=20.0", "IVF8,Flat", nprobe=8).save(root / "ivf")
+    return root, queries
+
+
+@pytest.fixture(scope="module")
+def client(saved):
+    root, _ = saved
+    app = create_app({"coco": root / "coco", "ivf": root / "ivf"}, limits=Limits(max_batch=8, max_top_k=50, max_body_bytes=64_000))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_search_equals_index_search_in_process(client, saved):
+    root, queries = saved
+    index = hubless.Index.load(root / "coco")
+    response = client.post("/search", json={"index": "coco", "embeddings": queries[:5].tolist(), "top_k": 7, "weight": 0.3})
+    assert response.status_code == 200, response.text
+    scores, ids = index.search(queries[:5], 7, alpha=0.3)
+    body = response.json()
+    assert body["method"] == "nnn:alpha=0.75,k=8"
+    for row, result in enumerate(body["results"]):
+        assert [h["id"] for h in result["hits"]] == ids[row].tolist()
+        np.testing.assert_allclose([h["score"] for h in result["hits"]], scores[row], rtol=1e-6)
+        assert result["hits"][0]["metadata"] == index.metadata[ids[row][0]]
+
+
+def test_compare_gives_the_uncorrected_ranking_and_rank_changes(client, saved):
+    root, queries = saved
+    body = client.post("/search", json={"index": "coco", "embeddings": queries[:3].tolist(), "top_k": 10, "compare": True}).json()
+    gallery = hubless.Index.load(root / "coco").correction.gallery_
+    raw = np.argsort(-(queries[:3] @ gallery.T), axis=1, kind="stable")[:, :10]
+    for row, result in enumerate(body["results"]):
+        assert [h["id"] for h in result["uncorrected"]] == raw[row].tolist()
+        before = {j: r for r, j in enumerate(raw[row].tolist(), start=1)}
+        for rank, hit in enumerate(result["hits"], start=1):
+            assert hit["uncorrected_rank"] == before.get(hit["id"])
+            assert hit["rank_change"] == (None if hit["id"] not in before else before[hit["id"]] - rank)
+
+
+def test_more_like_this_and_items(client):
+    body = client.post("/search", json={"index": "coco", "item": 42, "top_k": 3, "weight": 0.0}).json()
+    assert body["results"][0]["hits"][0]["id"] == 42  # uncorrected, an item is its own nearest neighbour
+    assert client.get("/items/coco/42").json() == {"id": 42, "metadata": {"path": "img42.jpg", "caption": "item 42"}}
+    assert client.get("/items/ivf/3").json()["metadata"] is None
+
+
+def test_descriptions_health_and_metrics(client):
+    names = [i["name"] for i in client.get("/indexes").json()]
+    assert names == ["coco", "ivf"]
+    info = client.get("/indexes/ivf").json()
+    assert info["n_items"] == 400 and info["factory"] == "IVF8,Flat" and info["banks"]["query_bank"] == 800 and info["format_version"] >= 4
+    assert client.get("/health").json()["status"] == "ok"
+    text = client.get("/metrics").text
+    assert 'hubless_requests_total{endpoint="/search",status="200"}' in text and "hubless_request_seconds_total" in text
+
+
+@pytest.mark.parametrize(
+    "payload, status, message",
+    [
+        ({"index": "nope", "item": 1}, 404, "no index named"),
+        ({"index": "coco", "item": 400}, 404, "has no item 400"),
+        ({"index": "coco", "embeddings": [[0.1] * 15]}, 422, "dimension 16"),
+        ({"index": "coco", "embeddings": [[0.1] * 16] * 9}, 422, "max_batch=8"),
+        ({"index": "coco", "item": 1, "top_k": 51}, 422, "max_top_k=50"),
+        ({"index": "coco", "item": 1, "top_k": 0}, 422, "top_k"),
+        ({"index": "coco", "texts": ["a dog"]}, 422, "need a model"),
+        ({"index": "coco"}, 422, "exactly one of"),
+        ({"index": "ivf", "item": 1, "weight": 0.5}, 422, "no query-time weight"),
+        ({"index": "coco", "item": 1, "weight": -1}, 422, "weight"),
+        ({"item": 1}, 422, "several indexes are served"),
+    ],
+)
+def test_bad_requests_are_4xx_json(client, payload, status, message):
+    response = client.post("/search", json=payload)
+    assert response.status_code == status and message in response.json()["detail"], response.text
+
+
+def test_malformed_and_oversized_bodies(client):
+    nan = client.post(
+        "/search", content='{"index": "coco", "embeddings": [[NaN' + ", 0.1" * 15 + "]]}", headers={"content-type": "application/json"}
+    )
+    assert nan.status_code == 422 and "NaN" in nan.json()["detail"]
+    broken = client.post("/search", content="{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 422 and "invalid request" in broken.json()["detail"]
+    big = client.post("/search", json={"index": "coco", "embeddings": [[0.1] * 16] * 2000})
+    assert big.status_code == 413 and "max_body_bytes" in big.json()["detail"]
+    assert client.get("/items/coco/abc").status_code == 422
+
+
+def test_api_key_protects_everything_but_health(saved):
+    root, _ = saved
+    with TestClient(create_app({"coco": root / "coco"}, api_key="k" * 20)) as c:
+        assert c.get("/health").status_code == 200
+        assert c.get("/indexes").status_code == 401
+        assert c.get("/indexes", headers={"X-API-Key": "k" * 20}).status_code == 200
+        assert c.post("/search", json={"item": 1}, headers={"Authorization": "Bearer " + "k" * 20}).status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, payload: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_a_real_server(saved, tmp_path):
+    root, queries = saved
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hubless", "serve", f"coco={root / 'coco'}", str(root / "ivf"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(200):  # wait for start-up, bounded
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1).read()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        index = hubless.Index.load(root / "ivf")
+        for i in range(5):  # a bounded number of requests
+            body = _post(base + "/search", {"index": "ivf", "embeddings": queries[i : i + 1].tolist(), "top_k": 5})
+            assert [h["id"] for h in body["results"][0]["hits"]] == index.search(queries[i : i + 1], 5)[1][0].tolist()
+        with pytest.raises(urllib.error.HTTPError) as err:
+            _post(base + "/search", {"index": "ivf", "embeddings": [[0.0] * 3]})
+        assert err.value.code == 422 and "Traceback" not in err.value.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_serve_refuses_a_public_address_without_a_key(saved):
+    root, _ = saved
+    done = subprocess.run(
+        [sys.executable, "-m", "hubless", "serve", str(root / "coco"), "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "--api-key-file" in done.stderr
