@@ -172,3 +172,24 @@ def test_serve_refuses_a_public_address_without_a_key(saved):
         [sys.executable, "-m", "hubless", "serve", str(root / "coco"), "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "--api-key-file" in done.stderr
+
+
+@pytest.mark.slow
+def test_demo_serve_starts_the_page(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "hubless", "demo", "--n-items", "200", "--report", "", "--serve", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)  # fmt: skip
+    try:
+        for _ in range(600):  # the demo evaluates first, then serves: bounded wait
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).read().decode()
+                break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.1)
+        else:
+            pytest.fail("the demo server did not start")
+        assert "<title>hubless search</title>" in page
+        assert _post(f"http://127.0.0.1:{port}/search", {"item": 3, "top_k": 2, "weight": 0.0})["results"][0]["hits"][0]["id"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

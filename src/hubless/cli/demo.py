@@ -16,12 +16,19 @@ def demo(
     n_items: int = typer.Option(1000, help="Gallery items (images); each has 5 captions as queries."),
     report: Path = typer.Option(Path("demo-report.html"), help="Where to write the HTML report ('' to skip)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    serve: bool = typer.Option(
+        False, "--serve", help="Then serve the demo's NNN index and its web page on 127.0.0.1 (needs the serve extra)."
+    ),
+    port: int = typer.Option(8000, help="With --serve: the port."),
 ) -> None:
     """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
     from hubless.errors import MissingDependencyError, check_available
 
+    if serve:
+        check_available("fastapi", "demo --serve", "serve")
+        check_available("uvicorn", "demo --serve", "serve")
     if str(report) not in ("", "."):
         check_outputs({"--report": report}, {}, overwrite=False)  # its own earlier report is replaced
         try:
@@ -54,3 +61,18 @@ def demo(
 
         evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
         typer.echo(f"report: {report}")
+    if serve:
+        _serve(data, port)
+
+
+def _serve(data, port: int) -> None:
+    """The demo's gallery behind the web page: an NNN index with a caption per item."""
+    import uvicorn
+
+    from hubless.index import Index
+    from hubless.service import create_app
+
+    meta = [{"caption": f"synthetic image {i} (its captions are queries {5 * i}-{5 * i + 4})"} for i in range(data.gallery.shape[0])]
+    index = Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", "Flat", metadata=meta)
+    typer.echo(f"serving the demo index on http://127.0.0.1:{port}/ (search an item id, e.g. 7; Ctrl-C stops)")
+    uvicorn.run(create_app({"demo": index}), host="127.0.0.1", port=port, log_level="warning")

@@ -6,7 +6,9 @@
     GET  /indexes             the served indexes
     GET  /indexes/{name}      one index: size, method, parameters, model, banks, format
     GET  /items/{name}/{id}   one item's metadata
+    GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, the top hubs
     GET  /health              liveness, and what is served
+    GET  /                    the web page (static/index.html: search, compare, weight slider, hubness)
     GET  /metrics             Prometheus text: requests and latency per endpoint
 
 A thin layer over :class:`hubless.Index`: searching is ``Index.search`` (the same numbers as in
@@ -26,6 +28,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,7 @@ from hubless.errors import MissingDependencyError
 try:
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
     from pydantic import BaseModel, Field
 except ImportError as exc:  # pragma: no cover - the serve extra is missing
     raise MissingDependencyError("the HTTP service", "fastapi", "serve") from exc
@@ -203,11 +206,64 @@ def create_app(
             raw = (raw_scores, raw_ids)
         return {"index": s.name, "method": index.correction.spec, "results": [_hits(index, scores, ids, raw, i) for i in range(len(ids))]}
 
+    @app.get("/hubness/{name}")
+    def hubness(name: str) -> dict:
+        s = _get(served, name)
+        return _hubness(s)
+
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> str:
         return app.state.metrics.text()
 
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> str:
+        return PAGE
+
     return app
+
+
+PAGE = (resources.files("hubless.service") / "static" / "index.html").read_text(encoding="utf-8")
+#: Bank queries the hubness panel measures on (a seeded sample of the stored query bank).
+HUBNESS_SAMPLE = 2000
+
+
+def _hubness(s: _Served) -> dict:
+    """N_1 of every gallery item over the stored query bank, before and after the correction,
+    with their skewness and kurtosis, the largest hubs and the bank's coverage (computed once
+    per served version of the index)."""
+    index = s.index
+    cached = getattr(s, "hubness", None)
+    if cached is not None and cached[0] is index:
+        return cached[1]
+    from hubless.banks import bank_report
+    from hubless.engine import exact_search
+    from hubless.metrics.hubness import kurtosis, skewness
+
+    bank = index.query_bank
+    if bank is None:
+        raise HTTPException(422, f"index {s.name!r} was saved without its query bank: no hubness to show")
+    if bank.shape[0] > HUBNESS_SAMPLE:
+        bank = bank[np.sort(np.random.default_rng(0).choice(bank.shape[0], HUBNESS_SAMPLE, replace=False))]
+    gallery = index.correction.gallery_
+    before = np.bincount(exact_search(bank, gallery, 1)[1][:, 0], minlength=index.ntotal)
+    ids = index.search(bank, 1)[1][:, 0]
+    after = np.bincount(ids[ids >= 0], minlength=index.ntotal)
+    hubs = np.argsort(-before, kind="stable")[:10]
+    meta = index.metadata
+    result = {
+        "index": s.name,
+        "n_bank_queries": int(bank.shape[0]),
+        "before": {"skewness": skewness(before), "kurtosis": kurtosis(before), "max": int(before.max())},
+        "after": {"skewness": skewness(after), "kurtosis": kurtosis(after), "max": int(after.max())},
+        "coverage": bank_report(gallery, bank, normalize=False).coverage,
+        "hubs": [
+            {"id": int(j), "n1_before": int(before[j]), "n1_after": int(after[j]), "metadata": None if meta is None else meta[int(j)]}
+            for j in hubs
+        ],  # fmt: skip
+        "histogram": {"before": np.bincount(before).tolist(), "after": np.bincount(after).tolist()},
+    }
+    s.hubness = (index, result)
+    return result
 
 
 def _authorised(request: Request, api_key: str) -> bool:
@@ -240,7 +296,9 @@ def _check_id(s: _Served, item_id: int) -> None:
 
 def _summary(s: _Served) -> dict:
     index = s.index
-    return {"name": s.name, "n_items": index.ntotal, "method": index.correction.spec, "factory": index.factory, "model": index.model}
+    corr = index.correction
+    weight = None if corr.weight_param is None else {"name": corr.weight_param, "value": float(corr.weight())}
+    return {"name": s.name, "n_items": index.ntotal, "method": corr.spec, "factory": index.factory, "model": index.model, "weight": weight}
 
 
 def _queries(request: SearchRequest, s: _Served, index, encoder, limits: Limits) -> np.ndarray:
