@@ -70,3 +70,20 @@ def test_interrupted_export_keeps_previous_table(tmp_path, index, small_data, mo
     with pytest.raises(KeyboardInterrupt):
         export(index, uri, overwrite=True, batch=16)
     np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=10)[1], before)
+
+
+def test_cli_export_then_library_search(tmp_path, index, small_data):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    index.save(tmp_path / "idx")
+    uri = f"lancedb://{tmp_path}/s/g"
+    runner = CliRunner()
+    ok = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
+    assert ok.exit_code == 0, ok.output
+    again = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
+    assert again.exit_code == 2 and "overwrite" in again.output
+    want_s, want_i = index.search(small_data["queries"], top_k=10)
+    got_s, got_i, _ = search(uri, small_data["queries"], top_k=10)
+    np.testing.assert_array_equal(got_i, want_i)
