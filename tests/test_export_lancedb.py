@@ -27,7 +27,7 @@ def test_exact_search_equals_index(tmp_path, index, small_data):
         got_s, got_i, meta = search(uri, q, top_k=10, **w)
         np.testing.assert_array_equal(got_i, want_i)
         np.testing.assert_allclose(got_s, want_s, atol=1e-5)
-    assert len(meta) == len(q) and meta[0][0]["id"] == int(got_i[0, 0])
+    assert meta[0][0] == {"id": int(got_i[0, 0]), "caption": f"item {got_i[0, 0]}"}
 
 
 def test_plain_search_is_uncorrected(tmp_path, index, small_data):

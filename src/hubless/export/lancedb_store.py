@@ -72,13 +72,17 @@ def open_table(location: str, table: str):
 
 
 def query(tbl, vectors: np.ndarray, k: int, column: str = "vector"):
-    """Exact top-k by dot product per query: (scores, ids)."""
+    """Exact top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot"
+    distance is 1 - q.r, turned back into the score q.r here."""
+    meta_cols = [name for name in tbl.schema.names if name.startswith("meta_")]
     scores = np.full((len(vectors), k), -np.inf, np.float32)
     ids = np.full((len(vectors), k), -1, np.int64)
+    rows = []
     for i, v in enumerate(vectors):
-        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id"]).to_arrow()
-        # LanceDB "dot" distance is 1 - q.r
+        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id", *meta_cols]).to_arrow()
         m = res.num_rows
         ids[i, :m] = res["id"].to_numpy()
         scores[i, :m] = 1.0 - res["_distance"].to_numpy()
-    return scores, ids
+        cols = {c[5:]: res[c].to_pylist() for c in meta_cols}
+        rows.append([{"id": int(ids[i, j]), **{c: vals[j] for c, vals in cols.items()}} for j in range(m)])
+    return scores, ids, rows

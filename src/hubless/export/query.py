@@ -53,27 +53,22 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
         raise ValueError(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
     top_k = min(int(top_k), int(info["n_items"]))
     if not corrected:
-        scores, ids = lancedb_store.query(tbl, q, top_k, column="plain")
-        return scores, ids, _rows(tbl, ids)
+        return lancedb_store.query(tbl, q, top_k, column="plain")
     corr = make_correction(info["spec"])
     if corr.query_request.depth:
         raise ValueError(f"{info['spec']} needs raw neighbours per query: search it with hubless's own Index")
     weights = _weights(corr, q, weight, info)
     xq = np.hstack([q, -weights]).astype(np.float32)
-    ranking, ids = lancedb_store.query(tbl, xq, top_k)
-    return ranking, ids, _rows(tbl, ids)
+    return lancedb_store.query(tbl, xq, top_k)
 
 
 def _weights(corr, q, weight, info):
-    """W(q) for the stored correction: NNN (alpha) and DN (lam) have a constant W = weight."""
+    """W(q) for the stored correction: NNN's W is the constant alpha and its method scores are
+    the ranking scores. (DN's method scores need the bank means, not stored yet.)"""
     name = corr.weight_param
-    if type(corr).__name__ not in ("NNN", "DN") or info["bias_columns"] != 1 or name is None:
-        raise ValueError(f"{info['spec']}: only NNN and DN are served from a store so far; use hubless's own Index")
+    if type(corr).__name__ != "NNN" or info["bias_columns"] != 1 or name is None:
+        raise ValueError(f"{info['spec']}: only NNN is served from a store so far; use hubless's own Index")
     if set(weight) - {name}:
         raise TypeError(f"{info['spec']} accepts only {name}= as a query-time weight")
     value = np.asarray(corr.check_weight(weight.get(name, corr.get_params()[name])), np.float32)
     return np.broadcast_to(value.reshape(-1, 1), (len(q), 1))
-
-
-def _rows(tbl, ids):
-    return [[{"id": int(i)} for i in row if i >= 0] for row in ids]
