@@ -17,6 +17,18 @@ def _lancedb():
     return lancedb
 
 
+def _tables(db) -> set[str]:
+    """Every table name of the connection (all pages)."""
+    names: set[str] = set()
+    token = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.update(page.tables)
+        token = page.page_token
+        if not token:
+            return names
+
+
 def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, metadata, info: dict, *, overwrite: bool, batch: int = 8192):
     """Write to a temporary table, then swap it in under ``table`` (the previous one survives a failure)."""
     import pyarrow as pa
@@ -24,7 +36,7 @@ def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, m
     from hubless.progress import progress_bar
 
     db = _lancedb().connect(location)
-    names = set(db.table_names())
+    names = _tables(db)
     if table in names and not overwrite:
         raise FileExistsError(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
     tmp = f"{table}__hubless_tmp"
@@ -62,7 +74,7 @@ def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, m
 
 def open_table(location: str, table: str):
     db = _lancedb().connect(location)
-    if table not in db.table_names():
+    if table not in _tables(db):
         raise LookupError(f"no table {table!r} in LanceDB store {location}")
     tbl = db.open_table(table)
     raw = (tbl.schema.metadata or {}).get(b"hubless")

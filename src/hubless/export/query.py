@@ -26,7 +26,9 @@ def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, bat
     from hubless.index.index import augmented_rows
 
     corr = index.correction
-    return lancedb_store.write(location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch)
+    return lancedb_store.write(
+        location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch
+    )
 
 
 def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192):
