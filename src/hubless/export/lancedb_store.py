@@ -91,7 +91,7 @@ def query(tbl, vectors: np.ndarray, k: int, column: str = "vector"):
     ids = np.full((len(vectors), k), -1, np.int64)
     rows = []
     for i, v in enumerate(vectors):
-        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id", *meta_cols]).to_arrow()
+        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id", "_distance", *meta_cols]).to_arrow()
         m = res.num_rows
         ids[i, :m] = res["id"].to_numpy()
         scores[i, :m] = 1.0 - res["_distance"].to_numpy()
