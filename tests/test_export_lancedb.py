@@ -87,3 +87,20 @@ def test_cli_export_then_library_search(tmp_path, index, small_data):
     want_s, want_i = index.search(small_data["queries"], top_k=10)
     got_s, got_i, _ = search(uri, small_data["queries"], top_k=10)
     np.testing.assert_array_equal(got_i, want_i)
+
+
+def test_refuses_store_with_another_metric(tmp_path, small_data):
+    import json
+
+    import lancedb
+    import pyarrow as pa
+
+    db = lancedb.connect(str(tmp_path / "s"))
+    info = {"format_version": 1, "spec": "nnn", "metric": "cosine", "dim": 16, "bias_columns": 1, "n_items": 1}
+    t = pa.table({"id": pa.array([0], pa.int64())}).replace_schema_metadata({b"hubless": json.dumps(info).encode()})
+    db.create_table("g", t)
+    with pytest.raises(ValueError, match="cosine would normalise"):
+        search(f"lancedb://{tmp_path}/s/g", small_data["queries"], top_k=3)
+    db.create_table("foreign", pa.table({"id": pa.array([0], pa.int64())}))
+    with pytest.raises(ValueError, match="not written by hubless"):
+        search(f"lancedb://{tmp_path}/s/foreign", small_data["queries"], top_k=3)
