@@ -10,6 +10,7 @@ from hubless import __version__
 from hubless.cli import bank, data, demo, index
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
+from hubless.cli.export import export_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
 from hubless.cli.serve import serve_command
@@ -59,6 +60,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
 app.command("search")(index.search_command)
+app.command("export")(export_command)
 app.command("fairness")(fairness_command)
 app.command("serve")(serve_command)
 

@@ -1,0 +1,24 @@
+"""``hubless export idx/ --to lancedb://path/table``: write the corrected gallery into a vector store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hubless.cli._common import friendly_errors
+
+
+@friendly_errors
+def export_command(
+    index_dir: Path = typer.Argument(..., help="A saved hubless index directory."),
+    to: str = typer.Option(..., "--to", help="Store URI: lancedb://path/table."),
+    overwrite: bool = typer.Option(False, help="Replace an existing table (written aside first, then swapped)."),
+) -> None:
+    """Export [r, bias(r)] (+ plain r and metadata) to a vector store searched by inner product."""
+    from hubless.export import export
+    from hubless.index import Index
+
+    index = Index.load(index_dir)
+    export(index, to, overwrite=overwrite)
+    typer.echo(f"exported {index.ntotal} items ({index.correction.spec}) to {to}")

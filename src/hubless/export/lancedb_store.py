@@ -1,0 +1,100 @@
+"""LanceDB (embedded, a directory) store: write [r, bias] + plain r + metadata, search by dot product."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from hubless.errors import MissingDependencyError
+
+
+def _lancedb():
+    try:
+        import lancedb
+    except ImportError:
+        raise MissingDependencyError("exporting to LanceDB", "lancedb", "lancedb") from None
+    return lancedb
+
+
+def _tables(db) -> set[str]:
+    """Every table name of the connection (all pages)."""
+    names: set[str] = set()
+    token = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.update(page.tables)
+        token = page.page_token
+        if not token:
+            return names
+
+
+def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, metadata, info: dict, *, overwrite: bool, batch: int = 8192):
+    """Write to a temporary table, then swap it in under ``table`` (the previous one survives a failure)."""
+    import pyarrow as pa
+
+    from hubless.progress import progress_bar
+
+    db = _lancedb().connect(location)
+    names = _tables(db)
+    if table in names and not overwrite:
+        raise FileExistsError(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+    tmp = f"{table}__hubless_tmp"
+    if tmp in names:
+        db.drop_table(tmp)
+    n, d = augmented.shape
+    schema_meta = {b"hubless": json.dumps(info).encode()}
+
+    def chunk(lo, hi):
+        cols = {
+            "id": pa.array(np.arange(lo, hi, dtype=np.int64)),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(augmented[lo:hi].ravel()), d),
+            "plain": pa.FixedSizeListArray.from_arrays(pa.array(plain[lo:hi].ravel()), plain.shape[1]),
+        }
+        if metadata:
+            for key in sorted({k for r in metadata for k in r}):
+                cols[f"meta_{key}"] = pa.array([None if r.get(key) is None else str(r.get(key)) for r in metadata[lo:hi]], pa.string())
+        t = pa.table(cols)
+        return t.replace_schema_metadata(schema_meta)
+
+    tbl = None
+    for lo in progress_bar(range(0, n, batch), None, desc="export"):
+        part = chunk(lo, min(lo + batch, n))
+        if tbl is None:
+            tbl = db.create_table(tmp, part)
+        else:
+            tbl.add(part)
+    # the new table is complete: only now replace the old one
+    if table in names:
+        db.drop_table(table)
+    out = db.create_table(table, tbl.to_arrow())
+    db.drop_table(tmp)
+    return out
+
+
+def open_table(location: str, table: str):
+    db = _lancedb().connect(location)
+    if table not in _tables(db):
+        raise LookupError(f"no table {table!r} in LanceDB store {location}")
+    tbl = db.open_table(table)
+    raw = (tbl.schema.metadata or {}).get(b"hubless")
+    if raw is None:
+        raise ValueError(f"table {table!r} in {location} was not written by hubless export (no hubless metadata)")
+    return tbl, json.loads(raw)
+
+
+def query(tbl, vectors: np.ndarray, k: int, column: str = "vector"):
+    """Exact top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot"
+    distance is 1 - q.r, turned back into the score q.r here."""
+    meta_cols = [name for name in tbl.schema.names if name.startswith("meta_")]
+    scores = np.full((len(vectors), k), -np.inf, np.float32)
+    ids = np.full((len(vectors), k), -1, np.int64)
+    rows = []
+    for i, v in enumerate(vectors):
+        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id", "_distance", *meta_cols]).to_arrow()
+        m = res.num_rows
+        ids[i, :m] = res["id"].to_numpy()
+        scores[i, :m] = 1.0 - res["_distance"].to_numpy()
+        cols = {c[5:]: res[c].to_pylist() for c in meta_cols}
+        rows.append([{"id": int(ids[i, j]), **{c: vals[j] for c, vals in cols.items()}} for j in range(m)])
+    return scores, ids, rows

@@ -1,0 +1,106 @@
+"""hubless.export against a real embedded LanceDB: exact store search equals Index.search (Flat)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hubless import Index
+from hubless.export import export, parse_uri, search
+
+pytest.importorskip("lancedb")
+
+
+@pytest.fixture
+def index(small_data):
+    meta = [{"caption": f"item {i}"} for i in range(60)]
+    return Index.build(small_data["gallery"], small_data["query_bank"], "nnn:alpha=0.75,k=8", factory="Flat", metadata=meta)
+
+
+def test_exact_search_equals_index(tmp_path, index, small_data):
+    uri = f"lancedb://{tmp_path}/store/gallery"
+    export(index, uri)
+    q = small_data["queries"]
+    for alpha in (None, 0.3):
+        w = {} if alpha is None else {"alpha": alpha}
+        want_s, want_i = index.search(q, top_k=10, **w)
+        got_s, got_i, meta = search(uri, q, top_k=10, **w)
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_allclose(got_s, want_s, atol=1e-5)
+    assert meta[0][0] == {"id": int(got_i[0, 0]), "caption": f"item {got_i[0, 0]}"}
+
+
+def test_plain_search_is_uncorrected(tmp_path, index, small_data):
+    uri = f"lancedb://{tmp_path}/s/g"
+    export(index, uri)
+    q = small_data["queries"]
+    got_s, got_i, _ = search(uri, q, top_k=5, corrected=False)
+    sims = q @ small_data["gallery"].T
+    want = np.argsort(-sims, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(got_i, want)
+
+
+def test_refuses_overwrite_dim_and_missing(tmp_path, index, small_data):
+    uri = f"lancedb://{tmp_path}/s/g"
+    export(index, uri)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        export(index, uri)
+    export(index, uri, overwrite=True)
+    with pytest.raises(ValueError, match="dimension"):
+        search(uri, np.ones((2, 8), np.float32), top_k=3)
+    with pytest.raises(LookupError, match="no table"):
+        search(f"lancedb://{tmp_path}/s/missing", small_data["queries"], top_k=3)
+    with pytest.raises(ValueError, match="store URI"):
+        parse_uri("ftp://x/y")
+
+
+def test_interrupted_export_keeps_previous_table(tmp_path, index, small_data, monkeypatch):
+    uri = f"lancedb://{tmp_path}/s/g"
+    export(index, uri)
+    before = search(uri, small_data["queries"], top_k=10)[1]
+    import hubless.progress
+
+    def interrupt_after_first(iterable, progress, **kwargs):
+        for n, item in enumerate(iterable):
+            if n == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(hubless.progress, "progress_bar", interrupt_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        export(index, uri, overwrite=True, batch=16)
+    np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=10)[1], before)
+
+
+def test_cli_export_then_library_search(tmp_path, index, small_data):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    index.save(tmp_path / "idx")
+    uri = f"lancedb://{tmp_path}/s/g"
+    runner = CliRunner()
+    ok = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
+    assert ok.exit_code == 0, ok.output
+    again = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
+    assert again.exit_code == 2 and "overwrite" in again.output
+    want_s, want_i = index.search(small_data["queries"], top_k=10)
+    got_s, got_i, _ = search(uri, small_data["queries"], top_k=10)
+    np.testing.assert_array_equal(got_i, want_i)
+
+
+def test_refuses_store_with_another_metric(tmp_path, small_data):
+    import json
+
+    import lancedb
+    import pyarrow as pa
+
+    db = lancedb.connect(str(tmp_path / "s"))
+    info = {"format_version": 1, "spec": "nnn", "metric": "cosine", "dim": 16, "bias_columns": 1, "n_items": 1}
+    t = pa.table({"id": pa.array([0], pa.int64())}).replace_schema_metadata({b"hubless": json.dumps(info).encode()})
+    db.create_table("g", t)
+    with pytest.raises(ValueError, match="cosine would normalise"):
+        search(f"lancedb://{tmp_path}/s/g", small_data["queries"], top_k=3)
+    db.create_table("foreign", pa.table({"id": pa.array([0], pa.int64())}))
+    with pytest.raises(ValueError, match="not written by hubless"):
+        search(f"lancedb://{tmp_path}/s/foreign", small_data["queries"], top_k=3)
