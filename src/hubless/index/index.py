@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -264,6 +265,17 @@ class Index:
         return search_knob(self._faiss)
 
     # ------------------------------------------------------------------ updates
+    def copy(self) -> Index:
+        """An independent copy (the FAISS structure cloned, in memory), e.g. to update while
+        other threads keep searching this one (copy-on-write)."""
+        import faiss
+
+        new = copy.copy(self)
+        new._faiss, new._mmap = faiss.clone_index(self._faiss), False
+        new.config = dataclasses.replace(self.config)
+        new.metadata = None if self.metadata is None else list(self.metadata)
+        return new
+
     def add(self, embeddings, metadata=None, *, progress: bool | None = None) -> Index:
         """Add gallery items: their biases come from the stored banks (n_new x n_bank
         similarities; the other items' biases do not change) and they are inserted into the

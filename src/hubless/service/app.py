@@ -5,8 +5,11 @@
                               adds the uncorrected ranking and each hit's rank change
     GET  /indexes             the served indexes
     GET  /indexes/{name}      one index: size, method, parameters, model, banks, format
-    GET  /items/{name}/{id}   one item's metadata
+    GET  /items/{name}/{id}   one item's metadata (/image: its image file, if its metadata names one)
     GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, the top hubs
+    POST /items/{name}        add items (embeddings + metadata)      } writes: need the API key;
+    DELETE /items/{name}/{id} remove an item                         } saved atomically under the
+    POST /bank/{name}         add query-bank queries (every bias)    } index's write lock
     GET  /health              liveness, and what is served
     GET  /                    the web page (static/index.html: search, compare, weight slider, hubness)
     GET  /metrics             Prometheus text: requests and latency per endpoint
@@ -39,12 +42,12 @@ from hubless.errors import MissingDependencyError
 try:
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
     from pydantic import BaseModel, Field
 except ImportError as exc:  # pragma: no cover - the serve extra is missing
     raise MissingDependencyError("the HTTP service", "fastapi", "serve") from exc
 
-__all__ = ["Limits", "SearchRequest", "create_app"]
+__all__ = ["ItemsRequest", "Limits", "SearchRequest", "create_app"]
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,34 @@ class SearchRequest(BaseModel):
     compare: bool = Field(False, description="Also return the uncorrected ranking and each hit's rank change.")
 
 
+class ItemsRequest(BaseModel):
+    """``POST /items/{name}`` and ``POST /bank/{name}``: rows to add (and, for items, metadata)."""
+
+    embeddings: list[list[float]] = Field(..., description="One list per new item (or bank query).")
+    metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item.")
+
+
 class _Served:
-    """One served index; ``index`` is replaced whole (never mutated) so readers never see a half update."""
+    """One served index. ``index`` is replaced whole, never mutated: a write updates a fresh
+    copy (loaded from disk under the index's write lock), saves it, then swaps it in, so a search
+    sees the old or the new version, never a half-updated one."""
 
     def __init__(self, name: str, path: Path | None, index) -> None:
         self.name, self.path, self.index = name, path, index
+        self.write_lock = threading.Lock()  # one writer per served index in this process
+        self.hubness = None
+
+    def write(self, change) -> None:
+        from hubless.index import Index
+
+        with self.write_lock:
+            if self.path is None:  # served from memory: update a copy
+                updated = self.index.copy()
+                change(updated)
+            else:  # the saved index, under its file lock (other processes may write it too)
+                with Index.update(self.path) as updated:
+                    change(updated)
+            self.index = updated
 
 
 def _load(indexes: Mapping[str, Any]) -> dict[str, _Served]:
@@ -206,6 +232,48 @@ def create_app(
             raw = (raw_scores, raw_ids)
         return {"index": s.name, "method": index.correction.spec, "results": [_hits(index, scores, ids, raw, i) for i in range(len(ids))]}
 
+    @app.get("/items/{name}/{item_id}/image")
+    def image(name: str, item_id: int):
+        s = _get(served, name)
+        _check_id(s, item_id)
+        meta = s.index.metadata
+        path = None if meta is None else meta[item_id].get("path")
+        if not path:
+            raise HTTPException(404, f"item {item_id} of {name!r} names no image file (no 'path' in its metadata)")
+        file = Path(str(path))
+        if file.suffix.lower() not in IMAGE_SUFFIXES or not file.is_file():  # only the index's own image files
+            raise HTTPException(404, f"item {item_id}'s image is not an image file that exists here")
+        return FileResponse(file)
+
+    def writable(name: str) -> _Served:
+        if api_key is None:
+            raise HTTPException(403, "writes are disabled: start the server with --api-key-file to enable them")
+        return _get(served, name)
+
+    @app.post("/items/{name}")
+    def add_items(name: str, request: ItemsRequest) -> dict:
+        s = writable(name)
+        rows = _rows(request.embeddings, s.index, limits)
+        if request.metadata is not None and len(request.metadata) != rows.shape[0]:
+            raise HTTPException(422, f"{len(request.metadata)} metadata records for {rows.shape[0]} items")
+        start = s.index.ntotal
+        s.write(lambda index: index.add(rows, request.metadata))
+        return {**_summary(s), "added": list(range(start, start + rows.shape[0]))}
+
+    @app.delete("/items/{name}/{item_id}")
+    def remove_item(name: str, item_id: int) -> dict:
+        s = writable(name)
+        _check_id(s, item_id)
+        s.write(lambda index: index.remove([item_id]))
+        return {**_summary(s), "removed": item_id, "note": "later items moved up by one position"}
+
+    @app.post("/bank/{name}")
+    def add_bank(name: str, request: ItemsRequest) -> dict:
+        s = writable(name)
+        rows = _rows(request.embeddings, s.index, limits)
+        s.write(lambda index: index.add_query_bank(rows))
+        return {**_summary(s), "bank_queries_added": int(rows.shape[0])}
+
     @app.get("/hubness/{name}")
     def hubness(name: str) -> dict:
         s = _get(served, name)
@@ -223,6 +291,8 @@ def create_app(
 
 
 PAGE = (resources.files("hubless.service") / "static" / "index.html").read_text(encoding="utf-8")
+#: The files /items/{name}/{id}/image serves: images named by the index's own metadata, nothing else.
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
 #: Bank queries the hubness panel measures on (a seeded sample of the stored query bank).
 HUBNESS_SAMPLE = 2000
 
@@ -325,6 +395,16 @@ def _queries(request: SearchRequest, s: _Served, index, encoder, limits: Limits)
     if rows != {index.correction.dim_}:
         raise HTTPException(422, f"query embeddings must have dimension {index.correction.dim_}; got {sorted(rows)}")
     return np.asarray(batch, dtype=np.float32)  # NaN/Inf and the like are refused by the index's validation (422)
+
+
+def _rows(embeddings: list[list[float]], index, limits: Limits) -> np.ndarray:
+    if not embeddings:
+        raise HTTPException(422, "no rows given")
+    if len(embeddings) > limits.max_batch:
+        raise HTTPException(422, f"{len(embeddings)} rows exceed the limit max_batch={limits.max_batch}")
+    if {len(r) for r in embeddings} != {index.correction.dim_}:
+        raise HTTPException(422, f"rows must have dimension {index.correction.dim_}")
+    return np.asarray(embeddings, dtype=np.float32)
 
 
 def _hits(index, scores, ids, raw, row: int) -> dict:
