@@ -193,3 +193,29 @@ def test_demo_serve_starts_the_page(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_concurrent_single_queries_are_batched(saved):
+    """32 concurrent one-query requests: every answer equals Index.search for that query, and
+    they ran as fewer, batched searches."""
+    import concurrent.futures
+
+    root, queries = saved
+    rng = np.random.default_rng(3)
+    many = unit_rows(rng, 32, 16)
+    app = create_app({"coco": root / "coco"})
+    served = app.state.served["coco"]
+    calls = []
+    real_search = served.index.search
+
+    def counting_search(q, top_k, **weight):
+        calls.append(q.shape[0])
+        return real_search(q, top_k, **weight)
+
+    served.index.search = counting_search
+    expected = hubless.Index.load(root / "coco").search(many, 5)[1]
+    with TestClient(app) as c, concurrent.futures.ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(lambda i: c.post("/search", json={"embeddings": many[i : i + 1].tolist(), "top_k": 5}).json(), range(32)))
+    for i, body in enumerate(answers):
+        assert [h["id"] for h in body["results"][0]["hits"]] == expected[i].tolist()
+    assert sum(calls) == 32 and len(calls) < 32  # batched: fewer searches than requests

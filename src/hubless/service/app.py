@@ -18,7 +18,8 @@ A thin layer over :class:`hubless.Index`: searching is ``Index.search`` (the sam
 process), the uncorrected ranking is exact search over the same gallery. Bad requests get a 4xx
 JSON error naming the problem (unknown index or id, wrong dimension, NaN, a limit exceeded:
 body size 413, batch size and top_k 422); an unexpected failure is a 500 JSON error without a
-traceback, and the server keeps serving. OpenAPI documentation is at ``/docs``.
+traceback, and the server keeps serving. Concurrent searches arriving within 2 ms run as one
+batched search (:class:`_Batcher`). OpenAPI documentation is at ``/docs``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hubless._validation import as_embeddings
 from hubless.errors import MissingDependencyError
 
 try:
@@ -78,6 +80,57 @@ class ItemsRequest(BaseModel):
     metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item.")
 
 
+class _Group:
+    """Queries gathered into one search (see :class:`_Batcher`)."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.rows, self.closed, self.result, self.error = 0, False, None, None
+        self.done = threading.Event()
+
+
+class _Batcher:
+    """Concurrent searches with the same parameters, arriving within ``window`` seconds, run as
+    one :meth:`Index.search`: against a Flat gallery a batch of 32 reads the gallery once, 32
+    single queries read it 32 times. The first request of a group waits ``window`` for others,
+    then searches for all; the rows are split back. Each request's queries are validated before
+    they join, so one bad request never fails the others."""
+
+    def __init__(self, window: float = 0.002, max_rows: int = 256) -> None:
+        self.window, self.max_rows = window, max_rows
+        self.lock = threading.Lock()
+        self.pending: dict[tuple, _Group] = {}
+
+    def search(self, index, queries: np.ndarray, top_k: int, weight: dict):
+        key = (id(index), top_k, tuple(sorted(weight.items())))
+        n = queries.shape[0]
+        with self.lock:
+            group = self.pending.get(key)
+            leader = group is None or group.closed or group.rows + n > self.max_rows
+            if leader:
+                group = self.pending[key] = _Group()
+            offset = group.rows
+            group.parts.append(queries)
+            group.rows += n
+        if leader:
+            time.sleep(self.window)
+            with self.lock:
+                group.closed = True
+                if self.pending.get(key) is group:
+                    del self.pending[key]
+            try:
+                group.result = index.search(np.concatenate(group.parts), top_k, **weight)
+            except Exception as exc:  # noqa: BLE001 - handed to every request of the group
+                group.error = exc
+            group.done.set()
+        elif not group.done.wait(timeout=60):
+            raise TimeoutError("a batched search did not finish within 60 s")
+        if group.error is not None:
+            raise group.error
+        scores, ids = group.result
+        return scores[offset : offset + n], ids[offset : offset + n]
+
+
 class _Served:
     """One served index. ``index`` is replaced whole, never mutated: a write updates a fresh
     copy (loaded from disk under the index's write lock), saves it, then swaps it in, so a search
@@ -87,6 +140,7 @@ class _Served:
         self.name, self.path, self.index = name, path, index
         self.write_lock = threading.Lock()  # one writer per served index in this process
         self.hubness = None
+        self.batcher = _Batcher()
 
     def write(self, change) -> None:
         from hubless.index import Index
@@ -223,7 +277,8 @@ def create_app(
             if index.correction.weight_param is None:
                 raise HTTPException(422, f"{index.correction.spec} has no query-time weight")
             weight = {index.correction.weight_param: request.weight}
-        scores, ids = index.search(queries, top_k, **weight)
+        queries = as_embeddings(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)  # before batching
+        scores, ids = s.batcher.search(index, queries, top_k, weight)
         raw = None
         if request.compare:
             from hubless.engine import exact_search
