@@ -15,4 +15,4 @@ def print_table(rows: list[tuple[str, str, str]], *, full_size: bool, size: str)
         shown = floor if full_size or not floor else "n/a at this size"
         print(f"| {label.ljust(width)} | {value} | {shown} |")
     if not full_size and any(r[2] for r in rows):
-        print(f"(floors are set at the default size, {size}; run without --scale to check them)")
+        print(f"(floors are set at the default size, {size}; run at that size to check them)")

@@ -32,6 +32,7 @@ def serve_command(
     ),
     max_batch: int = typer.Option(256, help="Most queries per request."),
     max_top_k: int = typer.Option(1000, help="Largest top_k."),
+    workers: int = typer.Option(1, help="Server processes, each with its own copy of the indexes (writes need 1)."),
 ) -> None:
     """Serve saved indexes over HTTP: POST /search (embeddings, texts with --model, or an item id;
     compare=true for the uncorrected ranking), GET /indexes, /items, /health, /metrics; docs at /docs."""
@@ -53,10 +54,20 @@ def serve_command(
         if name in named:
             raise ValueError(f"two indexes are named {name!r}: give them names as NAME=PATH")
         named[name] = Path(path)
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1; got {workers}")
+    import json
+    import os
+
     import uvicorn
 
-    from hubless.service import Limits, create_app
+    config = {"indexes": {k: str(v.resolve()) for k, v in named.items()}, "model": model, "api_key": api_key,
+              "max_batch": max_batch, "max_top_k": max_top_k, "writes": workers == 1}  # fmt: skip
+    os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process
+    typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")
+    if workers == 1:
+        from hubless.service.app import app_from_environment
 
-    app = create_app(named, model=model, limits=Limits(max_batch=max_batch, max_top_k=max_top_k), api_key=api_key)
-    typer.echo(f"serving {', '.join(named)} on http://{host}:{port} (API docs: /docs)")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning")
+    else:
+        uvicorn.run("hubless.service.app:app_from_environment", factory=True, host=host, port=port, workers=workers, log_level="warning")

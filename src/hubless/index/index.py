@@ -40,6 +40,8 @@ __all__ = ["Index", "IndexConfig", "augmented_rows"]
 
 #: Id FAISS returns for a slot it could not fill (e.g. probed IVF lists ran dry).
 MISSING = -1
+#: From this many queries on, a Flat index searches with hubless's engine instead of FAISS's scan.
+FLAT_ENGINE_BATCH = 8
 
 
 class Index:
@@ -194,8 +196,11 @@ class Index:
         defaults for this call only (other threads searching meanwhile are not affected).
         """
         corr = self.correction
-        if not corr.exactly_additive and self.factory.strip().lower() == "flat":
-            return corr.search(queries, check_top_k(top_k, self.ntotal), **weight)  # exact: the streamed engine
+        if self.factory.strip().lower() == "flat" and (not corr.exactly_additive or np.shape(queries)[0] >= FLAT_ENGINE_BATCH):
+            # exact either way; hubless's streamed GEMM engine is ~4x faster than FAISS's flat scan for
+            # batches (measured: 32 queries over 100k x 512 in 45 ms vs 203 ms), and it alone ranks
+            # scores that are only partly a bias (published DualDIS)
+            return corr.search(queries, check_top_k(top_k, self.ntotal), **weight)
         batch = corr.queries(queries, **weight)
         top_k = check_top_k(top_k, self.ntotal)
         params = search_parameters(

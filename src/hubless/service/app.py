@@ -18,8 +18,8 @@ A thin layer over :class:`hubless.Index`: searching is ``Index.search`` (the sam
 process), the uncorrected ranking is exact search over the same gallery. Bad requests get a 4xx
 JSON error naming the problem (unknown index or id, wrong dimension, NaN, a limit exceeded:
 body size 413, batch size and top_k 422); an unexpected failure is a 500 JSON error without a
-traceback, and the server keeps serving. Concurrent searches arriving within 2 ms run as one
-batched search (:class:`_Batcher`). OpenAPI documentation is at ``/docs``.
+traceback, and the server keeps serving. Concurrent searches run as batches: while one search
+runs, the requests that arrive queue up and go together into the next (:class:`_Batcher`). OpenAPI documentation is at ``/docs``.
 """
 
 from __future__ import annotations
@@ -80,55 +80,72 @@ class ItemsRequest(BaseModel):
     metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item.")
 
 
-class _Group:
-    """Queries gathered into one search (see :class:`_Batcher`)."""
+class _Pending:
+    """One request's queries waiting in a :class:`_Batcher`."""
 
-    def __init__(self) -> None:
-        self.parts: list[np.ndarray] = []
-        self.rows, self.closed, self.result, self.error = 0, False, None, None
-        self.done = threading.Event()
+    def __init__(self, index, queries: np.ndarray, key: tuple, weight: dict) -> None:
+        self.index, self.queries, self.key, self.weight = index, queries, key, weight
+        self.result = self.error = None
+        self.done = False
 
 
 class _Batcher:
-    """Concurrent searches with the same parameters, arriving within ``window`` seconds, run as
-    one :meth:`Index.search`: against a Flat gallery a batch of 32 reads the gallery once, 32
-    single queries read it 32 times. The first request of a group waits ``window`` for others,
-    then searches for all; the rows are split back. Each request's queries are validated before
-    they join, so one bad request never fails the others."""
+    """Concurrent searches of one index run as batches: one search at a time, and while it
+    runs the requests that arrive queue up; the next search takes every queued request with the
+    same parameters at once (up to ``max_rows`` queries). No request ever waits for a timer: a
+    lone request is searched at once, and under load batches grow by themselves. Against a Flat
+    gallery a batch of 32 reads the gallery once where 32 single queries read it 32 times.
+    Each request's queries are validated before they queue, so one bad request never fails the
+    others."""
 
-    def __init__(self, window: float = 0.002, max_rows: int = 256) -> None:
-        self.window, self.max_rows = window, max_rows
-        self.lock = threading.Lock()
-        self.pending: dict[tuple, _Group] = {}
+    def __init__(self, max_rows: int = 256) -> None:
+        self.max_rows = max_rows
+        self.cond = threading.Condition()
+        self.queue: list[_Pending] = []
+        self.busy = False
 
     def search(self, index, queries: np.ndarray, top_k: int, weight: dict):
-        key = (id(index), top_k, tuple(sorted(weight.items())))
-        n = queries.shape[0]
-        with self.lock:
-            group = self.pending.get(key)
-            leader = group is None or group.closed or group.rows + n > self.max_rows
-            if leader:
-                group = self.pending[key] = _Group()
-            offset = group.rows
-            group.parts.append(queries)
-            group.rows += n
-        if leader:
-            time.sleep(self.window)
-            with self.lock:
-                group.closed = True
-                if self.pending.get(key) is group:
-                    del self.pending[key]
-            try:
-                group.result = index.search(np.concatenate(group.parts), top_k, **weight)
-            except Exception as exc:  # noqa: BLE001 - handed to every request of the group
-                group.error = exc
-            group.done.set()
-        elif not group.done.wait(timeout=60):
-            raise TimeoutError("a batched search did not finish within 60 s")
-        if group.error is not None:
-            raise group.error
-        scores, ids = group.result
-        return scores[offset : offset + n], ids[offset : offset + n]
+        mine = _Pending(index, queries, (id(index), top_k, tuple(sorted(weight.items()))), weight)
+        with self.cond:
+            self.queue.append(mine)
+            while not mine.done:
+                if self.busy:
+                    self.cond.wait()
+                    continue
+                self.busy = True  # this thread runs the next batch (which may or may not hold its own request)
+                batch, rows = [], 0
+                for item in list(self.queue):
+                    if item.key == self.queue[0].key and (not batch or rows + item.queries.shape[0] <= self.max_rows):
+                        batch.append(item)
+                        rows += item.queries.shape[0]
+                for item in batch:
+                    self.queue.remove(item)
+                self.cond.release()
+                try:
+                    self._run(batch)
+                finally:
+                    self.cond.acquire()
+                    self.busy = False
+                    self.cond.notify_all()
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    @staticmethod
+    def _run(batch: list[_Pending]) -> None:
+        first = batch[0]
+        try:
+            scores, ids = first.index.search(np.concatenate([p.queries for p in batch]), first.key[1], **first.weight)
+            start = 0
+            for p in batch:
+                n = p.queries.shape[0]
+                p.result = (scores[start : start + n], ids[start : start + n])
+                start += n
+        except Exception as exc:  # noqa: BLE001 - handed to every request of the batch
+            for p in batch:
+                p.error = exc
+        for p in batch:
+            p.done = True
 
 
 class _Served:
@@ -191,15 +208,31 @@ class _Metrics:
         return "\n".join(lines) + "\n"
 
 
+def app_from_environment() -> FastAPI:
+    """The app `hubless serve` configured through ``HUBLESS_SERVE_CONFIG`` (one per worker process)."""
+    import json
+
+    config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
+    return create_app(config["indexes"], model=config["model"], api_key=config["api_key"], writes=config["writes"],
+                      limits=Limits(max_batch=config["max_batch"], max_top_k=config["max_top_k"]))  # fmt: skip
+
+
 def create_app(
-    indexes: Mapping[str, Any], *, model: str | None = None, encoder=None, limits: Limits = Limits(), api_key: str | None = None
+    indexes: Mapping[str, Any],
+    *,
+    model: str | None = None,
+    encoder=None,
+    limits: Limits = Limits(),
+    api_key: str | None = None,
+    writes: bool = True,
 ) -> FastAPI:
     """The application serving ``indexes`` (name -> saved index directory or :class:`Index`).
 
     ``model`` (a name or folder) encodes text queries (loaded once, here); an index recording
     another model refuses text queries. ``encoder`` passes an already loaded encoder instead.
     With ``api_key``, every request but ``/health`` must carry it (header ``X-API-Key`` or
-    ``Authorization: Bearer KEY``); otherwise 401.
+    ``Authorization: Bearer KEY``); otherwise 401. Writes need an API key and ``writes=True``
+    (``hubless serve --workers N`` with N > 1 turns them off: each worker holds its own copy).
     """
     served = _load(indexes)
     if encoder is None and model is not None:
@@ -265,7 +298,7 @@ def create_app(
         return {"id": item_id, "metadata": None if s.index.metadata is None else s.index.metadata[item_id]}
 
     @app.post("/search")
-    def search(request: SearchRequest) -> dict:
+    def search(request: SearchRequest) -> JSONResponse:
         s = _get(served, request.index if request.index is not None else _only(served))
         index = s.index  # one consistent version for the whole request
         queries = _queries(request, s, index, encoder, limits)
@@ -285,7 +318,8 @@ def create_app(
 
             raw_scores, raw_ids = exact_search(index.correction.queries(queries).vectors, index.correction.gallery_, top_k)
             raw = (raw_scores, raw_ids)
-        return {"index": s.name, "method": index.correction.spec, "results": [_hits(index, scores, ids, raw, i) for i in range(len(ids))]}
+        body = {"index": s.name, "method": index.correction.spec, "results": [_hits(index, scores, ids, raw, i) for i in range(len(ids))]}
+        return JSONResponse(body)  # plain JSON types already: skips FastAPI's generic (slow) encoder
 
     @app.get("/items/{name}/{item_id}/image")
     def image(name: str, item_id: int):
@@ -303,6 +337,8 @@ def create_app(
     def writable(name: str) -> _Served:
         if api_key is None:
             raise HTTPException(403, "writes are disabled: start the server with --api-key-file to enable them")
+        if not writes:
+            raise HTTPException(403, "writes are disabled with several --workers (each holds its own copy); serve with --workers 1")
         return _get(served, name)
 
     @app.post("/items/{name}")
