@@ -219,3 +219,40 @@ def test_concurrent_single_queries_are_batched(saved):
     for i, body in enumerate(answers):
         assert [h["id"] for h in body["results"][0]["hits"]] == expected[i].tolist()
     assert sum(calls) == 32 and len(calls) < 32  # batched: fewer searches than requests
+
+
+def test_text_search_with_reranking(tmp_path):
+    """--model encodes text queries; --rerank reranks the corrected top k with a cross-encoder,
+    exactly as hubless.rerank.Pipeline does in process."""
+    pytest.importorskip("sentence_transformers")
+    import transformers as tf
+
+    from hubless.encoders import load_encoder
+    from hubless.rerank import Pipeline, load_reranker
+    from tests.models import WORDS, save_tiny, tokenizer
+
+    clip = save_tiny("clip", tmp_path / "clip")
+    encoder = load_encoder(clip, device="cpu")
+    rng = np.random.default_rng(5)
+    captions = [" ".join(rng.choice(WORDS[4:], 5)) for _ in range(60)]
+    bank = [" ".join(rng.choice(WORDS[4:], 5)) for _ in range(120)]
+    index = hubless.Index.build(encoder.encode_texts(captions), encoder.encode_texts(bank), "nnn:alpha=0.5,k=4", "Flat",
+                                metadata=[{"caption": c} for c in captions], model=str(clip))  # fmt: skip
+    index.save(tmp_path / "idx")
+    cfg = tf.BertConfig(vocab_size=len(tokenizer().get_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=32, num_labels=1)  # fmt: skip
+    tf.BertForSequenceClassification(cfg).save_pretrained(tmp_path / "ce")
+    tokenizer().save_pretrained(tmp_path / "ce")
+    reranker = load_reranker(tmp_path / "ce", device="cpu")
+    app = create_app({"idx": tmp_path / "idx"}, encoder=encoder, reranker=reranker, rerank_k=10)
+    texts = ["a red dog on the grass", "two cats near a car"]
+    with TestClient(app) as c:
+        plain = c.post("/search", json={"texts": texts, "top_k": 5}).json()
+        reranked = c.post("/search", json={"texts": texts, "top_k": 5, "rerank": True}).json()
+        assert c.post("/search", json={"item": 3, "rerank": True}).status_code == 422
+    q = encoder.encode_texts(texts)
+    assert [[h["id"] for h in r["hits"]] for r in plain["results"]] == index.search(q, 5)[1].tolist()
+    direct = Pipeline(hubless.Index.load(tmp_path / "idx"), reranker, k=10, gallery_items=captions).search(q, texts, top_k=5)
+    assert reranked["reranked"] and [[h["id"] for h in r["hits"]] for r in reranked["results"]] == direct.ids.tolist()
+    with TestClient(create_app({"idx": tmp_path / "idx"}, encoder=encoder)) as c:
+        assert "--rerank" in c.post("/search", json={"texts": texts, "rerank": True}).json()["detail"]

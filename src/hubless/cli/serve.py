@@ -33,6 +33,8 @@ def serve_command(
     max_batch: int = typer.Option(256, help="Most queries per request."),
     max_top_k: int = typer.Option(1000, help="Largest top_k."),
     workers: int = typer.Option(1, help="Server processes, each with its own copy of the indexes (writes need 1)."),
+    rerank: str = typer.Option(None, help="Cross-encoder (BLIP ITM or sentence-transformers name/folder) text searches may rerank with."),
+    rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
 ) -> None:
     """Serve saved indexes over HTTP: POST /search (embeddings, texts with --model, or an item id;
     compare=true for the uncorrected ranking), GET /indexes, /items, /health, /metrics; docs at /docs."""
@@ -62,7 +64,7 @@ def serve_command(
     import uvicorn
 
     config = {"indexes": {k: str(v.resolve()) for k, v in named.items()}, "model": model, "api_key": api_key,
-              "max_batch": max_batch, "max_top_k": max_top_k, "writes": workers == 1}  # fmt: skip
+              "max_batch": max_batch, "max_top_k": max_top_k, "writes": workers == 1, "rerank": rerank, "rerank_k": rerank_k}  # fmt: skip
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process
     typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")
     if workers == 1:

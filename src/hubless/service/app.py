@@ -71,6 +71,7 @@ class SearchRequest(BaseModel):
     top_k: int = Field(10, ge=1, description="Results per query.")
     weight: float | None = Field(None, ge=0, description="The correction's query-time weight (NNN alpha, DN lambda).")
     compare: bool = Field(False, description="Also return the uncorrected ranking and each hit's rank change.")
+    rerank: bool = Field(False, description="Rerank the corrected top rerank_k with the server's cross-encoder (text queries).")
 
 
 class ItemsRequest(BaseModel):
@@ -214,7 +215,8 @@ def app_from_environment() -> FastAPI:
 
     config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
     return create_app(config["indexes"], model=config["model"], api_key=config["api_key"], writes=config["writes"],
-                      limits=Limits(max_batch=config["max_batch"], max_top_k=config["max_top_k"]))  # fmt: skip
+                      limits=Limits(max_batch=config["max_batch"], max_top_k=config["max_top_k"]),
+                      reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip
 
 
 def create_app(
@@ -225,16 +227,25 @@ def create_app(
     limits: Limits = Limits(),
     api_key: str | None = None,
     writes: bool = True,
+    reranker=None,
+    rerank_k: int = 20,
 ) -> FastAPI:
     """The application serving ``indexes`` (name -> saved index directory or :class:`Index`).
 
     ``model`` (a name or folder) encodes text queries (loaded once, here); an index recording
     another model refuses text queries. ``encoder`` passes an already loaded encoder instead.
     With ``api_key``, every request but ``/health`` must carry it (header ``X-API-Key`` or
-    ``Authorization: Bearer KEY``); otherwise 401. Writes need an API key and ``writes=True``
+    ``Authorization: Bearer KEY``); otherwise 401. ``reranker`` (a Reranker, or a model name or
+    folder for :func:`hubless.rerank.load_reranker`) lets text searches ask for ``rerank``: the
+    corrected top ``rerank_k`` is reranked against each item's text or image path from the
+    metadata (column path, text, caption or item). Writes need an API key and ``writes=True``
     (``hubless serve --workers N`` with N > 1 turns them off: each worker holds its own copy).
     """
     served = _load(indexes)
+    if isinstance(reranker, (str, os.PathLike)):
+        from hubless.rerank import load_reranker
+
+        reranker = load_reranker(reranker)
     if encoder is None and model is not None:
         from hubless.encoders import load_encoder
 
@@ -311,6 +322,8 @@ def create_app(
                 raise HTTPException(422, f"{index.correction.spec} has no query-time weight")
             weight = {index.correction.weight_param: request.weight}
         queries = as_embeddings(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)  # before batching
+        if request.rerank:
+            return JSONResponse(_reranked(s, index, queries, request, reranker, rerank_k, top_k, weight))
         scores, ids = s.batcher.search(index, queries, top_k, weight)
         raw = None
         if request.compare:
@@ -486,6 +499,34 @@ def _queries(request: SearchRequest, s: _Served, index, encoder, limits: Limits)
     if rows != {index.correction.dim_}:
         raise HTTPException(422, f"query embeddings must have dimension {index.correction.dim_}; got {sorted(rows)}")
     return np.asarray(batch, dtype=np.float32)  # NaN/Inf and the like are refused by the index's validation (422)
+
+
+RERANK_COLUMNS = ("path", "text", "caption", "item")
+
+
+def _reranked(s: _Served, index, queries, request: SearchRequest, reranker, rerank_k: int, top_k: int, weight: dict) -> dict:
+    """Retrieve the corrected top ``rerank_k``, rerank with the cross-encoder (hubless.rerank.Pipeline)."""
+    from hubless.rerank import Pipeline
+
+    if reranker is None:
+        raise HTTPException(422, "reranking needs a server started with --rerank MODEL")
+    if request.texts is None:
+        raise HTTPException(422, "reranking needs text queries: the cross-encoder reads the query text")
+    meta = index.metadata
+    column = next((c for c in RERANK_COLUMNS if meta and c in meta[0]), None)
+    if column is None:
+        raise HTTPException(
+            422, f"index {s.name!r} has no item text or path in its metadata ({', '.join(RERANK_COLUMNS)}) to rerank against"
+        )
+    k = min(rerank_k, index.ntotal)
+    pipe = Pipeline(index, reranker, k=k, gallery_items=[str(m.get(column, "")) for m in meta])
+    result = pipe.search(queries, request.texts, top_k=min(top_k, k), **weight)
+    out = []
+    for row in range(result.ids.shape[0]):
+        hits = [{"id": int(j), "score": _plain(float(v)), "first_stage_score": _plain(float(f)), "metadata": meta[int(j)]}
+                for j, v, f in zip(result.ids[row], result.scores[row], result.first_stage_scores[row]) if j >= 0]  # fmt: skip
+        out.append({"query": row, "hits": hits})
+    return {"index": s.name, "method": index.correction.spec, "reranked": True, "rerank_k": k, "results": out}
 
 
 def _rows(embeddings: list[list[float]], index, limits: Limits) -> np.ndarray:
