@@ -196,6 +196,8 @@ class Index:
         defaults for this call only (other threads searching meanwhile are not affected).
         """
         corr = self.correction
+        nprobe = self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
+        ef_search = self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
         if self.factory.strip().lower() == "flat" and (not corr.exactly_additive or np.shape(queries)[0] >= FLAT_ENGINE_BATCH):
             # exact either way; hubless's streamed GEMM engine is ~4x faster than FAISS's flat scan for
             # batches (measured: 32 queries over 100k x 512 in 45 ms vs 203 ms), and it alone ranks
@@ -203,11 +205,7 @@ class Index:
             return corr.search(queries, check_top_k(top_k, self.ntotal), **weight)
         batch = corr.queries(queries, **weight)
         top_k = check_top_k(top_k, self.ntotal)
-        params = search_parameters(
-            self._faiss,
-            nprobe=self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe"),
-            ef_search=self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search"),
-        )
+        params = search_parameters(self._faiss, nprobe=nprobe, ef_search=ef_search)
         self._raw_statistics(batch, params)
         weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
         # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
