@@ -256,3 +256,17 @@ def test_text_search_with_reranking(tmp_path):
     assert reranked["reranked"] and [[h["id"] for h in r["hits"]] for r in reranked["results"]] == direct.ids.tolist()
     with TestClient(create_app({"idx": tmp_path / "idx"}, encoder=encoder)) as c:
         assert "--rerank" in c.post("/search", json={"texts": texts, "rerank": True}).json()["detail"]
+
+
+def test_hubness_endpoint_matches_a_direct_count(client, saved):
+    root, _ = saved
+    index = hubless.Index.load(root / "coco")
+    body = client.get("/hubness/coco").json()
+    bank = index.query_bank
+    before = np.bincount(np.argmax(bank @ index.correction.gallery_.T, axis=1), minlength=index.ntotal)
+    after = np.bincount(index.search(bank, 1)[1][:, 0], minlength=index.ntotal)
+    assert body["n_bank_queries"] == bank.shape[0] and body["before"]["max"] == before.max() and body["after"]["max"] == after.max()
+    top = body["hubs"][0]
+    assert top["n1_before"] == before.max() and top["n1_after"] == after[top["id"]] and top["metadata"] == index.metadata[top["id"]]
+    assert body["histogram"]["before"] == np.bincount(before).tolist()
+    assert client.get("/hubness/nope").status_code == 404
