@@ -104,3 +104,30 @@ def test_refuses_store_with_another_metric(tmp_path, small_data):
     db.create_table("foreign", pa.table({"id": pa.array([0], pa.int64())}))
     with pytest.raises(ValueError, match="not written by hubless"):
         search(f"lancedb://{tmp_path}/s/foreign", small_data["queries"], top_k=3)
+
+
+def test_cli_search_on_a_store_equals_the_index(tmp_path):
+    import json as _json
+
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    rng = np.random.default_rng(21)
+    g = rng.standard_normal((300, 16)).astype(np.float32)
+    b = rng.standard_normal((500, 16)).astype(np.float32)
+    q = rng.standard_normal((6, 16)).astype(np.float32)
+    index = Index.build(g, b, "nnn:alpha=0.5,k=8", "Flat", metadata=[{"caption": f"item {i}"} for i in range(300)])
+    uri = f"lancedb://{tmp_path / 'db'}/gallery"
+    export(index, uri)
+    np.save(tmp_path / "q.npy", q)
+    result = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json", "--alpha", "0.3"])
+    assert result.exit_code == 0, result.output
+    _, ids = index.search(q, 5, alpha=0.3)
+    lines = [_json.loads(line) for line in result.output.strip().splitlines()]
+    assert [[h["id"] for h in line["results"]] for line in lines] == ids.tolist()
+    assert lines[0]["results"][0]["metadata"] == {"caption": f"item {ids[0][0]}"}
+    table = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy")])
+    assert table.exit_code == 0 and "item" in table.output
+    refused = CliRunner().invoke(app, ["search", uri, "--text", "a dog"])
+    assert refused.exit_code == 2 and "--queries" in refused.output

@@ -160,7 +160,7 @@ def remove_command(
 
 @friendly_errors
 def search_command(
-    path: Path = typer.Argument(..., help="Index directory."),
+    path: str = typer.Argument(..., help="Index directory, or a store written by `hubless export` (lancedb://path/table)."),
     queries: Path = typer.Option(None, help="Query embeddings (.npy/.npz or a clip-retrieval folder)."),
     text: list[str] = typer.Option(None, "--text", help="A text query (repeatable), encoded with the index's model (or --model)."),
     texts: Path = typer.Option(None, help="Text queries, one per line (.txt) or a .json list, encoded with the index's model."),
@@ -182,9 +182,15 @@ def search_command(
         None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text or item)."
     ),
 ) -> None:
-    """Search a saved index; scores are the method's own, ids are gallery positions."""
+    """Search a saved index (or a store it was exported to); scores are the method's own, ids are gallery positions."""
+    from hubless.export.base import is_store_uri
     from hubless.index import Index
 
+    if is_store_uri(path):
+        if queries is None or text or texts or image or rerank:
+            raise ValueError("a store URI is searched with --queries (embeddings); text, image and --rerank need the index itself")
+        return _search_store(path, queries, top_k, alpha, as_json)
+    path = Path(path)
     index = Index.load(path)
     q, query_texts = _queries(index, path, queries, text, texts, image, model, device)
     if rerank and query_items is None and query_texts is not None:
@@ -225,6 +231,28 @@ def search_command(
     wide_console().print(table)
     if q.shape[0] > 20:
         typer.echo(f"(first 20 of {q.shape[0]} queries shown; use --json for all)")
+
+
+def _search_store(uri: str, queries: Path, top_k: int, alpha: float | None, as_json: bool) -> None:
+    """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
+    import hubless.export
+    from hubless._io import to_json
+
+    q = load(queries, "queries", normalize=True)
+    scores, ids, rows = hubless.export.search(uri, q, top_k, **({} if alpha is None else {"alpha": alpha}))
+    if as_json:
+        for i in range(q.shape[0]):
+            hits = [{"id": int(j), "score": float(v), "metadata": {k: x for k, x in r.items() if k != "id"}}
+                    for j, v, r in zip(ids[i], scores[i], rows[i]) if j >= 0]  # fmt: skip
+            typer.echo(to_json({"query": i, "results": hits}))
+        return
+    table = Table(title=f"{uri}: top {top_k}")
+    for col in ("query", "rank", "id", "score", "metadata"):
+        table.add_column(col, justify="left" if col == "metadata" else "right")
+    for i in range(min(q.shape[0], 20)):
+        for r, (j, v, row) in enumerate(((j, v, row) for j, v, row in zip(ids[i], scores[i], rows[i]) if j >= 0), start=1):
+            table.add_row(str(i), str(r), str(int(j)), f"{v:.4f}", json.dumps({k: x for k, x in row.items() if k != "id"})[:80])
+    wide_console().print(table)
 
 
 def _queries(index, path, queries, text, texts, image, model, device):
