@@ -14,11 +14,12 @@ def export_command(
     index_dir: Path = typer.Argument(..., help="A saved hubless index directory."),
     to: str = typer.Option(..., "--to", help="Store URI: lancedb://path/table."),
     overwrite: bool = typer.Option(False, help="Replace an existing table (written aside first, then swapped)."),
+    ann: str = typer.Option(None, help="Also build a LanceDB ANN index on [r, bias] (dot metric): IVF_PQ, IVF_FLAT, ..."),
 ) -> None:
     """Export [r, bias(r)] (+ plain r and metadata) to a vector store searched by inner product."""
     from hubless.export import export
     from hubless.index import Index
 
     index = Index.load(index_dir)
-    export(index, to, overwrite=overwrite)
+    export(index, to, overwrite=overwrite, ann=ann)
     typer.echo(f"exported {index.ntotal} items ({index.correction.spec}) to {to}")

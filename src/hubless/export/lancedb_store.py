@@ -29,12 +29,29 @@ def _tables(db) -> set[str]:
             return names
 
 
-def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, metadata, info: dict, *, overwrite: bool, batch: int = 8192):
-    """Write to a temporary table, then swap it in under ``table`` (the previous one survives a failure)."""
+def write(
+    location: str,
+    table: str,
+    augmented: np.ndarray,
+    plain: np.ndarray,
+    metadata,
+    info: dict,
+    *,
+    overwrite: bool,
+    batch: int = 8192,
+    ann: str | None = None,
+    partitions: int | None = None,
+    sub_vectors: int | None = None,
+):
+    """Write to a temporary table, then swap it in under ``table`` (the previous one survives a
+    failure). ``ann`` ("IVF_PQ", "IVF_FLAT", ...) builds a LanceDB ANN index on the corrected
+    vectors with the dot metric; its candidates are re-scored exactly at search time (refine)."""
     import pyarrow as pa
 
     from hubless.progress import progress_bar
 
+    if ann is not None and ann.upper() not in ANN_TYPES:
+        raise ValueError(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     db = _lancedb().connect(location)
     names = _tables(db)
     if table in names and not overwrite:
@@ -69,7 +86,30 @@ def write(location: str, table: str, augmented: np.ndarray, plain: np.ndarray, m
         db.drop_table(table)
     out = db.create_table(table, tbl.to_arrow())
     db.drop_table(tmp)
+    if ann is not None:  # the table is complete and searchable exactly before its ANN index exists
+        out.create_index("vector", config=_ann_config(ann, n, d, partitions, sub_vectors))
     return out
+
+
+ANN_TYPES = ("IVF_PQ", "IVF_FLAT")
+
+
+def _ann_config(ann: str, n: int, d: int, partitions: int | None, sub_vectors: int | None):
+    """The LanceDB index config: dot metric always (cosine would normalise [r, bias])."""
+    from lancedb.index import IvfFlat, IvfPq
+
+    kind = ann.upper()
+    if kind not in ANN_TYPES:
+        raise ValueError(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+    parts = partitions or max(1, int(np.sqrt(n) / 2))
+    if kind == "IVF_FLAT":
+        return IvfFlat(distance_type="dot", num_partitions=parts)
+    return IvfPq(distance_type="dot", num_partitions=parts, num_sub_vectors=sub_vectors or _sub_vectors(d))
+
+
+def _sub_vectors(d: int) -> int:
+    """The most PQ sub-vectors (a divisor of ``d``) that keep at least 4 dimensions each."""
+    return max(k for k in range(1, d + 1) if d % k == 0 and d // k >= 4) if d >= 4 else 1
 
 
 def open_table(location: str, table: str):
@@ -83,15 +123,19 @@ def open_table(location: str, table: str):
     return tbl, json.loads(raw)
 
 
-def query(tbl, vectors: np.ndarray, k: int, column: str = "vector"):
-    """Exact top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot"
-    distance is 1 - q.r, turned back into the score q.r here."""
+def query(tbl, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, nprobes: int = 20, refine_factor: int = 10):
+    """Top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot" distance is
+    1 - q.r, turned back into the score q.r here. On a table with an ANN index the index finds
+    ``refine_factor x k`` candidates in ``nprobes`` partitions, re-scored exactly; ``exact``
+    scans every row instead."""
     meta_cols = [name for name in tbl.schema.names if name.startswith("meta_")]
     scores = np.full((len(vectors), k), -np.inf, np.float32)
     ids = np.full((len(vectors), k), -1, np.int64)
     rows = []
     for i, v in enumerate(vectors):
-        res = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k).select(["id", "_distance", *meta_cols]).to_arrow()
+        search = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k)
+        search = search.bypass_vector_index() if exact or column != "vector" else search.nprobes(nprobes).refine_factor(refine_factor)
+        res = search.select(["id", "_distance", *meta_cols]).to_arrow()
         m = res.num_rows
         ids[i, :m] = res["id"].to_numpy()
         scores[i, :m] = 1.0 - res["_distance"].to_numpy()

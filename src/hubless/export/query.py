@@ -21,23 +21,25 @@ def _info(index) -> dict:
     }
 
 
-def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192):
-    """Write [r, bias(r)], plain r and metadata into LanceDB table ``table`` at ``location``."""
+def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
+    """Write [r, bias(r)], plain r and metadata into LanceDB table ``table`` at ``location``;
+    ``ann`` ("IVF_PQ", "IVF_FLAT", ...) adds a LanceDB ANN index (dot metric) on [r, bias]."""
     from hubless.index.index import augmented_rows
 
     corr = index.correction
     return lancedb_store.write(
-        location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch
+        location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch, ann=ann
     )
 
 
-def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192):
+def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None):
     """Export ``index`` to a store URI (``lancedb://path/table``)."""
     u = parse_uri(uri)
-    return to_lancedb(index, u.location, u.table, overwrite=overwrite, batch=batch)
+    return to_lancedb(index, u.location, u.table, overwrite=overwrite, batch=batch, ann=ann)
 
 
-def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, **weight):
+def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, nprobes: int = 20,
+           refine_factor: int = 10, **weight):  # fmt: skip
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
     The correction is rebuilt from the stored spec only to compute W(q) for queries; methods
@@ -61,7 +63,7 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
         raise ValueError(f"{info['spec']} needs raw neighbours per query: search it with hubless's own Index")
     weights = _weights(corr, q, weight, info)
     xq = np.hstack([q, -weights]).astype(np.float32)
-    return lancedb_store.query(tbl, xq, top_k)
+    return lancedb_store.query(tbl, xq, top_k, exact=exact, nprobes=nprobes, refine_factor=refine_factor)
 
 
 def _weights(corr, q, weight, info):
