@@ -482,23 +482,16 @@ def _queries(request: SearchRequest, s: _Served, index, encoder, limits: Limits)
     if request.item is not None:
         _check_id(s, request.item)
         return index.correction.gallery_[request.item : request.item + 1]
-    batch = request.embeddings if request.embeddings is not None else request.texts
-    if not batch:
-        raise HTTPException(422, "no queries given")
-    if len(batch) > limits.max_batch:
-        raise HTTPException(422, f"{len(batch)} queries exceed the limit max_batch={limits.max_batch}")
-    if request.texts is not None:
-        if encoder is None:
-            raise HTTPException(422, "text queries need a model: start the server with --model (or search with embeddings)")
-        if index.model is not None and index.model not in (encoder.name, os.path.basename(str(encoder.name).rstrip("/"))):
-            raise HTTPException(422, f"index {s.name!r} holds {index.model} embeddings; the server's model is {encoder.name}")
-        from hubless.encoders import encode_queries
+    if request.embeddings is not None:
+        return _rows(request.embeddings, index, limits, "queries")  # NaN/Inf are refused by the index's validation (422)
+    _check_count(request.texts, limits, "queries")
+    if encoder is None:
+        raise HTTPException(422, "text queries need a model: start the server with --model (or search with embeddings)")
+    if index.model is not None and index.model not in (encoder.name, os.path.basename(str(encoder.name).rstrip("/"))):
+        raise HTTPException(422, f"index {s.name!r} holds {index.model} embeddings; the server's model is {encoder.name}")
+    from hubless.encoders import encode_queries
 
-        return encode_queries(encoder, texts=request.texts, expected_dim=index.correction.dim_)
-    rows = {len(r) for r in batch}
-    if rows != {index.correction.dim_}:
-        raise HTTPException(422, f"query embeddings must have dimension {index.correction.dim_}; got {sorted(rows)}")
-    return np.asarray(batch, dtype=np.float32)  # NaN/Inf and the like are refused by the index's validation (422)
+    return encode_queries(encoder, texts=request.texts, expected_dim=index.correction.dim_)
 
 
 RERANK_COLUMNS = ("path", "text", "caption", "item")
@@ -523,27 +516,36 @@ def _reranked(s: _Served, index, queries, request: SearchRequest, reranker, rera
     result = pipe.search(queries, request.texts, top_k=min(top_k, k), **weight)
     out = []
     for row in range(result.ids.shape[0]):
-        hits = [{"id": int(j), "score": _plain(float(v)), "first_stage_score": _plain(float(f)), "metadata": meta[int(j)]}
+        hits = [{**_hit(index, j, v), "first_stage_score": _plain(float(f))}
                 for j, v, f in zip(result.ids[row], result.scores[row], result.first_stage_scores[row]) if j >= 0]  # fmt: skip
         out.append({"query": row, "hits": hits})
     return {"index": s.name, "method": index.correction.spec, "reranked": True, "rerank_k": k, "results": out}
 
 
-def _rows(embeddings: list[list[float]], index, limits: Limits) -> np.ndarray:
-    if not embeddings:
-        raise HTTPException(422, "no rows given")
-    if len(embeddings) > limits.max_batch:
-        raise HTTPException(422, f"{len(embeddings)} rows exceed the limit max_batch={limits.max_batch}")
-    if {len(r) for r in embeddings} != {index.correction.dim_}:
-        raise HTTPException(422, f"rows must have dimension {index.correction.dim_}")
+def _check_count(batch: list, limits: Limits, what: str) -> None:
+    if not batch:
+        raise HTTPException(422, f"no {what} given")
+    if len(batch) > limits.max_batch:
+        raise HTTPException(422, f"{len(batch)} {what} exceed the limit max_batch={limits.max_batch}")
+
+
+def _rows(embeddings: list[list[float]], index, limits: Limits, what: str = "rows") -> np.ndarray:
+    """A batch of request rows (queries, new items, bank queries) as float32, size and dimension checked."""
+    _check_count(embeddings, limits, what)
+    dims = {len(r) for r in embeddings}
+    if dims != {index.correction.dim_}:
+        raise HTTPException(422, f"{what} must have dimension {index.correction.dim_}; got {sorted(dims)}")
     return np.asarray(embeddings, dtype=np.float32)
 
 
+def _hit(index, item_id, score) -> dict:
+    """One result: id, the score shown (None when not finite) and the item's metadata."""
+    return {"id": int(item_id), "score": _plain(float(score)), "metadata": None if index.metadata is None else index.metadata[int(item_id)]}
+
+
 def _hits(index, scores, ids, raw, row: int) -> dict:
-    meta = index.metadata
     found = ids[row] >= 0
-    hits = [{"id": int(j), "score": _plain(float(v)), "metadata": None if meta is None else meta[int(j)]}
-            for j, v in zip(ids[row][found], scores[row][found])]  # fmt: skip
+    hits = [_hit(index, j, v) for j, v in zip(ids[row][found], scores[row][found])]
     out = {"query": row, "hits": hits}
     if raw is not None:
         raw_scores, raw_ids = raw
@@ -551,8 +553,7 @@ def _hits(index, scores, ids, raw, row: int) -> dict:
         for rank, hit in enumerate(hits, start=1):
             hit["uncorrected_rank"] = before.get(hit["id"])
             hit["rank_change"] = None if hit["uncorrected_rank"] is None else hit["uncorrected_rank"] - rank
-        out["uncorrected"] = [{"id": int(j), "score": _plain(float(v)), "metadata": None if meta is None else meta[int(j)]}
-                              for j, v in zip(raw_ids[row], raw_scores[row])]  # fmt: skip
+        out["uncorrected"] = [_hit(index, j, v) for j, v in zip(raw_ids[row], raw_scores[row])]
     return out
 
 
