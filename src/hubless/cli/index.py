@@ -202,57 +202,52 @@ def search_command(
         scores, ids = _rerank(index, q, top_k, rerank, rerank_k, fusion, lam, query_items, item_column, weight)
     else:
         scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
+    meta = index.metadata
+    _print_results(f"{index!r}: top {top_k}", scores, ids, None if not meta else lambda i, rank, j: meta[j], query_texts, as_json)
+
+
+def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
+    """Results as JSON lines (every query) or a table (the first 20); slots an ANN index could
+    not fill (id -1) are left out. ``metadata(query, rank, id)`` gives an item's record (None:
+    no metadata column)."""
+    n = ids.shape[0]
+    found = [[(r, int(j), float(v)) for r, (j, v) in enumerate(((j, v) for j, v in zip(ids[i], scores[i]) if j >= 0))] for i in range(n)]
     if as_json:
         from hubless._io import to_json
 
-        for i in range(q.shape[0]):
-            hits = [
-                {"id": int(j), "score": float(s), **({"metadata": index.metadata[j]} if index.metadata else {})}
-                for j, s in zip(ids[i], scores[i])
-                if j >= 0  # slots an ANN index could not fill are left out
-            ]
+        for i in range(n):
+            hits = [{"id": j, "score": v, **({} if metadata is None else {"metadata": metadata(i, r, j)})} for r, j, v in found[i]]
             given = {} if query_texts is None else {"text": query_texts[i]}
             typer.echo(to_json({"query": i, **given, "results": hits}))
         return
-    table = Table(title=f"{index!r}: top {top_k}")
-    table.add_column("query", justify="right")
-    table.add_column("rank", justify="right")
-    table.add_column("id", justify="right")
-    table.add_column("score", justify="right")
-    if index.metadata:
+    table = Table(title=title)
+    for col in ("query", "rank", "id", "score"):
+        table.add_column(col, justify="right")
+    if metadata is not None:
         table.add_column("metadata")
-    for i in range(min(q.shape[0], 20)):
-        for r, (j, s) in enumerate(((j, s) for j, s in zip(ids[i], scores[i]) if j >= 0), start=1):
-            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 1 else str(i)
-            row = [label, str(r), str(int(j)), f"{s:.4f}"]
-            if index.metadata:
-                row.append(json.dumps(index.metadata[j])[:80])
+    for i in range(min(n, 20)):
+        for r, j, v in found[i]:
+            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 0 else str(i)
+            row = [label, str(r + 1), str(j), f"{v:.4f}"]
+            if metadata is not None:
+                row.append(json.dumps(metadata(i, r, j))[:80])
             table.add_row(*row)
     wide_console().print(table)
-    if q.shape[0] > 20:
-        typer.echo(f"(first 20 of {q.shape[0]} queries shown; use --json for all)")
+    if n > 20:
+        typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
 
 
 def _search_store(uri: str, queries: Path, top_k: int, alpha: float | None, as_json: bool) -> None:
     """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
     import hubless.export
-    from hubless._io import to_json
 
     q = load(queries, "queries", normalize=True)
     scores, ids, rows = hubless.export.search(uri, q, top_k, **({} if alpha is None else {"alpha": alpha}))
-    if as_json:
-        for i in range(q.shape[0]):
-            hits = [{"id": int(j), "score": float(v), "metadata": {k: x for k, x in r.items() if k != "id"}}
-                    for j, v, r in zip(ids[i], scores[i], rows[i]) if j >= 0]  # fmt: skip
-            typer.echo(to_json({"query": i, "results": hits}))
-        return
-    table = Table(title=f"{uri}: top {top_k}")
-    for col in ("query", "rank", "id", "score", "metadata"):
-        table.add_column(col, justify="left" if col == "metadata" else "right")
-    for i in range(min(q.shape[0], 20)):
-        for r, (j, v, row) in enumerate(((j, v, row) for j, v, row in zip(ids[i], scores[i], rows[i]) if j >= 0), start=1):
-            table.add_row(str(i), str(r), str(int(j)), f"{v:.4f}", json.dumps({k: x for k, x in row.items() if k != "id"})[:80])
-    wide_console().print(table)
+
+    def record(i, rank, j):
+        return {k: x for k, x in rows[i][rank].items() if k != "id"}
+
+    _print_results(f"{uri}: top {top_k}", scores, ids, record, None, as_json)
 
 
 def _queries(index, path, queries, text, texts, image, model, device):
