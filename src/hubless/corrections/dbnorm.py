@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless.corrections.base import AdditiveCorrection
-from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta
+from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta, log_mean_exp_bias
 from hubless.engine import StatisticsRequest
 
 __all__ = ["DualIS", "DualDIS"]
@@ -66,7 +66,8 @@ class DualIS(AdditiveCorrection):
 
     def _centred_columns(self, statistics) -> np.ndarray:
         """(n_gallery, 2) float64: each bank's log-mean-exp over (bq + bg)."""
-        return (self._log_normalizers(statistics) - self.log_bank_sizes_) / self._beta_sum
+        sizes = np.array([statistics.n_query_bank, statistics.n_gallery_bank])
+        return log_mean_exp_bias(self._log_normalizers(statistics), sizes, self._beta_sum)
 
     def _bias_columns(self, statistics) -> np.ndarray:
         return self._centred_columns(statistics).sum(axis=1)
@@ -187,12 +188,10 @@ class DualDIS(ActivationGated, DualIS):
             return super().method_scores(batch, ranking)
         gates = self.weights(batch) > 0
         r = ranking.astype(np.float64)
-        log_nb, log_ng = self.log_bank_sizes_
-        both = (gates[:, 0] & gates[:, 1])[:, None]
-        only_q, only_g = (gates[:, 0] & ~gates[:, 1])[:, None], (~gates[:, 0] & gates[:, 1])[:, None]
+        # per query, the ranking is (bq + bg) s - ... (both gates), log F + log n_X (one) or s (none):
+        # the score is exp(scale r - log sizes of the open gates' banks), or r * r with no gate open
+        scale = np.where(gates.all(axis=1), self._beta_sum, 1.0)[:, None]
+        none = ~gates.any(axis=1)[:, None]
         with np.errstate(over="ignore", invalid="ignore"):
-            score = np.where(
-                both, np.exp(self._beta_sum * r - log_nb - log_ng),
-                np.where(only_q, np.exp(r - log_nb), np.where(only_g, np.exp(r - log_ng), r * r)),
-            )  # fmt: skip
+            score = np.where(none, r * r, np.exp(scale * r - self._normaliser_log_sizes(batch)[:, None]))
         return np.where(np.isneginf(r), 0.0, score).astype(np.float32)
