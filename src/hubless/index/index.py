@@ -71,7 +71,7 @@ class Index:
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
         factory = factory or default_factory(correction.n_gallery_)
-        rescore = (factory.strip().lower() != "flat") if rescore is None else rescore
+        rescore = not _is_flat(factory) if rescore is None else rescore
         config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
         t0 = time.perf_counter()
         faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
@@ -198,7 +198,7 @@ class Index:
         corr = self.correction
         nprobe = self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
         ef_search = self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        if self.factory.strip().lower() == "flat" and (not corr.exactly_additive or np.shape(queries)[0] >= FLAT_ENGINE_BATCH):
+        if _is_flat(self.factory) and (not corr.exactly_additive or np.shape(queries)[0] >= FLAT_ENGINE_BATCH):
             # exact either way; hubless's streamed GEMM engine is ~4x faster than FAISS's flat scan for
             # batches (measured: 32 queries over 100k x 512 in 45 ms vs 203 ms), and it alone ranks
             # scores that are only partly a bias (published DualDIS)
@@ -390,6 +390,11 @@ class Index:
             saved.banks.get("query_bank"), saved.banks.get("gallery_bank"), saved.metadata, mmap=mmap,
         )  # fmt: skip
         return index
+
+
+def _is_flat(factory: str) -> bool:
+    """Whether a factory string is the exact flat index."""
+    return "".join(factory.split()).lower() == "flat"
 
 
 def _check_servable(correction: Correction) -> None:
