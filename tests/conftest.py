@@ -30,3 +30,14 @@ def small_data():
         "gallery_bank": unit_rows(rng, 80, 16),
         "queries": unit_rows(rng, 40, 16),
     }
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A real local Ray for the whole session (2 CPUs, no dashboard), shut down at the end."""
+    import ray  # in the test extra: a missing Ray is a failure, not a skip
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
