@@ -3,15 +3,16 @@
 Every row statistic (the top-k, log-sum-exp and probes of a gallery item) depends only on that
 item and the banks, and every activation set is a union of per-bank-item top-k lists. So:
 
-* adding n_new gallery items computes their rows only (n_new x n_bank similarities) and merges
-  each bank item's nearest new items into its stored top-k_a (n_bank x n_new);
+* adding n_new gallery items computes their statistics only (n_new x n_bank similarities, and
+  each bank item's nearest new items) and merges them in (:func:`~hubless.engine.merge.merge_gallery_parts`);
 * removing gallery items drops their rows; bank items whose top-k_a lost an item get it
   recomputed over the remaining gallery (only those bank items); the others are renumbered;
-* adding n_new items to a bank (query or gallery) merges every gallery item's stored top-k with
-  its similarities to the new items (a running top-k seeded with the stored one), combines
-  log-sum-exps with logaddexp, merges the sorted probes, re-weights the bank mean and appends the
-  new items' own top-k_a (n_gallery x n_new in all).
+* adding n_new items to a bank (query or gallery) computes the gallery's statistics against the
+  new items only (n_gallery x n_new) and merges them in (:func:`~hubless.engine.merge.merge_bank_parts`:
+  top-k of top-k lists, logaddexp of log-sum-exps, merged probes, re-weighted bank mean, the new
+  items' own top-k_a appended).
 
+The merges are the ones the distributed fit uses for its tiles.
 Each result equals :func:`~hubless.engine.compute_statistics` on the updated arrays up to float
 rounding (tested). Arrays must be validated float32 (see :func:`hubless._validation.as_embeddings`);
 the functions return new statistics and never modify their inputs.
@@ -23,29 +24,39 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.engine.statistics import BankStatistics, compute_statistics, nearest_gallery_items, row_statistics
+from hubless.engine.merge import merge_bank_parts, merge_gallery_parts
+from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics, nearest_gallery_items
 
-__all__ = ["add_bank_items", "add_gallery_items", "remove_gallery_items"]
-
-
-def _weighted_mean(mean: np.ndarray, n: int, new: np.ndarray) -> np.ndarray:
-    return (mean * n + new.sum(axis=0, dtype=np.float64)) / (n + new.shape[0])
+__all__ = ["add_bank_items", "add_gallery_items", "remove_gallery_items", "side_request"]
 
 
-def _map_items(update, stats: BankStatistics, *others: BankStatistics, **changes) -> BankStatistics:
+def side_request(request: StatisticsRequest, side: str) -> StatisticsRequest:
+    """The part of ``request`` that reads the ``side`` bank ("query" or "gallery")."""
+    if side == "query":
+        return StatisticsRequest(
+            query_topk=request.query_topk,
+            query_betas=request.query_betas,
+            query_activation_k=request.query_activation_k,
+            query_probes=request.query_probes,
+        )
+    if side == "gallery":
+        return StatisticsRequest(gallery_betas=request.gallery_betas, gallery_activation_k=request.gallery_activation_k)
+    raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
+
+
+def _map_items(update, stats: BankStatistics, **changes) -> BankStatistics:
     """``stats`` with ``changes``, and each per-gallery-item array (top-k, log-sum-exps, probes)
-    set to ``update(array, *the same array of each of others)``."""
+    set to ``update(array)``."""
 
-    def one(get):
-        old = get(stats)
-        return None if old is None else update(old, *(get(o) for o in others))
+    def one(old):
+        return None if old is None else update(old)
 
     return replace(
         stats,
-        query_topk=one(lambda s: s.query_topk),
-        query_probes=one(lambda s: s.query_probes),
-        query_lse={b: one(lambda s, b=b: s.query_lse[b]) for b in stats.query_lse},
-        gallery_lse={b: one(lambda s, b=b: s.gallery_lse[b]) for b in stats.gallery_lse},
+        query_topk=one(stats.query_topk),
+        query_probes=one(stats.query_probes),
+        query_lse={b: one(v) for b, v in stats.query_lse.items()},
+        gallery_lse={b: one(v) for b, v in stats.gallery_lse.items()},
         **changes,
     )
 
@@ -58,29 +69,18 @@ def add_gallery_items(
     *,
     progress: bool | None = None,
 ) -> BankStatistics:
-    """Statistics of ``gallery + items`` from those of ``gallery`` and the same banks."""
+    """Statistics of ``gallery + items`` from those of ``gallery`` and the same banks: the new
+    items' own statistics (n_new x n_bank) merged in with :func:`merge_gallery_parts`."""
     request = stats.request
-    rows = compute_statistics(
-        items, query_bank, gallery_bank, replace(request, query_activation_k=0, gallery_activation_k=0), progress=progress
+    part = compute_statistics(items, query_bank, gallery_bank, request, progress=progress)
+    part = replace(  # the banks are the same: their sizes and means are the stored ones
+        part,
+        n_query_bank=stats.n_query_bank,
+        n_gallery_bank=stats.n_gallery_bank,
+        query_bank_mean=stats.query_bank_mean,
+        gallery_bank_mean=stats.gallery_bank_mean,
     )
-    n_old = stats.n_gallery
-    out = _map_items(
-        lambda old, new: np.concatenate([old, new]),
-        stats,
-        rows,
-        n_gallery=n_old + items.shape[0],
-        gallery_mean=_weighted_mean(stats.gallery_mean, n_old, items),
-    )
-    for side, bank in (("query", query_bank), ("gallery", gallery_bank)):
-        ids = getattr(stats, f"{side}_activation")
-        if ids is not None:
-            scores = getattr(stats, f"{side}_activation_scores")
-            new_scores, new_ids = nearest_gallery_items(
-                bank, items, ids.shape[1], initial=(scores, ids), id_offset=n_old, progress=progress
-            )
-            setattr(out, f"{side}_activation", new_ids)
-            setattr(out, f"{side}_activation_scores", new_scores)
-    return out
+    return merge_gallery_parts(stats, part)
 
 
 def remove_gallery_items(
@@ -124,38 +124,11 @@ def add_bank_items(
     progress: bool | None = None,
 ) -> BankStatistics:
     """Statistics of ``gallery`` against its ``side`` bank ("query" or "gallery") grown by
-    ``new_bank``, from those against the bank alone."""
-    if side not in ("query", "gallery"):
-        raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
-    m = new_bank.shape[0]
-    n_bank = getattr(stats, f"n_{side}_bank")
-    mean = getattr(stats, f"{side}_bank_mean")
-    if n_bank is None or mean is None:
+    ``new_bank``, from those against the bank alone: the gallery's statistics against the new
+    items (n_gallery x n_new) merged in with :func:`merge_bank_parts`."""
+    request = side_request(stats.request, side)
+    if getattr(stats, f"n_{side}_bank") is None or getattr(stats, f"{side}_bank_mean") is None:
         raise ValueError(f"these statistics were computed without a {side} bank: there is nothing to extend")
-    old_lse = getattr(stats, f"{side}_lse")
-    old_topk = stats.query_topk if side == "query" else None
-    old_probes = stats.query_probes if side == "query" else None
-    topk, new_lse, probes = row_statistics(
-        gallery,
-        new_bank,
-        k=0 if old_topk is None else old_topk.shape[1],
-        betas=old_lse,
-        probes=old_probes is not None,
-        initial_topk=old_topk,
-        progress=progress,
-        desc=f"new {side}-bank items",
-    )
-    out = replace(stats)
-    setattr(out, f"n_{side}_bank", n_bank + m)
-    setattr(out, f"{side}_bank_mean", _weighted_mean(mean, n_bank, new_bank))
-    setattr(out, f"{side}_lse", {b: np.logaddexp(v, new_lse[b]) for b, v in old_lse.items()})
-    if topk is not None:
-        out.query_topk = topk
-    if probes is not None:
-        out.query_probes = np.sort(np.concatenate([old_probes, probes], axis=1), axis=1)
-    ids = getattr(stats, f"{side}_activation")
-    if ids is not None:
-        new_scores, new_ids = nearest_gallery_items(new_bank, gallery, ids.shape[1], progress=progress)
-        setattr(out, f"{side}_activation", np.concatenate([ids, new_ids]))
-        setattr(out, f"{side}_activation_scores", np.concatenate([getattr(stats, f"{side}_activation_scores"), new_scores]))
-    return out
+    banks = (new_bank, None) if side == "query" else (None, new_bank)
+    part = compute_statistics(gallery, *banks, request, progress=progress)
+    return merge_bank_parts(stats, part, side)
