@@ -39,6 +39,7 @@ FORBIDDEN = {
     "hubless.corrections": ("hubless.index", *MEASURING, *PRESENTING),
     "hubless.index": (*MEASURING, *PRESENTING),
     "hubless.evaluation": ("hubless.index", *PRESENTING),
+    "hubless.distributed": (*MEASURING, *PRESENTING),
     "hubless.progress": ("hubless.",),
 }
 

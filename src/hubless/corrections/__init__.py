@@ -39,7 +39,18 @@ __all__ = [
     "fit_many",
     "make_correction",
     "method_help",
+    "statistics_request",
 ]
+
+
+def statistics_request(corrections: Iterable[Correction]) -> StatisticsRequest:
+    """The one request that satisfies every correction (parameters validated first): what a
+    shared pass over the banks must compute."""
+    request = StatisticsRequest()
+    for c in corrections:
+        c._validate_params()
+        request = request.merge(c.statistics_request())
+    return request
 
 
 def fit_many(
@@ -60,10 +71,7 @@ def fit_many(
     items: Sequence[Correction] = [make_correction(c) for c in corrections]
     for flag in sorted({bool(c.normalize) for c in items}):
         group = [c for c in items if bool(c.normalize) == flag]
-        request = StatisticsRequest()
-        for c in group:
-            c._validate_params()
-            request = request.merge(c.statistics_request())
+        request = statistics_request(group)
         g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank)
         stats = compute_statistics(g, b, gb, request, progress=progress)
         for c in group:

@@ -1,0 +1,13 @@
+"""Beyond one machine: bank statistics, index building and embedding on Ray (issue 20).
+
+Install with ``pip install "hubless[distributed]"``. Ray is imported only when work starts.
+
+* :func:`fit` / :func:`fit_many` / :func:`fit_statistics`: tiled bank statistics (gallery shard
+  x bank shard per task), merged associatively; equal to a single-machine fit; resumable.
+* :func:`build_index`: an index built the autofaiss way (train on the driver, add shards in tasks).
+"""
+
+from hubless.distributed.fit import connect, fit, fit_many, fit_statistics
+from hubless.distributed.sources import EmbeddingSource, open_source
+
+__all__ = ["EmbeddingSource", "connect", "fit", "fit_many", "fit_statistics", "open_source"]

@@ -1,0 +1,240 @@
+"""Fit corrections on Ray: bank statistics tile by tile, never gathering a bank on the driver.
+
+    import hubless.distributed as hd
+    nnn = hd.fit("nnn:alpha=0.75,k=16", "gallery_emb/", "bank_emb/", work_dir="fit-state/")
+
+Each tile (a gallery shard against a bank shard, :mod:`hubless.distributed.plan`) is one Ray
+task that reads its own rows from the sources (:mod:`hubless.distributed.sources`) and returns
+its partial statistics; the driver merges partials as they arrive (any order) and keeps each
+finished tile in ``work_dir``, so a rerun after a crash computes only the missing tiles. Ray
+re-runs a task whose worker died (``max_retries``); an error in a task (a NaN in a shard, say)
+stops the fit with that error, naming the shard. The merged statistics equal a single-machine
+fit's (tested), and the correction is fitted from them with
+:meth:`~hubless.Correction.fit_from_statistics` (only the gallery and the merged statistics,
+a few numbers per gallery item, come to the driver).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from hubless.corrections import Correction, make_correction, statistics_request
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles
+from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.engine.statistics import BankStatistics, StatisticsRequest
+from hubless.errors import MissingDependencyError, MissingInputError
+
+__all__ = ["connect", "fit", "fit_many", "fit_statistics"]
+
+#: Version of the work directory's layout (plan.json + tiles/*.npz).
+WORK_FORMAT = 1
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("distributed fitting and index building", "ray", "distributed") from None
+    return ray
+
+
+def connect(address: str | None = None, *, num_cpus: int | None = None):
+    """The Ray module, connected: to the cluster at ``address`` (``ray://host:10001`` or
+    ``auto``), else to a local Ray started here (``num_cpus``, no dashboard). An existing
+    connection is reused."""
+    ray = _ray()
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
+    """One Ray task: read the tile's gallery rows and bank items, return its partial statistics."""
+    from hubless._validation import as_embeddings
+
+    os.environ["HUBLESS_NUM_THREADS"] = str(threads)  # the engine's threads = the task's CPUs
+    rows = as_embeddings(gallery.read(tile.g0, tile.g1), "gallery", normalize=normalize)
+    items = as_embeddings(bank.read(tile.b0, tile.b1), f"{tile.side} bank", normalize=normalize)
+    return compute_tile(tile, rows, items, request).to_arrays()
+
+
+def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, tiles: Sequence[Tile]) -> dict:
+    return {
+        "format": WORK_FORMAT,
+        "request": repr(request),
+        "normalize": bool(normalize),
+        "sources": {name: None if s is None else s.fingerprint() for name, s in sources.items()},
+        "tiles": hashlib.sha256("\n".join(t.key for t in tiles).encode()).hexdigest(),
+    }
+
+
+def _work_dir(work_dir, fingerprint: dict) -> Path | None:
+    """The tiles kept by an earlier run of the same plan on the same data; refuses a directory
+    holding another plan's tiles."""
+    if work_dir is None:
+        return None
+    from hubless._io import write_json
+
+    path = Path(work_dir)
+    plan_file = path / "plan.json"
+    if plan_file.exists():
+        try:
+            kept = json.loads(plan_file.read_text())
+        except ValueError:
+            kept = None
+        if kept != json.loads(json.dumps(fingerprint)):
+            raise ValueError(f"{path} holds tiles of another fit (other data, methods or tile sizes): pass a new work_dir or delete {path}")
+    else:
+        write_json(plan_file, fingerprint)
+    (path / "tiles").mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load_tile(path: Path) -> BankStatistics | None:
+    try:
+        with np.load(path) as data:
+            return BankStatistics.from_arrays({k: data[k] for k in data.files})
+    except (OSError, ValueError, KeyError):  # a damaged tile is recomputed
+        return None
+
+
+def _save_tile(path: Path, arrays: dict) -> None:
+    from hubless._io import atomic_open
+
+    with atomic_open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def fit_statistics(
+    request: StatisticsRequest,
+    gallery,
+    query_bank=None,
+    gallery_bank=None,
+    *,
+    normalize: bool = True,
+    address: str | None = None,
+    workers: int | None = None,
+    gallery_rows: int | Sequence[int] = GALLERY_ROWS,
+    bank_cols: int | Sequence[int] = BANK_COLS,
+    work_dir: str | os.PathLike | None = None,
+    max_retries: int = 3,
+    progress: bool | None = None,
+) -> BankStatistics:
+    """The bank statistics in ``request`` of the ``gallery`` source against the bank sources,
+    computed on Ray tile by tile (see the module docstring).
+
+    Sources: folders, globs or lists of ``.npy`` / parquet shards, or clip-retrieval
+    ``img_emb`` / ``text_emb`` folders (:func:`~hubless.distributed.sources.open_source`).
+    ``workers``: tiles computed at once, each task taking an equal share of the cluster's CPUs
+    (default: one CPU per task). ``gallery_rows`` / ``bank_cols``: tile sizes, or explicit cut
+    points. ``work_dir``: keep finished tiles there and reuse them on a rerun.
+    """
+    from hubless.progress import progress_bar
+
+    sources = {"gallery": open_source(gallery)}
+    for name, spec in (("query", query_bank), ("gallery_bank", gallery_bank)):
+        sources[name] = None if spec is None else open_source(spec)
+        if sources[name] is not None and sources[name].dim != sources["gallery"].dim:
+            raise ValueError(
+                f"{name.replace('_', ' ')} source {sources[name].name} has dimension {sources[name].dim} "
+                f"but the gallery {sources['gallery'].name} has {sources['gallery'].dim}"
+            )
+    g, qb, gb = sources["gallery"], sources["query"], sources["gallery_bank"]
+    tiles = plan_tiles(
+        request,
+        g.n_rows,
+        None if qb is None else qb.n_rows,
+        None if gb is None else gb.n_rows,
+        gallery_rows=gallery_rows,
+        bank_cols=bank_cols,
+    )
+    merger = TileMerger(tiles, request, g.n_rows, g.dim)
+    state = _work_dir(work_dir, _fingerprint(request, normalize, sources, tiles))
+    todo = []
+    for tile in tiles:
+        kept = None if state is None else _load_tile(state / "tiles" / f"{tile.key}.npz")
+        if kept is None:
+            todo.append(tile)
+        else:
+            merger.add(tile, kept)
+    if todo:
+        ray = connect(address)
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        per_task = max(1, cpus // workers) if workers else 1
+        job = ray.remote(_tile_job).options(num_cpus=per_task, max_retries=max_retries)
+        bank_of = {"query": qb, "gallery": gb}
+        refs = {job.remote(t, g, bank_of[t.side], request, normalize, per_task): t for t in todo}
+        bar = progress_bar(None, progress, total=len(tiles), initial=len(tiles) - len(todo), desc="tiles", unit="tiles")
+        try:
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                tile = refs[done[0]]
+                arrays = _get(ray, done[0])
+                if state is not None:
+                    _save_tile(state / "tiles" / f"{tile.key}.npz", arrays)
+                merger.add(tile, BankStatistics.from_arrays(arrays))
+                bar.update(1)
+        except BaseException:
+            for ref in refs:
+                ray.cancel(ref, force=False)
+            raise
+        finally:
+            bar.close()
+    return merger.result()
+
+
+def _get(ray, ref):
+    """``ray.get`` that re-raises a task's own error (not Ray's wrapper with its traceback)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
+
+
+def _banks_for(corrections: Sequence[Correction], query_bank, gallery_bank):
+    needing = [c for c in corrections if c.needs_query_bank]
+    if needing and query_bank is None:
+        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+    requiring = [c for c in corrections if c.gallery_bank_use == "required"]
+    if requiring and gallery_bank is None:
+        raise MissingInputError("gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank: pass {{arg}}")
+    qb = query_bank if needing else None
+    gb = gallery_bank if any(c.gallery_bank_use != "ignored" for c in corrections) else None
+    return qb, gb
+
+
+def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gallery_bank=None, **options) -> list[Correction]:
+    """Fit several corrections from one distributed pass (their requests merged, as
+    :func:`hubless.fit_many` does on one machine); ``options`` as :func:`fit_statistics`."""
+    corrections = [make_correction(m) for m in methods]
+    if len({bool(c.normalize) for c in corrections}) > 1:
+        raise ValueError("corrections fitted together must share one normalize setting")
+    request = statistics_request(corrections)
+    qb, gb = _banks_for(corrections, query_bank, gallery_bank)
+    gallery_source = open_source(gallery)
+    sizes = [None if s is None else open_source(s).n_rows for s in (qb, gb)]
+    for c in corrections:
+        c.check_sizes(gallery_source.n_rows, *sizes)
+    stats = fit_statistics(request, gallery_source, qb, gb, normalize=corrections[0].normalize, **options)
+    rows = gallery_source.read(0, gallery_source.n_rows)
+    return [c.fit_from_statistics(rows, stats) for c in corrections]
+
+
+def fit(method: Correction | str, gallery, query_bank=None, gallery_bank=None, **options) -> Correction:
+    """A correction (object or spec such as ``"nnn:alpha=0.75,k=16"``) fitted on Ray; equal to
+    ``method.fit(gallery, query_bank, gallery_bank)`` on one machine. ``options``: see
+    :func:`fit_statistics` (``address``, ``workers``, ``work_dir``, tile sizes, ``progress``)."""
+    return fit_many([method], gallery, query_bank, gallery_bank, **options)[0]

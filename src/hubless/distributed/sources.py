@@ -1,0 +1,182 @@
+"""Sharded embedding sources read piecewise by distributed tasks (never gathered on the driver).
+
+A source is an embedding set split over shard files, in order:
+
+* ``.npy`` files: a folder of them, a glob (``emb/part-*.npy``) or a list of paths;
+* parquet files (a folder, glob or list) with a list-of-float column (``embedding`` by default);
+* a clip-retrieval output folder: pass its ``img_emb`` or ``text_emb`` folder
+  (``img_emb_0.npy, img_emb_1.npy, ...``, ordered by their number, not as text).
+
+Opening a source reads only the shards' headers (their row counts and dimension) and refuses a
+missing or unreadable shard, or one whose dimension differs from the first, naming the shard.
+:meth:`EmbeddingSource.read` returns rows ``[start, stop)`` as float32 from the shards that hold
+them, and refuses NaN/inf naming the shard and row.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["EmbeddingSource", "Shard", "open_source"]
+
+#: The column parquet shards hold their embeddings in, unless told otherwise.
+PARQUET_COLUMN = "embedding"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard file: its rows are global rows ``[start, start + rows)`` of the source."""
+
+    path: str
+    start: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class EmbeddingSource:
+    """An ordered list of shards of one dimension (see the module docstring)."""
+
+    shards: tuple[Shard, ...]
+    dim: int
+    kind: str  # "npy" or "parquet"
+    column: str = PARQUET_COLUMN
+
+    @property
+    def n_rows(self) -> int:
+        return self.shards[-1].start + self.shards[-1].rows if self.shards else 0
+
+    @property
+    def name(self) -> str:
+        first = self.shards[0].path
+        return first if len(self.shards) == 1 else f"{Path(first).parent}/ ({len(self.shards)} shards)"
+
+    def fingerprint(self) -> list:
+        """What identifies the data: each shard's path, rows and size/mtime (a changed shard
+        invalidates kept tiles)."""
+        out = []
+        for s in self.shards:
+            st = Path(s.path).stat()
+            out.append([s.path, s.rows, st.st_size, st.st_mtime_ns])
+        return out
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a C-contiguous float32 array (finite, checked per shard)."""
+        if not 0 <= start <= stop <= self.n_rows:
+            raise ValueError(f"rows [{start}, {stop}) are outside {self.name} ({self.n_rows} rows)")
+        out = np.empty((stop - start, self.dim), dtype=np.float32)
+        for shard in self.shards:
+            lo, hi = max(start, shard.start), min(stop, shard.start + shard.rows)
+            if lo >= hi:
+                continue
+            part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start)
+            if part.shape != (hi - lo, self.dim):
+                raise ValueError(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
+            bad = ~np.isfinite(part).all(axis=1)
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0]) + lo - shard.start
+                raise ValueError(f"shard {shard.path} has NaN or inf values (first in its row {row}): fix or drop that shard")
+            out[lo - start : hi - start] = part
+        return out
+
+
+def _natural_key(path: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", Path(path).name)]
+
+
+def _shard_paths(spec) -> list[str]:
+    if isinstance(spec, (list, tuple)):
+        paths = [str(p) for p in spec]
+        missing = [p for p in paths if not Path(p).is_file()]
+        if missing:
+            raise FileNotFoundError(f"shard {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        return paths
+    text = str(spec)
+    path = Path(text)
+    if path.is_dir():
+        paths = [str(p) for p in path.iterdir() if p.suffix in (".npy", ".parquet") and p.is_file()]
+        if not paths:
+            subdirs = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name in ("img_emb", "text_emb"))
+            hint = f": a clip-retrieval folder? pass {path / subdirs[0]}" if subdirs else ""
+            raise FileNotFoundError(f"{path} holds no .npy or .parquet shards{hint}")
+        return sorted(paths, key=_natural_key)
+    if path.is_file():
+        return [text]
+    if any(ch in text for ch in "*?["):
+        paths = sorted(glob.glob(text), key=_natural_key)
+        if not paths:
+            raise FileNotFoundError(f"no shard matches {text}")
+        return paths
+    raise FileNotFoundError(f"embedding source {text} does not exist")
+
+
+def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
+    """An :class:`EmbeddingSource` from a folder, glob, file, list of files, or a source."""
+    if isinstance(spec, EmbeddingSource):
+        return spec
+    paths = _shard_paths(spec)
+    kinds = {Path(p).suffix for p in paths}
+    if len(kinds) != 1 or kinds - {".npy", ".parquet"}:
+        raise ValueError(f"shards must be all .npy or all .parquet; got {', '.join(sorted(kinds))}")
+    kind = kinds.pop().lstrip(".")
+    shards, start, dim = [], 0, None
+    for p in paths:
+        rows, d = _header(p, kind, column)
+        if dim is None:
+            dim = d
+        elif d != dim:
+            raise ValueError(f"shard {p} has dimension {d} but {paths[0]} has {dim}: every shard of a source must have one dimension")
+        shards.append(Shard(p, start, rows))
+        start += rows
+    if start == 0:
+        raise ValueError(f"embedding source {spec} has no rows")
+    return EmbeddingSource(tuple(shards), int(dim), kind, column)
+
+
+def _header(path: str, kind: str, column: str) -> tuple[int, int]:
+    """(rows, dim) of a shard, from its header only."""
+    if kind == "npy":
+        from hubless.inputs import check_npy
+
+        check_npy(Path(path))
+        arr = np.load(path, mmap_mode="r")
+        if arr.ndim != 2 or arr.dtype.kind not in "fiu":
+            raise ValueError(f"shard {path} holds a {arr.dtype} array of shape {arr.shape}; expected (rows, dim) numbers")
+        return int(arr.shape[0]), int(arr.shape[1])
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
+        raise ValueError(f"cannot read shard {path}: {exc}") from None
+    if column not in meta.schema_arrow.names:
+        raise ValueError(f"shard {path} has no column {column!r} (columns: {', '.join(meta.schema_arrow.names)})")
+    rows = meta.metadata.num_rows
+    if rows == 0:
+        return 0, _parquet_dim(meta.schema_arrow.field(column).type, path, None)
+    first = meta.read_row_group(0, columns=[column]).column(column)
+    return rows, _parquet_dim(first.type, path, first)
+
+
+def _parquet_dim(arrow_type, path, values) -> int:
+    size = getattr(arrow_type, "list_size", None)
+    if size is not None and size > 0:
+        return int(size)
+    if values is None or len(values) == 0:
+        raise ValueError(f"shard {path}: cannot tell the dimension of its variable-length column")
+    return len(values[0].as_py())
+
+
+def _read_rows(path: str, kind: str, column: str, lo: int, hi: int) -> np.ndarray:
+    if kind == "npy":
+        return np.asarray(np.load(path, mmap_mode="r")[lo:hi], dtype=np.float32)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=[column]).slice(lo, hi - lo)
+    col = table.column(column).combine_chunks()
+    values = col.flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float32).reshape(hi - lo, -1)

@@ -1,0 +1,211 @@
+"""Distributed fit (issue 20): tiles of gallery shard x bank shard, merged in any order, equal a
+single-machine fit; on a real local Ray (the session fixture ``ray_local``), resumable, retried
+after a worker dies, and clear about bad shards."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hubless.distributed as hd
+from hubless.corrections import make_correction
+from hubless.distributed.plan import TileMerger, compute_tile, plan_tiles
+from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
+from tests.conftest import unit_rows
+
+ADDITIVE = ["nnn:k=5", "csls:k=4", "dn", "is:beta=20.0", "dis:k_activation=3", "dualis", "dualdis:k_activation=2"]
+
+
+def _run_plan(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, seed=0):
+    """The plan in a plain loop, tiles merged in a shuffled order."""
+    corr = make_correction(spec)
+    request = corr.statistics_request()
+    n_gallery_bank = None if corr.gallery_bank_use == "ignored" else len(gallery_bank)  # as fit() reads the banks
+    tiles = plan_tiles(request, len(gallery), len(query_bank), n_gallery_bank, gallery_rows=gallery_rows, bank_cols=bank_cols)
+    random.Random(seed).shuffle(tiles)
+    merger = TileMerger(tiles, request, len(gallery), gallery.shape[1])
+    for t in tiles:
+        bank = query_bank if t.side == "query" else gallery_bank
+        merger.add(t, compute_tile(t, gallery[t.g0 : t.g1], bank[t.b0 : t.b1], request))
+    return corr.fit_from_statistics(gallery, merger.result())
+
+
+def _assert_same_fit(got, want, queries, *, exact_topk: bool):
+    gs, ws = got.statistics_, want.statistics_
+    assert (gs.n_gallery, gs.n_query_bank, gs.n_gallery_bank) == (ws.n_gallery, ws.n_query_bank, ws.n_gallery_bank)
+    if ws.query_topk is not None:
+        if exact_topk:
+            np.testing.assert_array_equal(gs.query_topk, ws.query_topk)
+        else:
+            np.testing.assert_allclose(gs.query_topk, ws.query_topk, rtol=1e-6, atol=1e-7)
+    for name in ("query_lse", "gallery_lse"):
+        for beta, values in getattr(ws, name).items():
+            np.testing.assert_allclose(getattr(gs, name)[beta], values, rtol=1e-6)
+    for name in ("query_activation", "gallery_activation"):
+        if getattr(ws, name) is not None:
+            np.testing.assert_array_equal(getattr(gs, name), getattr(ws, name))
+    np.testing.assert_allclose(gs.query_bank_mean, ws.query_bank_mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(gs.gallery_mean, ws.gallery_mean, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got.bias_columns_, want.bias_columns_, rtol=1e-6, atol=1e-6)
+    _, got_ids = got.search(queries, 10)
+    _, want_ids = want.search(queries, 10)
+    np.testing.assert_array_equal(got_ids, want_ids)
+
+
+@pytest.mark.parametrize("spec", ADDITIVE)
+def test_tiles_merged_in_any_order_equal_the_single_machine_fit(spec, small_data):
+    d = small_data
+    want = make_correction(spec).fit(d["gallery"], d["query_bank"], d["gallery_bank"])
+    # uneven shards with a remainder, more tiles than workers, a one-row shard
+    got = _run_plan(spec, d["gallery"], d["query_bank"], d["gallery_bank"], gallery_rows=[7, 30, 31], bank_cols=[50, 51, 120], seed=3)
+    _assert_same_fit(got, want, d["queries"], exact_topk=False)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    g_cuts=st.lists(st.integers(1, 59), max_size=5),
+    b_cuts=st.lists(st.integers(1, 199), max_size=5),
+    spec=st.sampled_from(ADDITIVE),
+    seed=st.integers(0, 1000),
+)
+def test_any_shard_boundaries_give_the_single_machine_fit(g_cuts, b_cuts, spec, seed):
+    rng = np.random.default_rng(seed)
+    gallery, query_bank, gallery_bank, queries = (unit_rows(rng, n, 16) for n in (60, 200, 80, 30))
+    want = make_correction(spec).fit(gallery, query_bank, gallery_bank)
+    got = _run_plan(spec, gallery, query_bank, gallery_bank, gallery_rows=g_cuts, bank_cols=b_cuts, seed=seed)
+    _assert_same_fit(got, want, queries, exact_topk=False)
+
+
+def test_shards_aligned_with_the_engine_blocks_give_bitwise_equal_top_k():
+    rng = np.random.default_rng(5)
+    gallery, query_bank, queries = unit_rows(rng, 2 * ROW_BLOCK + 77, 16), unit_rows(rng, COL_BLOCK + 999, 16), unit_rows(rng, 20, 16)
+    spec = "dis:k_activation=2"
+    want = make_correction(spec).fit(gallery, query_bank)
+    got = _run_plan(spec, gallery, query_bank, None, gallery_rows=ROW_BLOCK, bank_cols=COL_BLOCK)
+    _assert_same_fit(got, want, queries, exact_topk=True)
+    np.testing.assert_array_equal(got.statistics_.query_activation_scores, want.statistics_.query_activation_scores)
+
+
+def test_gc_is_refused_with_a_reason():
+    with pytest.raises(ValueError, match="GC needs every gallery item's sorted similarities"):
+        plan_tiles(make_correction("gc").statistics_request(), 10, 10, None)
+
+
+# ---------------------------------------------------------------- on a real local Ray
+
+
+def _write_npy_shards(folder, x, cuts):
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = [0, *cuts, len(x)]
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        np.save(folder / f"part_{i}.npy", x[a:b])
+    return folder
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    rng = np.random.default_rng(11)
+    data = {"gallery": unit_rows(rng, 700, 24), "query_bank": unit_rows(rng, 2500, 24), "gallery_bank": unit_rows(rng, 900, 24)}
+    data["queries"] = unit_rows(rng, 50, 24)
+    data["gallery_dir"] = _write_npy_shards(tmp_path / "gallery", data["gallery"], [250, 260, 600])
+    data["bank_dir"] = _write_npy_shards(tmp_path / "bank", data["query_bank"], [1000, 2000])
+    data["gallery_bank_dir"] = _write_npy_shards(tmp_path / "gbank", data["gallery_bank"], [450])
+    return data
+
+
+@pytest.mark.parametrize("spec", ["nnn:k=8", "dn", "dualdis:k_activation=3"])
+def test_ray_fit_on_uneven_npy_shards_equals_the_single_machine_fit(ray_local, sharded, spec):
+    d = sharded
+    want = make_correction(spec).fit(d["gallery"], d["query_bank"], d["gallery_bank"])
+    got = hd.fit(spec, d["gallery_dir"], d["bank_dir"], d["gallery_bank_dir"], gallery_rows=128, bank_cols=600, progress=False)
+    _assert_same_fit(got, want, d["queries"], exact_topk=False)
+
+
+def test_ray_fit_reads_parquet_and_clip_retrieval_folders(ray_local, sharded, tmp_path):
+    d = sharded
+    clip = tmp_path / "clip" / "text_emb"  # clip-retrieval names: ordered by number, not as text
+    clip.mkdir(parents=True)
+    bounds = list(range(0, 2501, 250))
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        np.save(clip / f"text_emb_{i}.npy", d["query_bank"][a:b])
+    pq_dir = tmp_path / "pq"
+    pq_dir.mkdir()
+    for i, (a, b) in enumerate([(0, 300), (300, 700)]):
+        col = pa.FixedSizeListArray.from_arrays(pa.array(d["gallery"][a:b].ravel()), 24)
+        pq.write_table(pa.table({"embedding": col}), pq_dir / f"gallery_{i}.parquet")
+    got = hd.fit("is:beta=20.0", pq_dir, clip, gallery_rows=256, bank_cols=1024, progress=False)
+    want = make_correction("is:beta=20.0").fit(d["gallery"], d["query_bank"])
+    _assert_same_fit(got, want, d["queries"], exact_topk=False)
+    with pytest.raises(FileNotFoundError, match="clip-retrieval folder"):
+        open_source(tmp_path / "clip")
+
+
+def test_a_rerun_recomputes_only_the_missing_tiles(ray_local, sharded, tmp_path):
+    d, work = sharded, tmp_path / "work"
+    args = ("dis:k_activation=2", d["gallery_dir"], d["bank_dir"])
+    first = hd.fit(*args, gallery_rows=256, bank_cols=1000, work_dir=work, progress=False)
+    tiles = sorted((work / "tiles").glob("*.npz"))
+    assert len(tiles) == 9
+    lost = {tiles[1].name, tiles[5].name}  # as if the run had been killed before these
+    for t in tiles:
+        if t.name in lost:
+            t.unlink()
+    before = {t.name: t.stat().st_mtime_ns for t in tiles if t.name not in lost}
+    again = hd.fit(*args, gallery_rows=256, bank_cols=1000, work_dir=work, progress=False)
+    after = {t.name: t.stat().st_mtime_ns for t in (work / "tiles").glob("*.npz")}
+    assert set(after) == {t.name for t in tiles}
+    assert all(after[name] == mtime for name, mtime in before.items())  # kept tiles were not recomputed
+    np.testing.assert_array_equal(again.bias_columns_, first.bias_columns_)
+    with pytest.raises(ValueError, match="holds tiles of another fit"):
+        hd.fit(*args, gallery_rows=128, bank_cols=1000, work_dir=work, progress=False)
+
+
+class DiesOnce(EmbeddingSource):
+    """A source whose first read kills its Ray worker process (a machine lost mid-run)."""
+
+    def read(self, start, stop):
+        marker = os.environ.get("HUBLESS_TEST_DIE_MARKER") or self._marker
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return super().read(start, stop)
+
+
+def test_a_worker_that_dies_is_retried_by_ray_and_the_result_is_exact(ray_local, sharded, tmp_path):
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    d = sharded
+    src = open_source(d["bank_dir"])
+    dying = DiesOnce(src.shards, src.dim, src.kind)
+    object.__setattr__(dying, "_marker", str(tmp_path / "died"))
+    got = hd.fit("nnn:k=8", d["gallery_dir"], dying, gallery_rows=256, bank_cols=1000, progress=False)
+    assert (tmp_path / "died").exists()
+    want = make_correction("nnn:k=8").fit(d["gallery"], d["query_bank"])
+    _assert_same_fit(got, want, d["queries"], exact_topk=False)
+
+
+def test_bad_shards_give_one_clear_error_naming_the_shard(ray_local, sharded, tmp_path):
+    d = sharded
+    with pytest.raises(FileNotFoundError, match="nope.npy does not exist"):
+        hd.fit("nnn", [d["gallery_dir"] / "part_0.npy", tmp_path / "nope.npy"], d["bank_dir"], progress=False)
+    np.save(d["bank_dir"] / "part_9.npy", np.ones((5, 7), np.float32))
+    with pytest.raises(ValueError, match="part_9.npy has dimension 7 but .*part_0.npy has 24"):
+        hd.fit("nnn", d["gallery_dir"], d["bank_dir"], progress=False)
+    (d["bank_dir"] / "part_9.npy").unlink()
+    bad = d["query_bank"][1000:2000].copy()
+    bad[17, 3] = np.nan
+    np.save(d["bank_dir"] / "part_1.npy", bad)
+    with pytest.raises(ValueError, match=r"part_1.npy has NaN or inf values \(first in its row 17\)"):
+        hd.fit("nnn", d["gallery_dir"], d["bank_dir"], gallery_rows=256, bank_cols=1000, progress=False)
+    with pytest.raises(ValueError, match="GC needs"):
+        hd.fit("gc", d["gallery_dir"], d["bank_dir"], progress=False)
