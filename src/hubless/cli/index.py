@@ -39,27 +39,55 @@ def build_command(
         None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."
     ),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    ray: bool = typer.Option(
+        False, "--ray", help="Fit and fill on Ray: --gallery/--query-bank may be folders or globs of .npy/parquet shards."
+    ),
+    address: str = typer.Option(None, help="Ray cluster to run on (ray://host:10001, auto); implies --ray. Default: a local Ray."),
+    work_dir: Path = typer.Option(None, help="With --ray: keep finished tiles here; a rerun computes only the missing ones."),
 ) -> None:
     """Fit the correction on the banks, index each item with its bias appended, save atomically."""
     from hubless.index import Index
 
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
-    if metadata is not None:
-        from hubless.inputs import check_embedding_meta
+    if ray or address:
+        index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
+    else:
+        if metadata is not None:
+            from hubless.inputs import check_embedding_meta
 
-        check_embedding_meta(metadata, gallery)
-    g = load(gallery, "gallery", normalize=normalize)
-    qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
-    gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
-    warn_low_coverage(g, qb)
-    index = Index.build(
-        g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress
-    )
+            check_embedding_meta(metadata, gallery)
+        g = load(gallery, "gallery", normalize=normalize)
+        qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
+        gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
+        warn_low_coverage(g, qb)
+        index = Index.build(
+            g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress
+        )
     if target_recall is not None:
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
     typer.echo(f"built {index!r} in {index.config.build_seconds:.1f}s -> {out}")
+
+
+def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress):
+    """``index build --ray``: the distributed fit and fill (sources are read by the tasks)."""
+    import hubless.distributed as hd
+    from hubless.corrections import make_correction
+
+    corr = make_correction(method).set_params(normalize=normalize)
+    return hd.build_index(
+        corr,
+        gallery,
+        query_bank,
+        factory,
+        gallery_bank=gallery_bank,
+        address=address,
+        work_dir=work_dir,
+        metadata=_read_metadata(metadata),
+        model=model,
+        progress=progress,
+    )
 
 
 @app.command("info")

@@ -8,6 +8,7 @@ Install with ``pip install "hubless[distributed]"``. Ray is imported only when w
 """
 
 from hubless.distributed.fit import connect, fit, fit_many, fit_statistics
+from hubless.distributed.index import build_index
 from hubless.distributed.sources import EmbeddingSource, open_source
 
-__all__ = ["EmbeddingSource", "connect", "fit", "fit_many", "fit_statistics", "open_source"]
+__all__ = ["EmbeddingSource", "build_index", "connect", "fit", "fit_many", "fit_statistics", "open_source"]

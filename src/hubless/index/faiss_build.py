@@ -30,7 +30,18 @@ import numpy as np
 
 from hubless.index.factory import check_factory
 
-__all__ = ["append_rows", "build_faiss", "default_factory", "padded_dim", "replace_rows", "search_knob", "search_parameters"]
+__all__ = [
+    "add_rows",
+    "append_rows",
+    "build_faiss",
+    "train_empty",
+    "training_sample",
+    "default_factory",
+    "padded_dim",
+    "replace_rows",
+    "search_knob",
+    "search_parameters",
+]
 
 
 def default_factory(n_gallery: int) -> str:
@@ -63,29 +74,46 @@ def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_
 
     Returns ``(index, dim)`` where ``dim`` is the (possibly padded) dimension queries must have.
     """
-    factory = check_factory(factory, unit.shape[0], augmented.shape[1])
-    dim = padded_dim(factory, augmented.shape[1])
+    sample = training_sample(unit.shape[0], train_size, seed)
+    index, dim = train_empty(factory, unit.shape[0], unit[sample], augmented[sample], seed=seed)
+    _fill(index, _pad(unit, dim), _pad(augmented, dim))
+    return index, dim
+
+
+def training_sample(n: int, train_size: int = 100_000, seed: int = 0):
+    """The rows an index is trained on: all of them, or ``train_size`` drawn with ``seed``."""
+    if n <= train_size:
+        return slice(None)
+    return np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
+
+
+def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented_sample: np.ndarray, *, seed: int = 0):
+    """An empty ``factory`` index trained on a sample (IVF centroids from the unit rows, codebooks
+    from the augmented rows), ready for items to be added: ``(index, dim)``. The distributed
+    build trains it once and adds gallery shards to copies of it."""
+    factory = check_factory(factory, n_gallery, augmented_sample.shape[1])
+    dim = padded_dim(factory, augmented_sample.shape[1])
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         raise ValueError(f"FAISS cannot build {factory!r} for dimension {dim}: {str(exc).splitlines()[-1]}") from None
-    aug = _pad(augmented, dim)
-    geometry = _pad(unit, dim)
-    rng = np.random.default_rng(seed)
-    sample = rng.choice(unit.shape[0], size=min(train_size, unit.shape[0]), replace=False) if unit.shape[0] > train_size else slice(None)
     ivf = _ivf(index)
     if ivf is not None and not ivf.is_trained:
-        if unit.shape[0] < ivf.nlist:
+        if n_gallery < ivf.nlist:
             raise ValueError(
-                f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {unit.shape[0]}); use fewer lists or Flat"
+                f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {n_gallery}); use fewer lists or Flat"
             )
-        km = faiss.Kmeans(unit.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)
-        km.train(np.ascontiguousarray(unit[sample], dtype=np.float32))
+        km = faiss.Kmeans(unit_sample.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)
+        km.train(np.ascontiguousarray(unit_sample, dtype=np.float32))
         ivf.quantizer.add(_pad(km.centroids, dim))
     if not index.is_trained:
-        index.train(aug[sample])
-    _fill(index, geometry, aug)
+        index.train(_pad(augmented_sample, dim))
     return index, dim
+
+
+def add_rows(index, unit: np.ndarray, augmented: np.ndarray) -> None:
+    """Add rows to an empty trained index (padded to its dimension; HNSW links them by ``unit``)."""
+    _fill(index, _pad(unit, index.d), _pad(augmented, index.d))
 
 
 def _fill(index, geometry: np.ndarray, aug: np.ndarray) -> None:

@@ -1,0 +1,111 @@
+"""Build a corrected FAISS index on Ray, the autofaiss way.
+
+1. Fit the correction with the tiled distributed fit (:func:`hubless.distributed.fit`).
+2. Train the empty index once on the driver, on the same sample a single-machine build uses
+   (:func:`hubless.index.faiss_build.training_sample`; only those rows are read there).
+3. Broadcast it (serialised, in Ray's object store); each task reads one gallery shard, makes
+   its rows [r, bias(r)] and adds them to its copy of the empty index.
+4. Merge the filled copies in gallery order (``merge_from``): each item keeps its global
+   position, so the index equals one built on one machine, and searches identically (tested).
+
+Flat and IVF indexes merge this way; an HNSW graph cannot be merged from parts (build it on one
+machine, or keep IVF for galleries beyond one machine).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from hubless.corrections import Correction
+from hubless.distributed.fit import _get, connect, fit
+from hubless.distributed.plan import GALLERY_ROWS, cut_points
+from hubless.distributed.sources import EmbeddingSource, open_source
+
+__all__ = ["build_index"]
+
+
+def _add_shard(empty: np.ndarray, gallery: EmbeddingSource, start: int, stop: int, bias: np.ndarray, normalize: bool) -> np.ndarray:
+    """One Ray task: rows [start, stop) of the gallery as [r, bias(r)] in a copy of the trained
+    empty index; returns the filled copy, serialised."""
+    import faiss
+
+    from hubless._validation import as_embeddings
+    from hubless.index.faiss_build import add_rows
+
+    index = faiss.deserialize_index(empty)
+    unit = as_embeddings(gallery.read(start, stop), "gallery", normalize=normalize)
+    add_rows(index, unit, np.hstack([unit, bias]).astype(np.float32))
+    return faiss.serialize_index(index)
+
+
+def build_index(
+    method: Correction | str,
+    gallery,
+    query_bank=None,
+    factory: str | None = None,
+    *,
+    gallery_bank=None,
+    shard_rows: int | Sequence[int] = GALLERY_ROWS,
+    address: str | None = None,
+    train_size: int = 100_000,
+    seed: int = 0,
+    metadata=None,
+    model: str | None = None,
+    progress: bool | None = None,
+    **fit_options,
+):
+    """A :class:`hubless.Index` of ``method`` over the ``gallery`` source, fitted and filled on
+    Ray (see the module docstring); ``fit_options`` go to :func:`hubless.distributed.fit`. The
+    index keeps no banks (it was fitted from tiles): grow a bank with a new distributed fit."""
+    import faiss
+
+    from hubless.index import Index
+    from hubless.index.faiss_build import default_factory, train_empty, training_sample
+    from hubless.index.index import augmented_rows
+    from hubless.progress import progress_bar
+
+    t0 = time.perf_counter()
+    source = open_source(gallery)
+    corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
+    factory = factory or default_factory(source.n_rows)
+    if "HNSW" in factory.upper():
+        raise ValueError(
+            f"{factory}: an HNSW graph cannot be merged from shards built apart; use an IVF factory or Index.build on one machine"
+        )
+    augmented = augmented_rows(corr)
+    sample = training_sample(source.n_rows, train_size, seed)
+    empty, dim = train_empty(factory, source.n_rows, corr.gallery_[sample], augmented[sample], seed=seed)
+    ray = connect(address)
+    empty_ref = ray.put(faiss.serialize_index(empty))
+    cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
+    job = ray.remote(_add_shard).options(max_retries=3)
+    refs = [job.remote(empty_ref, source, a, b, corr.bias_columns_[a:b], corr.normalize) for a, b in zip(cuts, cuts[1:])]
+    offset_ids = _is_ivf(empty)  # IVF lists store ids (moved by the rows before); flat storage is positional
+    merged = None
+    for ref in progress_bar(refs, progress, desc="index shards", unit="shards"):  # merged in gallery order
+        part = faiss.deserialize_index(_get(ray, ref))
+        if merged is None:
+            merged = part
+        else:
+            try:
+                merged.merge_from(part, merged.ntotal if offset_ids else 0)
+            except RuntimeError as exc:
+                raise ValueError(
+                    f"FAISS cannot merge {factory!r} indexes built apart ({str(exc).splitlines()[-1]}); use Flat or IVF"
+                ) from None
+    index = Index.from_faiss(corr, merged, factory, metadata=metadata, model=model)
+    index.config.build_seconds = time.perf_counter() - t0
+    return index
+
+
+def _is_ivf(index) -> bool:
+    import faiss
+
+    try:
+        faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return False
+    return True
