@@ -34,6 +34,8 @@ NEEDS = {
     "hubless data fetch visogender": "network (tests/test_fetch_visogender.py runs it from a local copy)",
     "hubless eval --gallery images.npy --queries captions.npy --truth t2i:5 --query-bank bank.npy -m nnn --rerank": "BLIP weights",
     "hubless serve": "a long-running server (tests/test_service*.py run it)",
+    "hubless index build --gallery gallery_shards/": "a local Ray (tests/test_distributed_index.py runs it)",
+    "hubless index build --gallery /shared/img_emb": "a Ray cluster",
     "hubless demo --serve": "a long-running server (tests/test_service*.py run it)",
 }
 #: Commands that need ../shared/data (or `hubless data fetch`) and are skipped without it.
