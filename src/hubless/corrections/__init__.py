@@ -18,7 +18,7 @@ from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.spec import METHODS, make_correction, method_help
-from hubless.engine import StatisticsRequest, compute_statistics
+from hubless.engine import StatisticsRequest, compute_statistics, use_device
 
 __all__ = [
     "AdditiveCorrection",
@@ -60,6 +60,7 @@ def fit_many(
     gallery_bank=None,
     *,
     progress: bool | None = None,
+    device: str | None = None,
 ) -> list[Correction]:
     """Fit several corrections on the same arrays with one streamed pass per bank.
 
@@ -73,7 +74,8 @@ def fit_many(
         group = [c for c in items if bool(c.normalize) == flag]
         request = statistics_request(group)
         g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank)
-        stats = compute_statistics(g, b, gb, request, progress=progress)
+        with use_device(device):  # where the block products run (see hubless.engine.device)
+            stats = compute_statistics(g, b, gb, request, progress=progress)
         for c in group:
             c._fit_arrays(g, stats)
     return list(items)

@@ -28,7 +28,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
-from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce
+from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import MissingInputError, NotFittedError
 
@@ -152,6 +152,7 @@ class Correction:
         *,
         statistics: BankStatistics | None = None,
         progress: bool | None = None,
+        device: str | None = None,
     ) -> Correction:
         """Fit on the gallery and reference banks; returns ``self``.
 
@@ -163,12 +164,15 @@ class Correction:
         statistics : precomputed :class:`~hubless.engine.BankStatistics` of these same arrays
             (see :func:`hubless.fit_many`), to skip the streamed pass.
         progress : show a progress bar (None: only on a terminal for long runs).
+        device : where the similarity blocks run: "cuda", "cpu" (torch), "numpy" (default:
+            ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
         """
         self._validate_params()
         gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
         request = self.statistics_request()
         if statistics is None:
-            statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
+            with use_device(device):
+                statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
         else:
             _check_statistics(statistics, gallery, query_bank, gallery_bank, request)
         self._fit_arrays(gallery, statistics)
@@ -382,18 +386,22 @@ class Correction:
 
         return transform
 
-    def search(self, queries, top_k: int = 10, *, progress: bool | None = None, **weight) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
 
         Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64;
         ties are broken by the lower gallery index. Methods with a weight parameter accept it
         here to override the fitted value without refitting, as a scalar or one value per
-        query (e.g. ``NNN.search(q, alpha=0.5)``, ``DN.search(q, lam=0.2)``).
+        query (e.g. ``NNN.search(q, alpha=0.5)``, ``DN.search(q, lam=0.2)``). ``device``: as
+        in :meth:`fit`.
         """
         batch = self.queries(queries, **weight)
         top_k = check_top_k(top_k, self.n_gallery_)
-        self.query_statistics(batch, progress=progress)
-        ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), progress=progress)
+        with use_device(device):
+            self.query_statistics(batch, progress=progress)
+            ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), progress=progress)
         return self.method_scores(batch, ranking), ids
 
 

@@ -1,5 +1,6 @@
 """The streamed block engine: bank statistics and exact search in bounded memory."""
 
+from hubless.engine.device import use_device
 from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
 from hubless.engine.stream import Dense, LogSumExp, SortedRows, TopK, stream_reduce
@@ -14,4 +15,5 @@ __all__ = [
     "compute_statistics",
     "exact_search",
     "stream_reduce",
+    "use_device",
 ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hubless.engine.device import block_product
 from hubless.engine.parallel import num_threads, run_blocks
 from hubless.engine.topk import RunningTopK
 
@@ -229,16 +230,19 @@ def stream_reduce(
     col_block: int = COL_BLOCK,
     progress: bool | None = None,
     desc: str = "",
+    device: str | None = None,
 ) -> None:
     """Feed every block of ``rows @ cols.T`` to ``reducers``.
 
     ``rows`` (n, d) and ``cols`` (m, d) must be float32 and C-contiguous (see
     :func:`hubless._validation.as_embeddings`). ``transform(sims,
     row_start, row_stop, col_start, col_stop)`` may rewrite a block in place before the reducers
-    see it. Reducers must not modify the block.
+    see it. Reducers must not modify the block. ``device``: where the block products run
+    (default: ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
     """
     n, m = rows.shape[0], cols.shape[0]
     col_bounds = _bounds(m, col_block)
+    product = block_product(cols, device)
 
     def work(start: int, stop: int) -> None:
         states = [r.start(start, stop) for r in reducers]
@@ -246,7 +250,7 @@ def stream_reduce(
         buffer = np.empty((stop - start, min(col_block, m)), dtype=np.float32)
         for c0, c1 in col_bounds:
             sims = buffer if c1 - c0 == buffer.shape[1] else np.empty((stop - start, c1 - c0), np.float32)
-            np.matmul(block_rows, cols[c0:c1].T, out=sims)
+            product(block_rows, c0, c1, sims)
             if transform is not None:
                 transform(sims, start, stop, c0, c1)
             for state in states:
