@@ -24,6 +24,9 @@ def embed_command(
     device: str = typer.Option(None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)."),
     overwrite: bool = typer.Option(False, help="Replace an existing output."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    ray: bool = typer.Option(False, "--ray", help="Encode the chunks on Ray workers (one model per worker; a GPU each when there are)."),
+    address: str = typer.Option(None, help="Ray cluster to run on (ray://host:10001, auto); implies --ray. Default: a local Ray."),
+    workers: int = typer.Option(None, help="With --ray: workers (default: one per GPU, else one per CPU)."),
 ) -> None:
     """Encode images or texts to L2-normalised float32 embeddings, in chunks that survive an
     interruption (run the same command again to resume); unreadable images are skipped and listed."""
@@ -37,12 +40,21 @@ def embed_command(
     from hubless.inputs import read_items
 
     items = list_images(images) if images is not None else [t for t in read_items(texts) if t.strip()]
-    encoder = load_encoder(model, kind=kind, device=device)
-    result = embed_to_file(
-        encoder, out, images=items if images is not None else None, texts=items if texts is not None else None,
-        chunk_size=chunk_size, batch_size=batch_size, progress=progress, overwrite=overwrite,
-    )  # fmt: skip
-    typer.echo(f"embedded {result.n_embedded} items with {encoder.name} (dim {encoder.dim}) -> {result.out}; metadata -> {result.meta}")
+    which = {"images": items if images is not None else None, "texts": items if texts is not None else None}
+    if ray or address:
+        from hubless.distributed import embed
+
+        result = embed(
+            model, out, **which, kind=kind, device=device, workers=workers, address=address,
+            chunk_size=chunk_size, batch_size=batch_size, progress=progress, overwrite=overwrite,
+        )  # fmt: skip
+    else:
+        encoder = load_encoder(model, kind=kind, device=device)
+        result = embed_to_file(encoder, out, **which, chunk_size=chunk_size, batch_size=batch_size, progress=progress, overwrite=overwrite)
+    import json
+
+    meta = json.loads(result.meta.read_text())
+    typer.echo(f"embedded {result.n_embedded} items with {meta['model']} (dim {meta['dim']}) -> {result.out}; metadata -> {result.meta}")
     if result.reused_chunks:
         typer.echo(f"resumed: {result.reused_chunks} finished chunk(s) reused")
     if result.skipped:

@@ -26,7 +26,16 @@ from hubless._io import file_sha256, save_npy, write_json
 from hubless.encoders.base import Encoder, open_image
 from hubless.progress import progress_bar
 
-__all__ = ["EmbedResult", "NothingEmbeddedError", "embed_to_file", "list_images", "meta_path", "IMAGE_SUFFIXES"]
+__all__ = [
+    "EmbedResult",
+    "NothingEmbeddedError",
+    "chunk_is_done",
+    "embed_chunk",
+    "embed_to_file",
+    "list_images",
+    "meta_path",
+    "IMAGE_SUFFIXES",
+]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -87,8 +96,14 @@ def embed_to_file(
     batch_size: int = 32,
     progress: bool | None = None,
     overwrite: bool = False,
+    run_chunks=None,
 ) -> EmbedResult:
-    """Encode ``images`` (paths) or ``texts`` with ``encoder`` into ``out`` (.npy) + metadata."""
+    """Encode ``images`` (paths) or ``texts`` with ``encoder`` into ``out`` (.npy) + metadata.
+
+    ``run_chunks(parts, chunks, items, modality, chunk_size, batch_size)``: computes the missing
+    ``chunks`` elsewhere (each with :func:`embed_chunk`, e.g. on Ray workers:
+    :func:`hubless.distributed.embed`); by default they are computed here, one after another.
+    """
     if (images is None) == (texts is None):
         raise ValueError("give exactly one of images= or texts=")
     modality = "image" if images is not None else "text"
@@ -115,32 +130,17 @@ def embed_to_file(
     parts.mkdir(parents=True, exist_ok=True)
     write_json(job_file, {"key": key, "model": encoder.name, "modality": modality, "n_items": len(items)})
 
-    reused = 0
     starts = range(0, len(items), chunk_size)
-    for chunk, start in enumerate(progress_bar(starts, progress, desc=f"embed {modality}s", unit="chunk")):
-        emb_file, ids_file = parts / f"chunk-{chunk:06d}.npy", parts / f"chunk-{chunk:06d}.json"
-        if emb_file.exists() and ids_file.exists():
-            try:
-                json.loads(ids_file.read_text())
-                np.load(emb_file, mmap_mode="r")
-                reused += 1
-                continue
-            except (OSError, ValueError):
-                pass  # a damaged chunk is redone
-        batch = items[start : start + chunk_size]
-        if modality == "text":
-            emb, ok, skipped = encoder.encode_texts(batch, batch_size=batch_size, progress=False), list(range(len(batch))), []
-        else:
-            loaded, ok, skipped = [], [], []
-            for i, path in enumerate(batch):
-                try:
-                    loaded.append(open_image(path))
-                    ok.append(i)
-                except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not fatal
-                    skipped.append({"index": start + i, "path": path, "error": f"{type(exc).__name__}: {exc}"})
-            emb = encoder.encode_images(loaded, batch_size=batch_size, progress=False) if loaded else np.empty((0, encoder.dim), np.float32)
-        save_npy(emb_file, emb.astype(np.float32))
-        write_json(ids_file, {"ok": [start + i for i in ok], "skipped": skipped})
+    missing = [chunk for chunk in range(len(starts)) if not chunk_is_done(parts, chunk)]
+    reused = len(starts) - len(missing)
+    if run_chunks is None:
+        for chunk in progress_bar(missing, progress, desc=f"embed {modality}s", unit="chunk"):
+            embed_chunk(encoder, parts, chunk, items, modality, chunk_size, batch_size)
+    else:
+        run_chunks(parts, missing, items, modality, chunk_size, batch_size)
+        undone = [chunk for chunk in missing if not chunk_is_done(parts, chunk)]
+        if undone:
+            raise RuntimeError(f"{len(undone)} chunk(s) were not written (first: {undone[0]}); run the job again to finish them")
 
     embeddings, index, skipped = [], [], []
     for chunk in range(len(starts)):
@@ -171,3 +171,36 @@ def embed_to_file(
     write_json(meta_path(out), meta)
     shutil.rmtree(parts)
     return EmbedResult(out, meta_path(out), int(matrix.shape[0]), skipped, reused)
+
+
+def chunk_is_done(parts: Path, chunk: int) -> bool:
+    """Whether chunk ``chunk`` of a job is on disk and readable (a damaged chunk is redone)."""
+    emb_file, ids_file = parts / f"chunk-{chunk:06d}.npy", parts / f"chunk-{chunk:06d}.json"
+    if not (emb_file.exists() and ids_file.exists()):
+        return False
+    try:
+        json.loads(ids_file.read_text())
+        np.load(emb_file, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def embed_chunk(encoder: Encoder, parts: Path, chunk: int, items: list[str], modality: str, chunk_size: int, batch_size: int) -> None:
+    """Encode chunk ``chunk`` (items ``chunk * chunk_size`` onwards) and write its two files
+    atomically: the embeddings and which items they are (unreadable images listed, not fatal)."""
+    start = chunk * chunk_size
+    batch = items[start : start + chunk_size]
+    if modality == "text":
+        emb, ok, skipped = encoder.encode_texts(batch, batch_size=batch_size, progress=False), list(range(len(batch))), []
+    else:
+        loaded, ok, skipped = [], [], []
+        for i, path in enumerate(batch):
+            try:
+                loaded.append(open_image(path))
+                ok.append(i)
+            except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not fatal
+                skipped.append({"index": start + i, "path": path, "error": f"{type(exc).__name__}: {exc}"})
+        emb = encoder.encode_images(loaded, batch_size=batch_size, progress=False) if loaded else np.empty((0, encoder.dim), np.float32)
+    save_npy(parts / f"chunk-{chunk:06d}.npy", emb.astype(np.float32))
+    write_json(parts / f"chunk-{chunk:06d}.json", {"ok": [start + i for i in ok], "skipped": skipped})
