@@ -122,7 +122,7 @@ def sharded(tmp_path):
     return data
 
 
-@pytest.mark.parametrize("spec", ["nnn:k=8", "dn", "dualdis:k_activation=3"])
+@pytest.mark.parametrize("spec", ADDITIVE)
 def test_ray_fit_on_uneven_npy_shards_equals_the_single_machine_fit(ray_local, sharded, spec):
     d = sharded
     want = make_correction(spec).fit(d["gallery"], d["query_bank"], d["gallery_bank"])

@@ -12,9 +12,13 @@ from hubless.cli._common import friendly_errors
 @friendly_errors
 def export_command(
     index_dir: Path = typer.Argument(..., help="A saved hubless index directory."),
-    to: str = typer.Option(..., "--to", help="Store URI: lancedb://path/table."),
-    overwrite: bool = typer.Option(False, help="Replace an existing table (written aside first, then swapped)."),
-    ann: str = typer.Option(None, help="Also build a LanceDB ANN index on [r, bias] (dot metric): IVF_PQ, IVF_FLAT, ..."),
+    to: str = typer.Option(
+        ..., "--to", help="Store URI: lancedb://path/table, postgresql://user@host:port/db/table, qdrant://path/collection."
+    ),
+    overwrite: bool = typer.Option(False, help="Replace an existing table/collection (written aside first, then swapped)."),
+    ann: str = typer.Option(
+        None, help="Also build an ANN index on [r, bias] (inner product): IVF_PQ or IVF_FLAT (LanceDB), HNSW (pgvector, Qdrant)."
+    ),
 ) -> None:
     """Export [r, bias(r)] (+ plain r and metadata) to a vector store searched by inner product."""
     from hubless.export import export

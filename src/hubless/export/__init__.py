@@ -1,4 +1,4 @@
-"""Serve a corrected gallery from a vector database (issue 21; LanceDB so far).
+"""Serve a corrected gallery from a vector database: LanceDB, PostgreSQL + pgvector, Qdrant.
 
     hubless.export.export(index, "lancedb://stores/gallery")       # [r, bias(r)] + plain r + metadata
     scores, ids, meta = hubless.export.search("lancedb://stores/gallery", q, top_k=10, alpha=0.5)
@@ -12,6 +12,6 @@ additive correction's ranking score (DESIGN.md; NNN/QB-Norm/DBNorm papers).
 from __future__ import annotations
 
 from hubless.export.base import FORMAT_VERSION, StoreURI, parse_uri
-from hubless.export.query import export, search, to_lancedb
+from hubless.export.query import export, search, to_lancedb, to_pgvector, to_qdrant
 
-__all__ = ["FORMAT_VERSION", "StoreURI", "export", "parse_uri", "search", "to_lancedb"]
+__all__ = ["FORMAT_VERSION", "StoreURI", "export", "parse_uri", "search", "to_lancedb", "to_pgvector", "to_qdrant"]

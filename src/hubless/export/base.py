@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 FORMAT_VERSION = 1
-SCHEMES = ("lancedb",)
+#: scheme -> the form of its URI.
+SCHEMES = {
+    "lancedb": "lancedb://path/table",
+    "postgresql": "postgresql://user:password@host:port/database/table",
+    "postgres": "postgres://user:password@host:port/database/table",
+    "qdrant": "qdrant://path/collection",
+}
 
 
 @dataclass(frozen=True)
 class StoreURI:
-    """``lancedb://path/table``: scheme, location (directory) and table name."""
+    """A store: its scheme, location (a directory, or a PostgreSQL connection URI) and table."""
 
     scheme: str
     location: str
@@ -21,10 +28,16 @@ def parse_uri(uri: str) -> StoreURI:
     """Split a store URI; one clear ValueError for anything else."""
     scheme, sep, rest = str(uri).partition("://")
     if not sep or scheme not in SCHEMES:
-        raise ValueError(f"not a store URI: {uri!r} (expected one of {', '.join(s + '://path/table' for s in SCHEMES)})")
+        raise ValueError(f"not a store URI: {uri!r} (expected one of {', '.join(SCHEMES.values())})")
+    if scheme in ("postgresql", "postgres"):  # the table is the last path segment; the rest is libpq's URI
+        parts = urlsplit(str(uri))
+        database, slash, table = parts.path.rstrip("/").rpartition("/")
+        if not slash or not table or not database:
+            raise ValueError(f"store URI {uri!r} needs a database and a table: {SCHEMES[scheme]}")
+        return StoreURI(scheme, urlunsplit((parts.scheme, parts.netloc, database, parts.query, "")), table)
     location, slash, table = rest.rstrip("/").rpartition("/")
     if not slash or not table or not location:
-        raise ValueError(f"store URI {uri!r} needs a location and a table name: {scheme}://path/table")
+        raise ValueError(f"store URI {uri!r} needs a location and a table name: {SCHEMES[scheme]}")
     return StoreURI(scheme, location, table)
 
 

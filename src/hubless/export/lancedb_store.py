@@ -42,6 +42,7 @@ def write(
     ann: str | None = None,
     partitions: int | None = None,
     sub_vectors: int | None = None,
+    **_,
 ):
     """Write to a temporary table, then swap it in under ``table`` (the previous one survives a
     failure). ``ann`` ("IVF_PQ", "IVF_FLAT", ...) builds a LanceDB ANN index on the corrected
@@ -123,7 +124,9 @@ def open_table(location: str, table: str):
     return tbl, json.loads(raw)
 
 
-def query(tbl, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, nprobes: int = 20, refine_factor: int = 10):
+def query(
+    tbl, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, nprobes: int = 20, refine_factor: int = 10, **_
+):
     """Top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot" distance is
     1 - q.r, turned back into the score q.r here. On a table with an ANN index the index finds
     ``refine_factor x k`` candidates in ``nprobes`` partitions, re-scored exactly; ``exact``

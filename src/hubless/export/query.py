@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-from hubless.export import lancedb_store
 from hubless.export.base import FORMAT_VERSION, parse_uri
+
+#: scheme -> the module that writes, opens and queries that store.
+BACKENDS = {
+    "lancedb": "hubless.export.lancedb_store",
+    "postgresql": "hubless.export.pgvector_store",
+    "postgres": "hubless.export.pgvector_store",
+    "qdrant": "hubless.export.qdrant_store",
+}
+
+
+def _backend(scheme: str):
+    return importlib.import_module(BACKENDS[scheme])
 
 
 def _info(index) -> dict:
@@ -21,27 +34,48 @@ def _info(index) -> dict:
     }
 
 
-def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
-    """Write [r, bias(r)], plain r and metadata into LanceDB table ``table`` at ``location``;
-    ``ann`` ("IVF_PQ", "IVF_FLAT", ...) adds a LanceDB ANN index (dot metric) on [r, bias]."""
+def _write(scheme: str, index, location: str, table: str, *, overwrite: bool, batch: int, ann: str | None):
     from hubless.index.index import augmented_rows
 
     corr = index.correction
-    return lancedb_store.write(
+    backend = _backend(scheme)
+    return backend.write(
         location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch, ann=ann
     )
 
 
+def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
+    """Write [r, bias(r)], plain r and metadata into LanceDB table ``table`` at ``location``;
+    ``ann`` ("IVF_PQ", "IVF_FLAT") adds a LanceDB ANN index (dot metric) on [r, bias]."""
+    return _write("lancedb", index, location, table, overwrite=overwrite, batch=batch, ann=ann)
+
+
+def to_pgvector(index, dsn: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
+    """Write [r, bias(r)] (column ``vector``), plain r and metadata (jsonb) into PostgreSQL table
+    ``table`` of the database at ``dsn`` (a libpq URI); ``ann="HNSW"`` adds an HNSW index with
+    ``vector_ip_ops``."""
+    return _write("postgresql", index, dsn, table, overwrite=overwrite, batch=batch, ann=ann)
+
+
+def to_qdrant(index, location: str, collection: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
+    """Write the points (named vectors ``corrected`` and ``plain``, Dot distance, metadata as
+    payload) into Qdrant collection ``collection`` under the directory ``location``, with the
+    in-process engine; ``ann="HNSW"`` builds Qdrant's HNSW index."""
+    return _write("qdrant", index, location, collection, overwrite=overwrite, batch=batch, ann=ann)
+
+
 def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None):
-    """Export ``index`` to a store URI (``lancedb://path/table``)."""
+    """Export ``index`` to a store URI (``lancedb://path/table``, ``postgresql://.../db/table``,
+    ``qdrant://path/collection``)."""
     u = parse_uri(uri)
-    return to_lancedb(index, u.location, u.table, overwrite=overwrite, batch=batch, ann=ann)
+    return _write(u.scheme, index, u.location, u.table, overwrite=overwrite, batch=batch, ann=ann)
 
 
-def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, nprobes: int = 20,
-           refine_factor: int = 10, **weight):  # fmt: skip
+def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, **options):
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
+    ``options``: the method's query-time weight (``alpha=``), and the store's search knobs
+    (LanceDB ``nprobes``, ``refine_factor``; pgvector ``ef_search``; Qdrant ``hnsw_ef``).
     The correction is rebuilt from the stored spec only to compute W(q) for queries; methods
     whose W(q) needs raw neighbours (DIS gates, CSLS r_q) are refused here.
     """
@@ -49,21 +83,27 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     from hubless.corrections import make_correction
 
     u = parse_uri(store_uri)
-    tbl, info = lancedb_store.open_table(u.location, u.table)
+    backend = _backend(u.scheme)
+    handle, info = backend.open_table(u.location, u.table)
     if info.get("metric") != "dot":
         raise ValueError(f"store {store_uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
     q = as_embeddings(queries, "queries", normalize=True)
     if q.shape[1] != info["dim"]:
         raise ValueError(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
     top_k = min(int(top_k), int(info["n_items"]))
-    if not corrected:
-        return lancedb_store.query(tbl, q, top_k, column="plain")
     corr = make_correction(info["spec"])
+    knobs = {k: v for k, v in options.items() if k != corr.weight_param}
+    weight = {k: v for k, v in options.items() if k == corr.weight_param}
+    unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
+    if unknown:
+        raise TypeError(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
+    if not corrected:
+        return backend.query(handle, q, top_k, column="plain", exact=exact, **knobs)
     if corr.query_request.depth:
         raise ValueError(f"{info['spec']} needs raw neighbours per query: search it with hubless's own Index")
     weights = _weights(corr, q, weight, info)
     xq = np.hstack([q, -weights]).astype(np.float32)
-    return lancedb_store.query(tbl, xq, top_k, exact=exact, nprobes=nprobes, refine_factor=refine_factor)
+    return backend.query(handle, xq, top_k, exact=exact, **knobs)
 
 
 def _weights(corr, q, weight, info):
@@ -72,7 +112,5 @@ def _weights(corr, q, weight, info):
     name = corr.weight_param
     if type(corr).__name__ != "NNN" or info["bias_columns"] != 1 or name is None:
         raise ValueError(f"{info['spec']}: only NNN is served from a store so far; use hubless's own Index")
-    if set(weight) - {name}:
-        raise TypeError(f"{info['spec']} accepts only {name}= as a query-time weight")
     value = np.asarray(corr.check_weight(weight.get(name, corr.get_params()[name])), np.float32)
     return np.broadcast_to(value.reshape(-1, 1), (len(q), 1))

@@ -1,0 +1,147 @@
+"""Qdrant store, in-process: the real Qdrant engine (``qdrant-edge-py``) on a local directory.
+
+Each item is a point with two named vectors, both with the Dot distance (never Cosine: it
+would normalise [r, bias] and break the correction): ``corrected`` = [r, bias(r)] and
+``plain`` = r, and its metadata as payload. ``qdrant://path/collection`` is the directory
+``path/collection/``: it holds versions (``v-<id>/shard`` and ``v-<id>/hubless.json`` with the
+format version, spec, model, metric and dims) and a ``CURRENT`` file naming the live one, so a
+re-export writes a new version and switches ``CURRENT`` atomically (the previous collection
+serves until then, and stays intact if the export fails). With ``ann="HNSW"`` Qdrant indexes
+both vectors with HNSW (built before the switch); searches use it unless ``exact=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from hubless.errors import MissingDependencyError
+
+#: HNSW candidates examined per query (at least 4 x top_k).
+HNSW_EF = 128
+ANN_TYPES = ("HNSW",)
+#: Segments larger than this many KB get an HNSW index; "never" for exact-only collections.
+_NEVER_INDEX_KB = 2**40
+
+
+def _qdrant():
+    try:
+        import qdrant_edge
+    except ImportError:
+        raise MissingDependencyError("exporting to Qdrant", "qdrant_edge", "qdrant") from None
+    return qdrant_edge
+
+
+def _current(folder: Path) -> Path | None:
+    try:
+        name = (folder / "CURRENT").read_text().strip()
+    except OSError:
+        return None
+    return folder / name if name and (folder / name).is_dir() else None
+
+
+def write(
+    location: str,
+    table: str,
+    augmented: np.ndarray,
+    plain: np.ndarray,
+    metadata,
+    info: dict,
+    *,
+    overwrite: bool,
+    batch: int = 8192,
+    ann: str | None = None,
+    **_,
+):
+    """Write a new version of collection ``table`` under ``location`` and make it current."""
+    from hubless._io import write_json, write_text
+    from hubless.progress import progress_bar
+
+    qd = _qdrant()
+    if ann is not None and ann.upper() not in ANN_TYPES:
+        raise ValueError(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+    folder = Path(location) / table
+    old = _current(folder)
+    if old is not None and not overwrite:
+        raise FileExistsError(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+    version = folder / f"v-{uuid.uuid4().hex[:12]}"
+    threshold = 1 if ann is not None else _NEVER_INDEX_KB
+    config = qd.EdgeConfig(
+        vectors={
+            "corrected": qd.EdgeVectorParams(size=augmented.shape[1], distance=qd.Distance.Dot),
+            "plain": qd.EdgeVectorParams(size=plain.shape[1], distance=qd.Distance.Dot),
+        },
+        optimizers=qd.EdgeOptimizersConfig(indexing_threshold=threshold),
+    )
+    try:
+        shard = qd.EdgeShard.create(str(version / "shard"), config)
+        try:
+            n = augmented.shape[0]
+            for lo in progress_bar(range(0, n, batch), None, desc="export"):
+                hi = min(lo + batch, n)
+                aug, pl = augmented[lo:hi].tolist(), plain[lo:hi].tolist()
+                points = [
+                    qd.Point(lo + i, {"corrected": aug[i], "plain": pl[i]}, None if not metadata else _payload(metadata[lo + i]))
+                    for i in range(hi - lo)
+                ]
+                shard.update(qd.UpdateOperation.upsert_points(points))
+            if ann is not None:
+                shard.optimize()
+            shard.flush()
+        finally:
+            shard.close()
+        write_json(version / "hubless.json", info)
+        write_text(folder / "CURRENT", version.name)  # atomic: readers see the old or the new version
+    except BaseException:
+        shutil.rmtree(version, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def _payload(record) -> dict | None:
+    if record is None:
+        return None
+    return {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in record.items()}
+
+
+def open_table(location: str, table: str):
+    """(the loaded shard, hubless metadata) of the current version of collection ``table``."""
+    qd = _qdrant()
+    folder = Path(location) / table
+    version = _current(folder)
+    if version is None:
+        raise LookupError(f"no collection {table!r} in Qdrant store {location}")
+    try:
+        info = json.loads((version / "hubless.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"collection {table!r} in {location} was not written by hubless export (no hubless.json)") from None
+    return qd.EdgeShard.load(str(version / "shard")), info
+
+
+def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, hnsw_ef: int = HNSW_EF, **_):
+    """Top-k by dot product per query, as one planned batch: (scores, ids, rows)."""
+    qd = _qdrant()
+    using = "corrected" if column == "vector" else "plain"
+    params = qd.SearchParams(exact=True) if exact else qd.SearchParams(hnsw_ef=max(int(hnsw_ef), 4 * k))
+    requests = [
+        qd.QueryRequest(limit=k, query=qd.Query.Nearest(v, using=using), with_payload=True, params=params) for v in vectors.tolist()
+    ]
+    try:
+        results = shard.query_batch(qd.QueryBatchRequest(requests))
+    finally:
+        shard.close()
+    scores = np.full((len(vectors), k), -np.inf, np.float32)
+    ids = np.full((len(vectors), k), -1, np.int64)
+    rows = []
+    for i, hits in enumerate(results):
+        hits = sorted(hits, key=lambda h: (-h.score, h.id))  # ties: lower id first, as hubless
+        for j, hit in enumerate(hits):
+            ids[i, j], scores[i, j] = hit.id, hit.score
+        rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
+    return scores, ids, rows
