@@ -68,12 +68,23 @@ def _binary_rows(start: int, augmented: np.ndarray, plain: np.ndarray, metadata)
     return header + b"".join(rows[i].tobytes() + meta(i) for i in range(n)) + (-1).to_bytes(2, "big", signed=True)
 
 
+_OPEN: dict[str, object] = {}  # dsn -> a connection kept for searches (one per process and database)
+
+
 def _connect(dsn: str):
     psycopg = _psycopg()
     try:
         return psycopg.connect(dsn)
     except psycopg.OperationalError as exc:
         raise ConnectionError(f"cannot connect to PostgreSQL at {dsn}: {str(exc).strip().splitlines()[0]}") from None
+
+
+def _search_connection(dsn: str):
+    """The kept connection for ``dsn`` (reconnected when it was closed or broken)."""
+    conn = _OPEN.get(dsn)
+    if conn is None or conn.closed or conn.broken:
+        conn = _OPEN[dsn] = _connect(dsn)
+    return conn
 
 
 def _exists(conn, table: str) -> bool:
@@ -132,7 +143,8 @@ def _literal(conn, text: str) -> str:
 
 def open_table(location: str, table: str):
     """(connection info, hubless metadata) of a table written by :func:`write`."""
-    with _connect(location) as conn:
+    conn = _search_connection(location)
+    with conn.transaction():
         if not _exists(conn, table):
             raise LookupError(f"no table {table!r} in PostgreSQL store {location}")
         comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", (_ident(table),)).fetchone()[0]
@@ -155,17 +167,17 @@ def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact:
     rows: list[list[dict]] = [[] for _ in range(len(vectors))]
     ties = ", id" if exact else ""  # lower id first, as hubless; an ORDER BY beyond the distance bypasses the HNSW index
     sql_text = (
-        f"SELECT q.i, t.id, t.dist, t.meta FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
-        f"(SELECT id, meta, {column} <#> q.v::vector AS dist FROM {_ident(table)} ORDER BY {column} <#> q.v::vector{ties} LIMIT %s) t "
+        f"SELECT q.i, t.id, t.dist, t.meta FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
+        f"(SELECT id, meta, {column} <#> q.v AS dist FROM {_ident(table)} ORDER BY {column} <#> q.v{ties} LIMIT %s) t "
         "ORDER BY q.i, t.dist, t.id"
     )
-    with _connect(location) as conn:
-        with conn.transaction():
-            if exact:
-                conn.execute("SET LOCAL enable_indexscan = off")
-            else:
-                conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(ef_search), 4 * k)}")
-            result = conn.execute(sql_text, (_vector_text(vectors), k)).fetchall()
+    conn = _search_connection(location)
+    with conn.transaction():
+        if exact:
+            conn.execute("SET LOCAL enable_indexscan = off")
+        else:
+            conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(ef_search), 4 * k)}")
+        result = conn.execute(sql_text, (_vector_text(vectors), k)).fetchall()
     slot = np.zeros(len(vectors), np.int64)
     for qi, item, dist, meta in result:
         i = qi - 1

@@ -28,6 +28,9 @@ ANN_TYPES = ("HNSW",)
 _NEVER_INDEX_KB = 2**40
 
 
+_OPEN: dict[str, object] = {}  # shard path -> the loaded shard, kept for searches
+
+
 def _qdrant():
     try:
         import qdrant_edge
@@ -100,6 +103,9 @@ def write(
         shutil.rmtree(version, ignore_errors=True)
         raise
     if old is not None:
+        kept = _OPEN.pop(str(old / "shard"), None)
+        if kept is not None:
+            kept.close()
         shutil.rmtree(old, ignore_errors=True)
     return folder
 
@@ -121,7 +127,12 @@ def open_table(location: str, table: str):
         info = json.loads((version / "hubless.json").read_text())
     except (OSError, ValueError):
         raise ValueError(f"collection {table!r} in {location} was not written by hubless export (no hubless.json)") from None
-    return qd.EdgeShard.load(str(version / "shard")), info
+    key = str(version / "shard")
+    if key not in _OPEN:  # a re-export is a new version: a new key
+        for stale in [k for k in _OPEN if k.startswith(str(folder) + "/")]:
+            _OPEN.pop(stale).close()
+        _OPEN[key] = qd.EdgeShard.load(key)
+    return _OPEN[key], info
 
 
 def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, hnsw_ef: int = HNSW_EF, **_):
@@ -132,10 +143,7 @@ def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: 
     requests = [
         qd.QueryRequest(limit=k, query=qd.Query.Nearest(v, using=using), with_payload=True, params=params) for v in vectors.tolist()
     ]
-    try:
-        results = shard.query_batch(qd.QueryBatchRequest(requests))
-    finally:
-        shard.close()
+    results = shard.query_batch(qd.QueryBatchRequest(requests))
     scores = np.full((len(vectors), k), -np.inf, np.float32)
     ids = np.full((len(vectors), k), -1, np.int64)
     rows = []
