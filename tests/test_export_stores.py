@@ -145,3 +145,72 @@ def test_cli_export_and_search_on_postgres_and_qdrant(store, index, small_data, 
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
     assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
+
+
+@pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant"])
+def test_sync_after_add_remove_and_bank_growth_equals_a_fresh_export(kind, tmp_path, request, small_data):
+    from hubless.export import sync
+    from hubless.export.query import _backend, parse_uri
+    from tests.conftest import unit_rows
+
+    pg = request.getfixturevalue("postgres") if kind == "postgresql" else None
+
+    def uri_of(name):
+        return f"lancedb://{tmp_path}/lance/{name}" if kind == "lancedb" else _store_uri(kind, tmp_path, pg, name)
+
+    def rows(uri):
+        u = parse_uri(uri)
+        backend = _backend(u.scheme)
+        return backend.read_rows(backend.open_table(u.location, u.table)[0])
+
+    rng = np.random.default_rng(3)
+    meta = [{"caption": f"item {i}"} for i in range(60)]
+    index = Index.build(small_data["gallery"], small_data["query_bank"], "nnn:alpha=0.75,k=8", factory="Flat", metadata=meta)
+    live = uri_of("live")
+    export(index, live)
+    steps = [
+        (lambda: index.add(unit_rows(rng, 5, 16), [{"caption": f"new {i}"} for i in range(5)]), {"written": 5, "removed": 0}),
+        (lambda: index.remove([3]), {"written": 61, "removed": 1}),  # ids are positions: rows after 3 move up
+        (lambda: index.add_query_bank(unit_rows(rng, 40, 16)), None),  # every bias may change
+    ]
+    q = small_data["queries"]
+    for step, (change, counts) in enumerate(steps):
+        change()
+        done = sync(index, live)
+        if counts is not None:
+            assert {k: done[k] for k in counts} == counts
+        fresh = uri_of(f"fresh{step}")
+        export(index, fresh)
+        got_ids, got = rows(live)
+        want_ids, want = rows(fresh)
+        np.testing.assert_array_equal(got_ids, want_ids)
+        np.testing.assert_array_equal(got, want)
+        s_live, i_live, m_live = search(live, q, top_k=10, exact=True)
+        s_fresh, i_fresh, m_fresh = search(fresh, q, top_k=10, exact=True)
+        np.testing.assert_array_equal(i_live, i_fresh)
+        np.testing.assert_array_equal(i_live, index.search(q, 10)[1])
+        assert m_live == m_fresh
+    assert sync(index, live)["written"] == 0  # nothing changed: nothing written
+    other = Index.build(small_data["gallery"], small_data["query_bank"], "is:beta=20.0", factory="Flat")
+    with pytest.raises(ValueError, match="export it again with overwrite"):
+        sync(other, live)
+
+
+def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+    from tests.conftest import unit_rows
+
+    index.save(tmp_path / "idx")
+    uri = store()
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri]).exit_code == 0
+    np.save(tmp_path / "new.npy", unit_rows(np.random.default_rng(4), 3, 16))
+    added = runner.invoke(app, ["index", "add", str(tmp_path / "idx"), "--embeddings", str(tmp_path / "new.npy")])
+    assert added.exit_code == 0, added.output
+    result = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri, "--sync"])
+    assert result.exit_code == 0, result.output
+    assert "3 row(s) written, 0 removed, 60 unchanged" in result.output
+    grown = Index.load(tmp_path / "idx")
+    np.testing.assert_array_equal(search(uri, small_data["queries"], 10, exact=True)[1], grown.search(small_data["queries"], 10)[1])

@@ -1,4 +1,4 @@
-"""``hubless export idx/ --to lancedb://path/table``: write the corrected gallery into a vector store."""
+"""``hubless export idx/ --to STORE [--sync]``: write the corrected gallery into a vector store (LanceDB, pgvector, Qdrant)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def export_command(
         ..., "--to", help="Store URI: lancedb://path/table, postgresql://user@host:port/db/table, qdrant://path/collection."
     ),
     overwrite: bool = typer.Option(False, help="Replace an existing table/collection (written aside first, then swapped)."),
+    sync: bool = typer.Option(
+        False, "--sync", help="Update an earlier export of this index in place: only new, changed and removed rows are written."
+    ),
     ann: str = typer.Option(
         None, help="Also build an ANN index on [r, bias] (inner product): IVF_PQ or IVF_FLAT (LanceDB), HNSW (pgvector, Qdrant)."
     ),
@@ -25,5 +28,13 @@ def export_command(
     from hubless.index import Index
 
     index = Index.load(index_dir)
+    if sync:
+        from hubless.export import sync as sync_store
+
+        if overwrite or ann:
+            raise ValueError("--sync updates the rows of an existing store; --overwrite and --ann belong to a full export")
+        done = sync_store(index, to)
+        typer.echo(f"synced {to}: {done['written']} row(s) written, {done['removed']} removed, {done['unchanged']} unchanged")
+        return
     export(index, to, overwrite=overwrite, ann=ann)
     typer.echo(f"exported {index.ntotal} items ({index.correction.spec}) to {to}")

@@ -145,3 +145,35 @@ def query(
         cols = {c[5:]: res[c].to_pylist() for c in meta_cols}
         rows.append([{"id": int(ids[i, j]), **{c: vals[j] for c, vals in cols.items()}} for j in range(m)])
     return scores, ids, rows
+
+
+def read_rows(tbl) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, [r, bias] rows) stored in the table, by id."""
+    data = tbl.to_arrow().select(["id", "vector"]).sort_by("id")
+    ids = data["id"].to_numpy()
+    vectors = data["vector"].combine_chunks()
+    return ids.astype(np.int64), vectors.flatten().to_numpy().astype(np.float32).reshape(len(ids), -1)
+
+
+def apply_changes(tbl, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
+    """Upsert rows ``ids`` (merge on id) and delete ``removed``: two LanceDB versions; an
+    interrupted sync is completed by running it again. The hubless metadata keeps the exported
+    spec and dims (a sync never changes them)."""
+    import pyarrow as pa
+
+    if len(ids):
+        meta_cols = [name for name in tbl.schema.names if name.startswith("meta_")]
+        cols = {
+            "id": pa.array(ids.astype(np.int64)),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(augmented.ravel()), augmented.shape[1]),
+            "plain": pa.FixedSizeListArray.from_arrays(pa.array(plain.ravel()), plain.shape[1]),
+        }
+        for col in meta_cols:
+            key = col[5:]
+            cols[col] = pa.array(
+                [None if not metadata or r.get(key) is None else str(r.get(key)) for r in (metadata or [{}] * len(ids))], pa.string()
+            )
+        new = pa.table(cols).cast(tbl.schema)
+        tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(new)
+    if len(removed):
+        tbl.delete(f"id IN ({', '.join(str(int(i)) for i in removed)})")

@@ -38,7 +38,7 @@ def _vector_text(rows: np.ndarray) -> list[str]:
     return ["[" + ",".join(f"{x:.9g}" for x in r) + "]" for r in rows.astype(np.float32).tolist()]
 
 
-def _binary_rows(start: int, augmented: np.ndarray, plain: np.ndarray, metadata) -> bytes:
+def _binary_rows(ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata) -> bytes:
     """A whole binary COPY stream of rows (id, vector, plain, meta): the fixed-size fields of
     every row laid out by one numpy structured array (big-endian, pgvector's binary format:
     int16 dim, int16 0, float4 values), the jsonb metadata appended to each row."""
@@ -52,7 +52,7 @@ def _binary_rows(start: int, augmented: np.ndarray, plain: np.ndarray, metadata)
             ("p_len", ">i4"), ("p_dim", ">i2"), ("p_unused", ">i2"), ("p", ">f4", (dp,)),
         ],
     )  # fmt: skip
-    fixed["fields"], fixed["id_len"], fixed["id"] = 4, 8, np.arange(start, start + n)
+    fixed["fields"], fixed["id_len"], fixed["id"] = 4, 8, ids
     fixed["v_len"], fixed["v_dim"], fixed["v"] = 4 + 4 * da, da, augmented
     fixed["p_len"], fixed["p_dim"], fixed["p"] = 4 + 4 * dp, dp, plain
     header = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
@@ -123,7 +123,7 @@ def write(
             for lo in progress_bar(range(0, n, batch), None, desc="export"):
                 hi = min(lo + batch, n)
                 with cur.copy(f"COPY {_ident(tmp)} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
-                    copy.write(_binary_rows(lo, augmented[lo:hi], plain[lo:hi], None if not metadata else metadata[lo:hi]))
+                    copy.write(_binary_rows(np.arange(lo, hi), augmented[lo:hi], plain[lo:hi], None if not metadata else metadata[lo:hi]))
         conn.commit()
         if ann is not None:  # built before the swap: the old table serves until the new one is ready
             conn.execute(f"CREATE INDEX ON {_ident(tmp)} USING hnsw (vector vector_ip_ops)")
@@ -186,3 +186,35 @@ def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact:
         rows[i].append({"id": int(item), **(meta or {})})
         slot[i] += 1
     return scores, ids, rows
+
+
+def read_rows(handle) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, [r, bias] rows) stored in the table, by id (one binary COPY, parsed by numpy)."""
+    location, table = handle
+    conn = _search_connection(location)
+    with conn.transaction(), conn.cursor() as cur:
+        dim = cur.execute(f"SELECT vector_dims(vector) FROM {_ident(table)} LIMIT 1").fetchone()
+        if dim is None:
+            return np.empty(0, np.int64), np.empty((0, 0), np.float32)
+        buffer = bytearray()
+        with cur.copy(f"COPY (SELECT id, vector FROM {_ident(table)} ORDER BY id) TO STDOUT (FORMAT BINARY)") as copy:
+            for chunk in copy:
+                buffer += chunk
+    d = dim[0]
+    row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
+                    ("v", ">f4", (d,))])  # fmt: skip
+    body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
+    return body["id"].astype(np.int64), body["v"].astype(np.float32)
+
+
+def apply_changes(handle, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
+    """Replace rows ``ids`` (inserting new ones), delete ``removed``, update the comment: one transaction."""
+    location, table = handle
+    with _connect(location) as conn:
+        with conn.transaction(), conn.cursor() as cur:
+            gone = np.concatenate([ids, removed]).astype(np.int64).tolist()
+            cur.execute(f"DELETE FROM {_ident(table)} WHERE id = ANY(%s)", (gone,))
+            if len(ids):
+                with cur.copy(f"COPY {_ident(table)} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
+                    copy.write(_binary_rows(ids, augmented, plain, metadata))
+            cur.execute(f"COMMENT ON TABLE {_ident(table)} IS %s".replace("%s", _literal(conn, json.dumps(info))))

@@ -153,3 +153,37 @@ def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: 
             ids[i, j], scores[i, j] = hit.id, hit.score
         rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
     return scores, ids, rows
+
+
+def read_rows(shard) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages)."""
+    qd = _qdrant()
+    ids, rows, offset = [], [], None
+    while True:
+        records, offset = shard.scroll(qd.ScrollRequest(offset=offset, limit=4096, with_vector=["corrected"], with_payload=False))
+        ids += [r.id for r in records]
+        rows += [r.vector["corrected"] for r in records]
+        if offset is None:
+            break
+    order = np.argsort(ids, kind="stable")
+    return np.asarray(ids, np.int64)[order], np.asarray(rows, np.float32).reshape(len(ids), -1)[order]
+
+
+def apply_changes(shard, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
+    """Upsert rows ``ids``, delete ``removed`` and rewrite hubless.json of the current version.
+    Qdrant applies each operation through its write-ahead log; an interrupted sync is completed
+    by running it again."""
+    from hubless._io import write_json
+
+    qd = _qdrant()
+    aug, pl = augmented.tolist(), plain.tolist()
+    points = [
+        qd.Point(int(i), {"corrected": aug[n], "plain": pl[n]}, None if not metadata else _payload(metadata[n])) for n, i in enumerate(ids)
+    ]
+    if points:
+        shard.update(qd.UpdateOperation.upsert_points(points))
+    if len(removed):
+        shard.update(qd.UpdateOperation.delete_points([int(i) for i in removed]))
+    shard.flush()
+    folder = next(Path(k).parent for k, v in _OPEN.items() if v is shard)
+    write_json(folder / "hubless.json", info)

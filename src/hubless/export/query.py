@@ -71,6 +71,39 @@ def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: 
     return _write(u.scheme, index, u.location, u.table, overwrite=overwrite, batch=batch, ann=ann)
 
 
+def sync(index, uri: str) -> dict:
+    """Bring a store exported from ``index`` up to date after ``index.add/remove`` or grown
+    banks: rows whose [r, bias(r)] changed or are new are written, rows past the index's end are
+    deleted, nothing else is touched. Ids are gallery positions, so a removal changes the rows
+    after it. Returns the counts ``{"written": ..., "removed": ..., "unchanged": ...}``; the
+    result equals a fresh export (tested). A store of another correction or dimension is refused.
+    """
+    from hubless.index.index import augmented_rows
+
+    u = parse_uri(uri)
+    backend = _backend(u.scheme)
+    handle, info = backend.open_table(u.location, u.table)
+    corr = index.correction
+    new_info = _info(index)
+    if (info.get("spec"), info.get("dim"), info.get("bias_columns")) != (corr.spec, new_info["dim"], new_info["bias_columns"]):
+        raise ValueError(
+            f"{uri} holds {info.get('spec')} ({info.get('dim')}-d); the index is {corr.spec} ({new_info['dim']}-d): "
+            "export it again with overwrite=True (--overwrite) instead of syncing"
+        )
+    stored_ids, stored = backend.read_rows(handle)
+    rows = augmented_rows(corr)
+    n = rows.shape[0]
+    current = np.zeros(n, dtype=bool)
+    keep = stored_ids < n
+    same = np.all(stored[keep] == rows[stored_ids[keep]], axis=1) if stored.size else np.zeros(0, bool)
+    current[stored_ids[keep][same]] = True
+    changed = np.flatnonzero(~current)
+    removed = stored_ids[~keep]
+    meta = None if not index.metadata else [index.metadata[i] for i in changed]
+    backend.apply_changes(handle, changed, rows[changed], corr.gallery_[changed], meta, removed, new_info)
+    return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(n - changed.size)}
+
+
 def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, **options):
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
@@ -90,7 +123,7 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     q = as_embeddings(queries, "queries", normalize=True)
     if q.shape[1] != info["dim"]:
         raise ValueError(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
-    top_k = min(int(top_k), int(info["n_items"]))
+    top_k = int(top_k)  # a store with fewer items fills the rest with id -1, score -inf
     corr = make_correction(info["spec"])
     knobs = {k: v for k, v in options.items() if k != corr.weight_param}
     weight = {k: v for k, v in options.items() if k == corr.weight_param}
