@@ -214,3 +214,25 @@ def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
     assert "3 row(s) written, 0 removed, 60 unchanged" in result.output
     grown = Index.load(tmp_path / "idx")
     np.testing.assert_array_equal(search(uri, small_data["queries"], 10, exact=True)[1], grown.search(small_data["queries"], 10)[1])
+
+
+@pytest.mark.parametrize("spec", ["dn:lam=0.4", "is:beta=15.0", "dualis", "baseline"])
+def test_every_constant_weight_method_is_served_with_the_index_scores(spec, store, small_data):
+    d = small_data
+    index = Index.build(d["gallery"], d["query_bank"], spec, factory="Flat", gallery_bank=d["gallery_bank"])
+    uri = store()
+    export(index, uri)
+    want_s, want_i = index.search(d["queries"], top_k=10)
+    got_s, got_i, _ = search(uri, d["queries"], top_k=10, exact=True)
+    np.testing.assert_array_equal(got_i, want_i)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["dis:k_activation=1", "csls"])
+def test_methods_needing_raw_neighbours_are_refused_with_the_reason(spec, store, small_data):
+    d = small_data
+    index = Index.build(d["gallery"], d["query_bank"], spec, factory="Flat")
+    uri = store()
+    export(index, uri)
+    with pytest.raises(ValueError, match="raw neighbours"):
+        search(uri, d["queries"], top_k=10)

@@ -459,6 +459,30 @@ class AdditiveCorrection(Correction):
             shift = w @ bias.T
         return np.subtract(sims, shift, out=out)
 
+    #: Fitted attributes, besides the gallery and its biases, that W(q) and the method's scores
+    #: read: what a vector store keeps to answer queries as the index does (see :meth:`query_state`).
+    query_state_attrs: ClassVar[tuple[str, ...]] = ()
+
+    def query_state(self) -> dict[str, list]:
+        """The fitted values W(q) and :meth:`method_scores` need beyond the bias columns, as JSON
+        lists (a vector store keeps them with the exported [r, bias(r)] rows)."""
+        self._check_fitted()
+        return {name: np.asarray(getattr(self, name), dtype=np.float64).tolist() for name in self.query_state_attrs}
+
+    def for_queries(self, state: dict, dim: int, n_columns: int) -> AdditiveCorrection:
+        """This (unfitted) correction set up from a stored :meth:`query_state` to compute the
+        query side only (W(q), method scores) for a gallery served elsewhere; returns ``self``."""
+        self._validate_params()
+        missing = set(self.query_state_attrs) - set(state)
+        if missing:
+            raise ValueError(f"{self.spec}: the stored query state lacks {', '.join(sorted(missing))}; export the index again")
+        for name in self.query_state_attrs:
+            setattr(self, name, np.asarray(state[name], dtype=np.float64))
+        self.gallery_ = np.zeros((0, dim), np.float32)  # served elsewhere: no row here
+        self.n_gallery_, self.dim_ = 0, dim
+        self.bias_columns_ = np.zeros((0, n_columns), np.float32)
+        return self
+
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
         if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias

@@ -28,6 +28,7 @@ class DualIS(AdditiveCorrection):
     """
 
     name = "dualis"
+    query_state_attrs = ("log_bank_sizes_",)
     summary = "DBNorm dual inverted softmax (Wang et al. 2023): normalised over the query and gallery banks"
     default_grid = {"beta_query": LOG_BETAS, "beta_gallery": LOG_BETAS}
     gallery_bank_use = "required"

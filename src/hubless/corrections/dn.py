@@ -21,6 +21,7 @@ class DN(AdditiveCorrection):
     """
 
     name = "dn"
+    query_state_attrs = ("query_bank_mean_", "gallery_mean_")
     summary = "Distribution Normalization (Zhou et al. 2023): (q - lam mu_B).(r - lam mu_G)"
     default_grid = {"lam": tuple(round(0.1 * i, 1) for i in range(11))}
     weight_param = "lam"

@@ -37,6 +37,7 @@ class InvertedSoftmax(AdditiveCorrection):
     """
 
     name = "is"
+    query_state_attrs = ("log_bank_size_",)
     summary = "QB-Norm inverted softmax (Bogolin et al. 2022): exp(beta s) / sum over the query bank"
     default_grid = {"beta": LOG_BETAS}
 

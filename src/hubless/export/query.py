@@ -31,6 +31,7 @@ def _info(index) -> dict:
         "dim": int(corr.dim_),
         "bias_columns": int(corr.bias_columns_.shape[1]),
         "n_items": int(index.ntotal),
+        "query_state": corr.query_state(),  # what W(q) and the method's scores read (DN's means, IS's bank size)
     }
 
 
@@ -109,10 +110,11 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
 
     ``options``: the method's query-time weight (``alpha=``), and the store's search knobs
     (LanceDB ``nprobes``, ``refine_factor``; pgvector ``ef_search``; Qdrant ``hnsw_ef``).
-    The correction is rebuilt from the stored spec only to compute W(q) for queries; methods
-    whose W(q) needs raw neighbours (DIS gates, CSLS r_q) are refused here.
+    The correction is rebuilt from the stored spec and query state (DN's bank means, IS's bank
+    size) to compute W(q) and the method's scores, so NNN, DN, IS, DualIS and the baseline answer
+    as ``Index.search`` does; methods whose W(q) needs each query's raw neighbours (DIS and
+    DualDIS gates, CSLS's r_q) are refused.
     """
-    from hubless._validation import as_embeddings
     from hubless.corrections import make_correction
 
     u = parse_uri(store_uri)
@@ -120,30 +122,21 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     handle, info = backend.open_table(u.location, u.table)
     if info.get("metric") != "dot":
         raise ValueError(f"store {store_uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
-    q = as_embeddings(queries, "queries", normalize=True)
-    if q.shape[1] != info["dim"]:
+    corr = make_correction(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
+    q = np.asarray(queries)
+    if q.ndim == 2 and q.shape[1] != info["dim"]:
         raise ValueError(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
     top_k = int(top_k)  # a store with fewer items fills the rest with id -1, score -inf
-    corr = make_correction(info["spec"])
     knobs = {k: v for k, v in options.items() if k != corr.weight_param}
     weight = {k: v for k, v in options.items() if k == corr.weight_param}
     unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
     if unknown:
         raise TypeError(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
+    if corr.query_request.depth or not corr.exactly_additive:
+        raise ValueError(f"{info['spec']} needs each query's raw neighbours (gates, CSLS's r_q): search it with hubless's own Index")
+    batch = corr.queries(q, **weight)
     if not corrected:
-        return backend.query(handle, q, top_k, column="plain", exact=exact, **knobs)
-    if corr.query_request.depth:
-        raise ValueError(f"{info['spec']} needs raw neighbours per query: search it with hubless's own Index")
-    weights = _weights(corr, q, weight, info)
-    xq = np.hstack([q, -weights]).astype(np.float32)
-    return backend.query(handle, xq, top_k, exact=exact, **knobs)
-
-
-def _weights(corr, q, weight, info):
-    """W(q) for the stored correction: NNN's W is the constant alpha and its method scores are
-    the ranking scores. (DN's method scores need the bank means, not stored yet.)"""
-    name = corr.weight_param
-    if type(corr).__name__ != "NNN" or info["bias_columns"] != 1 or name is None:
-        raise ValueError(f"{info['spec']}: only NNN is served from a store so far; use hubless's own Index")
-    value = np.asarray(corr.check_weight(weight.get(name, corr.get_params()[name])), np.float32)
-    return np.broadcast_to(value.reshape(-1, 1), (len(q), 1))
+        return backend.query(handle, batch.vectors, top_k, column="plain", exact=exact, **knobs)
+    xq = np.hstack([batch.vectors, -corr.weights(batch)]).astype(np.float32)
+    ranking, ids, rows = backend.query(handle, xq, top_k, exact=exact, **knobs)
+    return corr.method_scores(batch, ranking), ids, rows
