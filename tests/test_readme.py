@@ -35,6 +35,7 @@ NEEDS = {
     "hubless eval --gallery images.npy --queries captions.npy --truth t2i:5 --query-bank bank.npy -m nnn --rerank": "BLIP weights",
     "hubless serve": "a long-running server (tests/test_service*.py run it)",
     "hubless index build --gallery gallery_shards/": "a local Ray (tests/test_distributed_index.py runs it)",
+    "hubless export idx/ --to postgresql://": "a PostgreSQL server with pgvector (tests/test_export_stores.py starts one)",
     "hubless index build --gallery /shared/img_emb": "a Ray cluster",
     "hubless demo --serve": "a long-running server (tests/test_service*.py run it)",
 }
