@@ -236,3 +236,16 @@ def test_methods_needing_raw_neighbours_are_refused_with_the_reason(spec, store,
     export(index, uri)
     with pytest.raises(ValueError, match="raw neighbours"):
         search(uri, d["queries"], top_k=10)
+
+
+def test_a_qdrant_collection_with_another_metric_is_refused(tmp_path, index, small_data):
+    uri = f"qdrant://{tmp_path}/qd/g"
+    export(index, uri)
+    version = tmp_path / "qd" / "g" / (tmp_path / "qd" / "g" / "CURRENT").read_text().strip()
+    info = json.loads((version / "hubless.json").read_text())
+    (version / "hubless.json").write_text(json.dumps({**info, "metric": "cosine"}))
+    with pytest.raises(ValueError, match="cosine would normalise"):
+        search(uri, small_data["queries"], top_k=3)
+    (version / "hubless.json").unlink()
+    with pytest.raises(ValueError, match="not written by hubless"):
+        search(uri, small_data["queries"], top_k=3)
