@@ -79,8 +79,8 @@ def plan_tiles(
     gallery_rows: int | Sequence[int] = GALLERY_ROWS,
     bank_cols: int | Sequence[int] = BANK_COLS,
 ) -> list[Tile]:
-    """Every tile the statistics in ``request`` need (a side with nothing requested has none,
-    except one tile per bank shard when only the bank's mean is needed)."""
+    """Every tile: each gallery shard against each shard of each bank given (a tile whose side
+    has nothing requested computes only the means, which DN reads)."""
     if request.query_probes:
         raise ValueError(
             "GC needs every gallery item's sorted similarities to the whole query bank (n_gallery x n_bank numbers): "
