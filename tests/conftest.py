@@ -15,6 +15,15 @@ def _fresh_warnings():
     _reset_warnings()
 
 
+def interrupt_after_first(iterable, progress, **kwargs):
+    """A progress bar that stops the work with Ctrl-C after its first step (an interrupted
+    export or job, for tests that check nothing is lost)."""
+    for n, item in enumerate(iterable):
+        if n == 1:
+            raise KeyboardInterrupt
+        yield item
+
+
 def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     x = rng.standard_normal((n, d))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)

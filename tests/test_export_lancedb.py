@@ -59,12 +59,7 @@ def test_interrupted_export_keeps_previous_table(tmp_path, index, small_data, mo
     export(index, uri)
     before = search(uri, small_data["queries"], top_k=10)[1]
     import hubless.progress
-
-    def interrupt_after_first(iterable, progress, **kwargs):
-        for n, item in enumerate(iterable):
-            if n == 1:
-                raise KeyboardInterrupt
-            yield item
+    from tests.conftest import interrupt_after_first
 
     monkeypatch.setattr(hubless.progress, "progress_bar", interrupt_after_first)
     with pytest.raises(KeyboardInterrupt):

@@ -84,12 +84,7 @@ def test_an_interrupted_export_keeps_the_previous_store(store, index, small_data
     export(index, uri)
     before = search(uri, small_data["queries"], top_k=10, exact=True)[1]
     import hubless.progress
-
-    def interrupt_after_first(iterable, progress, **kwargs):  # Ctrl-C after the first batch is written
-        for n, item in enumerate(iterable):
-            if n == 1:
-                raise KeyboardInterrupt
-            yield item
+    from tests.conftest import interrupt_after_first
 
     monkeypatch.setattr(hubless.progress, "progress_bar", interrupt_after_first)
     with pytest.raises(KeyboardInterrupt):

@@ -66,6 +66,7 @@ class Index:
         ef_search: int = 64,
         rescore: bool | None = None,
         rescore_factor: int = 4,
+        _built=None,
     ) -> None:
         _check_servable(correction)
         if not correction.is_fitted:
@@ -74,43 +75,27 @@ class Index:
         rescore = not _is_flat(factory) if rescore is None else rescore
         config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
         t0 = time.perf_counter()
-        faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
+        if _built is None:
+            faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
+        else:  # built elsewhere (see from_faiss)
+            faiss_index, dim = _built, _built.d
         config.build_seconds = time.perf_counter() - t0
         self._setup(
             correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False
         )
 
     @classmethod
-    def from_faiss(
-        cls,
-        correction: AdditiveCorrection,
-        faiss_index,
-        factory: str,
-        *,
-        query_bank: np.ndarray | None = None,
-        gallery_bank: np.ndarray | None = None,
-        metadata=None,
-        model: str | None = None,
-        nprobe: int = 16,
-        ef_search: int = 64,
-        rescore: bool | None = None,
-        rescore_factor: int = 4,
-    ) -> Index:
+    def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, **options) -> Index:
         """An index over a FAISS index built elsewhere (by :func:`hubless.distributed.build_index`,
-        say) that holds ``[r, bias(r)]`` of the fitted ``correction``'s gallery, in order."""
-        _check_servable(correction)
+        say) that holds ``[r, bias(r)]`` of the fitted ``correction``'s gallery, in order.
+        ``options``: as the constructor's (banks, metadata, model, search defaults)."""
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted")
         if faiss_index.ntotal != correction.n_gallery_:
             raise ValueError(f"the FAISS index holds {faiss_index.ntotal} items but the correction's gallery has {correction.n_gallery_}")
         if faiss_index.d != padded_dim(factory, augmented_rows(correction).shape[1]):
             raise ValueError(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs another")
-        rescore = not _is_flat(factory) if rescore is None else rescore
-        config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
-        index = cls.__new__(cls)
-        records = _as_records(metadata, correction.n_gallery_)
-        index._setup(correction, config, faiss_index, faiss_index.d, query_bank, gallery_bank, records, mmap=False)
-        return index
+        return cls(correction, factory, _built=faiss_index, **options)
 
     def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
         """The one place an index's state is set (by the constructor and by :meth:`load`)."""
