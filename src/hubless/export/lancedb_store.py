@@ -118,7 +118,9 @@ def open_table(location: str, table: str):
     if table not in _tables(db):
         raise LookupError(f"no table {table!r} in LanceDB store {location}")
     tbl = db.open_table(table)
-    raw = (tbl.schema.metadata or {}).get(b"hubless")
+    # a sync keeps the current metadata on the id column; an export writes it with the schema
+    raw = (tbl.schema.field("id").metadata or {}).get(b"hubless") if "id" in tbl.schema.names else None
+    raw = raw or (tbl.schema.metadata or {}).get(b"hubless")
     if raw is None:
         raise ValueError(f"table {table!r} in {location} was not written by hubless export (no hubless metadata)")
     return tbl, json.loads(raw)
@@ -157,8 +159,8 @@ def read_rows(tbl) -> tuple[np.ndarray, np.ndarray]:
 
 def apply_changes(tbl, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
     """Upsert rows ``ids`` (merge on id) and delete ``removed``: two LanceDB versions; an
-    interrupted sync is completed by running it again. The hubless metadata keeps the exported
-    spec and dims (a sync never changes them)."""
+    interrupted sync is completed by running it again. The current hubless metadata (the query
+    state after a bank grew, the item count) goes on the id column."""
     import pyarrow as pa
 
     if len(ids):
@@ -177,3 +179,4 @@ def apply_changes(tbl, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray
         tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(new)
     if len(removed):
         tbl.delete(f"id IN ({', '.join(str(int(i)) for i in removed)})")
+    tbl.update_field_metadata({"path": "id", "metadata": {"hubless": json.dumps(info)}})  # e.g. a grown bank's size
