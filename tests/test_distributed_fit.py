@@ -4,9 +4,10 @@ after a worker dies, and clear about bad shards."""
 
 from __future__ import annotations
 
-import os
 import random
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import hubless.distributed as hd
 from hubless.corrections import make_correction
 from hubless.distributed.plan import TileMerger, compute_tile, plan_tiles
-from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.distributed.sources import open_source
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from tests.conftest import unit_rows
 
@@ -169,29 +170,43 @@ def test_a_rerun_recomputes_only_the_missing_tiles(ray_local, sharded, tmp_path)
         hd.fit(*args, gallery_rows=128, bank_cols=1000, work_dir=work, progress=False)
 
 
-class DiesOnce(EmbeddingSource):
-    """A source whose first read kills its Ray worker process (a machine lost mid-run)."""
-
-    def read(self, start, stop):
-        marker = os.environ.get("HUBLESS_TEST_DIE_MARKER") or self._marker
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            os._exit(1)
-        return super().read(start, stop)
+#: Ray 2.60's driver sometimes aborts after a worker died and its task was retried ("Check failed:
+#: it != submissible_tasks_.end() Tried to complete task that was not pending", a Ray bug): the
+#: run gets a driver process of its own, so such an abort cannot take pytest down, and is retried.
+RAY_RETRY_BUG = "Tried to complete task that was not pending"
 
 
-def test_a_worker_that_dies_is_retried_by_ray_and_the_result_is_exact(ray_local, sharded, tmp_path):
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+def test_a_worker_that_dies_is_retried_by_ray_and_the_result_is_exact(sharded, tmp_path):
     d = sharded
-    src = open_source(d["bank_dir"])
-    dying = DiesOnce(src.shards, src.dim, src.kind)
-    object.__setattr__(dying, "_marker", str(tmp_path / "died"))
-    got = hd.fit("nnn:k=8", d["gallery_dir"], dying, gallery_rows=256, bank_cols=1000, progress=False)
-    assert (tmp_path / "died").exists()
+    root = Path(__file__).resolve().parents[1]
+    script = f"""
+import sys, numpy as np, cloudpickle, ray
+sys.path.insert(0, {str(root)!r})
+import tests._dying_source as dying_module
+cloudpickle.register_pickle_by_value(dying_module)  # the workers get the class by value
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+import hubless.distributed as hd
+from hubless.distributed.sources import open_source
+src = open_source({str(d["bank_dir"])!r})
+dying = dying_module.DiesOnce(src.shards, src.dim, src.kind, marker={str(tmp_path / "died")!r})
+fitted = hd.fit("nnn:k=8", {str(d["gallery_dir"])!r}, dying, gallery_rows=256, bank_cols=1000, progress=False)
+np.save({str(tmp_path / "bias.npy")!r}, fitted.bias_columns_)
+"""
+    for _attempt in range(3):
+        (tmp_path / "died").unlink(missing_ok=True)
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        if run.returncode == 0 or RAY_RETRY_BUG not in run.stdout + run.stderr + _ray_driver_logs():
+            break
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "died").exists()  # a worker did die mid-run
     want = make_correction("nnn:k=8").fit(d["gallery"], d["query_bank"])
-    _assert_same_fit(got, want, d["queries"], exact_topk=False)
+    np.testing.assert_allclose(np.load(tmp_path / "bias.npy"), want.bias_columns_, rtol=1e-6, atol=1e-6)
+
+
+def _ray_driver_logs() -> str:
+    """The newest Ray session's driver logs (where Ray writes its check failures)."""
+    logs = Path("/tmp/ray/session_latest/logs")
+    return "".join(p.read_text(errors="replace") for p in logs.glob("python-core-driver-*.log")) if logs.is_dir() else ""
 
 
 def test_bad_shards_give_one_clear_error_naming_the_shard(ray_local, sharded, tmp_path):

@@ -128,14 +128,15 @@ def test_cli_search_on_a_store_equals_the_index(tmp_path):
     assert refused.exit_code == 2 and "--queries" in refused.output
 
 
-@pytest.mark.parametrize("ann, recall", [("IVF_PQ", 0.9), ("IVF_FLAT", 0.95)])
+@pytest.mark.parametrize("ann, recall", [("IVF_PQ", 0.95), ("IVF_FLAT", 0.93)])
 def test_ann_variants_reach_their_recall(tmp_path, ann, recall):
     """With an ANN index (dot metric) on [r, bias], 20 of ~35 partitions probed and 10x candidates
-    re-scored exactly: recall@10 of the exact corrected top-10 (the floors the README states)."""
+    re-scored exactly: recall@10 of the exact corrected top-10 over 200 queries (the floors the
+    README states; LanceDB seeds its k-means randomly: measured 0.992-0.995 and 0.953-0.966)."""
     rng = np.random.default_rng(22)
     g = rng.standard_normal((5000, 31)).astype(np.float32)
     b = rng.standard_normal((3000, 31)).astype(np.float32)
-    q = rng.standard_normal((50, 31)).astype(np.float32)
+    q = rng.standard_normal((200, 31)).astype(np.float32)
     index = Index.build(g, b, "nnn:alpha=0.75,k=8", "Flat")
     uri = f"lancedb://{tmp_path / 'db'}/ann"
     export(index, uri, ann=ann)

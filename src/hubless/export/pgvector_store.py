@@ -8,6 +8,7 @@ The table's comment holds hubless's metadata (format version, spec, model, metri
 
 from __future__ import annotations
 
+import atexit
 import json
 
 import numpy as np
@@ -69,6 +70,14 @@ def _binary_rows(ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, meta
 
 
 _OPEN: dict[str, object] = {}  # dsn -> a connection kept for searches (one per process and database)
+
+
+@atexit.register
+def _close_kept() -> None:
+    """Close what searches kept open (at interpreter exit)."""
+    for kept in _OPEN.values():
+        kept.close()
+    _OPEN.clear()
 
 
 def _connect(dsn: str):

@@ -12,6 +12,7 @@ both vectors with HNSW (built before the switch); searches use it unless ``exact
 
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
 import uuid
@@ -29,6 +30,14 @@ _NEVER_INDEX_KB = 2**40
 
 
 _OPEN: dict[str, object] = {}  # shard path -> the loaded shard, kept for searches
+
+
+@atexit.register
+def _close_kept() -> None:
+    """Close what searches kept open (at interpreter exit)."""
+    for kept in _OPEN.values():
+        kept.close()
+    _OPEN.clear()
 
 
 def _qdrant():
