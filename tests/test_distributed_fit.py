@@ -4,9 +4,12 @@ after a worker dies, and clear about bad shards."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +204,37 @@ np.save({str(tmp_path / "bias.npy")!r}, fitted.bias_columns_)
     assert (tmp_path / "died").exists()  # a worker did die mid-run
     want = make_correction("nnn:k=8").fit(d["gallery"], d["query_bank"])
     np.testing.assert_allclose(np.load(tmp_path / "bias.npy"), want.bias_columns_, rtol=1e-6, atol=1e-6)
+
+
+def test_a_killed_fit_resumes_and_computes_only_the_missing_tiles(ray_local, sharded, tmp_path):
+    d, work = sharded, tmp_path / "work"
+    root = Path(__file__).resolve().parents[1]
+    script = f"""
+import sys, cloudpickle, ray
+sys.path.insert(0, {str(root)!r})
+import tests._dying_source as sources
+cloudpickle.register_pickle_by_value(sources)
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+import hubless.distributed as hd
+from hubless.distributed.sources import open_source
+g = open_source({str(d["gallery_dir"])!r})
+slow = sources.SlowAfterFirst(g.shards, g.dim, g.kind, fast_rows=256, delay=60.0)
+hd.fit("dis:k_activation=2", slow, {str(d["bank_dir"])!r}, gallery_rows=256, bank_cols=1000, work_dir={str(work)!r}, progress=False)
+"""
+    # the first gallery shard's 3 tiles finish at once, the other 6 hang: kill the driver then
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while len(list((work / "tiles").glob("*.npz"))) < 3 and time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    kept = {t.name: t.stat().st_mtime_ns for t in (work / "tiles").glob("*.npz")}
+    assert len(kept) == 3, sorted(kept)
+    resumed = hd.fit("dis:k_activation=2", d["gallery_dir"], d["bank_dir"], gallery_rows=256, bank_cols=1000, work_dir=work, progress=False)
+    after = {t.name: t.stat().st_mtime_ns for t in (work / "tiles").glob("*.npz")}
+    assert len(after) == 9 and all(after[name] == mtime for name, mtime in kept.items())  # only the 6 missing were computed
+    want = make_correction("dis:k_activation=2").fit(d["gallery"], d["query_bank"])
+    _assert_same_fit(resumed, want, d["queries"], exact_topk=False)
 
 
 def _ray_driver_logs() -> str:
