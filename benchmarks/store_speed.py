@@ -39,7 +39,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stores", default="lancedb,pgvector,qdrant", help="comma-separated: lancedb, pgvector, qdrant")
     args = ap.parse_args()
+    chosen = set(args.stores.split(","))
     import pgserver
 
     # hubless's synthetic CLIP-like data (topics, popular items, a modality gap): uniformly random
@@ -67,6 +69,8 @@ def main() -> None:
                 ("Qdrant (edge)", lambda table: f"qdrant://{tmp}/qdrant/{table}", "HNSW"),
             ]
             for name, uri, ann in stores:
+                if name.split()[0].lower() not in chosen:
+                    continue
                 for variant in (None, ann):
                     target = uri("exact" if variant is None else "ann")
                     t0 = time.perf_counter()

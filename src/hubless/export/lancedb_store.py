@@ -129,23 +129,26 @@ def open_table(location: str, table: str):
 def query(
     tbl, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, nprobes: int = 20, refine_factor: int = 10, **_
 ):
-    """Top-k by dot product per query: (scores, ids, metadata rows). LanceDB's "dot" distance is
-    1 - q.r, turned back into the score q.r here. On a table with an ANN index the index finds
-    ``refine_factor x k`` candidates in ``nprobes`` partitions, re-scored exactly; ``exact``
-    scans every row instead."""
+    """Top-k by dot product per query, all queries in one request: (scores, ids, metadata rows).
+    LanceDB's "dot" distance is 1 - q.r, turned back into the score q.r here. On a table with an
+    ANN index the index finds ``refine_factor x k`` candidates in ``nprobes`` partitions,
+    re-scored exactly; ``exact`` scans every row instead."""
     meta_cols = [name for name in tbl.schema.names if name.startswith("meta_")]
     scores = np.full((len(vectors), k), -np.inf, np.float32)
     ids = np.full((len(vectors), k), -1, np.int64)
-    rows = []
-    for i, v in enumerate(vectors):
-        search = tbl.search(v, vector_column_name=column).distance_type("dot").limit(k)
-        search = search.bypass_vector_index() if exact or column != "vector" else search.nprobes(nprobes).refine_factor(refine_factor)
-        res = search.select(["id", "_distance", *meta_cols]).to_arrow()
-        m = res.num_rows
-        ids[i, :m] = res["id"].to_numpy()
-        scores[i, :m] = 1.0 - res["_distance"].to_numpy()
-        cols = {c[5:]: res[c].to_pylist() for c in meta_cols}
-        rows.append([{"id": int(ids[i, j]), **{c: vals[j] for c, vals in cols.items()}} for j in range(m)])
+    search = tbl.search(np.asarray(vectors, np.float32), vector_column_name=column).distance_type("dot").limit(k)
+    search = search.bypass_vector_index() if exact or column != "vector" else search.nprobes(nprobes).refine_factor(refine_factor)
+    res = search.select(["id", "_distance", *meta_cols]).to_arrow()
+    which = res["query_index"].to_numpy() if "query_index" in res.column_names else np.zeros(res.num_rows, np.int64)
+    order = np.lexsort((res["id"].to_numpy(), res["_distance"].to_numpy(), which))  # per query: best first, ties by id
+    which, found = which[order], res["id"].to_numpy()[order]
+    slot = np.arange(order.size) - np.searchsorted(which, which)  # rank within its query
+    ids[which, slot] = found
+    scores[which, slot] = 1.0 - res["_distance"].to_numpy()[order]
+    cols = {c[5:]: [values[n] for n in order] for c in meta_cols for values in [res[c].to_pylist()]}
+    rows = [[] for _ in range(len(vectors))]
+    for n, (i, j) in enumerate(zip(which.tolist(), found.tolist())):
+        rows[i].append({"id": int(j), **{c: vals[n] for c, vals in cols.items()}})
     return scores, ids, rows
 
 
