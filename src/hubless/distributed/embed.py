@@ -59,10 +59,18 @@ def embed(
     overwrite: bool = False,
 ):
     """Embed ``images`` (paths) or ``texts`` with ``model`` into ``out`` on Ray; returns the
-    :class:`~hubless.encoders.job.EmbedResult` of the single-machine job (same files)."""
+    :class:`~hubless.encoders.job.EmbedResult` of the single-machine job (same files).
+
+    ``workers``: Ray Data actors, each loading the model once (default: one per GPU of the
+    cluster, else one per CPU); ``address``: a Ray cluster (``ray://host:10001``), default a
+    local Ray started without a dashboard. Raises :class:`~hubless.errors.MissingDependencyError`
+    (the ``distributed`` extra) when Ray is not installed.
+    """
     from hubless.encoders import load_encoder
     from hubless.encoders.job import embed_to_file
+    from hubless.errors import check_available
 
+    check_available("ray", "embedding on Ray (--ray)", "distributed")  # before the model is loaded
     encoder = load_encoder(model, kind=kind, device="cpu" if device is None else device)  # name and dim for the job key
     ray = connect(address)
     gpus = int(ray.cluster_resources().get("GPU", 0))
