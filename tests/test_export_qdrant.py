@@ -160,3 +160,25 @@ def test_cli_export_and_search_on_a_qdrant_server(server, index, small_data, tmp
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
     assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
+
+
+@pytest.mark.parametrize("kind", ["qdrant", "qdrant+http"])
+def test_an_export_failing_on_bad_metadata_midway_keeps_the_previous_collection(kind, server, index, small_data, tmp_path):
+    """A real failing input: item 30's caption is not valid Unicode (a lone surrogate), met in the
+    second batch after the first was written. Both Qdrant stores, in-process and server."""
+    uri = f"qdrant://{tmp_path}/edge/gal" if kind == "qdrant" else _uri("gal")
+    export(index, uri)
+    before = search(uri, small_data["queries"], top_k=10, exact=True)
+    meta = [{"caption": f"other {i}"} for i in range(60)]
+    meta[30]["caption"] = "broken \ud800"
+    bad = Index.build(small_data["gallery"], small_data["gallery_bank"], "nnn:alpha=0.5,k=4", factory="Flat", metadata=meta)
+    with pytest.raises(ValueError, match="metadata 'caption' of item 30 is not valid Unicode"):
+        export(bad, uri, overwrite=True, batch=16)
+    after = search(uri, small_data["queries"], top_k=10, exact=True)
+    np.testing.assert_array_equal(after[1], before[1])
+    np.testing.assert_allclose(after[0], before[0])
+    assert after[2][0][0]["caption"].startswith("item ")
+    if kind == "qdrant":  # only the previous version's directory is left
+        assert len([p for p in (tmp_path / "edge" / "gal").iterdir() if p.is_dir()]) == 1
+    else:
+        assert len(server.get_collections().collections) == 1

@@ -59,7 +59,7 @@ def _target(client, name: str) -> str | None:
 def _point(models, pid, corrected, plain, record):
     from hubless.export.qdrant_store import _payload
 
-    return models.PointStruct(id=pid, vector={"corrected": corrected, "plain": plain}, payload=_payload(record))
+    return models.PointStruct(id=pid, vector={"corrected": corrected, "plain": plain}, payload=_payload(record, pid))
 
 
 def _info_point(models, info: dict):
