@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stores", default="lancedb,pgvector,qdrant", help="comma-separated: lancedb, pgvector, qdrant")
+    ap.add_argument("--qdrant-url", help="a Qdrant server (http://host:port) to add its rows (qdrant+http://); none by default")
     args = ap.parse_args()
     chosen = set(args.stores.split(","))
     import pgserver
@@ -68,13 +69,15 @@ def main() -> None:
                 ("pgvector", lambda table: f"{base}/{table}?{opts}", "HNSW"),
                 ("Qdrant (edge)", lambda table: f"qdrant://{tmp}/qdrant/{table}", "HNSW"),
             ]
+            if args.qdrant_url:
+                stores.append(("Qdrant server", lambda table: f"qdrant+{args.qdrant_url.rstrip('/')}/hubless_bench_{table}", "HNSW"))
             for name, uri, ann in stores:
                 if name.split()[0].lower() not in chosen:
                     continue
                 for variant in (None, ann):
                     target = uri("exact" if variant is None else "ann")
                     t0 = time.perf_counter()
-                    export(index, target, ann=variant)
+                    export(index, target, ann=variant, overwrite=True)  # a server keeps its collections between runs
                     rate = args.n / (time.perf_counter() - t0)
                     exact = variant is None
                     got = search(target, q, top_k=10, exact=exact)[1]

@@ -36,6 +36,7 @@ NEEDS = {
     "hubless serve": "a long-running server (tests/test_service*.py run it)",
     "hubless index build --gallery gallery_shards/": "a local Ray (tests/test_distributed_index.py runs it)",
     "hubless export idx/ --to postgresql://": "a PostgreSQL server with pgvector (tests/test_export_stores.py starts one)",
+    "hubless export idx/ --to qdrant+http://": "a Qdrant server (tests/test_export_qdrant.py uses qdrant-client's engine in its place)",
     "hubless index build --gallery /shared/img_emb": "a Ray cluster",
     "hubless demo --serve": "a long-running server (tests/test_service*.py run it)",
 }

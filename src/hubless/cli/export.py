@@ -13,7 +13,9 @@ from hubless.cli._common import friendly_errors
 def export_command(
     index_dir: Path = typer.Argument(..., help="A saved hubless index directory."),
     to: str = typer.Option(
-        ..., "--to", help="Store URI: lancedb://path/table, postgresql://user@host:port/db/table, qdrant://path/collection."
+        ...,
+        "--to",
+        help="Store URI: lancedb://path/table, postgresql://user@host:port/db/table, qdrant://path/collection, qdrant+http://host:port/collection.",
     ),
     overwrite: bool = typer.Option(False, help="Replace an existing table/collection (written aside first, then swapped)."),
     sync: bool = typer.Option(

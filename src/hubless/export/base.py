@@ -12,6 +12,8 @@ SCHEMES = {
     "postgresql": "postgresql://user:password@host:port/database/table",
     "postgres": "postgres://user:password@host:port/database/table",
     "qdrant": "qdrant://path/collection",
+    "qdrant+http": "qdrant+http://host:port/collection",
+    "qdrant+https": "qdrant+https://host:port/collection",
 }
 
 
@@ -38,6 +40,8 @@ def parse_uri(uri: str) -> StoreURI:
     location, slash, table = rest.rstrip("/").rpartition("/")
     if not slash or not table or not location:
         raise ValueError(f"store URI {uri!r} needs a location and a table name: {SCHEMES[scheme]}")
+    if scheme.startswith("qdrant+"):  # the server's URL
+        location = f"{scheme[len('qdrant+') :]}://{location}"
     return StoreURI(scheme, location, table)
 
 

@@ -97,7 +97,7 @@ def write(
                 hi = min(lo + batch, n)
                 aug, pl = augmented[lo:hi].tolist(), plain[lo:hi].tolist()
                 points = [
-                    qd.Point(lo + i, {"corrected": aug[i], "plain": pl[i]}, None if not metadata else _payload(metadata[lo + i]))
+                    qd.Point(lo + i, {"corrected": aug[i], "plain": pl[i]}, None if not metadata else _payload(metadata[lo + i], lo + i))
                     for i in range(hi - lo)
                 ]
                 shard.update(qd.UpdateOperation.upsert_points(points))
@@ -119,10 +119,21 @@ def write(
     return folder
 
 
-def _payload(record) -> dict | None:
+def _payload(record, item: int | None = None) -> dict | None:
+    """An item's metadata as a Qdrant payload: JSON scalars kept, anything else as its str();
+    text that is not valid Unicode (a lone surrogate) is refused with a ValueError naming it."""
     if record is None:
         return None
-    return {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in record.items()}
+    out = {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in record.items()}
+    for key, value in out.items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"metadata {key!r} of item {item} is not valid Unicode text ({value!r}): fix or drop it and export again"
+                ) from None
+    return out
 
 
 def open_table(location: str, table: str):
@@ -187,7 +198,8 @@ def apply_changes(shard, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarr
     qd = _qdrant()
     aug, pl = augmented.tolist(), plain.tolist()
     points = [
-        qd.Point(int(i), {"corrected": aug[n], "plain": pl[n]}, None if not metadata else _payload(metadata[n])) for n, i in enumerate(ids)
+        qd.Point(int(i), {"corrected": aug[n], "plain": pl[n]}, None if not metadata else _payload(metadata[n], int(i)))
+        for n, i in enumerate(ids)
     ]
     if points:
         shard.update(qd.UpdateOperation.upsert_points(points))

@@ -14,6 +14,8 @@ BACKENDS = {
     "postgresql": "hubless.export.pgvector_store",
     "postgres": "hubless.export.pgvector_store",
     "qdrant": "hubless.export.qdrant_store",
+    "qdrant+http": "hubless.export.qdrant_server",
+    "qdrant+https": "hubless.export.qdrant_server",
 }
 
 
