@@ -50,3 +50,23 @@ def ray_local():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+#: The URL the Qdrant server store is tested at: no Qdrant server can be started here (none on
+#: PyPI), so the client the store keeps for it is qdrant-client's own local engine in a tmp dir,
+#: which serves the same client API (collections, aliases, batch queries, scroll).
+QDRANT_TEST_URL = "http://qdrant-test:6333"
+
+
+@pytest.fixture
+def qdrant_server(tmp_path):
+    """qdrant-client's local engine standing in for a Qdrant server at ``QDRANT_TEST_URL``."""
+    from qdrant_client import QdrantClient
+
+    from hubless.export import qdrant_server as store
+
+    client = QdrantClient(path=str(tmp_path / "qdrant-server"))
+    store._CLIENTS[QDRANT_TEST_URL] = client
+    yield client
+    store._CLIENTS.pop(QDRANT_TEST_URL, None)
+    client.close()

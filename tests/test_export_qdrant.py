@@ -2,7 +2,8 @@
 through qdrant-client. No Qdrant server can be started here (none on PyPI), so the client the
 store keeps for the test URL is qdrant-client's own local engine in a tmp dir, which serves the
 same client API (collections, aliases, batch queries, scroll); the HTTP transport to a real
-server is untested. The in-process ``qdrant://`` store is tested in tests/test_export_stores.py.
+server is untested. The generic store tests (exact search = Index.search, every served method,
+the CLI) run on this store too, in tests/test_export_stores.py; these are its own.
 """
 
 from __future__ import annotations
@@ -15,48 +16,25 @@ import pytest
 
 from hubless import Index
 from hubless.export import export, search, sync
+from tests.conftest import QDRANT_TEST_URL
 
-URL = "http://qdrant-test:6333"
 #: qdrant-client's local engine always scans, and says so when given search params.
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 
 
 @pytest.fixture
-def server(tmp_path):
-    """qdrant-client's engine on a tmp dir, kept as the client of ``URL`` and closed after."""
-    from qdrant_client import QdrantClient
-
-    from hubless.export import qdrant_server
-
-    client = QdrantClient(path=str(tmp_path / "qdrant"))
-    qdrant_server._CLIENTS[URL] = client
-    yield client
-    qdrant_server._CLIENTS.pop(URL, None)
-    client.close()
+def server(qdrant_server):
+    return qdrant_server
 
 
 def _uri(name: str | None = None) -> str:
-    return f"qdrant+{URL}/{name or 'g_' + uuid.uuid4().hex[:8]}"
+    return f"qdrant+{QDRANT_TEST_URL}/{name or 'g_' + uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
 def index(small_data):
     meta = [{"caption": f"item {i}"} for i in range(60)]
     return Index.build(small_data["gallery"], small_data["query_bank"], "nnn:alpha=0.75,k=8", factory="Flat", metadata=meta)
-
-
-def test_exact_server_search_equals_the_index(server, index, small_data):
-    uri = _uri()
-    export(index, uri)
-    q = small_data["queries"]
-    for alpha in (None, 0.3):
-        w = {} if alpha is None else {"alpha": alpha}
-        want_s, want_i = index.search(q, top_k=10, **w)
-        got_s, got_i, meta = search(uri, q, top_k=10, exact=True, **w)
-        np.testing.assert_array_equal(got_i, want_i)
-        np.testing.assert_allclose(got_s, want_s, atol=1e-5)
-        assert got_s.dtype == np.float32
-    assert meta[0][0] == {"id": int(got_i[0, 0]), "caption": f"item {got_i[0, 0]}"}
 
 
 def test_plain_server_search_is_uncorrected(server, index, small_data):
@@ -141,25 +119,6 @@ def test_sync_after_add_and_remove_equals_a_fresh_export(server, index, small_da
     got_s, got_i, _ = search(uri, q, top_k=10, exact=True)
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5)
-
-
-def test_cli_export_and_search_on_a_qdrant_server(server, index, small_data, tmp_path):
-    from typer.testing import CliRunner
-
-    from hubless.cli.main import app
-
-    index.save(tmp_path / "idx")
-    np.save(tmp_path / "q.npy", small_data["queries"])
-    uri = _uri()
-    runner = CliRunner()
-    ok = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
-    assert ok.exit_code == 0, ok.output
-    again = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
-    assert again.exit_code != 0 and "--overwrite" in again.output
-    result = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json"])
-    assert result.exit_code == 0, result.output
-    lines = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
 
 
 @pytest.mark.parametrize("kind", ["qdrant", "qdrant+http"])

@@ -1,5 +1,5 @@
-"""hubless.export against real PostgreSQL + pgvector (pgserver, started here) and the real Qdrant
-engine (qdrant-edge-py, in-process): exact store search equals Index.search (Flat), the ANN
+"""hubless.export against real PostgreSQL + pgvector (pgserver, started here), the real Qdrant
+engine (qdrant-edge-py, in-process) and the Qdrant server store (on qdrant-client's engine): exact store search equals Index.search (Flat), the ANN
 variants reach their documented recall, bad stores give clear errors, and an interrupted export
 leaves the previous table or collection intact."""
 
@@ -13,6 +13,7 @@ import pytest
 
 from hubless import Index
 from hubless.export import export, search
+from tests.conftest import QDRANT_TEST_URL
 
 
 @pytest.fixture(scope="session")
@@ -33,8 +34,11 @@ def _store_uri(kind: str, tmp_path, postgres_uri: str | None, name: str | None =
     return f"{base}/{name}?{query}"
 
 
-@pytest.fixture(params=["postgresql", "qdrant"])
+@pytest.fixture(params=["postgresql", "qdrant", "qdrant+http"])
 def store(request, tmp_path):
+    if request.param == "qdrant+http":  # the server store, on qdrant-client's engine (see conftest)
+        request.getfixturevalue("qdrant_server")
+        return lambda name=None: f"qdrant+{QDRANT_TEST_URL}/{name or 'g_' + uuid.uuid4().hex[:8]}"
     uri = request.getfixturevalue("postgres") if request.param == "postgresql" else None
     return lambda name=None: _store_uri(request.param, tmp_path, uri, name)
 
