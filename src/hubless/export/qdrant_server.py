@@ -143,32 +143,21 @@ def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact:
     using = "corrected" if column == "vector" else "plain"
     params = models.SearchParams(exact=True) if exact else models.SearchParams(hnsw_ef=max(int(hnsw_ef), 4 * k))
     requests = [models.QueryRequest(query=v, using=using, limit=k, with_payload=True, params=params) for v in vectors.tolist()]
-    results = client.query_batch_points(name, requests)
-    scores = np.full((len(vectors), k), -np.inf, np.float32)
-    ids = np.full((len(vectors), k), -1, np.int64)
-    rows = []
-    for i, res in enumerate(results):
-        hits = sorted(res.points, key=lambda h: (-h.score, h.id))  # ties: lower id first, as hubless
-        for j, hit in enumerate(hits):
-            ids[i, j], scores[i, j] = hit.id, hit.score
-        rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
-    return scores, ids, rows
+    from hubless.export.qdrant_store import collect_hits
+
+    return collect_hits([res.points for res in client.query_batch_points(name, requests)], k)
 
 
 def read_rows(handle) -> tuple[np.ndarray, np.ndarray]:
     """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages, the info point skipped)."""
     models = _models()
     client, name = handle
+    from hubless.export.qdrant_store import collect_rows
+
     skip = models.Filter(must_not=[models.HasIdCondition(has_id=[INFO_ID])])
-    ids, rows, offset = [], [], None
-    while True:
-        records, offset = client.scroll(name, scroll_filter=skip, limit=4096, offset=offset, with_vectors=["corrected"], with_payload=False)
-        ids += [r.id for r in records]
-        rows += [r.vector["corrected"] for r in records]
-        if offset is None:
-            break
-    order = np.argsort(ids, kind="stable")
-    return np.asarray(ids, np.int64)[order], np.asarray(rows, np.float32).reshape(len(ids), -1)[order]
+    return collect_rows(
+        lambda offset: client.scroll(name, scroll_filter=skip, limit=4096, offset=offset, with_vectors=["corrected"], with_payload=False)
+    )
 
 
 def apply_changes(handle, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:

@@ -163,30 +163,42 @@ def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: 
     requests = [
         qd.QueryRequest(limit=k, query=qd.Query.Nearest(v, using=using), with_payload=True, params=params) for v in vectors.tolist()
     ]
-    results = shard.query_batch(qd.QueryBatchRequest(requests))
-    scores = np.full((len(vectors), k), -np.inf, np.float32)
-    ids = np.full((len(vectors), k), -1, np.int64)
+    return collect_hits(shard.query_batch(qd.QueryBatchRequest(requests)), k)
+
+
+def collect_hits(results, k: int):
+    """(scores, ids, rows) from Qdrant's scored points per query (either client's: ``id``,
+    ``score``, ``payload``); ties go to the lower id, as in hubless; empty slots are id -1."""
+    scores = np.full((len(results), k), -np.inf, np.float32)
+    ids = np.full((len(results), k), -1, np.int64)
     rows = []
     for i, hits in enumerate(results):
-        hits = sorted(hits, key=lambda h: (-h.score, h.id))  # ties: lower id first, as hubless
+        hits = sorted(hits, key=lambda h: (-h.score, h.id))
         for j, hit in enumerate(hits):
             ids[i, j], scores[i, j] = hit.id, hit.score
         rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
     return scores, ids, rows
 
 
-def read_rows(shard) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages)."""
-    qd = _qdrant()
+def collect_rows(scroll) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, [r, bias] rows) by id from ``scroll(offset) -> (records, next offset)`` pages."""
     ids, rows, offset = [], [], None
     while True:
-        records, offset = shard.scroll(qd.ScrollRequest(offset=offset, limit=4096, with_vector=["corrected"], with_payload=False))
+        records, offset = scroll(offset)
         ids += [r.id for r in records]
         rows += [r.vector["corrected"] for r in records]
         if offset is None:
             break
     order = np.argsort(ids, kind="stable")
     return np.asarray(ids, np.int64)[order], np.asarray(rows, np.float32).reshape(len(ids), -1)[order]
+
+
+def read_rows(shard) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages)."""
+    qd = _qdrant()
+    return collect_rows(
+        lambda offset: shard.scroll(qd.ScrollRequest(offset=offset, limit=4096, with_vector=["corrected"], with_payload=False))
+    )
 
 
 def apply_changes(shard, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
