@@ -90,13 +90,39 @@ def test_any_shard_boundaries_give_the_single_machine_fit(g_cuts, b_cuts, spec, 
 
 
 def test_shards_aligned_with_the_engine_blocks_give_bitwise_equal_top_k():
+    """Shards that start on block boundaries of both passes (the gallery is the column side of
+    the activation pass, so its shards are multiples of COL_BLOCK) make the same BLAS calls as
+    one pass: the top-k values and activation scores are bitwise equal. Remainders included."""
     rng = np.random.default_rng(5)
-    gallery, query_bank, queries = unit_rows(rng, 2 * ROW_BLOCK + 77, 16), unit_rows(rng, COL_BLOCK + 999, 16), unit_rows(rng, 20, 16)
-    spec = "dis:k_activation=2"
+    gallery, query_bank = unit_rows(rng, 2 * COL_BLOCK + 77, 8), unit_rows(rng, COL_BLOCK + 999, 8)
+    queries = unit_rows(rng, 20, 8)
+    spec = "nnn:k=4"
     want = make_correction(spec).fit(gallery, query_bank)
-    got = _run_plan(spec, gallery, query_bank, None, gallery_rows=ROW_BLOCK, bank_cols=COL_BLOCK)
+    got = _run_plan(spec, gallery, query_bank, None, gallery_rows=COL_BLOCK, bank_cols=COL_BLOCK)
+    _assert_same_fit(got, want, queries, exact_topk=True)
+    gallery = gallery[: COL_BLOCK + 77]  # the activation sets: a smaller gallery, the same alignment
+    want = make_correction("dis:k_activation=2").fit(gallery, query_bank)
+    got = _run_plan("dis:k_activation=2", gallery, query_bank, None, gallery_rows=COL_BLOCK, bank_cols=COL_BLOCK)
     _assert_same_fit(got, want, queries, exact_topk=True)
     np.testing.assert_array_equal(got.statistics_.query_activation_scores, want.statistics_.query_activation_scores)
+
+
+@pytest.mark.parametrize("n_gallery", [40, 300, 2 * ROW_BLOCK + 77])
+def test_statistics_are_bitwise_the_same_on_any_number_of_threads(monkeypatch, n_gallery):
+    """Fixed blocks: a fit does not depend on the machine's cores (a tile on a 1-CPU Ray task
+    computes what the driver's 2 threads would)."""
+    rng = np.random.default_rng(7)
+    gallery, query_bank = unit_rows(rng, n_gallery, 16), unit_rows(rng, 3000, 16)
+    fits = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("HUBLESS_NUM_THREADS", threads)
+        fits.append(make_correction("dis:k_activation=2").fit(gallery, query_bank).statistics_)
+        fits[-1].query_topk = make_correction("nnn:k=5").fit(gallery, query_bank).statistics_.query_topk
+    for other in fits[1:]:
+        np.testing.assert_array_equal(other.query_topk, fits[0].query_topk)
+        np.testing.assert_array_equal(other.query_lse[20.0], fits[0].query_lse[20.0])
+        np.testing.assert_array_equal(other.query_activation, fits[0].query_activation)
+        np.testing.assert_array_equal(other.query_activation_scores, fits[0].query_activation_scores)
 
 
 def test_gc_is_refused_with_a_reason():

@@ -14,9 +14,11 @@ gallery ids). Partials merge with :mod:`hubless.engine.merge` in any order:
   :func:`~hubless.engine.merge.merge_topk_ids` (value descending, lower gallery id first);
 * then the gallery shards in order: :func:`~hubless.engine.merge.merge_gallery_parts`.
 
-The result equals :func:`~hubless.engine.compute_statistics` on the whole arrays: top-k values
-and activation ids exactly when each tile's similarities are computed as in one pass (shards
-aligned with the engine's blocks), log-sum-exps and means to float rounding. GC's sorted probes
+The result equals :func:`~hubless.engine.compute_statistics` on the whole arrays: top-k values,
+activation ids and scores bitwise when each tile's similarities come from the same BLAS calls
+as one pass (the statistics use fixed blocks, so shards must start on block boundaries: gallery
+and bank shards multiples of COL_BLOCK, since the gallery is the column side of the activation
+pass; the defaults are), log-sum-exps and means to float rounding. GC's sorted probes
 are n_gallery x n_bank numbers: the plan refuses them.
 """
 

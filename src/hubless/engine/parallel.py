@@ -8,6 +8,7 @@ blocks run one after another with BLAS using every core instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -40,21 +41,25 @@ def run_blocks(
     progress: bool | None = None,
     desc: str = "",
     unit: str = "rows",
+    single_threaded_blas: bool = False,
 ) -> None:
     """Call ``work(start, stop)`` for every block in ``bounds``, in parallel when worthwhile.
 
     ``work`` must only write to its own rows of shared outputs. Exceptions in a worker stop the
     remaining blocks and are re-raised here. The bar counts items (``stop - start``) and appears
-    only after a second, so short runs stay quiet.
+    only after a second, so short runs stay quiet. ``single_threaded_blas``: BLAS stays at one
+    thread even when the blocks run one after another (so a block's result never depends on
+    how many there are).
     """
     total = bounds[-1][1] - bounds[0][0] if bounds else 0
     bar = progress_bar(None, progress, total=total, desc=desc, unit=unit, unit_scale=True)
     threads = min(num_threads(), len(bounds))
     try:
         if threads <= 1:
-            for start, stop in bounds:
-                work(start, stop)
-                bar.update(stop - start)
+            with threadpool_limits(limits=1, user_api="blas") if single_threaded_blas else contextlib.nullcontext():
+                for start, stop in bounds:
+                    work(start, stop)
+                    bar.update(stop - start)
             return
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
             futures = {pool.submit(work, start, stop): stop - start for start, stop in bounds}

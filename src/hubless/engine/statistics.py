@@ -10,6 +10,10 @@ one streamed pass per bank, not one per method or per parameter value:
 * gallery x gallery bank: log-sum-exp at the gallery betas (DualIS, DualDIS);
 * query bank x gallery (and gallery bank x gallery): the top-k_a gallery items of every bank
   item, whose union is the activation set of the dynamic variants (DIS, DualDIS).
+
+Every pass runs in fixed blocks (``stream_reduce(..., fixed_blocks=True)``), so the statistics
+are bitwise the same on any number of cores, and a tiled fit whose shards start on block
+boundaries reproduces them bitwise (:mod:`hubless.distributed.plan`).
 """
 
 from __future__ import annotations
@@ -254,7 +258,7 @@ def row_statistics(
     rows = SortedRows(n, bank.shape[0]) if probes else None
     reducers = [r for r in (topk, lse, rows) if r is not None]
     if reducers:
-        stream_reduce(gallery, bank, reducers, progress=progress, desc=desc)
+        stream_reduce(gallery, bank, reducers, progress=progress, desc=desc, fixed_blocks=True)
     return (
         None if topk is None else topk.values,
         {} if lse is None else {b: lse.values[:, t] for t, b in enumerate(betas)},
@@ -274,5 +278,5 @@ def nearest_gallery_items(
     """(scores, ids) of the ``k`` gallery items nearest to each bank item (ties: lower id),
     optionally merged into an ``initial`` (scores, ids) over earlier gallery items."""
     nearest = TopK(bank.shape[0], k, with_ids=True, initial=initial, id_offset=id_offset)
-    stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets")
+    stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets", fixed_blocks=True)
     return nearest.values, nearest.ids

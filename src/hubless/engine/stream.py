@@ -231,6 +231,7 @@ def stream_reduce(
     progress: bool | None = None,
     desc: str = "",
     device: str | None = None,
+    fixed_blocks: bool = False,
 ) -> None:
     """Feed every block of ``rows @ cols.T`` to ``reducers``.
 
@@ -239,6 +240,13 @@ def stream_reduce(
     row_start, row_stop, col_start, col_stop)`` may rewrite a block in place before the reducers
     see it. Reducers must not modify the block. ``device``: where the block products run
     (default: ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
+
+    ``fixed_blocks``: every block is ``row_block`` x ``col_block`` (the last ones smaller), cut
+    from row 0 and column 0 and multiplied by single-threaded BLAS, whatever the input size and
+    the number of threads. A BLAS rounds a product differently in the last bit depending on the
+    shape of the call it is part of, so only fixed blocks make the result bitwise independent of
+    the machine's cores, and let a computation split into slices that start on block boundaries
+    (the distributed fit's tiles) reproduce the whole pass bitwise.
     """
     n, m = rows.shape[0], cols.shape[0]
     col_bounds = _bounds(m, col_block)
@@ -258,4 +266,5 @@ def stream_reduce(
         for state in states:
             state.finish()
 
-    run_blocks(work, _bounds(n, row_block_size(n, row_block)), progress=progress, desc=desc)
+    row_bounds = _bounds(n, row_block if fixed_blocks else row_block_size(n, row_block))
+    run_blocks(work, row_bounds, progress=progress, desc=desc, single_threaded_blas=fixed_blocks)
