@@ -188,7 +188,9 @@ def remove_command(
 
 @friendly_errors
 def search_command(
-    path: str = typer.Argument(..., help="Index directory, or a store written by `hubless export` (lancedb://path/table)."),
+    path: str = typer.Argument(
+        ..., help="Index directory, or a store written by `hubless export` (lancedb://, postgresql://, qdrant://, qdrant+http://)."
+    ),
     queries: Path = typer.Option(None, help="Query embeddings (.npy/.npz or a clip-retrieval folder)."),
     text: list[str] = typer.Option(None, "--text", help="A text query (repeatable), encoded with the index's model (or --model)."),
     texts: Path = typer.Option(None, help="Text queries, one per line (.txt) or a .json list, encoded with the index's model."),
@@ -231,7 +233,8 @@ def search_command(
     else:
         scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
     meta = index.metadata
-    _print_results(f"{index!r}: top {top_k}", scores, ids, None if not meta else lambda i, rank, j: meta[j], query_texts, as_json)
+    title = f"{path} ({index.correction.spec}, {index.config.factory}, {index.ntotal} items): top {top_k}"
+    _print_results(title, scores, ids, None if not meta else lambda i, rank, j: meta[j], query_texts, as_json)
 
 
 def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
@@ -248,7 +251,7 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
             given = {} if query_texts is None else {"text": query_texts[i]}
             typer.echo(to_json({"query": i, **given, "results": hits}))
         return
-    table = Table(title=title)
+    table = Table()
     for col in ("query", "rank", "id", "score"):
         table.add_column(col, justify="right")
     if metadata is not None:
@@ -260,7 +263,9 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
             if metadata is not None:
                 row.append(json.dumps(metadata(i, r, j))[:80])
             table.add_row(*row)
-    wide_console().print(table)
+    console = wide_console()
+    console.print(title, highlight=False, markup=False)
+    console.print(table)
     if n > 20:
         typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
 
@@ -275,7 +280,8 @@ def _search_store(uri: str, queries: Path, top_k: int, alpha: float | None, as_j
     def record(i, rank, j):
         return {k: x for k, x in rows[i][rank].items() if k != "id"}
 
-    _print_results(f"{uri}: top {top_k}", scores, ids, record, None, as_json)
+    has_metadata = any(key != "id" for hits in rows for row in hits for key in row)
+    _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, None, as_json)
 
 
 def _queries(index, path, queries, text, texts, image, model, device):
