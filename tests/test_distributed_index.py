@@ -35,6 +35,9 @@ def test_a_distributed_build_searches_as_a_single_machine_build(ray_local, shard
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6)
     again = Index.load(built.save(tmp_path / "idx"))  # a distributed build saves and loads like any index
     np.testing.assert_array_equal(again.search(queries, 10)[1], want[1])
+    info = again.info()  # it keeps no banks, but says which bank its biases come from
+    assert (info["n_query_bank"], info["banks_kept"]) == (2000, False)
+    assert (single.info()["n_query_bank"], single.info()["banks_kept"]) == (2000, True)
 
 
 def test_hnsw_is_refused_with_the_reason(ray_local, shards):

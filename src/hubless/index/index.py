@@ -176,14 +176,16 @@ class Index:
 
     def info(self) -> dict[str, Any]:
         corr = self.correction
+        stats = corr.statistics_  # the bank sizes the biases come from (kept banks or not: a distributed fit keeps none)
         return {
             "method": corr.spec,
             "n_items": self.ntotal,
             "dim": corr.dim_,
             "bias_columns": int(corr.bias_columns_.shape[1]),
             "normalize": bool(corr.normalize),
-            "n_query_bank": None if self.query_bank is None else int(self.query_bank.shape[0]),
-            "n_gallery_bank": None if self.gallery_bank is None else int(self.gallery_bank.shape[0]),
+            "n_query_bank": int(stats.n_query_bank) if corr.needs_query_bank else None,
+            "n_gallery_bank": None if stats.n_gallery_bank is None else int(stats.n_gallery_bank),
+            "banks_kept": self.query_bank is not None or self.gallery_bank is not None,
             "metadata_columns": sorted({k for r in self.metadata for k in r}) if self.metadata else [],
             **self.config.to_dict(),
         }
