@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 FORMAT_VERSION = 1
@@ -47,3 +48,12 @@ def parse_uri(uri: str) -> StoreURI:
 
 def is_store_uri(text: str) -> bool:
     return any(str(text).startswith(s + "://") for s in SCHEMES)
+
+
+def directory_lock(location: str, table: str):
+    """The writer lock of a store kept in a local directory (LanceDB, Qdrant in-process):
+    ``.<table>.lock`` in ``location``, the same ``fcntl`` lock as a saved index's
+    (:func:`hubless.index.lock.write_lock`; waits ``HUBLESS_LOCK_TIMEOUT`` s, released on exit)."""
+    from hubless.index.lock import write_lock
+
+    return write_lock(Path(location) / table)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
+from datetime import timedelta
 
 import numpy as np
 
 from hubless.errors import MissingDependencyError
+from hubless.export.base import directory_lock as writer_lock  # noqa: F401  (one writer at a time: export, sync)
 
 
 def _lancedb():
@@ -44,9 +47,13 @@ def write(
     sub_vectors: int | None = None,
     **_,
 ):
-    """Write to a temporary table, then swap it in under ``table`` (the previous one survives a
-    failure). ``ann`` ("IVF_PQ", "IVF_FLAT", ...) builds a LanceDB ANN index on the corrected
-    vectors with the dot metric; its candidates are re-scored exactly at search time (refine)."""
+    """Stream the rows into ``table`` as one new LanceDB version: a first export creates the
+    table, a re-export (``overwrite``) writes a new version of it that LanceDB commits atomically
+    once every batch is written, so readers see the previous rows or the new ones, and an export
+    that fails or is interrupted leaves the previous version as it was. Batches are written as
+    they are made (memory stays at one batch). The replaced version's files are then removed.
+    ``ann`` ("IVF_PQ", "IVF_FLAT") builds a LanceDB ANN index on the corrected vectors with the
+    dot metric; its candidates are re-scored exactly at search time (refine)."""
     import pyarrow as pa
 
     from hubless.progress import progress_bar
@@ -54,14 +61,11 @@ def write(
     if ann is not None and ann.upper() not in ANN_TYPES:
         raise ValueError(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     db = _lancedb().connect(location)
-    names = _tables(db)
-    if table in names and not overwrite:
+    exists = table in _tables(db)
+    if exists and not overwrite:
         raise FileExistsError(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
-    tmp = f"{table}__hubless_tmp"
-    if tmp in names:
-        db.drop_table(tmp)
     n, d = augmented.shape
-    schema_meta = {b"hubless": json.dumps(info).encode()}
+    meta_keys = sorted({k for r in metadata for k in r}) if metadata else []
 
     def chunk(lo, hi):
         cols = {
@@ -69,24 +73,31 @@ def write(
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(augmented[lo:hi].ravel()), d),
             "plain": pa.FixedSizeListArray.from_arrays(pa.array(plain[lo:hi].ravel()), plain.shape[1]),
         }
-        if metadata:
-            for key in sorted({k for r in metadata for k in r}):
-                cols[f"meta_{key}"] = pa.array([None if r.get(key) is None else str(r.get(key)) for r in metadata[lo:hi]], pa.string())
-        t = pa.table(cols)
-        return t.replace_schema_metadata(schema_meta)
+        for key in meta_keys:
+            cols[f"meta_{key}"] = pa.array([None if r.get(key) is None else str(r.get(key)) for r in metadata[lo:hi]], pa.string())
+        return pa.table(cols)
 
-    tbl = None
-    for lo in progress_bar(range(0, n, batch), None, desc="export"):
-        part = chunk(lo, min(lo + batch, n))
-        if tbl is None:
-            tbl = db.create_table(tmp, part)
-        else:
-            tbl.add(part)
-    # the new table is complete: only now replace the old one
-    if table in names:
-        db.drop_table(table)
-    out = db.create_table(table, tbl.to_arrow())
-    db.drop_table(tmp)
+    schema = chunk(0, min(1, n)).schema.with_metadata({b"hubless": json.dumps(info).encode()})
+    failure: list[BaseException] = []
+
+    def batches():
+        try:
+            for lo in progress_bar(range(0, n, batch), None, desc="export"):
+                yield from chunk(lo, min(lo + batch, n)).cast(schema).to_batches()
+        except BaseException as exc:  # LanceDB reports it as its own RuntimeError: keep the original
+            failure.append(exc)
+            raise
+
+    try:
+        out = db.create_table(table, pa.RecordBatchReader.from_batches(schema, batches()), mode="overwrite" if exists else "create")
+    except Exception:
+        if failure:
+            raise failure[0] from None
+        raise
+    if exists:
+        with warnings.catch_warnings():  # LanceDB warns that readers of an old version fail: the old version is being replaced
+            warnings.simplefilter("ignore", UserWarning)
+            out.optimize(cleanup_older_than=timedelta(0))
     if ann is not None:  # the table is complete and searchable exactly before its ANN index exists
         out.create_index("vector", config=_ann_config(ann, n, d, partitions, sub_vectors))
     return out

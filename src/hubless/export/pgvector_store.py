@@ -9,7 +9,9 @@ The table's comment holds hubless's metadata (format version, spec, model, metri
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
+import time
 
 import numpy as np
 
@@ -80,10 +82,10 @@ def _close_kept() -> None:
     _OPEN.clear()
 
 
-def _connect(dsn: str):
+def _connect(dsn: str, *, autocommit: bool = False):
     psycopg = _psycopg()
     try:
-        return psycopg.connect(dsn)
+        return psycopg.connect(dsn, autocommit=autocommit)
     except psycopg.OperationalError as exc:
         raise ConnectionError(f"cannot connect to PostgreSQL at {dsn}: {str(exc).strip().splitlines()[0]}") from None
 
@@ -94,6 +96,30 @@ def _search_connection(dsn: str):
     if conn is None or conn.closed or conn.broken:
         conn = _OPEN[dsn] = _connect(dsn)
     return conn
+
+
+@contextlib.contextmanager
+def writer_lock(location: str, table: str):
+    """One writer at a time per table (export, sync): a PostgreSQL session advisory lock on the
+    table's name, held on a connection of its own (the server releases it if this process
+    dies); waits ``HUBLESS_LOCK_TIMEOUT`` s (60) like an index's lock."""
+    from hubless.index.lock import IndexLockedError, lock_timeout
+
+    wait = lock_timeout()
+    deadline = time.monotonic() + wait
+    key = f"hubless export {table}"
+    conn = _connect(location, autocommit=True)
+    try:
+        while not conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0]:
+            if time.monotonic() >= deadline:
+                raise IndexLockedError(
+                    f"table {table!r} in {location} is being written by another export or sync (for more than {wait:g} s); "
+                    "retry later or raise HUBLESS_LOCK_TIMEOUT"
+                )
+            time.sleep(0.05)
+        yield
+    finally:
+        conn.close()  # ends the session, and with it the lock
 
 
 def _exists(conn, table: str) -> bool:

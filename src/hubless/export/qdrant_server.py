@@ -14,6 +14,7 @@ export fails. Tested against qdrant-client's own engine standing in for a server
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 
@@ -28,6 +29,12 @@ HNSW_EF = 128
 ANN_TYPES = ("HNSW",)
 
 _CLIENTS: dict[str, object] = {}  # url -> client, kept for searches
+
+
+def writer_lock(location: str, table: str):
+    """No lock across clients: each export writes a physical collection of its own name and
+    switches the alias in one atomic update (the last export wins; none is half-written)."""
+    return contextlib.nullcontext()
 
 
 def _models():

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless.errors import MissingDependencyError
+from hubless.export.base import directory_lock as writer_lock  # noqa: F401  (one writer at a time: export, sync)
 
 #: HNSW candidates examined per query (at least 4 x top_k).
 HNSW_EF = 128

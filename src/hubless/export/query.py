@@ -42,9 +42,10 @@ def _write(scheme: str, index, location: str, table: str, *, overwrite: bool, ba
 
     corr = index.correction
     backend = _backend(scheme)
-    return backend.write(
-        location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch, ann=ann
-    )
+    with backend.writer_lock(location, table):  # one export or sync of a table at a time
+        return backend.write(
+            location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch, ann=ann
+        )
 
 
 def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
@@ -81,11 +82,15 @@ def sync(index, uri: str) -> dict:
     after it. Returns the counts ``{"written": ..., "removed": ..., "unchanged": ...}``; the
     result equals a fresh export (tested). A store of another correction or dimension is refused.
     """
-    from hubless.index.index import augmented_rows
-
     u = parse_uri(uri)
     backend = _backend(u.scheme)
-    handle, info = backend.open_table(u.location, u.table)
+    with backend.writer_lock(u.location, u.table):  # one export or sync of a table at a time
+        return _sync(index, uri, backend, *backend.open_table(u.location, u.table))
+
+
+def _sync(index, uri: str, backend, handle, info: dict) -> dict:
+    from hubless.index.index import augmented_rows
+
     corr = index.correction
     new_info = _info(index)
     if (info.get("spec"), info.get("dim"), info.get("bias_columns")) != (corr.spec, new_info["dim"], new_info["bias_columns"]):

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["IndexLockedError", "lock_path", "write_lock"]
+__all__ = ["IndexLockedError", "lock_path", "lock_timeout", "write_lock"]
 
 try:
     import fcntl
@@ -32,7 +32,7 @@ DEFAULT_TIMEOUT = 60.0
 
 
 class IndexLockedError(TimeoutError):
-    """Another writer held the index's lock for longer than the timeout."""
+    """Another writer held the lock of an index (or of an exported store) for longer than the timeout."""
 
 
 def lock_path(path: str | os.PathLike) -> Path:
@@ -41,7 +41,8 @@ def lock_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.lock")
 
 
-def _timeout(timeout: float | None) -> float:
+def lock_timeout(timeout: float | None = None) -> float:
+    """Seconds a writer waits for a lock: ``timeout``, else ``HUBLESS_LOCK_TIMEOUT``, else 60."""
     if timeout is not None:
         return float(timeout)
     value = os.environ.get("HUBLESS_LOCK_TIMEOUT")
@@ -61,7 +62,7 @@ def write_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Iter
         yield file
         return
     file.parent.mkdir(parents=True, exist_ok=True)
-    wait = _timeout(timeout)
+    wait = lock_timeout(timeout)
     deadline = time.monotonic() + wait
     fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
     try:
