@@ -31,6 +31,7 @@ NEEDS = {
     "hubless data export coco test5k --image-root": "the COCO val2014 images",
     "hubless eval --gallery coco5k/": "the CLIP embeddings of the commands before it",
     "hubless search idx/ --text": "the CLIP weights the index records (--model)",
+    "hubless search lancedb://stores/gallery --text": "the CLIP weights the store records (tests/test_search_text.py runs it on a tiny model)",
     "hubless data fetch visogender": "network (tests/test_fetch_visogender.py runs it from a local copy)",
     "hubless eval --gallery images.npy --queries captions.npy --truth t2i:5 --query-bank bank.npy -m nnn --rerank": "BLIP weights",
     "hubless serve": "a long-running server (tests/test_service*.py run it)",

@@ -88,3 +88,25 @@ def test_encode_queries_library(setup):
         encode_queries(enc)
     with pytest.raises(ValueError, match="non-empty"):
         encode_queries(enc, texts=[""])
+
+
+def test_a_store_is_searched_by_text_with_the_model_it_records(setup, tmp_path):
+    """`hubless search lancedb://... --text`: the store keeps the index's model name, so text
+    queries are encoded as for the index and give its results; the IVF knob reaches LanceDB."""
+    pytest.importorskip("lancedb")
+    root, model, enc, _ = setup
+    uri = f"lancedb://{tmp_path}/stores/g"
+    exported = runner.invoke(app, ["export", str(root / "idx"), "--to", uri])
+    assert exported.exit_code == 0, exported.output
+    queries = ["a red dog on grass", "two cats"]
+    args = ["search", uri, "--text", queries[0], "--text", queries[1], "--top-k", "5", "--json", "--nprobe", "4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    _, ids = Index.load(root / "idx").search(enc.encode_texts(queries), 5)
+    assert _results(result.output) == ids.tolist()
+    assert [json.loads(line)["text"] for line in result.output.strip().splitlines()] == queries
+    refused = runner.invoke(app, ["search", uri, "--text", "a dog", "--rerank", str(model)])
+    assert refused.exit_code == 2 and "need the index itself" in refused.output
+    runner.invoke(app, ["export", str(root / "nomodel"), "--to", f"lancedb://{tmp_path}/stores/n"])
+    no_model = runner.invoke(app, ["search", f"lancedb://{tmp_path}/stores/n", "--text", "a dog"])
+    assert no_model.exit_code == 2 and "records no model" in no_model.output

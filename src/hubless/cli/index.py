@@ -199,8 +199,8 @@ def search_command(
     device: str = typer.Option(None, help="Device for --model: cpu, cuda, ... (default: CUDA when available)."),
     top_k: int = typer.Option(10, help="Results per query."),
     alpha: float = typer.Option(None, help="Weight of the bias for this search (NNN's alpha, DN's lambda); default: the index's."),
-    nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's)."),
-    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's)."),
+    nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's; on a LanceDB store, its partitions probed)."),
+    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a pgvector or Qdrant store, its ef)."),
     rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
     rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
@@ -217,12 +217,20 @@ def search_command(
     from hubless.index import Index
 
     if is_store_uri(path):
-        if queries is None or text or texts or image or rerank:
-            raise ValueError("a store URI is searched with --queries (embeddings); text, image and --rerank need the index itself")
-        return _search_store(path, queries, top_k, alpha, as_json)
+        if rerank or rescore is not None:
+            raise ValueError("--rerank and --rescore need the index itself; a store is searched with its own engine")
+        import hubless.export
+
+        info = hubless.export.describe(path)
+        q, query_texts = _queries(info.get("model"), int(info["dim"]), True, path, queries, text, texts, image, model, device)
+        knobs = {"nprobes": nprobe} if nprobe is not None else {}  # LanceDB's partitions probed
+        if ef_search is not None:  # pgvector's hnsw.ef_search, Qdrant's hnsw_ef
+            knobs.update(ef_search=ef_search, hnsw_ef=ef_search)
+        return _search_store(path, q, query_texts, top_k, alpha, knobs, as_json)
     path = Path(path)
     index = Index.load(path)
-    q, query_texts = _queries(index, path, queries, text, texts, image, model, device)
+    corr = index.correction
+    q, query_texts = _queries(index.model, corr.dim_, corr.normalize, path, queries, text, texts, image, model, device)
     if rerank and query_items is None and query_texts is not None:
         query_items = query_texts
     weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
@@ -270,44 +278,43 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
         typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
 
 
-def _search_store(uri: str, queries: Path, top_k: int, alpha: float | None, as_json: bool) -> None:
+def _search_store(uri: str, q, query_texts, top_k: int, alpha: float | None, knobs: dict, as_json: bool) -> None:
     """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
     import hubless.export
 
-    q = load(queries, "queries", normalize=True)
-    scores, ids, rows = hubless.export.search(uri, q, top_k, **({} if alpha is None else {"alpha": alpha}))
+    scores, ids, rows = hubless.export.search(uri, q, top_k, **knobs, **({} if alpha is None else {"alpha": alpha}))
 
     def record(i, rank, j):
         return {k: x for k, x in rows[i][rank].items() if k != "id"}
 
     has_metadata = any(key != "id" for hits in rows for row in hits for key in row)
-    _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, None, as_json)
+    _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, query_texts, as_json)
 
 
-def _queries(index, path, queries, text, texts, image, model, device):
-    """The query embeddings, from a file or encoded from --text/--texts/--image with the index's
-    model (or --model); and the texts / image paths when given (for the table and --rerank)."""
+def _queries(recorded_model, dim, normalize, path, queries, text, texts, image, model, device):
+    """The query embeddings, from a file or encoded from --text/--texts/--image with the model
+    the index or store records (or --model); and the texts / image paths when given (for the
+    table and --rerank)."""
     given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
     if len(given) != 1:
         raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
-    corr = index.correction
     if queries is not None:
         if model is not None:
             raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
-        return load(queries, "queries", normalize=corr.normalize, dim=corr.dim_), None
-    name = model or index.model
+        return load(queries, "queries", normalize=normalize, dim=dim), None
+    name = model or recorded_model
     if name is None:
-        raise ValueError(f"{path} records no model (build it with --model NAME); pass --model to encode {given[0]} queries")
-    if model is not None and index.model is not None and model != index.model:
-        print_note(f"encoding queries with {model}; the index was built from {index.model} embeddings", "warning")
+        raise ValueError(f"{path} records no model (build the index with --model NAME); pass --model to encode {given[0]} queries")
+    if model is not None and recorded_model is not None and model != recorded_model:
+        print_note(f"encoding queries with {model}; {path} was built from {recorded_model} embeddings", "warning")
     from hubless.encoders import encode_queries
     from hubless.inputs import read_items
 
     if image:
         paths = [str(p) for p in image]
-        return encode_queries(name, images=paths, device=device, expected_dim=corr.dim_), paths
+        return encode_queries(name, images=paths, device=device, expected_dim=dim), paths
     items = list(text) if text else [t for t in read_items(texts) if t.strip()]
-    return encode_queries(name, texts=items, device=device, expected_dim=corr.dim_), items
+    return encode_queries(name, texts=items, device=device, expected_dim=dim), items
 
 
 def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, weight):

@@ -12,6 +12,6 @@ additive correction's ranking score (DESIGN.md; NNN/QB-Norm/DBNorm papers).
 from __future__ import annotations
 
 from hubless.export.base import FORMAT_VERSION, StoreURI, parse_uri
-from hubless.export.query import export, search, sync, to_lancedb, to_pgvector, to_qdrant
+from hubless.export.query import describe, export, search, sync, to_lancedb, to_pgvector, to_qdrant
 
-__all__ = ["FORMAT_VERSION", "StoreURI", "export", "parse_uri", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
+__all__ = ["FORMAT_VERSION", "StoreURI", "describe", "export", "parse_uri", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]

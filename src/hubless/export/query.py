@@ -112,6 +112,13 @@ def _sync(index, uri: str, backend, handle, info: dict) -> dict:
     return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(n - changed.size)}
 
 
+def describe(store_uri: str) -> dict:
+    """What a store written by :func:`export` holds: the hubless info kept with its table
+    (format version, spec, model, metric, dimension, number of items, query state)."""
+    u = parse_uri(store_uri)
+    return dict(_backend(u.scheme).open_table(u.location, u.table)[1])
+
+
 def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, **options):
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
