@@ -286,3 +286,22 @@ for _ in range(4):
     got_s, got_i, _ = search(uri, small_data["queries"], top_k=10, exact=True)
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant"])
+def test_a_writer_waiting_too_long_for_the_store_lock_gets_a_clear_error(kind, tmp_path, request, small_data, monkeypatch):
+    from hubless.export.query import _backend, parse_uri
+    from hubless.index.lock import IndexLockedError
+
+    pg = request.getfixturevalue("postgres") if kind == "postgresql" else None
+    name = f"l_{uuid.uuid4().hex[:6]}"
+    uri = f"lancedb://{tmp_path}/lance/{name}" if kind == "lancedb" else _store_uri(kind, tmp_path, pg, name)
+    index = Index.build(small_data["gallery"], small_data["query_bank"], "nnn", factory="Flat")
+    export(index, uri)
+    u = parse_uri(uri)
+    monkeypatch.setenv("HUBLESS_LOCK_TIMEOUT", "0.3")
+    with _backend(u.scheme).writer_lock(u.location, u.table):  # another writer holds it
+        with pytest.raises(IndexLockedError, match="HUBLESS_LOCK_TIMEOUT"):
+            export(index, uri, overwrite=True)
+    export(index, uri, overwrite=True)  # released: the next writer goes ahead
+    np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=5, exact=True)[1], index.search(small_data["queries"], 5)[1])
