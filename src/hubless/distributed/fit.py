@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,8 +53,8 @@ def connect(address: str | None = None, *, num_cpus: int | None = None):
     if not ray.is_initialized():
         if address:
             ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        else:  # a private Ray for this process: its start-up notices are noise here
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     return ray
 
 
