@@ -124,8 +124,8 @@ def test_cli_search_on_a_store_equals_the_index(tmp_path):
     assert lines[0]["results"][0]["metadata"] == {"caption": f"item {ids[0][0]}"}
     table = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy")])
     assert table.exit_code == 0 and "item" in table.output
-    refused = CliRunner().invoke(app, ["search", uri, "--text", "a dog"])
-    assert refused.exit_code == 2 and "--queries" in refused.output
+    refused = CliRunner().invoke(app, ["search", uri, "--text", "a dog"])  # exported from an index that records no model
+    assert refused.exit_code == 2 and "records no model" in refused.output and "--model" in refused.output
 
 
 @pytest.mark.parametrize("ann, recall", [("IVF_PQ", 0.95), ("IVF_FLAT", 0.93)])
