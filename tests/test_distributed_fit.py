@@ -125,6 +125,37 @@ def test_statistics_are_bitwise_the_same_on_any_number_of_threads(monkeypatch, n
         np.testing.assert_array_equal(other.query_activation_scores, fits[0].query_activation_scores)
 
 
+@pytest.mark.parametrize("list_type", ["fixed", "variable"])
+def test_parquet_rows_are_read_from_their_row_groups_only(tmp_path, monkeypatch, list_type):
+    """A tile reads the row groups holding its rows (not the whole shard), at any offset."""
+    rng = np.random.default_rng(2)
+    x = unit_rows(rng, 1000, 6)
+    values = pa.array(x.ravel())
+    col = pa.FixedSizeListArray.from_arrays(values, 6) if list_type == "fixed" else pa.ListArray.from_arrays(np.arange(0, 6001, 6), values)
+    pq.write_table(pa.table({"embedding": col}), tmp_path / "a.parquet", row_group_size=128)
+    read = []
+    original = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(
+        pq.ParquetFile, "read_row_groups", lambda self, groups, **kw: read.append(list(groups)) or original(self, groups, **kw)
+    )
+    src = open_source(tmp_path / "a.parquet")
+    for lo, hi in [(0, 1000), (130, 131), (127, 385), (999, 1000), (300, 300)]:
+        read.clear()
+        np.testing.assert_array_equal(src.read(lo, hi), x[lo:hi])
+        assert (hi == lo or read) and sum(len(g) for g in read) <= -(-(hi - lo) // 128) + 1  # the groups it needs, no more
+
+
+def test_a_parquet_row_of_another_length_or_missing_is_named(tmp_path):
+    rows = [[0.6, 0.8, 0.0]] * 4 + [[1.0, 0.0]] + [[0.0, 1.0, 0.0]] + [None]
+    pq.write_table(pa.table({"embedding": pa.array(rows, pa.list_(pa.float32()))}), tmp_path / "r.parquet")
+    src = open_source(tmp_path / "r.parquet")
+    with pytest.raises(ValueError, match=r"r.parquet: row 4 of column 'embedding' has 2 values; every row needs 3"):
+        src.read(0, 7)
+    with pytest.raises(ValueError, match=r"row 6 of column 'embedding' is missing"):
+        src.read(5, 7)
+    np.testing.assert_allclose(src.read(0, 4), np.array(rows[:4], np.float32))
+
+
 def test_gc_is_refused_with_a_reason():
     with pytest.raises(ValueError, match="GC needs every gallery item's sorted similarities"):
         plan_tiles(make_correction("gc").statistics_request(), 10, 10, None)

@@ -73,7 +73,7 @@ class EmbeddingSource:
             lo, hi = max(start, shard.start), min(stop, shard.start + shard.rows)
             if lo >= hi:
                 continue
-            part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start)
+            part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start, self.dim)
             if part.shape != (hi - lo, self.dim):
                 raise ValueError(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
             bad = ~np.isfinite(part).all(axis=1)
@@ -171,12 +171,21 @@ def _parquet_dim(arrow_type, path, values) -> int:
     return len(values[0].as_py())
 
 
-def _read_rows(path: str, kind: str, column: str, lo: int, hi: int) -> np.ndarray:
+def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int) -> np.ndarray:
     if kind == "npy":
         return np.asarray(np.load(path, mmap_mode="r")[lo:hi], dtype=np.float32)
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=[column]).slice(lo, hi - lo)
+    file = pq.ParquetFile(path)  # only the row groups holding rows [lo, hi) are read
+    starts = np.cumsum([0] + [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)])
+    groups = [g for g in range(file.num_row_groups) if starts[g] < hi and starts[g + 1] > lo]
+    table = file.read_row_groups(groups, columns=[column]).slice(lo - int(starts[groups[0]]) if groups else 0, hi - lo)
     col = table.column(column).combine_chunks()
+    lengths = pc.fill_null(pc.list_value_length(col), -1).to_numpy(zero_copy_only=False)
+    if (lengths != dim).any():
+        bad = int(np.flatnonzero(lengths != dim)[0])
+        what = "is missing" if lengths[bad] < 0 else f"has {lengths[bad]} values"
+        raise ValueError(f"shard {path}: row {bad + lo} of column {column!r} {what}; every row needs {dim}")
     values = col.flatten().to_numpy(zero_copy_only=False)
     return np.asarray(values, dtype=np.float32).reshape(hi - lo, -1)
