@@ -27,7 +27,7 @@ import numpy as np
 from hubless.engine.merge import merge_bank_parts, merge_gallery_parts
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics, nearest_gallery_items
 
-__all__ = ["add_bank_items", "add_gallery_items", "remove_gallery_items", "side_request"]
+__all__ = ["add_bank_items", "add_gallery_items", "gallery_rows", "remove_gallery_items", "side_request"]
 
 
 def side_request(request: StatisticsRequest, side: str) -> StatisticsRequest:
@@ -58,6 +58,24 @@ def _map_items(update, stats: BankStatistics, **changes) -> BankStatistics:
         query_lse={b: one(v) for b, v in stats.query_lse.items()},
         gallery_lse={b: one(v) for b, v in stats.gallery_lse.items()},
         **changes,
+    )
+
+
+def gallery_rows(stats: BankStatistics, start: int, stop: int) -> BankStatistics:
+    """The statistics of gallery items ``[start, stop)`` alone, keeping the banks' and the whole
+    gallery's global values (bank sizes and means, the gallery mean): a correction fitted on
+    those rows from them gives each row the bias it has in the whole fit. The activation sets
+    are dropped (they are sets over the whole gallery)."""
+    if not 0 <= start < stop <= stats.n_gallery:
+        raise ValueError(f"rows [{start}, {stop}) are not within the {stats.n_gallery} gallery items")
+    return _map_items(
+        lambda values: values[start:stop],
+        stats,
+        n_gallery=stop - start,
+        query_activation=None,
+        query_activation_scores=None,
+        gallery_activation=None,
+        gallery_activation_scores=None,
     )
 
 

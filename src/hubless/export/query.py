@@ -146,11 +146,31 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
     if unknown:
         raise TypeError(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
-    if corr.query_request.depth or not corr.exactly_additive:
-        raise ValueError(f"{info['spec']} needs each query's raw neighbours (gates, CSLS's r_q): search it with hubless's own Index")
+    check_servable(corr)
     batch = corr.queries(q, **weight)
     if not corrected:
         return backend.query(handle, batch.vectors, top_k, column="plain", exact=exact, **knobs)
-    xq = np.hstack([batch.vectors, -corr.weights(batch)]).astype(np.float32)
-    ranking, ids, rows = backend.query(handle, xq, top_k, exact=exact, **knobs)
+    ranking, ids, rows = backend.query(handle, _augmented(corr, batch), top_k, exact=exact, **knobs)
     return corr.method_scores(batch, ranking), ids, rows
+
+
+def _augmented(corr, batch) -> np.ndarray:
+    return np.hstack([batch.vectors, -corr.weights(batch)]).astype(np.float32)
+
+
+def query_vectors(corr, queries, **weight) -> np.ndarray:
+    """[q, -W(q)] of ``queries`` for a correction served as [r, bias(r)] rows elsewhere (a
+    store, parts written on Ray): ``xq . row = s(q, r) - W(q) . bias(r)``, the ranking score.
+    ``corr`` is fitted, or set up with :meth:`~hubless.corrections.base.AdditiveCorrection.for_queries`."""
+    check_servable(corr)
+    return _augmented(corr, corr.queries(queries, **weight))
+
+
+def check_servable(corr) -> None:
+    """Refuse a correction that [r, bias(r)] rows and [q, -W(q)] cannot serve: its score needs
+    each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC)."""
+    if not getattr(corr, "exactly_additive", False) or corr.query_request.depth:
+        raise ValueError(
+            f"{corr.spec} needs each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC): "
+            "it cannot be served as [r, bias] rows; search it with hubless's own Index"
+        )
