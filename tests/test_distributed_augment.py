@@ -95,3 +95,19 @@ def test_a_slice_of_the_statistics_keeps_the_global_values(shards):
     np.testing.assert_array_equal(part.gallery_mean, stats.gallery_mean)  # the whole gallery's, as DN needs
     with pytest.raises(ValueError, match="not within"):
         gallery_rows(stats, 100, 901)
+
+
+def test_augment_from_the_cli(ray_local, shards, tmp_path):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    d, out = shards, tmp_path / "out"
+    args = ["augment", "--gallery", str(d["gallery_dir"]), "--query-bank", str(d["query_bank_dir"]), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--method", "is:beta=20.0", "--shard-rows", "400", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 900 items (is:beta=20.0" in result.output and "3 part(s) of 20 + 1 columns" in result.output
+    want = make_correction("is:beta=20.0").fit(d["gallery"], d["query_bank"])
+    np.testing.assert_allclose(_parts(out), np.hstack([want.gallery_, want.bias_columns_]), rtol=1e-6, atol=1e-6)
+    refused = CliRunner().invoke(app, [*args, "--method", "csls"])
+    assert refused.exit_code == 2 and "cannot be served as [r, bias] rows" in refused.output

@@ -39,6 +39,7 @@ NEEDS = {
     "hubless export idx/ --to postgresql://": "a PostgreSQL server with pgvector (tests/test_export_stores.py starts one)",
     "hubless export idx/ --to qdrant+http://": "a Qdrant server (tests/test_export_qdrant.py uses qdrant-client's engine in its place)",
     "hubless index build --gallery /shared/img_emb": "a Ray cluster",
+    "hubless augment --gallery /shared/img_emb": "Ray and clip-retrieval folders (tests/test_distributed_augment.py runs it)",
     "hubless demo --serve": "a long-running server (tests/test_service*.py run it)",
 }
 #: Commands that need ../shared/data (or `hubless data fetch`) and are skipped without it.

@@ -17,15 +17,15 @@ def export_command(
         "--to",
         help="Store URI: lancedb://path/table, postgresql://user@host:port/db/table, qdrant://path/collection, qdrant+http://host:port/collection.",
     ),
-    overwrite: bool = typer.Option(False, help="Replace an existing table/collection (written aside first, then swapped)."),
+    overwrite: bool = typer.Option(False, help="Replace an existing table/collection (the new rows are written before the old ones go)."),
     sync: bool = typer.Option(
         False, "--sync", help="Update an earlier export of this index in place: only new, changed and removed rows are written."
     ),
     ann: str = typer.Option(
-        None, help="Also build an ANN index on [r, bias] (inner product): IVF_PQ or IVF_FLAT (LanceDB), HNSW (pgvector, Qdrant)."
+        None, help="Also build an ANN index on \\[r, bias] (inner product): IVF_PQ or IVF_FLAT (LanceDB), HNSW (pgvector, Qdrant)."
     ),
 ) -> None:
-    """Export [r, bias(r)] (+ plain r and metadata) to a vector store searched by inner product."""
+    """Export \\[r, bias(r)] (+ plain r and metadata) to a vector store searched by inner product."""
     from hubless.export import export
     from hubless.index import Index
 

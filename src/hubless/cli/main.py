@@ -8,6 +8,7 @@ import typer
 
 from hubless import __version__
 from hubless.cli import bank, data, demo, index
+from hubless.cli.augment import augment_command
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
 from hubless.cli.export import export_command
@@ -56,6 +57,7 @@ app.command("demo")(demo.demo)
 app.command("eval")(eval_command)
 app.command("tune")(tune_command)
 app.command("embed")(embed_command)
+app.command("augment")(augment_command)
 app.add_typer(data.app, name="data")
 app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
