@@ -52,11 +52,11 @@ def _part_name(i: int) -> str:
 def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arrays: dict, path: str) -> None:
     """One Ray task: rows [start, stop) as [r, bias(r)] in ``path``."""
     from hubless._io import atomic_open
+    from hubless.index.index import augmented_rows
 
     corr = make_correction(spec).fit_from_statistics(gallery.read(start, stop), BankStatistics.from_arrays(arrays))
-    rows = np.hstack([corr.gallery_, corr.bias_columns_]).astype(np.float32)
     with atomic_open(path, "wb") as fh:
-        np.save(fh, rows)
+        np.save(fh, augmented_rows(corr))
 
 
 def write_augmented(
