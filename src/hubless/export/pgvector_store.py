@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import time
 
 import numpy as np
 
@@ -103,20 +102,15 @@ def writer_lock(location: str, table: str):
     """One writer at a time per table (export, sync): a PostgreSQL session advisory lock on the
     table's name, held on a connection of its own (the server releases it if this process
     dies); waits ``HUBLESS_LOCK_TIMEOUT`` s (60) like an index's lock."""
-    from hubless.index.lock import IndexLockedError, lock_timeout
+    from hubless.index.lock import wait_for_lock
 
-    wait = lock_timeout()
-    deadline = time.monotonic() + wait
     key = f"hubless export {table}"
     conn = _connect(location, autocommit=True)
     try:
-        while not conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0]:
-            if time.monotonic() >= deadline:
-                raise IndexLockedError(
-                    f"table {table!r} in {location} is being written by another export or sync (for more than {wait:g} s); "
-                    "retry later or raise HUBLESS_LOCK_TIMEOUT"
-                )
-            time.sleep(0.05)
+        wait_for_lock(
+            lambda: conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0],
+            f"table {table!r} in {location} is being written by another export or sync (",
+        )
         yield
     finally:
         conn.close()  # ends the session, and with it the lock

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["IndexLockedError", "lock_path", "lock_timeout", "write_lock"]
+__all__ = ["IndexLockedError", "lock_path", "lock_timeout", "wait_for_lock", "write_lock"]
 
 try:
     import fcntl
@@ -62,21 +62,29 @@ def write_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Iter
         yield file
         return
     file.parent.mkdir(parents=True, exist_ok=True)
-    wait = lock_timeout(timeout)
-    deadline = time.monotonic() + wait
     fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
+
+    def try_lock() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise IndexLockedError(
-                        f"{Path(path)} is being written by another process (lock {file} held for more than {wait:g} s); "
-                        "retry later or raise HUBLESS_LOCK_TIMEOUT"
-                    ) from None
-                time.sleep(0.05)
+        wait_for_lock(try_lock, f"{Path(path)} is being written by another process (lock {file} held", timeout)
         yield file
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def wait_for_lock(try_lock: Callable[[], bool], held: str, timeout: float | None = None) -> None:
+    """Call ``try_lock()`` (True once the lock is taken) every 50 ms until it succeeds, for at
+    most ``timeout`` s (:func:`lock_timeout`); then raise :class:`IndexLockedError` saying
+    ``held`` "for more than N s"."""
+    wait = lock_timeout(timeout)
+    deadline = time.monotonic() + wait
+    while not try_lock():
+        if time.monotonic() >= deadline:
+            raise IndexLockedError(f"{held} for more than {wait:g} s); retry later or raise HUBLESS_LOCK_TIMEOUT")
+        time.sleep(0.05)
