@@ -80,9 +80,9 @@ def write_augmented(
 
     corr = make_correction(method)
     check_servable(corr)
-    qb, gb = _banks_for([corr], query_bank, gallery_bank)
+    qb, gb = (None if s is None else open_source(s) for s in _banks_for([corr], query_bank, gallery_bank))  # headers read once
     source = open_source(gallery)
-    corr.check_sizes(source.n_rows, *(None if s is None else open_source(s).n_rows for s in (qb, gb)))
+    corr.check_sizes(source.n_rows, *(None if s is None else s.n_rows for s in (qb, gb)))
     cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,10 +95,7 @@ def write_augmented(
         "parts": [{"file": _part_name(i), "start": a, "stop": b} for i, (a, b) in enumerate(zip(cuts, cuts[1:]))],
         "inputs": {  # what the parts come from: a rerun on other data or banks must not reuse them
             "normalize": bool(corr.normalize),
-            **{
-                name: None if s is None else open_source(s).fingerprint()
-                for name, s in (("gallery", source), ("query_bank", qb), ("gallery_bank", gb))
-            },
+            **{name: None if s is None else s.fingerprint() for name, s in (("gallery", source), ("query_bank", qb), ("gallery_bank", gb))},
         },
     }
     kept = _kept_info(folder)
