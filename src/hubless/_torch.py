@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-from hubless.errors import MissingDependencyError
+from hubless.errors import InvalidInput, MissingDependencyError
 
 #: Seconds to wait for the Hugging Face hub before saying a model cannot be fetched.
 HUB_PROBE_SECONDS = 3.0
@@ -34,9 +34,9 @@ def resolve_device(device: str | None) -> str:
     try:
         kind = torch.device(str(device)).type
     except (RuntimeError, ValueError):
-        raise ValueError(f"unknown device {device!r}; use cpu, cuda, cuda:1, mps, ...") from None
+        raise InvalidInput(f"unknown device {device!r}; use cpu, cuda, cuda:1, mps, ...") from None
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available; use device='cpu'")
+        raise InvalidInput(f"device {device!r} requested but CUDA is not available; use device='cpu'")
     return str(device)
 
 
@@ -60,12 +60,12 @@ def ensure_model_available(name_or_path: str, marker: str = "config.json") -> No
         return
     where = f"{name_or_path!r} is not a local folder and not in the Hugging Face cache"
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
-        raise ValueError(f"model {where}, and HF_HUB_OFFLINE is set: download it first or pass a local folder")
+        raise InvalidInput(f"model {where}, and HF_HUB_OFFLINE is set: download it first or pass a local folder")
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
         socket.create_connection((host, 443), timeout=HUB_PROBE_SECONDS).close()
     except OSError:
-        raise ValueError(
+        raise InvalidInput(
             f"model {where}, and the hub ({host}) cannot be reached: download it where there is network, or pass a local folder"
         ) from None
 

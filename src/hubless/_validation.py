@@ -13,6 +13,8 @@ import weakref
 
 import numpy as np
 
+from hubless.errors import InvalidInput, InvalidType
+
 __all__ = [
     "UnnormalizedEmbeddingsWarning",
     "as_embeddings",
@@ -70,21 +72,21 @@ def as_embeddings(
         try:
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
-            raise TypeError(f"{name} could not be converted to an array: {exc}") from exc
+            raise InvalidType(f"{name} could not be converted to an array: {exc}") from exc
     if arr.dtype.kind != "f":
-        raise TypeError(
+        raise InvalidType(
             f"{name} must be a floating-point array (float16, float32 or float64); "
             f"got dtype {arr.dtype}. Convert it with .astype(numpy.float32) if that is intended."
         )
     if arr.ndim != 2:
         hint = " For a single vector use x[None, :]." if arr.ndim == 1 else ""
-        raise ValueError(f"{name} must be 2-D with shape (n_items, dim); got shape {arr.shape}.{hint}")
+        raise InvalidInput(f"{name} must be 2-D with shape (n_items, dim); got shape {arr.shape}.{hint}")
     if arr.shape[0] == 0:
-        raise ValueError(f"{name} is empty (shape {arr.shape}); at least one row is needed.")
+        raise InvalidInput(f"{name} is empty (shape {arr.shape}); at least one row is needed.")
     if arr.shape[1] == 0:
-        raise ValueError(f"{name} has zero-length vectors (shape {arr.shape}).")
+        raise InvalidInput(f"{name} has zero-length vectors (shape {arr.shape}).")
     if dim is not None and arr.shape[1] != dim:
-        raise ValueError(
+        raise InvalidInput(
             f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; all embeddings must come from the same model."
         )
     given = arr
@@ -93,10 +95,10 @@ def as_embeddings(
     norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
     if not np.isfinite(norms).all():
         bad_rows = np.flatnonzero(~np.isfinite(norms))
-        raise ValueError(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); fix or drop those rows.")
+        raise InvalidInput(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); fix or drop those rows.")
     if not normalize and norms.max() > MAX_RAW_NORM:
         big = np.flatnonzero(norms > MAX_RAW_NORM)
-        raise ValueError(
+        raise InvalidInput(
             f"{name} has {big.size} row(s) of norm above {MAX_RAW_NORM:.0e} (first: row {int(big[0])}, norm {norms[big[0]]:.3g}): "
             "their dot products overflow float32; normalise the embeddings (drop --no-normalize / normalize=False)"
         )
@@ -108,7 +110,7 @@ def as_embeddings(
         if off.any():
             zero = np.flatnonzero(norms == 0)
             if zero.size:
-                raise ValueError(
+                raise InvalidInput(
                     f"{name} has {zero.size} all-zero row(s) (first: row {int(zero[0])}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
@@ -131,20 +133,20 @@ def as_embeddings(
 def check_positive_int(value, name: str) -> int:
     """Return ``value`` as int if it is an integer >= 1, else raise a clear error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer; got {value!r}.")
+        raise InvalidType(f"{name} must be a positive integer; got {value!r}.")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1; got {value}.")
+        raise InvalidInput(f"{name} must be >= 1; got {value}.")
     return int(value)
 
 
 def check_nonnegative_float(value, name: str, *, positive: bool = False) -> float:
     """Return ``value`` as float if it is a finite real >= 0 (> 0 with ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number; got {value!r}.")
+        raise InvalidType(f"{name} must be a real number; got {value!r}.")
     value = float(value)
     if not np.isfinite(value) or value < 0 or (positive and value == 0):
         need = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be finite and {need}; got {value}.")
+        raise InvalidInput(f"{name} must be finite and {need}; got {value}.")
     return value
 
 
@@ -152,7 +154,7 @@ def check_k(k: int, n: int, name: str, what: str) -> int:
     """Check a neighbour count against the number of items it is taken from."""
     k = check_positive_int(k, name)
     if k > n:
-        raise ValueError(f"{name}={k} exceeds the size of {what} ({n}); choose {name} <= {n}.")
+        raise InvalidInput(f"{name}={k} exceeds the size of {what} ({n}); choose {name} <= {n}.")
     return k
 
 

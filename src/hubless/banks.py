@@ -24,6 +24,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
 from hubless.engine.statistics import nearest_gallery_items
+from hubless.errors import InvalidInput
 from hubless.metrics.hubness import skewness
 
 __all__ = ["BankReport", "LOW_COVERAGE", "adversarial_bank", "bank_report", "coverage_warning", "nearest_items"]
@@ -102,7 +103,7 @@ def adversarial_bank(gallery, candidates, n: int, *, normalize: bool = True) -> 
     n = check_positive_int(n, "n")
     nearest = nearest_items(gallery, candidates, normalize=normalize)
     if n > nearest.size:
-        raise ValueError(f"n={n} is more than the {nearest.size} candidate queries")
+        raise InvalidInput(f"n={n} is more than the {nearest.size} candidate queries")
     sizes = np.bincount(nearest)
     # candidates ordered by (their item's group size descending, item id, candidate index)
     order = np.lexsort((np.arange(nearest.size), nearest, -sizes[nearest]))

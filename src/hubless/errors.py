@@ -1,11 +1,68 @@
-"""Exceptions hubless raises beyond the built-in ones."""
+"""The errors hubless raises: one base class, :class:`HublessError`, and a few kinds.
+
+Every error hubless raises on purpose (bad input, a missing file or id, a conflict with what
+exists, a busy lock, damaged data, a missing optional package) is a :class:`HublessError`.
+Each kind also derives from the builtin a caller would catch without knowing hubless, so
+``except ValueError`` still catches :class:`InvalidInput`, ``except KeyError`` catches
+:class:`NotFound`, ``except FileNotFoundError`` catches :class:`MissingFile`, and so on.
+
+The command line and the HTTP service map *only* these to user-facing errors:
+
+============================  =================================  =========  ==========
+kind                          builtin(s)                         CLI exit   HTTP status
+============================  =================================  =========  ==========
+:class:`InvalidInput`         ValueError                         2          422
+:class:`InvalidType`          ValueError, TypeError              2          422
+:class:`NotFittedError`       ValueError, AttributeError         2          422
+:class:`NotFound`             KeyError                           2          404
+:class:`MissingFile`          KeyError, FileNotFoundError        2          404
+:class:`Conflict`             ValueError                         2          409
+:class:`AlreadyExists`        ValueError, FileExistsError        2          409
+:class:`Busy`                 TimeoutError                       2          503
+:class:`Corrupt`              ValueError                         2          500
+:class:`MissingDependency`    ImportError                        2          500
+:class:`Incomplete`           RuntimeError                       2          500
+============================  =================================  =========  ==========
+
+Anything else that escapes is a bug: the CLI says so and exits 1 (the traceback with
+``--debug`` or ``HUBLESS_DEBUG=1``), the service answers a 500 without details.
+"""
 
 from __future__ import annotations
 
-__all__ = ["MissingDependencyError", "MissingInputError", "NotFittedError", "check_available"]
+__all__ = [
+    "AlreadyExists",
+    "Busy",
+    "Conflict",
+    "Corrupt",
+    "HublessError",
+    "Incomplete",
+    "InvalidInput",
+    "InvalidType",
+    "MissingDependency",
+    "MissingDependencyError",
+    "MissingFile",
+    "MissingInputError",
+    "NotFittedError",
+    "NotFound",
+    "check_available",
+    "message",
+]
 
 
-class NotFittedError(ValueError, AttributeError):
+class HublessError(Exception):
+    """Base class of every error hubless raises on purpose (see the module docstring)."""
+
+
+class InvalidInput(HublessError, ValueError):
+    """An argument, file content or request field is not acceptable (shape, NaN, range, ...)."""
+
+
+class InvalidType(InvalidInput, TypeError):
+    """An argument of the wrong type (also a TypeError, as Python's own would be)."""
+
+
+class NotFittedError(InvalidInput, AttributeError):
     """A correction (or an index) was used before it was fitted.
 
     Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so code
@@ -13,7 +70,7 @@ class NotFittedError(ValueError, AttributeError):
     """
 
 
-class MissingInputError(ValueError):
+class MissingInputError(InvalidInput):
     """A required input was not given. ``argument`` is its Python name (``gallery_bank``); the
     message names it as a keyword argument, and :meth:`for_cli` as the command-line flag."""
 
@@ -25,7 +82,44 @@ class MissingInputError(ValueError):
         return self.template.format(arg="--" + self.argument.replace("_", "-"))
 
 
-class MissingDependencyError(ImportError):
+class NotFound(HublessError, KeyError):
+    """Something named does not exist: an item id, an index, a table, an array in a file."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MissingFile(NotFound, FileNotFoundError):
+    """A file or folder named by the caller does not exist."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else OSError.__str__(self)
+
+
+class Conflict(HublessError, ValueError):
+    """The request contradicts what exists: a duplicate id, an index of another model, ..."""
+
+
+class AlreadyExists(Conflict, FileExistsError):
+    """The target exists and would be replaced (pass ``overwrite=True`` / ``--overwrite``)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else OSError.__str__(self)
+
+
+class Busy(HublessError, TimeoutError):
+    """A lock was held by another writer for longer than the timeout; retry later."""
+
+
+class Corrupt(HublessError, ValueError):
+    """Saved data is damaged, truncated or was altered (a checksum or a size differs)."""
+
+
+class Incomplete(HublessError, RuntimeError):
+    """A resumable job stopped before it finished; running it again completes it."""
+
+
+class MissingDependency(HublessError, ImportError):
     """An optional package is needed: the message names the extra that installs it."""
 
     def __init__(self, what: str, package: str, extra: str) -> None:
@@ -34,8 +128,20 @@ class MissingDependencyError(ImportError):
         super().__init__(f"{what} needs {package}: {self.install}")
 
 
+#: The name used before the error kinds existed (kept: it is part of the public API).
+MissingDependencyError = MissingDependency
+
+
+def message(exc: BaseException) -> str:
+    """The one-line text of an error (for the CLI and the service)."""
+    if isinstance(exc, MissingInputError):
+        return exc.for_cli()
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(str(text).split()) or type(exc).__name__
+
+
 def check_available(module: str, what: str, extra: str, package: str | None = None) -> None:
-    """Raise :class:`MissingDependencyError` now, before any work, when ``module`` is not
+    """Raise :class:`MissingDependency` now, before any work, when ``module`` is not
     installed (checked without importing it)."""
     import sys
     from importlib.util import find_spec
@@ -48,4 +154,4 @@ def check_available(module: str, what: str, extra: str, package: str | None = No
         except (ImportError, ValueError):
             found = False
     if not found:
-        raise MissingDependencyError(what, package or module, extra)
+        raise MissingDependency(what, package or module, extra)

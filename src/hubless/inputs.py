@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless._validation import as_embeddings
+from hubless.errors import InvalidInput, MissingFile, NotFound
 
 __all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "read_items", "read_records"]
 
@@ -55,25 +56,25 @@ def load_clip_retrieval(folder: str | os.PathLike, modality: str = "img", *, wit
     ``with_metadata`` the matching rows of ``metadata/metadata_{i}.parquet`` (needs pyarrow)."""
     folder = Path(folder)
     if modality not in CLIP_RETRIEVAL:
-        raise ValueError(f"clip-retrieval modality must be 'img' or 'text'; got {modality!r}")
+        raise InvalidInput(f"clip-retrieval modality must be 'img' or 'text'; got {modality!r}")
     sub, prefix = CLIP_RETRIEVAL[modality]
     files = _numbered(folder / sub, prefix, ".npy")
     if not files:
-        raise FileNotFoundError(f"{folder} has no {sub}/{prefix}N.npy files (clip-retrieval layout)")
+        raise MissingFile(f"{folder} has no {sub}/{prefix}N.npy files (clip-retrieval layout)")
     parts = [load_array(f, mmap=False) for f in files]
     if len({p.shape[1:] for p in parts}) != 1:
-        raise ValueError(f"{folder}/{sub}: files have different dimensions")
+        raise InvalidInput(f"{folder}/{sub}: files have different dimensions")
     embeddings = np.concatenate(parts)
     if not with_metadata:
         return embeddings
     meta_files = _numbered(folder / "metadata", "metadata_", ".parquet")
     if len(meta_files) != len(files):
-        raise ValueError(f"{folder}: {len(files)} embedding files but {len(meta_files)} metadata files")
+        raise InvalidInput(f"{folder}: {len(files)} embedding files but {len(meta_files)} metadata files")
     import pyarrow.parquet as pq
 
     records = [r for f in meta_files for r in pq.read_table(f).to_pylist()]
     if len(records) != embeddings.shape[0]:
-        raise ValueError(f"{folder}: {embeddings.shape[0]} embeddings but {len(records)} metadata rows")
+        raise InvalidInput(f"{folder}: {embeddings.shape[0]} embeddings but {len(records)} metadata rows")
     return embeddings, records
 
 
@@ -89,14 +90,14 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     if file.is_dir():
         raise IsADirectoryError(f"{file} is a directory, not a .npy/.npz file (nor a clip-retrieval folder with img_emb/ or text_emb/)")
     if file.exists() and not file.is_file():
-        raise ValueError(f"{file} is not a regular file (a FIFO or device?); give a .npy or .npz file")
+        raise InvalidInput(f"{file} is not a regular file (a FIFO or device?); give a .npy or .npz file")
     if not file.is_file():
-        raise FileNotFoundError(f"no such file: {file}")
+        raise MissingFile(f"no such file: {file}")
     suffix = file.suffix.lower()
     if suffix not in {".npy", ".npz"}:
-        raise ValueError(f"{file}: unsupported file type {suffix!r}; expected .npy or .npz")
+        raise InvalidInput(f"{file}: unsupported file type {suffix!r}; expected .npy or .npz")
     if suffix == ".npy" and key is not None:
-        raise ValueError(f"{file} is a .npy file; a key ({key!r}) only applies to .npz archives")
+        raise InvalidInput(f"{file} is a .npy file; a key ({key!r}) only applies to .npz archives")
     try:
         if suffix == ".npy":
             check_npy(file)
@@ -111,11 +112,11 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
         if str(exc).startswith(("cannot read", f"{file} holds")):
             raise
         if "Object arrays" in str(exc) or "Python objects" in str(exc):
-            raise ValueError(f"{file} holds Python objects; only numeric arrays are read (no pickles)") from exc
-        raise ValueError(f"cannot read {file}: the file is truncated or corrupt ({exc})") from exc
+            raise InvalidInput(f"{file} holds Python objects; only numeric arrays are read (no pickles)") from exc
+        raise InvalidInput(f"cannot read {file}: the file is truncated or corrupt ({exc})") from exc
     if key is None:
-        raise ValueError(f"{file} holds {len(names)} arrays ({', '.join(names) or 'none'}); name one as {file}:KEY")
-    raise KeyError(f"{file} has no array {key!r}; it holds: {', '.join(names)}")
+        raise InvalidInput(f"{file} holds {len(names)} arrays ({', '.join(names) or 'none'}); name one as {file}:KEY")
+    raise NotFound(f"{file} has no array {key!r}; it holds: {', '.join(names)}")
 
 
 def check_npy(file: Path) -> None:
@@ -127,27 +128,27 @@ def check_npy(file: Path) -> None:
         with open(file, "rb") as fh:
             version = fmt.read_magic(fh)
             if version not in ((1, 0), (2, 0), (3, 0)):
-                raise ValueError(f"unknown .npy version {version}")
+                raise InvalidInput(f"unknown .npy version {version}")
             read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
             shape, fortran, dtype = read(fh) if read else fmt._read_array_header(fh, version)  # noqa: SLF001 - v3 has no public reader
             offset = fh.tell()
     except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError... for damaged headers
-        raise ValueError(
+        raise InvalidInput(
             f"cannot read {file}: its .npy header is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
         ) from None
     if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape) or not isinstance(fortran, bool):
-        raise ValueError(f"cannot read {file}: its .npy header holds an invalid shape {shape!r}")
+        raise InvalidInput(f"cannot read {file}: its .npy header holds an invalid shape {shape!r}")
     if dtype.hasobject:
-        raise ValueError(f"{file} holds Python objects; only numeric arrays are read (no pickles)")
+        raise InvalidInput(f"{file} holds Python objects; only numeric arrays are read (no pickles)")
     if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
-        raise ValueError(
+        raise InvalidInput(
             f"{file} is big-endian ({dtype.str}); hubless reads little-endian arrays: convert it with "
             "np.save(path, np.load(path).astype(np.float32)) (a damaged header can also look like this)"
         )
     expected = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
     size = file.stat().st_size
     if size != expected:
-        raise ValueError(
+        raise InvalidInput(
             f"cannot read {file}: the header says {shape} {dtype} ({expected:,} bytes) but the file has {size:,} bytes (truncated or corrupt)"
         )
 
@@ -171,9 +172,9 @@ def _existing_file(path: str | os.PathLike, what: str) -> Path:
     if path.is_dir():
         raise IsADirectoryError(f"{what} {path} is a directory, not a file")
     if not path.exists():
-        raise FileNotFoundError(f"no such {what}: {path}")
+        raise MissingFile(f"no such {what}: {path}")
     if not path.is_file():
-        raise ValueError(f"{what} {path} is not a regular file")
+        raise InvalidInput(f"{what} {path} is not a regular file")
     return path
 
 
@@ -181,14 +182,14 @@ def _read_json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        raise InvalidInput(f"{path} is not valid JSON: {exc}") from None
 
 
 def _read_lines(path: Path) -> list[str]:
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path} is not UTF-8 text: {exc}") from None
+        raise InvalidInput(f"{path} is not UTF-8 text: {exc}") from None
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
@@ -205,23 +206,23 @@ def read_records(path: str | os.PathLike) -> list[dict]:
         try:
             return pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow raises its own error types for corrupt files
-            raise ValueError(f"cannot read {path}: {exc}") from None
+            raise InvalidInput(f"cannot read {path}: {exc}") from None
     if suffix in (".csv", ".tsv"):
         try:
             with open(path, newline="", encoding="utf-8") as fh:
                 return list(csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ","))
         except (UnicodeDecodeError, csv.Error) as exc:
-            raise ValueError(f"cannot read {path}: {exc}") from None
+            raise InvalidInput(f"cannot read {path}: {exc}") from None
     if suffix == ".json":
         data = _read_json(path)
         if isinstance(data, dict) and "items" in data:  # an OUT.meta.json from `hubless embed`
             data = data["items"]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise ValueError(f"{path} must hold a JSON list of objects (one per row)")
+            raise InvalidInput(f"{path} must hold a JSON list of objects (one per row)")
         return data
     if suffix == ".txt":
         return [{"item": line} for line in _read_lines(path)]
-    raise ValueError(f"{path}: unsupported table format {suffix!r}; use {', '.join(TABLE_SUFFIXES)}")
+    raise InvalidInput(f"{path}: unsupported table format {suffix!r}; use {', '.join(TABLE_SUFFIXES)}")
 
 
 def read_items(path: str | os.PathLike, column: str | None = None) -> list[str]:
@@ -242,7 +243,7 @@ def read_items(path: str | os.PathLike, column: str | None = None) -> list[str]:
         return []
     name = column or next((c for c in ITEM_COLUMNS if c in records[0]), None)
     if name is None or name not in records[0]:
-        raise ValueError(f"{path} has no {column or ' / '.join(ITEM_COLUMNS)} column (columns: {', '.join(records[0])})")
+        raise InvalidInput(f"{path} has no {column or ' / '.join(ITEM_COLUMNS)} column (columns: {', '.join(records[0])})")
     return [str(r.get(name, "")) for r in records]
 
 
@@ -257,19 +258,19 @@ def read_ids(spec: str) -> np.ndarray:
             try:
                 values = np.loadtxt(path, ndmin=1)
             except ValueError as exc:
-                raise ValueError(f"{path} must hold one integer per line: {exc}") from None
+                raise InvalidInput(f"{path} must hold one integer per line: {exc}") from None
     else:
         try:
             values = [int(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise ValueError(f"ids must be comma-separated integers or a .npy/.txt file; got {text!r}") from None
+            raise InvalidInput(f"ids must be comma-separated integers or a .npy/.txt file; got {text!r}") from None
     values = np.asarray(values)
     if values.size == 0:
-        raise ValueError("ids: name at least one integer position")
+        raise InvalidInput("ids: name at least one integer position")
     if values.dtype.kind not in "iuf" or not np.all(np.isfinite(values)) or not np.all(np.mod(values, 1) == 0):
-        raise ValueError("ids must be integers")
+        raise InvalidInput("ids must be integers")
     if np.abs(values).max() >= 2**62:
-        raise ValueError("ids are far larger than any gallery")
+        raise InvalidInput("ids are far larger than any gallery")
     return values.astype(np.int64).ravel()
 
 
@@ -285,6 +286,6 @@ def check_embedding_meta(meta: str | os.PathLike, embeddings: str | os.PathLike)
     from hubless._io import file_sha256
 
     if file_sha256(embeddings) != data["embeddings_sha256"]:
-        raise ValueError(
+        raise InvalidInput(
             f"{meta} describes another version of {embeddings} (checksums differ: an interrupted embed?); run `hubless embed` again"
         )

@@ -23,6 +23,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.corrections import METHODS, fit_many, make_correction
+from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.metrics.retrieval import PerQuery, check_ks, per_query_metrics, summarize
 from hubless.metrics.truth import load_truth
@@ -71,7 +72,7 @@ def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> No
     """Refuse when any row of ``a`` equals a row of ``b`` exactly (a leak between splits)."""
     shared = int(shared_rows(a, b).sum())
     if shared:
-        raise ValueError(
+        raise InvalidInput(
             f"{name_a} and {name_b} share {shared} identical row(s): tuning on them would leak; "
             f"pass a validation split disjoint from the {name_b} (hubless.tuning.shared_rows finds them)"
         )
@@ -79,7 +80,7 @@ def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> No
 
 def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence]] | None) -> list[dict[str, Any]]:
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        raise InvalidInput(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     grid = DEFAULT_GRIDS[method] if grids is None or method not in grids else grids[method]
     names = list(grid)
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
@@ -136,7 +137,7 @@ def tune(
     ks = check_ks(ks, gallery.shape[0])
     valid = {f"R@{k}" for k in ks} | {"MdR", "MnR", "MRR", "mAP@R"}
     if objective not in valid:
-        raise ValueError(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
+        raise InvalidInput(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
     if test_queries is not None:
         test = as_embeddings(test_queries, "test queries", normalize=normalize, dim=dim, dim_of="the gallery")
         check_disjoint(val, test, "validation queries", "test queries")
@@ -150,7 +151,7 @@ def tune(
         candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
         candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
         if not candidates:
-            raise ValueError(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
+            raise InvalidInput(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
         points, corrections = [p for p, _ in candidates], [c for _, c in candidates]
         fit_many(corrections, gallery, query_bank, gallery_bank, progress=progress)
         metrics = _validate_all(corrections, val, truth, ks, progress)

@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from hubless.errors import InvalidInput
+
 err_console = Console(stderr=True, soft_wrap=True, markup=False, highlight=False)
 
 METHOD_HELP = (
@@ -67,12 +69,9 @@ def print_note(message: str, label: str = "note") -> None:
 
 def error_message(exc: BaseException) -> str:
     """The one-line text of a library error (KeyError's repr quotes dropped)."""
-    from hubless.errors import MissingInputError
+    from hubless.errors import message
 
-    if isinstance(exc, MissingInputError):
-        return exc.for_cli()
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return " ".join(str(text).split()) or type(exc).__name__
+    return message(exc)
 
 
 _CLI_EXCEPTIONS = (
@@ -82,28 +81,40 @@ _CLI_EXCEPTIONS = (
     *[getattr(typer.exceptions, n) for n in ("TyperException",) if hasattr(typer.exceptions, n)],
 )
 
+#: Set by the global ``--debug`` option (or ``HUBLESS_DEBUG=1``): a bug shows its traceback.
+DEBUG = {"on": False}
+
+
+def debugging() -> bool:
+    return DEBUG["on"] or bool(os.environ.get("HUBLESS_DEBUG"))
+
 
 def friendly_errors(func: Callable) -> Callable:
-    """Turn the library's errors into a one-line message and exit code 2 (no traceback).
-    A missing optional package names the exact pip command that installs it."""
+    """Map errors to exit codes. Exit 2 with a one-line message: a :class:`hubless.errors.HublessError`
+    (bad input, a missing file or id, a conflict, a busy lock, damaged data, a missing optional
+    package: the message names the pip command), or an OSError from the operating system (a
+    path that cannot be read or written, a full disk). Anything else is a bug in hubless: exit 1,
+    saying so, with the traceback under ``--debug`` / ``HUBLESS_DEBUG=1``."""
 
     @wraps(func)
     def wrapper(*args, **kwargs):
+        from hubless.errors import HublessError
+
         try:
             return func(*args, **kwargs)
         except _CLI_EXCEPTIONS:  # usage errors and exits: typer reports them itself
             raise
-        except (ValueError, OSError, KeyError, TypeError, ImportError, ArithmeticError) as exc:
+        except (HublessError, OSError) as exc:
             print_error(error_message(exc))
             raise typer.Exit(2) from None
         except MemoryError:
             print_error("out of memory: the inputs or parameters need more memory than this machine has (smaller inputs, or a smaller k)")
             raise typer.Exit(1) from None
         except Exception as exc:  # a bug: one line, the traceback only on request
-            if os.environ.get("HUBLESS_DEBUG"):
+            if debugging():
                 raise
             print_error(
-                f"unexpected {type(exc).__name__}: {error_message(exc)} (a bug in hubless: rerun with HUBLESS_DEBUG=1 for the traceback, and please report it)"
+                f"unexpected {type(exc).__name__}: {error_message(exc)} (a bug in hubless: rerun with --debug for the traceback, and please report it)"
             )
             raise typer.Exit(1) from None
 
@@ -154,15 +165,15 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
             continue
         real = path.resolve()
         if real in sources:
-            raise ValueError(f"{flag} {path} is also the input {sources[real]}: it would be overwritten; choose another path")
+            raise InvalidInput(f"{flag} {path} is also the input {sources[real]}: it would be overwritten; choose another path")
         if real in seen:
-            raise ValueError(f"{flag} and {seen[real]} are the same file ({path}); give them different paths")
+            raise InvalidInput(f"{flag} and {seen[real]} are the same file ({path}); give them different paths")
         seen[real] = flag
         if path.exists() or path.is_symlink():
             if not path.is_file():
-                raise ValueError(f"{flag} {path} exists and is not a regular file (a folder, FIFO or device); choose a file path")
+                raise InvalidInput(f"{flag} {path} exists and is not a regular file (a folder, FIFO or device); choose a file path")
             if not overwrite and not _written_by_hubless(path):
-                raise ValueError(f"{flag} {path} exists and was not written by hubless; pass --overwrite to replace it")
+                raise InvalidInput(f"{flag} {path} exists and was not written by hubless; pass --overwrite to replace it")
 
 
 def warn_low_coverage(gallery, query_bank) -> None:

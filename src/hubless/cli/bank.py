@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from hubless.cli._common import NORMALIZE_HELP, check_outputs, friendly_errors, load, print_note
+from hubless.errors import InvalidInput
 
 app = typer.Typer(help="Reference banks: coverage diagnostics and adversarial banks (QB-Norm, Bogolin et al. 2022).", no_args_is_help=True)
 
@@ -58,11 +59,11 @@ def adversarial_command(
     from hubless.banks import adversarial_bank, bank_report
 
     if out.suffix != ".npy":
-        raise ValueError(f"--out must be a .npy file; got {out}")
+        raise InvalidInput(f"--out must be a .npy file; got {out}")
     ids_out = out.with_suffix(".ids.npy")
     check_outputs({"--out": out, "--out (ids)": ids_out}, {"--gallery": gallery, "--candidates": candidates}, overwrite=True)
     if not overwrite and (out.exists() or ids_out.exists()):
-        raise ValueError(f"{out} exists; pass --overwrite to replace it")
+        raise InvalidInput(f"{out} exists; pass --overwrite to replace it")
     g = load(gallery, "gallery", normalize=normalize)
     c = load(candidates, "candidates", normalize=normalize, dim=g.shape[1])
     chosen = adversarial_bank(g, c, n, normalize=normalize)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hubless.cli._common import friendly_errors
+from hubless.errors import InvalidInput
 
 app = typer.Typer(
     help="Benchmark data: COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (fetch visogender, visogender).",
@@ -41,7 +42,7 @@ def fetch_command(
         else:
             files = fetch(dataset, dest, archive=archive, verify=verify, sha256=sha256)
     except ConnectionError as exc:
-        raise ValueError(str(exc)) from None
+        raise InvalidInput(str(exc)) from None
     for f in files:
         typer.echo(f"wrote {f}")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hubless.cli._common import friendly_errors
+from hubless.errors import AlreadyExists
 
 
 @friendly_errors
@@ -36,7 +37,7 @@ def embed_command(
     if (images is None) == (texts is None):
         raise typer.BadParameter("give exactly one of --images or --texts")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+        raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
     from hubless.inputs import read_items
 
     items = list_images(images) if images is not None else [t for t in read_items(texts) if t.strip()]

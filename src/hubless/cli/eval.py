@@ -21,6 +21,7 @@ from hubless.cli._common import (
     warn_low_coverage,
     wide_console,
 )
+from hubless.errors import InvalidInput
 
 
 def print_results(ev, title: str) -> None:
@@ -97,7 +98,7 @@ def eval_command(
     )  # fmt: skip
     if banks is not None and (len(banks) > 1 or "" not in banks):  # named banks: the robustness protocol
         if report is not None or eccv or rerank:
-            raise ValueError(
+            raise InvalidInput(
                 "with several named query banks, eval writes tables and --out JSON; --report, --eccv and --rerank take one bank"
             )
         return _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress)
@@ -105,7 +106,7 @@ def eval_command(
     if report is not None:
         check_available("matplotlib", "--report", "report")
     if distractors is not None and (eccv or rerank):
-        raise ValueError("--distractors cannot be combined with --eccv or --rerank (they assume the gallery as given)")
+        raise InvalidInput("--distractors cannot be combined with --eccv or --rerank (they assume the gallery as given)")
     if eccv:
         check_available("eccv_caption", "--eccv", "eccv", "eccv-caption")
         if gallery_bank is None:
@@ -191,7 +192,7 @@ def _rerank(ev, q, truth, reranker, model, k, fusion, lam, gallery_items, query_
     n_gallery = ev.inputs["n_gallery"]
     g_items, q_items = read_items(gallery_items), read_items(query_items)
     if len(g_items) != n_gallery or len(q_items) != q.shape[0]:
-        raise ValueError(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({n_gallery}, {q.shape[0]})")
+        raise InvalidInput(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({n_gallery}, {q.shape[0]})")
     truth = load_truth(truth, q.shape[0], n_gallery)
     ks = [k_ for k_ in ev.ks if k_ <= k]
     table = Table(title=f"retrieve (top {k}) + rerank with {model}")
@@ -219,12 +220,12 @@ def parse_banks(values: list[str] | None) -> dict[str, Path] | None:
         if not sep:
             name, path = "", value
         elif not name.strip() or not path:
-            raise ValueError(f"--query-bank {value!r}: expected NAME=PATH (or a single PATH)")
+            raise InvalidInput(f"--query-bank {value!r}: expected NAME=PATH (or a single PATH)")
         if name in banks:
-            raise ValueError(f"--query-bank {name or value!r} is given twice")
+            raise InvalidInput(f"--query-bank {name or value!r} is given twice")
         banks[name.strip()] = Path(path)
     if "" in banks and len(banks) > 1:
-        raise ValueError("several --query-bank values must all be named: NAME=PATH")
+        raise InvalidInput("several --query-bank values must all be named: NAME=PATH")
     return banks
 
 

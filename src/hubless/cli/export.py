@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from hubless.cli._common import friendly_errors
+from hubless.errors import InvalidInput
 
 
 @friendly_errors
@@ -34,7 +35,7 @@ def export_command(
         from hubless.export import sync as sync_store
 
         if overwrite or ann:
-            raise ValueError("--sync updates the rows of an existing store; --overwrite and --ann belong to a full export")
+            raise InvalidInput("--sync updates the rows of an existing store; --overwrite and --ann belong to a full export")
         done = sync_store(index, to)
         typer.echo(f"synced {to}: {done['written']} row(s) written, {done['removed']} removed, {done['unchanged']} unchanged")
         return

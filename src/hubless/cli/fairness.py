@@ -17,6 +17,7 @@ from hubless.cli._common import (
     load,
     wide_console,
 )
+from hubless.errors import InvalidInput
 
 
 @friendly_errors
@@ -64,13 +65,13 @@ def fairness_command(
     g = load(gallery, "gallery", normalize=normalize)
     q = load(queries, "queries", normalize=normalize, dim=g.shape[1])
     if len(g_rows) != g.shape[0] or len(q_rows) != q.shape[0]:
-        raise ValueError(
+        raise InvalidInput(
             f"metadata rows ({len(g_rows)} gallery, {len(q_rows)} queries) must match the embeddings ({g.shape[0]}, {q.shape[0]})"
         )
     names = [a.strip() for a in attributes.split(",") if a.strip()]
     missing = [a for a in names if a not in g_rows[0]]
     if missing:
-        raise ValueError(f"--gallery-meta has no column(s) {', '.join(missing)} (columns: {', '.join(g_rows[0])})")
+        raise InvalidInput(f"--gallery-meta has no column(s) {', '.join(missing)} (columns: {', '.join(g_rows[0])})")
     relevant = relevance_by_column(g_rows, q_rows, match)
     labels = [str(r.get("text") or r[match]) for r in q_rows]
     result = audit(g, q, relevant, {a: [r[a] for r in g_rows] for a in names}, load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, warn_low_coverage, wide_console
+from hubless.errors import AlreadyExists, InvalidInput
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
 
@@ -49,7 +50,7 @@ def build_command(
     from hubless.index import Index
 
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+        raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
     if ray or address:
         index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
     else:
@@ -218,7 +219,7 @@ def search_command(
 
     if is_store_uri(path):
         if rerank or rescore is not None:
-            raise ValueError("--rerank and --rescore need the index itself; a store is searched with its own engine")
+            raise InvalidInput("--rerank and --rescore need the index itself; a store is searched with its own engine")
         import hubless.export
 
         info = hubless.export.describe(path)
@@ -235,7 +236,7 @@ def search_command(
         query_items = query_texts
     weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
     if alpha is not None and index.correction.weight_param is None:
-        raise ValueError(f"{index.correction.spec} has no weight to override")
+        raise InvalidInput(f"{index.correction.spec} has no weight to override")
     if rerank:
         scores, ids = _rerank(index, q, top_k, rerank, rerank_k, fusion, lam, query_items, item_column, weight)
     else:
@@ -304,7 +305,7 @@ def _queries(recorded_model, dim, normalize, path, queries, text, texts, image, 
         return load(queries, "queries", normalize=normalize, dim=dim), None
     name = model or recorded_model
     if name is None:
-        raise ValueError(f"{path} records no model (build the index with --model NAME); pass --model to encode {given[0]} queries")
+        raise InvalidInput(f"{path} records no model (build the index with --model NAME); pass --model to encode {given[0]} queries")
     if model is not None and recorded_model is not None and model != recorded_model:
         print_note(f"encoding queries with {model}; {path} was built from {recorded_model} embeddings", "warning")
     from hubless.encoders import encode_queries
@@ -322,13 +323,13 @@ def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, we
     from hubless.rerank import Pipeline, load_reranker
 
     if query_items is None or not index.metadata:
-        raise ValueError("--rerank needs --query-items and an index built with --metadata (the gallery items' paths or texts)")
+        raise InvalidInput("--rerank needs --query-items and an index built with --metadata (the gallery items' paths or texts)")
     column = item_column or next((c for c in ("path", "text", "item") if c in index.metadata[0]), None)
     if column is None or column not in index.metadata[0]:
-        raise ValueError(f"index metadata has no {item_column or 'path/text/item'} column; pass --item-column")
+        raise InvalidInput(f"index metadata has no {item_column or 'path/text/item'} column; pass --item-column")
     items = query_items if isinstance(query_items, list) else read_items(query_items)
     if len(items) != q.shape[0]:
-        raise ValueError(f"{len(items)} query items for {q.shape[0]} queries")
+        raise InvalidInput(f"{len(items)} query items for {q.shape[0]} queries")
 
     pipe = Pipeline(index, load_reranker(model), k=k, fusion=fusion, lam=lam, gallery_items=[m[column] for m in index.metadata])
     result = pipe.search(q, items, top_k=min(top_k, k), **weight)

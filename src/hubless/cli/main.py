@@ -47,8 +47,12 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def main(
     version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True, help="Show the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an unexpected error (a bug) instead of one line."),
 ) -> None:
     """hubless: better, fairer cross-modal retrieval without retraining."""
+    from hubless.cli._common import DEBUG
+
+    DEBUG["on"] = debug
     warnings.showwarning = _show_warning
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from hubless.cli._common import friendly_errors
+from hubless.errors import InvalidInput
 
 
 def _is_loopback(host: str) -> bool:
@@ -43,21 +44,21 @@ def serve_command(
     check_available("fastapi", "hubless serve", "serve")
     check_available("uvicorn", "hubless serve", "serve")
     if not _is_loopback(host) and api_key_file is None:
-        raise ValueError(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
+        raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
     api_key = None
     if api_key_file is not None:
         api_key = api_key_file.read_text(encoding="utf-8").strip()
         if len(api_key) < 16:
-            raise ValueError(f"{api_key_file} holds a key of {len(api_key)} characters; use at least 16 (e.g. `openssl rand -hex 32`)")
+            raise InvalidInput(f"{api_key_file} holds a key of {len(api_key)} characters; use at least 16 (e.g. `openssl rand -hex 32`)")
     named = {}
     for value in indexes:
         name, sep, path = value.partition("=")
         name, path = (name, path) if sep else (Path(value).name, value)
         if name in named:
-            raise ValueError(f"two indexes are named {name!r}: give them names as NAME=PATH")
+            raise InvalidInput(f"two indexes are named {name!r}: give them names as NAME=PATH")
         named[name] = Path(path)
     if workers < 1:
-        raise ValueError(f"--workers must be >= 1; got {workers}")
+        raise InvalidInput(f"--workers must be >= 1; got {workers}")
     import json
     import os
 

@@ -19,6 +19,7 @@ from hubless.cli._common import (
     warn_low_coverage,
     wide_console,
 )
+from hubless.errors import InvalidInput
 
 
 @friendly_errors
@@ -71,7 +72,7 @@ def tune_command(
         check_available("matplotlib", "--report", "report")
     if banks is not None and (len(banks) > 1 or "" not in banks):  # named banks: the robustness protocol
         if report is not None or queries is None or truth is None:
-            raise ValueError(
+            raise InvalidInput(
                 "with several named query banks, tune needs --queries and --truth and writes tables and --out JSON (no --report)"
             )
         return _tune_banks(gallery, validation_queries, validation_truth, validation_gallery, queries, truth, banks, gallery_bank,

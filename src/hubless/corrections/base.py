@@ -30,7 +30,7 @@ from hubless._validation import as_embeddings, check_nonnegative_float, check_to
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
-from hubless.errors import MissingInputError, NotFittedError
+from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
 
 __all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
 
@@ -89,7 +89,7 @@ class Correction:
         allowed = self.param_names()
         for key in params:
             if key not in allowed:
-                raise ValueError(f"{type(self).__name__} has no parameter {key!r}; valid: {', '.join(allowed)}")
+                raise InvalidInput(f"{type(self).__name__} has no parameter {key!r}; valid: {', '.join(allowed)}")
         old = self.get_params()
         for key, value in params.items():
             setattr(self, key, value)
@@ -104,7 +104,7 @@ class Correction:
     def _validate_params(self) -> None:
         """Hook: check every parameter (subclasses call ``super()._validate_params()``)."""
         if not isinstance(self.normalize, (bool, np.bool_)):
-            raise TypeError(f"normalize must be True or False; got {self.normalize!r}")
+            raise InvalidType(f"normalize must be True or False; got {self.normalize!r}")
         if self.weight_param is not None:
             self.check_weight(getattr(self, self.weight_param))
 
@@ -115,12 +115,12 @@ class Correction:
         name = cls.weight_param or "weight"
         array = np.asarray(value)
         if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
-            raise TypeError(f"{name} must be a real number (or one per query); got {value!r}")
+            raise InvalidType(f"{name} must be a real number (or one per query); got {value!r}")
         array = array.astype(np.float64)
         if array.ndim == 0:
             check_nonnegative_float(float(array), name)
         elif not (np.isfinite(array).all() and (array >= 0).all()):
-            raise ValueError(f"{name} must be finite and >= 0 for every query")
+            raise InvalidInput(f"{name} must be finite and >= 0 for every query")
         return array
 
     @property
@@ -184,11 +184,11 @@ class Correction:
         self._validate_params()
         gallery = as_embeddings(gallery, "gallery", normalize=self.normalize)
         if statistics.n_gallery != gallery.shape[0]:
-            raise ValueError(f"statistics describe {statistics.n_gallery} gallery items; the gallery has {gallery.shape[0]}")
+            raise InvalidInput(f"statistics describe {statistics.n_gallery} gallery items; the gallery has {gallery.shape[0]}")
         self.check_sizes(gallery.shape[0], statistics.n_query_bank if self.needs_query_bank else None, statistics.n_gallery_bank)
         missing = statistics.missing(self.statistics_request())
         if missing:
-            raise ValueError("statistics lack " + "; ".join(missing))
+            raise InvalidInput("statistics lack " + "; ".join(missing))
         self._fit_arrays(gallery, statistics)
         return self
 
@@ -228,10 +228,10 @@ class Correction:
         self._check_fitted()
         ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
         if ids.size and (ids[0] < 0 or ids[-1] >= self.n_gallery_):
-            raise ValueError(f"ids to remove must be in [0, {self.n_gallery_}); got {ids[0]}..{ids[-1]}")
+            raise InvalidInput(f"ids to remove must be in [0, {self.n_gallery_}); got {ids[0]}..{ids[-1]}")
         keep = np.setdiff1d(np.arange(self.n_gallery_), ids)
         if keep.size == 0:
-            raise ValueError("cannot remove every gallery item")
+            raise InvalidInput("cannot remove every gallery item")
         self.check_sizes(keep.size, self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
         qb, gb = self._update_banks(query_bank, gallery_bank, required=False)
         stats = remove_gallery_items(self.statistics_, self.gallery_, keep, qb, gb, progress=progress)
@@ -258,7 +258,7 @@ class Correction:
         if not uses:
             if side == "query":  # the baseline: nothing depends on the bank
                 return self
-            raise ValueError(f"{type(self).__name__} was fitted without a gallery bank: it has none to grow")
+            raise InvalidInput(f"{type(self).__name__} was fitted without a gallery bank: it has none to grow")
         stats = self.statistics_
         sizes = [self.n_gallery_, stats.n_query_bank, stats.n_gallery_bank]
         sizes[1 if side == "query" else 2] += new.shape[0]
@@ -279,12 +279,12 @@ class Correction:
         for name, bank in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
             if bank is None or not needs[name]:
                 if bank is None and required and needs[name]:
-                    raise ValueError(f"{type(self).__name__} needs the {name} it was fitted on to compute new items' statistics")
+                    raise InvalidInput(f"{type(self).__name__} needs the {name} it was fitted on to compute new items' statistics")
                 out.append(None)
                 continue
             bank = as_embeddings(bank, name, normalize=self.normalize, dim=self.dim_)
             if bank.shape[0] != sizes[name]:
-                raise ValueError(f"{name} has {bank.shape[0]} rows but this correction was fitted on {sizes[name]}: pass the same bank")
+                raise InvalidInput(f"{name} has {bank.shape[0]} rows but this correction was fitted on {sizes[name]}: pass the same bank")
             out.append(bank)
         return tuple(out)
 
@@ -316,10 +316,10 @@ class Correction:
             return None
         if self.weight_param is None or set(weight) != {self.weight_param}:
             allowed = f"only {self.weight_param}=" if self.weight_param else "no weight override"
-            raise TypeError(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
+            raise InvalidType(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
         value = self.check_weight(weight[self.weight_param])
         if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
-            raise ValueError(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
+            raise InvalidInput(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
         return value
 
     def query_statistics(self, batch: QueryBatch, *, progress: bool | None = None) -> QueryStatistics | None:
@@ -475,7 +475,7 @@ class AdditiveCorrection(Correction):
         self._validate_params()
         missing = set(self.query_state_attrs) - set(state)
         if missing:
-            raise ValueError(f"{self.spec}: the stored query state lacks {', '.join(sorted(missing))}; export the index again")
+            raise InvalidInput(f"{self.spec}: the stored query state lacks {', '.join(sorted(missing))}; export the index again")
         for name in self.query_state_attrs:
             setattr(self, name, np.asarray(state[name], dtype=np.float64))
         self.gallery_ = np.zeros((0, dim), np.float32)  # served elsewhere: no row here
@@ -487,7 +487,7 @@ class AdditiveCorrection(Correction):
         cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
         if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
             bad = int((~np.isfinite(cols)).any(axis=1).sum())
-            raise ValueError(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
+            raise InvalidInput(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
         self.bias_columns_ = np.ascontiguousarray(cols.reshape(self.n_gallery_, -1))
 
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
@@ -526,10 +526,10 @@ def _check_statistics(stats: BankStatistics, gallery, query_bank, gallery_bank, 
     sizes = (gallery.shape[0], None if query_bank is None else query_bank.shape[0])
     have = (stats.n_gallery, stats.n_query_bank if query_bank is not None else None)
     if sizes != have or (gallery_bank is not None and stats.n_gallery_bank != gallery_bank.shape[0]):
-        raise ValueError("statistics were computed on arrays of other sizes than the ones passed to fit")
+        raise InvalidInput("statistics were computed on arrays of other sizes than the ones passed to fit")
     missing = stats.missing(request)
     if missing:
-        raise ValueError("statistics lack " + "; ".join(missing))
+        raise InvalidInput("statistics lack " + "; ".join(missing))
 
 
 def _format_value(value, default) -> str:

@@ -7,6 +7,7 @@ import numpy as np
 from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta, log_mean_exp_bias
 from hubless.engine import StatisticsRequest
+from hubless.errors import InvalidInput
 
 __all__ = ["DualIS", "DualDIS"]
 
@@ -43,7 +44,7 @@ class DualIS(AdditiveCorrection):
         bq = check_beta(self.beta_query, "beta_query", allow_zero=True)
         bg = check_beta(self.beta_gallery, "beta_gallery", allow_zero=True)
         if bq + bg == 0:
-            raise ValueError("beta_query and beta_gallery cannot both be 0")
+            raise InvalidInput("beta_query and beta_gallery cannot both be 0")
 
     @property
     def _beta_sum(self) -> float:
@@ -125,7 +126,7 @@ class DualDIS(ActivationGated, DualIS):
     def _validate_params(self) -> None:
         super()._validate_params()
         if self.ungated not in ("raw", "exp"):
-            raise ValueError(f"ungated must be 'raw' (as published) or 'exp'; got {self.ungated!r}")
+            raise InvalidInput(f"ungated must be 'raw' (as published) or 'exp'; got {self.ungated!r}")
 
     @property
     def exactly_additive(self) -> bool:

@@ -7,6 +7,7 @@ import numpy as np
 from hubless._validation import check_positive_int
 from hubless.corrections.base import Correction
 from hubless.engine import StatisticsRequest
+from hubless.errors import InvalidInput
 
 __all__ = ["GlobalCorrection"]
 
@@ -45,7 +46,7 @@ class GlobalCorrection(Correction):
     def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         need = 4 * n_gallery * n_query_bank
         if need > self.max_probe_bytes:
-            raise ValueError(
+            raise InvalidInput(
                 f"GC keeps n_gallery x n_bank = {n_gallery} x {n_query_bank} sorted probes "
                 f"({need / 2**30:.1f} GiB), above max_probe_bytes={self.max_probe_bytes}; use a smaller "
                 "query bank, raise max_probe_bytes, or prefer an additive correction such as NNN"

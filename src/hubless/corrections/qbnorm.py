@@ -11,6 +11,7 @@ from hubless._validation import check_k, check_nonnegative_float, check_positive
 from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.queries import QueryRequest
 from hubless.engine import StatisticsRequest
+from hubless.errors import InvalidInput
 
 __all__ = ["ActivationGated", "BETA_RANGE", "InvertedSoftmax", "DynamicInvertedSoftmax", "LOG_BETAS", "check_beta", "log_mean_exp_bias"]
 
@@ -71,7 +72,7 @@ def check_beta(value, name: str, *, allow_zero: bool = False) -> float:
     beta = check_nonnegative_float(value, name, positive=not allow_zero)
     low, high = BETA_RANGE
     if beta != 0 and not low <= beta <= high:
-        raise ValueError(
+        raise InvalidInput(
             f"{name} must be between {low:g} and {high:g}; got {beta:g} (beyond that range the inverted softmax "
             "cannot be ranked reliably in float32: it is then plain top-1 matching or a plain mean-similarity correction)"
         )

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["QueryBatch", "QueryRequest", "QueryStatistics"]
 
 
@@ -54,7 +56,7 @@ class QueryStatistics:
         """From a raw top-``request.depth`` search: ``scores``/``ids`` (n_queries, >= depth),
         best first (ties to the lower id)."""
         if scores.shape[1] < request.depth:
-            raise ValueError(f"raw neighbour lists have {scores.shape[1]} entries; the correction needs {request.depth}")
+            raise InvalidInput(f"raw neighbour lists have {scores.shape[1]} entries; the correction needs {request.depth}")
         return cls(
             top1=np.ascontiguousarray(ids[:, 0], dtype=np.int64) if request.top1 else None,
             topk=np.ascontiguousarray(scores[:, : request.topk], dtype=np.float32) if request.topk else None,

@@ -12,6 +12,7 @@ from hubless.corrections.dn import DN
 from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
+from hubless.errors import InvalidInput
 
 __all__ = ["METHODS", "make_correction", "method_help"]
 
@@ -56,23 +57,23 @@ def make_correction(spec: str | Correction) -> Correction:
     if isinstance(spec, Correction):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a method spec must be a non-empty string like 'nnn:alpha=0.5,k=16'; got {spec!r}")
+        raise InvalidInput(f"a method spec must be a non-empty string like 'nnn:alpha=0.5,k=16'; got {spec!r}")
     name, _, body = spec.strip().partition(":")
     cls = METHODS.get(name.strip().lower())
     if cls is None:
-        raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+        raise InvalidInput(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     params = {}
     for item in body.split(","):
         if not item.strip():
             continue
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"bad parameter {item!r} in {spec!r}; write name=value, e.g. alpha=0.5")
+            raise InvalidInput(f"bad parameter {item!r} in {spec!r}; write name=value, e.g. alpha=0.5")
         params[key.strip()] = _parse_value(value)
     allowed = cls.param_names()
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise ValueError(f"{name} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
+        raise InvalidInput(f"{name} has no parameter(s) {', '.join(unknown)}; valid: {', '.join(allowed)}")
     return cls(**params)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless.errors import InvalidInput, MissingFile
 from hubless.inputs import read_records
 from hubless.metrics.truth import Truth
 
@@ -30,7 +31,7 @@ def relevance_by_column(gallery_rows: list[dict], query_rows: list[dict], column
     """Query i's relevant items: the gallery rows whose ``column`` equals query i's, exactly."""
     for name, rows in (("gallery", gallery_rows), ("query", query_rows)):
         if rows and column not in rows[0]:
-            raise ValueError(f"{name} metadata has no column {column!r} (columns: {', '.join(rows[0])})")
+            raise InvalidInput(f"{name} metadata has no column {column!r} (columns: {', '.join(rows[0])})")
     by_value: dict[str, list[int]] = {}
     for i, row in enumerate(gallery_rows):
         by_value.setdefault(str(row[column]), []).append(i)
@@ -38,7 +39,7 @@ def relevance_by_column(gallery_rows: list[dict], query_rows: list[dict], column
     for q, row in enumerate(query_rows):
         items = by_value.get(str(row[column]))
         if not items:
-            raise ValueError(f"query {q} ({column}={row[column]!r}) has no relevant gallery item")
+            raise InvalidInput(f"query {q} ({column}={row[column]!r}) has no relevant gallery item")
         lists.append(items)
     return Truth.from_lists(lists, len(gallery_rows))
 
@@ -51,10 +52,10 @@ def sispi_table(folder: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     for f in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in {".jpg", ".jpeg", ".png"}):
         parts = f.stem.rsplit("_", 3)
         if len(parts) != 4 or not parts[1].isdigit():
-            raise ValueError(f"{f.name} does not follow {{profession}}_{{id}}_{{gender}}_{{ethnicity}}")
+            raise InvalidInput(f"{f.name} does not follow {{profession}}_{{id}}_{{gender}}_{{ethnicity}}")
         rows.append({"path": str(f), "profession": parts[0], "id": int(parts[1]), "gender": parts[2], "ethnicity": parts[3]})
     if not rows:
-        raise FileNotFoundError(f"no SISPI images in {folder}")
+        raise MissingFile(f"no SISPI images in {folder}")
     professions = sorted({r["profession"] for r in rows})
     queries = [{"profession": p, "text": f"A photo of a {p.replace('_', ' ')}"} for p in professions]
     return rows, queries
@@ -70,7 +71,7 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
     files = {"OP": folder / "OP_Visogender_11012024.tsv", "OO": folder / "OO_Visogender_10052025.tsv"}
     missing = [f.name for f in files.values() if not f.is_file()]
     if missing:
-        raise FileNotFoundError(
+        raise MissingFile(
             f"VisoGender metadata ({', '.join(missing)}) not found in {folder}: run `hubless data fetch visogender` "
             "(writes ./data/visogender; set HUBLESS_DATA_DIR=data) or set HUBLESS_DATA_DIR to a folder holding visogender/"
         )
@@ -131,7 +132,7 @@ def synthetic_embeddings(
     for column, value in attributes.items():
         values = sorted({str(r[column]) for r in gallery_rows})
         if str(value) not in values:
-            raise ValueError(f"favoured value {value!r} is not a value of {column!r} ({', '.join(values)})")
+            raise InvalidInput(f"favoured value {value!r} is not a value of {column!r} ({', '.join(values)})")
         directions[column] = dict(zip(values, unit(rng.standard_normal((len(values), dim)))))
         favoured += directions[column][str(value)]
     base = np.array([topic_vec[str(r[match])] + sum(0.6 * directions[c][str(r[c])] for c in attributes) for r in gallery_rows])

@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 from hubless._io import write_text
+from hubless.errors import InvalidInput
 
 __all__ = ["KARPATHY_SPLIT_SIZES", "KARPATHY_URL", "download", "fetch"]
 
@@ -67,34 +68,34 @@ def fetch(
     without network, so hubless cannot pin one: pass the digest you trust with ``sha256``.)
     """
     if dataset not in _LAYOUT:
-        raise ValueError(f"unknown dataset {dataset!r}; choose coco or flickr30k")
+        raise InvalidInput(f"unknown dataset {dataset!r}; choose coco or flickr30k")
     member, folder, splits = _LAYOUT[dataset]
     hint = "Download it by hand and pass --archive, or point HUBLESS_DATA_DIR at a folder that has the caption files"
     data = Path(archive).read_bytes() if archive else download(KARPATHY_URL, timeout, hint)
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256.strip().lower():
-        raise ValueError(f"the archive's sha256 is {digest}, not the expected {sha256}; nothing was written")
+        raise InvalidInput(f"the archive's sha256 is {digest}, not the expected {sha256}; nothing was written")
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             name = next((n for n in zf.namelist() if n.endswith(member)), None)
             if name is None:
-                raise ValueError(f"the archive has no {member}")
+                raise InvalidInput(f"the archive has no {member}")
             try:
                 images = json.loads(zf.read(name))["images"]
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                raise ValueError(f"{name} in the archive is not a Karpathy split file (no 'images' list)") from None
+                raise InvalidInput(f"{name} in the archive is not a Karpathy split file (no 'images' list)") from None
             if not isinstance(images, list) or not all(isinstance(img, dict) for img in images):
-                raise ValueError(f"{name} in the archive is not a Karpathy split file ('images' is not a list of records)")
+                raise InvalidInput(f"{name} in the archive is not a Karpathy split file ('images' is not a list of records)")
     except zipfile.BadZipFile:
-        raise ValueError("the downloaded archive is not a valid zip file (truncated download?)") from None
+        raise InvalidInput("the downloaded archive is not a valid zip file (truncated download?)") from None
     chosen_by_split = {}
     for split, (_, limit) in splits.items():
         chosen = [img for img in images if img.get("split") == split]
         if not chosen:
-            raise ValueError(f"the archive's {member} has no image of split {split!r}; nothing was written")
+            raise InvalidInput(f"the archive's {member} has no image of split {split!r}; nothing was written")
         expected = KARPATHY_SPLIT_SIZES[dataset][split]
         if verify and len(chosen) != expected:
-            raise ValueError(
+            raise InvalidInput(
                 f"the archive's {member} has {len(chosen)} {split} images, Karpathy's release has {expected}: not the release "
                 "(truncated or altered?); nothing was written (--no-verify uses it anyway)"
             )
@@ -108,9 +109,9 @@ def fetch(
                 sentences = [s["raw"].strip().replace("\n", " ") for s in img["sentences"]][:5]
                 image_name = str(img["filename"])
             except (KeyError, TypeError, AttributeError):
-                raise ValueError(f"image {img.get('filename')} in the archive has malformed records") from None
+                raise InvalidInput(f"image {img.get('filename')} in the archive has malformed records") from None
             if len(sentences) < 5:
-                raise ValueError(f"image {image_name} has fewer than 5 captions")
+                raise InvalidInput(f"image {image_name} has fewer than 5 captions")
             lines.extend(sentences)
         contents[Path(dest) / folder / filename] = "\n".join(lines) + "\n"
         contents[Path(dest) / folder / filename.replace("_captions.txt", "_images.txt")] = (

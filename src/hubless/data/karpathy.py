@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless.errors import InvalidInput, MissingFile
 from hubless.metrics.truth import Truth, captions_per_item
 
 __all__ = ["CaptionSplit", "data_dir", "load_captions", "SPLITS"]
@@ -65,11 +66,11 @@ class CaptionSplit:
 
             names = [f"COCO_val2014_{i:012d}.jpg" for i in coco5k_ids()[1][: self.n_images]]
         else:
-            raise FileNotFoundError(f"no image list {names_file}; run `hubless data fetch {self.dataset}` to write it")
+            raise MissingFile(f"no image list {names_file}; run `hubless data fetch {self.dataset}` to write it")
         paths = [Path(image_root) / n for n in names]
         missing = [p for p in paths if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"{len(missing)} of {len(paths)} images are missing under {image_root}, e.g. {missing[0]}")
+            raise MissingFile(f"{len(missing)} of {len(paths)} images are missing under {image_root}, e.g. {missing[0]}")
         return paths
 
 
@@ -89,17 +90,17 @@ def load_captions(dataset: str, split: str, root: str | os.PathLike | None = Non
     """Captions of ``dataset`` ('coco' or 'flickr30k') and ``split`` ('test5k', 'test1k', 'dev')."""
     key = (dataset.lower(), split.lower())
     if key not in SPLITS:
-        raise ValueError(f"unknown split {dataset}/{split}; choose from {', '.join('/'.join(k) for k in SPLITS)}")
+        raise InvalidInput(f"unknown split {dataset}/{split}; choose from {', '.join('/'.join(k) for k in SPLITS)}")
     rel, n_images = SPLITS[key]
     path = Path(root) if root is not None else data_dir()
     file = path / rel
     if not file.is_file():
-        raise FileNotFoundError(f"{file} not found: set HUBLESS_DATA_DIR to the folder holding {rel.split('/')[0]}/")
+        raise MissingFile(f"{file} not found: set HUBLESS_DATA_DIR to the folder holding {rel.split('/')[0]}/")
     lines = file.read_text(encoding="utf-8").splitlines()
     if n_images is not None:
         lines = lines[: n_images * CAPTIONS_PER_IMAGE]
     if len(lines) % CAPTIONS_PER_IMAGE:
-        raise ValueError(f"{file} holds {len(lines)} captions, not a multiple of {CAPTIONS_PER_IMAGE}")
+        raise InvalidInput(f"{file} holds {len(lines)} captions, not a multiple of {CAPTIONS_PER_IMAGE}")
     if n_images is not None and len(lines) != n_images * CAPTIONS_PER_IMAGE:
-        raise ValueError(f"{file} is truncated: {len(lines)} captions, expected {n_images * CAPTIONS_PER_IMAGE}")
+        raise InvalidInput(f"{file} is truncated: {len(lines)} captions, expected {n_images * CAPTIONS_PER_IMAGE}")
     return CaptionSplit(key[0], key[1], lines)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["SyntheticRetrieval", "make_retrieval_data"]
 
 
@@ -70,9 +72,9 @@ def make_retrieval_data(
     """
     for name, value in (("n_items", n_items), ("captions_per_item", captions_per_item), ("dim", dim)):
         if value < 1:
-            raise ValueError(f"{name} must be >= 1; got {value}")
+            raise InvalidInput(f"{name} must be >= 1; got {value}")
     if min(n_query_bank, n_gallery_bank, n_val_items, n_topics) < 1:
-        raise ValueError("bank sizes, n_val_items and n_topics must be >= 1")
+        raise InvalidInput("bank sizes, n_val_items and n_topics must be >= 1")
     rng = np.random.default_rng(seed)
     topics = _unit(rng.standard_normal((n_topics, dim)))
     gap = _unit(rng.standard_normal((1, dim)))[0] * modality_gap

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hubless._io import atomic_open
 from hubless.data.fetch import download
+from hubless.errors import InvalidInput, MissingFile
 
 __all__ = ["VISOGENDER_FILES", "fetch_visogender"]
 
@@ -47,13 +48,13 @@ def fetch_visogender(
         if source is not None:
             found = sorted(Path(source).rglob(name)) if Path(source).is_dir() else []
             if not found:
-                raise FileNotFoundError(f"{name} not found under {source}")
+                raise MissingFile(f"{name} not found under {source}")
             data = found[0].read_bytes()
         else:
             hint = f"Download {', '.join(VISOGENDER_FILES)} from github.com/oxai/visogender by hand and pass their folder with --archive"
             data = download(url, timeout, hint)
         if verify and hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(f"{name} does not match the pinned VisoGender release (sha256 differs); pass --no-verify to use it anyway")
+            raise InvalidInput(f"{name} does not match the pinned VisoGender release (sha256 differs); pass --no-verify to use it anyway")
         contents[name] = data
     folder = Path(dest) / "visogender"
     written = []

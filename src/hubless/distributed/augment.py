@@ -36,6 +36,7 @@ from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.engine.statistics import BankStatistics
 from hubless.engine.updates import gallery_rows
+from hubless.errors import AlreadyExists, InvalidInput
 from hubless.export.query import check_servable, query_vectors
 
 __all__ = ["augmented_queries", "write_augmented"]
@@ -100,9 +101,9 @@ def write_augmented(
     }
     kept = _kept_info(folder)
     if kept is None and any(folder.iterdir()):
-        raise FileExistsError(f"{folder} is not empty and was not written by write_augmented: pass a new or empty folder")
+        raise AlreadyExists(f"{folder} is not empty and was not written by write_augmented: pass a new or empty folder")
     if kept is not None and {k: kept.get(k) for k in info} != json.loads(json.dumps(info)):
-        raise ValueError(f"{folder} holds parts of another fit (other data, method or shards): pass a new folder or delete {folder}")
+        raise InvalidInput(f"{folder} holds parts of another fit (other data, method or shards): pass a new folder or delete {folder}")
     if kept is not None and kept.get("complete"):
         return folder  # written by an earlier run of the same fit
     write_json(folder / INFO, {**info, "complete": False})
@@ -145,6 +146,6 @@ def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
     folder = Path(out)
     info = _kept_info(folder)
     if info is None or not info.get("complete"):
-        raise ValueError(f"{folder} holds no complete output of write_augmented (no finished {INFO})")
+        raise InvalidInput(f"{folder} holds no complete output of write_augmented (no finished {INFO})")
     corr = make_correction(info["spec"]).for_queries(info["query_state"], int(info["dim"]), int(info["bias_columns"]))
     return query_vectors(corr, queries, **weight)

@@ -29,7 +29,7 @@ from hubless.corrections import Correction, make_correction, statistics_request
 from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import MissingDependencyError, MissingInputError
+from hubless.errors import InvalidInput, MissingDependencyError, MissingInputError
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics"]
 
@@ -93,7 +93,9 @@ def _work_dir(work_dir, fingerprint: dict) -> Path | None:
         except ValueError:
             kept = None
         if kept != json.loads(json.dumps(fingerprint)):
-            raise ValueError(f"{path} holds tiles of another fit (other data, methods or tile sizes): pass a new work_dir or delete {path}")
+            raise InvalidInput(
+                f"{path} holds tiles of another fit (other data, methods or tile sizes): pass a new work_dir or delete {path}"
+            )
     else:
         write_json(plan_file, fingerprint)
     (path / "tiles").mkdir(parents=True, exist_ok=True)
@@ -145,7 +147,7 @@ def fit_statistics(
     for name, spec in (("query", query_bank), ("gallery_bank", gallery_bank)):
         sources[name] = None if spec is None else open_source(spec)
         if sources[name] is not None and sources[name].dim != sources["gallery"].dim:
-            raise ValueError(
+            raise InvalidInput(
                 f"{name.replace('_', ' ')} source {sources[name].name} has dimension {sources[name].dim} "
                 f"but the gallery {sources['gallery'].name} has {sources['gallery'].dim}"
             )
@@ -222,7 +224,7 @@ def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gall
     :func:`hubless.fit_many` does on one machine); ``options`` as :func:`fit_statistics`."""
     corrections = [make_correction(m) for m in methods]
     if len({bool(c.normalize) for c in corrections}) > 1:
-        raise ValueError("corrections fitted together must share one normalize setting")
+        raise InvalidInput("corrections fitted together must share one normalize setting")
     request = statistics_request(corrections)
     qb, gb = _banks_for(corrections, query_bank, gallery_bank)
     gallery_source = open_source(gallery)

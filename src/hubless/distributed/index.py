@@ -23,6 +23,7 @@ from hubless.corrections import Correction
 from hubless.distributed.fit import _get, connect, fit
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.errors import InvalidInput
 
 __all__ = ["build_index"]
 
@@ -72,7 +73,7 @@ def build_index(
     corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
     factory = factory or default_factory(source.n_rows)
     if "HNSW" in factory.upper():
-        raise ValueError(
+        raise InvalidInput(
             f"{factory}: an HNSW graph cannot be merged from shards built apart; use an IVF factory or Index.build on one machine"
         )
     augmented = augmented_rows(corr)
@@ -93,7 +94,7 @@ def build_index(
             try:
                 merged.merge_from(part, merged.ntotal if offset_ids else 0)
             except RuntimeError as exc:
-                raise ValueError(
+                raise InvalidInput(
                     f"FAISS cannot merge {factory!r} indexes built apart ({str(exc).splitlines()[-1]}); use Flat or IVF"
                 ) from None
     index = Index.from_faiss(corr, merged, factory, metadata=metadata, model=model)

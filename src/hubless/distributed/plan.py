@@ -34,6 +34,7 @@ from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from hubless.engine.topk import NO_ID
 from hubless.engine.updates import side_request
+from hubless.errors import InvalidInput
 
 __all__ = ["Tile", "TileMerger", "compute_tile", "cut_points", "plan_tiles"]
 
@@ -64,11 +65,11 @@ def cut_points(n: int, size: int | Sequence[int], name: str) -> list[int]:
     past ``n`` ignored, so one list can cut banks of different sizes)."""
     if isinstance(size, (int, np.integer)):
         if size < 1:
-            raise ValueError(f"{name} must be >= 1; got {size}")
+            raise InvalidInput(f"{name} must be >= 1; got {size}")
         return [*range(0, n, int(size)), n] if n else [0, 0]
     cuts = [int(c) for c in size]
     if any(c < 0 for c in cuts):
-        raise ValueError(f"{name} cut points must be >= 0; got {cuts}")
+        raise InvalidInput(f"{name} cut points must be >= 0; got {cuts}")
     return sorted({c for c in cuts if c < n} | {0, n})  # cut points past the end are ignored
 
 
@@ -84,7 +85,7 @@ def plan_tiles(
     """Every tile: each gallery shard against each shard of each bank given (a tile whose side
     has nothing requested computes only the means, which DN reads)."""
     if request.query_probes:
-        raise ValueError(
+        raise InvalidInput(
             "GC needs every gallery item's sorted similarities to the whole query bank (n_gallery x n_bank numbers): "
             "it cannot be fitted from tiles; fit it on one machine"
         )
@@ -138,9 +139,9 @@ class TileMerger:
 
     def add(self, tile: Tile, part: BankStatistics) -> None:
         if tile.key not in self.expected:
-            raise ValueError(f"tile {tile.key} is not part of this plan")
+            raise InvalidInput(f"tile {tile.key} is not part of this plan")
         if tile.key in self.seen:
-            raise ValueError(f"tile {tile.key} was merged twice")
+            raise InvalidInput(f"tile {tile.key} was merged twice")
         self.seen.add(tile.key)
         side = tile.side
         self.gallery_shards[tile.g0] = tile.g1
@@ -161,7 +162,7 @@ class TileMerger:
     def result(self) -> BankStatistics:
         """The merged statistics (every tile must have been added)."""
         if self.missing:
-            raise ValueError(f"{len(self.missing)} tile(s) were not merged, e.g. {sorted(self.missing)[0]}")
+            raise InvalidInput(f"{len(self.missing)} tile(s) were not merged, e.g. {sorted(self.missing)[0]}")
         req = self.request
         shards = sorted(self.gallery_shards.items())
         out = None

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless.errors import InvalidInput, MissingFile
+
 __all__ = ["EmbeddingSource", "Shard", "open_source"]
 
 #: The column parquet shards hold their embeddings in, unless told otherwise.
@@ -67,7 +69,7 @@ class EmbeddingSource:
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a C-contiguous float32 array (finite, checked per shard)."""
         if not 0 <= start <= stop <= self.n_rows:
-            raise ValueError(f"rows [{start}, {stop}) are outside {self.name} ({self.n_rows} rows)")
+            raise InvalidInput(f"rows [{start}, {stop}) are outside {self.name} ({self.n_rows} rows)")
         out = np.empty((stop - start, self.dim), dtype=np.float32)
         for shard in self.shards:
             lo, hi = max(start, shard.start), min(stop, shard.start + shard.rows)
@@ -75,11 +77,11 @@ class EmbeddingSource:
                 continue
             part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start, self.dim)
             if part.shape != (hi - lo, self.dim):
-                raise ValueError(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
+                raise InvalidInput(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
             bad = ~np.isfinite(part).all(axis=1)
             if bad.any():
                 row = int(np.flatnonzero(bad)[0]) + lo - shard.start
-                raise ValueError(f"shard {shard.path} has NaN or inf values (first in its row {row}): fix or drop that shard")
+                raise InvalidInput(f"shard {shard.path} has NaN or inf values (first in its row {row}): fix or drop that shard")
             out[lo - start : hi - start] = part
         return out
 
@@ -93,7 +95,7 @@ def _shard_paths(spec) -> list[str]:
         paths = [str(p) for p in spec]
         missing = [p for p in paths if not Path(p).is_file()]
         if missing:
-            raise FileNotFoundError(f"shard {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise MissingFile(f"shard {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return paths
     text = str(spec)
     path = Path(text)
@@ -102,16 +104,16 @@ def _shard_paths(spec) -> list[str]:
         if not paths:
             subdirs = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name in ("img_emb", "text_emb"))
             hint = f": a clip-retrieval folder? pass {path / subdirs[0]}" if subdirs else ""
-            raise FileNotFoundError(f"{path} holds no .npy or .parquet shards{hint}")
+            raise MissingFile(f"{path} holds no .npy or .parquet shards{hint}")
         return sorted(paths, key=_natural_key)
     if path.is_file():
         return [text]
     if any(ch in text for ch in "*?["):
         paths = sorted(glob.glob(text), key=_natural_key)
         if not paths:
-            raise FileNotFoundError(f"no shard matches {text}")
+            raise MissingFile(f"no shard matches {text}")
         return paths
-    raise FileNotFoundError(f"embedding source {text} does not exist")
+    raise MissingFile(f"embedding source {text} does not exist")
 
 
 def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
@@ -121,7 +123,7 @@ def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
     paths = _shard_paths(spec)
     kinds = {Path(p).suffix for p in paths}
     if len(kinds) != 1 or kinds - {".npy", ".parquet"}:
-        raise ValueError(f"shards must be all .npy or all .parquet; got {', '.join(sorted(kinds))}")
+        raise InvalidInput(f"shards must be all .npy or all .parquet; got {', '.join(sorted(kinds))}")
     kind = kinds.pop().lstrip(".")
     shards, start, dim = [], 0, None
     for p in paths:
@@ -129,11 +131,11 @@ def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
         if dim is None:
             dim = d
         elif d != dim:
-            raise ValueError(f"shard {p} has dimension {d} but {paths[0]} has {dim}: every shard of a source must have one dimension")
+            raise InvalidInput(f"shard {p} has dimension {d} but {paths[0]} has {dim}: every shard of a source must have one dimension")
         shards.append(Shard(p, start, rows))
         start += rows
     if start == 0:
-        raise ValueError(f"embedding source {spec} has no rows")
+        raise InvalidInput(f"embedding source {spec} has no rows")
     return EmbeddingSource(tuple(shards), int(dim), kind, column)
 
 
@@ -145,16 +147,16 @@ def _header(path: str, kind: str, column: str) -> tuple[int, int]:
         check_npy(Path(path))
         arr = np.load(path, mmap_mode="r")
         if arr.ndim != 2 or arr.dtype.kind not in "fiu":
-            raise ValueError(f"shard {path} holds a {arr.dtype} array of shape {arr.shape}; expected (rows, dim) numbers")
+            raise InvalidInput(f"shard {path} holds a {arr.dtype} array of shape {arr.shape}; expected (rows, dim) numbers")
         return int(arr.shape[0]), int(arr.shape[1])
     import pyarrow.parquet as pq
 
     try:
         meta = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
-        raise ValueError(f"cannot read shard {path}: {exc}") from None
+        raise InvalidInput(f"cannot read shard {path}: {exc}") from None
     if column not in meta.schema_arrow.names:
-        raise ValueError(f"shard {path} has no column {column!r} (columns: {', '.join(meta.schema_arrow.names)})")
+        raise InvalidInput(f"shard {path} has no column {column!r} (columns: {', '.join(meta.schema_arrow.names)})")
     rows = meta.metadata.num_rows
     if rows == 0:
         return 0, _parquet_dim(meta.schema_arrow.field(column).type, path, None)
@@ -167,7 +169,7 @@ def _parquet_dim(arrow_type, path, values) -> int:
     if size is not None and size > 0:
         return int(size)
     if values is None or len(values) == 0:
-        raise ValueError(f"shard {path}: cannot tell the dimension of its variable-length column")
+        raise InvalidInput(f"shard {path}: cannot tell the dimension of its variable-length column")
     return len(values[0].as_py())
 
 
@@ -186,6 +188,6 @@ def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int) ->
     if (lengths != dim).any():
         bad = int(np.flatnonzero(lengths != dim)[0])
         what = "is missing" if lengths[bad] < 0 else f"has {lengths[bad]} values"
-        raise ValueError(f"shard {path}: row {bad + lo} of column {column!r} {what}; every row needs {dim}")
+        raise InvalidInput(f"shard {path}: row {bad + lo} of column {column!r} {what}; every row needs {dim}")
     values = col.flatten().to_numpy(zero_copy_only=False)
     return np.asarray(values, dtype=np.float32).reshape(hi - lo, -1)

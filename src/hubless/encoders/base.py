@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hubless.errors import InvalidInput, InvalidType
 from hubless.progress import progress_bar
 
 __all__ = ["Encoder", "open_image"]
@@ -42,7 +43,7 @@ class Encoder:
         self._require("text")
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
-            raise TypeError("encode_texts takes a sequence of strings")
+            raise InvalidType("encode_texts takes a sequence of strings")
         return self._batched(texts, self._texts, batch_size, progress, "encode texts")
 
     def encode_images(self, images: Sequence, *, batch_size: int = 32, progress: bool | None = None) -> np.ndarray:
@@ -54,13 +55,13 @@ class Encoder:
 
     def _require(self, modality: str) -> None:
         if modality not in self.modalities:
-            raise ValueError(f"{self.name} does not encode {modality}s (it encodes: {', '.join(sorted(self.modalities))})")
+            raise InvalidInput(f"{self.name} does not encode {modality}s (it encodes: {', '.join(sorted(self.modalities))})")
 
     def _batched(self, items: list, fn, batch_size: int, progress, desc: str) -> np.ndarray:
         import torch
 
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+            raise InvalidInput(f"batch_size must be >= 1; got {batch_size}")
         out = np.empty((len(items), self.dim), dtype=np.float32)
         starts = progress_bar(range(0, len(items), batch_size), progress, desc=desc, unit="batch")
         with torch.inference_mode():

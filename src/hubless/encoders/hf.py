@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import Encoder
+from hubless.errors import InvalidInput
 
 __all__ = ["HFEncoder", "KINDS"]
 
@@ -39,7 +40,7 @@ class HFEncoder(Encoder):
         config = transformers.AutoConfig.from_pretrained(name_or_path)
         kind = kind or config.model_type
         if kind not in KINDS:
-            raise ValueError(f"{name_or_path}: model type {config.model_type!r} is not supported; expected one of {', '.join(KINDS)}")
+            raise InvalidInput(f"{name_or_path}: model type {config.model_type!r} is not supported; expected one of {', '.join(KINDS)}")
         super().__init__(str(name_or_path), resolve_device(device))
         self.kind = kind
         cls = {"clip": transformers.CLIPModel, "siglip": transformers.SiglipModel, "blip": transformers.BlipForImageTextRetrieval}[kind]

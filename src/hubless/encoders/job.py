@@ -24,6 +24,7 @@ import numpy as np
 
 from hubless._io import file_sha256, save_npy, write_json
 from hubless.encoders.base import Encoder, open_image
+from hubless.errors import AlreadyExists, Corrupt, Incomplete, InvalidInput, MissingFile
 from hubless.progress import progress_bar
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
-class NothingEmbeddedError(ValueError):
+class NothingEmbeddedError(InvalidInput):
     """No item of a job could be read; nothing was written. ``skipped`` lists each item and its error."""
 
     def __init__(self, skipped: list[dict]) -> None:
@@ -75,7 +76,7 @@ def list_images(source: str | os.PathLike) -> list[str]:
         base = source.parent
         lines = [line.strip() for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [line if os.path.isabs(line) else str(base / line) for line in lines]
-    raise FileNotFoundError(f"no such folder or list file: {source}")
+    raise MissingFile(f"no such folder or list file: {source}")
 
 
 def _job_key(encoder: Encoder, modality: str, items: list[str], chunk_size: int) -> str:
@@ -105,18 +106,18 @@ def embed_to_file(
     :func:`hubless.distributed.embed`); by default they are computed here, one after another.
     """
     if (images is None) == (texts is None):
-        raise ValueError("give exactly one of images= or texts=")
+        raise InvalidInput("give exactly one of images= or texts=")
     modality = "image" if images is not None else "text"
     items = [str(x) for x in (images if images is not None else texts)]
     if not items:
-        raise ValueError(f"no {modality}s to embed")
+        raise InvalidInput(f"no {modality}s to embed")
     if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+        raise InvalidInput(f"chunk_size must be >= 1; got {chunk_size}")
     out = Path(out)
     if out.suffix != ".npy":
-        raise ValueError(f"--out must be a .npy file; got {out}")
+        raise InvalidInput(f"--out must be a .npy file; got {out}")
     if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
+        raise AlreadyExists(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
     parts = out.with_name(out.name + ".parts")
     key = _job_key(encoder, modality, items, chunk_size)
     job_file = parts / "job.json"
@@ -140,7 +141,7 @@ def embed_to_file(
         run_chunks(parts, missing, items, modality, chunk_size, batch_size)
         undone = [chunk for chunk in missing if not chunk_is_done(parts, chunk)]
         if undone:
-            raise RuntimeError(f"{len(undone)} chunk(s) were not written (first: {undone[0]}); run the job again to finish them")
+            raise Incomplete(f"{len(undone)} chunk(s) were not written (first: {undone[0]}); run the job again to finish them")
 
     embeddings, index, skipped = [], [], []
     for chunk in range(len(starts)):
@@ -153,7 +154,7 @@ def embed_to_file(
         shutil.rmtree(parts)
         raise NothingEmbeddedError(skipped)
     if matrix.shape[0] != len(index):  # pragma: no cover - guarded by the chunk files
-        raise RuntimeError("embeddings and metadata are out of step; delete the .parts folder and rerun")
+        raise Corrupt("embeddings and metadata are out of step; delete the .parts folder and rerun")
     field = "path" if modality == "image" else "text"
     meta = {
         "model": encoder.name,

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from hubless.encoders.base import Encoder
+from hubless.errors import InvalidInput, MissingFile
 
 __all__ = ["load_encoder"]
 
@@ -33,10 +34,10 @@ def load_encoder(name_or_path: str | os.PathLike, kind: str | None = None, devic
 
         return SentenceTransformerEncoder(name, device=device)
     if kind is not None and kind not in ("clip", "siglip", "blip"):
-        raise ValueError(f"unknown encoder kind {kind!r}; choose clip, siglip, blip or sentence-transformers")
+        raise InvalidInput(f"unknown encoder kind {kind!r}; choose clip, siglip, blip or sentence-transformers")
     path = Path(name)
     if path.exists() and not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a transformers model folder")
+        raise MissingFile(f"{path} has no config.json: not a transformers model folder")
     if path.is_dir():
         json.loads((path / "config.json").read_text())  # fail early on a corrupt config
     from hubless.encoders.hf import HFEncoder

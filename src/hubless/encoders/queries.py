@@ -15,6 +15,7 @@ import numpy as np
 
 from hubless.encoders.base import Encoder, open_image
 from hubless.encoders.loader import load_encoder
+from hubless.errors import InvalidInput
 
 __all__ = ["encode_queries"]
 
@@ -35,15 +36,15 @@ def encode_queries(
     search. Unreadable images fail with the file's name (a query is never silently dropped).
     """
     if (texts is None) == (images is None):
-        raise ValueError("give exactly one of texts= or images=")
+        raise InvalidInput("give exactly one of texts= or images=")
     items = list(texts if texts is not None else images)
     if not items:
-        raise ValueError("no queries given")
+        raise InvalidInput("no queries given")
     if texts is not None and not all(isinstance(t, str) and t.strip() for t in items):
-        raise ValueError("every text query must be a non-empty string")
+        raise InvalidInput("every text query must be a non-empty string")
     encoder = model if isinstance(model, Encoder) else load_encoder(model, device=device)
     if expected_dim is not None and encoder.dim != expected_dim:
-        raise ValueError(f"{encoder.name} gives {encoder.dim}-dimensional embeddings; the index holds {expected_dim}-dimensional ones")
+        raise InvalidInput(f"{encoder.name} gives {encoder.dim}-dimensional embeddings; the index holds {expected_dim}-dimensional ones")
     if texts is not None:
         return encoder.encode_texts(items, batch_size=batch_size, progress=False)
     loaded = []
@@ -51,5 +52,5 @@ def encode_queries(
         try:
             loaded.append(open_image(path))
         except Exception as exc:  # noqa: BLE001 - any unreadable file is named
-            raise ValueError(f"cannot read query image {path}: {type(exc).__name__}: {exc}") from None
+            raise InvalidInput(f"cannot read query image {path}: {type(exc).__name__}: {exc}") from None
     return encoder.encode_images(loaded, batch_size=batch_size, progress=False)

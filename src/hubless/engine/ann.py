@@ -22,6 +22,7 @@ import numpy as np
 from hubless.engine.parallel import num_threads
 from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
+from hubless.errors import InvalidInput
 
 __all__ = ["ann_statistics", "default_bank_factory", "ivf_topk"]
 
@@ -54,7 +55,7 @@ def ann_statistics(
         ("activation sets (DIS/DualDIS)", request.query_activation_k or request.gallery_activation_k),
     ) if need]  # fmt: skip
     if unsupported:
-        raise ValueError(
+        raise InvalidInput(
             f"ANN bank statistics only give top-k similarities and means; this method needs {', '.join(unsupported)}: use exact statistics"
         )
     stats = compute_statistics(gallery, query_bank, gallery_bank, StatisticsRequest())  # the means

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["DTYPES", "block_product", "resolve", "use_device"]
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -54,10 +56,10 @@ def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, s
     device = device or ctx_device or os.environ.get("HUBLESS_DEVICE") or "numpy"
     dtype = dtype or ctx_dtype or os.environ.get("HUBLESS_DTYPE") or "float32"
     if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r} for the engine's products; use one of {', '.join(DTYPES)}")
+        raise InvalidInput(f"unknown dtype {dtype!r} for the engine's products; use one of {', '.join(DTYPES)}")
     if device == "numpy":
         if dtype != "float32":
-            raise ValueError(f"dtype {dtype} needs a torch device (HUBLESS_DEVICE=cpu or cuda); numpy computes in float32")
+            raise InvalidInput(f"dtype {dtype} needs a torch device (HUBLESS_DEVICE=cpu or cuda); numpy computes in float32")
         return device, dtype
     from hubless._torch import resolve_device
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from hubless.engine.statistics import BankStatistics
 from hubless.engine.topk import NO_ID
+from hubless.errors import InvalidInput
 
 __all__ = [
     "merge_bank_parts",
@@ -82,9 +83,9 @@ def merge_bank_parts(a: BankStatistics, b: BankStatistics, side: str = "query") 
     made of ``a``'s bank items followed by ``b``'s. Only that side's fields are merged; the
     other side's are taken from ``a``."""
     if side not in ("query", "gallery"):
-        raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
+        raise InvalidInput(f"side must be 'query' or 'gallery'; got {side!r}")
     if a.n_gallery != b.n_gallery:
-        raise ValueError(f"bank parts describe {a.n_gallery} and {b.n_gallery} gallery items; they must be the same items")
+        raise InvalidInput(f"bank parts describe {a.n_gallery} and {b.n_gallery} gallery items; they must be the same items")
     n_a, n_b = getattr(a, f"n_{side}_bank") or 0, getattr(b, f"n_{side}_bank") or 0
     out = replace(a)
     setattr(out, f"n_{side}_bank", n_a + n_b)
@@ -108,7 +109,7 @@ def merge_gallery_parts(a: BankStatistics, b: BankStatistics) -> BankStatistics:
     """Statistics of ``a``'s gallery items followed by ``b``'s, against the same banks (``b``'s
     activation ids count from its own first item and are moved by ``a.n_gallery``)."""
     if (a.n_query_bank, a.n_gallery_bank) != (b.n_query_bank, b.n_gallery_bank):
-        raise ValueError("gallery parts were computed against banks of different sizes")
+        raise InvalidInput("gallery parts were computed against banks of different sizes")
 
     def stack(x, y):
         return None if x is None else np.concatenate([x, y])

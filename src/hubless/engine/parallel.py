@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from threadpoolctl import threadpool_limits
 
+from hubless.errors import InvalidInput
 from hubless.progress import progress_bar
 
 __all__ = ["num_threads", "run_blocks"]
@@ -27,7 +28,7 @@ def num_threads() -> int:
         try:
             return max(1, int(env))
         except ValueError:
-            raise ValueError(f"HUBLESS_NUM_THREADS must be an integer; got {env!r}") from None
+            raise InvalidInput(f"HUBLESS_NUM_THREADS must be an integer; got {env!r}") from None
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+from hubless.errors import InvalidInput
 
 __all__ = ["StatisticsRequest", "BankStatistics", "compute_statistics", "row_statistics"]
 
@@ -100,7 +101,7 @@ class BankStatistics:
         """Only what ``request`` needs (views, no copies): what a fitted correction keeps."""
         missing = self.missing(request)
         if missing:
-            raise ValueError("statistics lack " + "; ".join(missing))
+            raise InvalidInput("statistics lack " + "; ".join(missing))
         k, qa, ga = request.query_topk, request.query_activation_k, request.gallery_activation_k
         return replace(
             self,
@@ -169,7 +170,7 @@ class BankStatistics:
         """
         ids = self.query_activation if which == "query" else self.gallery_activation
         if ids is None or ids.shape[1] < k_activation:
-            raise ValueError(f"{which}-bank activation sets at k_activation={k_activation} were not computed")
+            raise InvalidInput(f"{which}-bank activation sets at k_activation={k_activation} were not computed")
         mask = np.zeros(self.n_gallery, dtype=bool)
         mask[ids[:, :k_activation].ravel()] = True
         return mask
@@ -224,7 +225,7 @@ def compute_statistics(
         desc="query bank",
     )
     if request.needs_gallery_bank and gallery_bank is None:
-        raise ValueError("these statistics need a gallery bank; pass gallery_bank=")
+        raise InvalidInput("these statistics need a gallery bank; pass gallery_bank=")
     _, stats.gallery_lse, _ = row_statistics(gallery, gallery_bank, betas=request.gallery_betas, progress=progress, desc="gallery bank")
     if request.query_activation_k:
         stats.query_activation_scores, stats.query_activation = nearest_gallery_items(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["RunningTopK", "NO_ID"]
 
 #: Id stored in slots that hold no element yet (sorts after every real id).
@@ -47,7 +49,7 @@ class RunningTopK:
         """Start from an earlier top-k (with ids: sorted by value descending, id ascending):
         later blocks merge into it, so a top-k over new columns extends one over old columns."""
         if values.shape != self.values.shape or (self.ids is not None) != (ids is not None):
-            raise ValueError(f"initial top-k must be {self.values.shape} values{' with ids' if self.ids is not None else ''}")
+            raise InvalidInput(f"initial top-k must be {self.values.shape} values{' with ids' if self.ids is not None else ''}")
         self.values[:] = values
         if ids is not None:
             self.ids[:] = ids

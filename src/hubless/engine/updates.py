@@ -26,6 +26,7 @@ import numpy as np
 
 from hubless.engine.merge import merge_bank_parts, merge_gallery_parts
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics, nearest_gallery_items
+from hubless.errors import InvalidInput
 
 __all__ = ["add_bank_items", "add_gallery_items", "gallery_rows", "remove_gallery_items", "side_request"]
 
@@ -41,7 +42,7 @@ def side_request(request: StatisticsRequest, side: str) -> StatisticsRequest:
         )
     if side == "gallery":
         return StatisticsRequest(gallery_betas=request.gallery_betas, gallery_activation_k=request.gallery_activation_k)
-    raise ValueError(f"side must be 'query' or 'gallery'; got {side!r}")
+    raise InvalidInput(f"side must be 'query' or 'gallery'; got {side!r}")
 
 
 def _map_items(update, stats: BankStatistics, **changes) -> BankStatistics:
@@ -67,7 +68,7 @@ def gallery_rows(stats: BankStatistics, start: int, stop: int) -> BankStatistics
     those rows from them gives each row the bias it has in the whole fit. The activation sets
     are dropped (they are sets over the whole gallery)."""
     if not 0 <= start < stop <= stats.n_gallery:
-        raise ValueError(f"rows [{start}, {stop}) are not within the {stats.n_gallery} gallery items")
+        raise InvalidInput(f"rows [{start}, {stop}) are not within the {stats.n_gallery} gallery items")
     return _map_items(
         lambda values: values[start:stop],
         stats,
@@ -126,7 +127,7 @@ def remove_gallery_items(
         ids = ids - np.searchsorted(removed, ids)  # renumber: later items move up
         if lost.any():
             if bank is None:
-                raise ValueError(f"removing these items changes the {side}-bank activation sets, which needs the {side} bank")
+                raise InvalidInput(f"removing these items changes the {side}-bank activation sets, which needs the {side} bank")
             scores[lost], ids[lost] = nearest_gallery_items(bank[lost], kept, ids.shape[1], progress=progress)
         setattr(out, f"{side}_activation", ids)
         setattr(out, f"{side}_activation_scores", scores)
@@ -146,7 +147,7 @@ def add_bank_items(
     items (n_gallery x n_new) merged in with :func:`merge_bank_parts`."""
     request = side_request(stats.request, side)
     if getattr(stats, f"n_{side}_bank") is None or getattr(stats, f"{side}_bank_mean") is None:
-        raise ValueError(f"these statistics were computed without a {side} bank: there is nothing to extend")
+        raise InvalidInput(f"these statistics were computed without a {side} bank: there is nothing to extend")
     banks = (new_bank, None) if side == "query" else (None, new_bank)
     part = compute_statistics(gallery, *banks, request, progress=progress)
     return merge_bank_parts(stats, part, side)

@@ -21,6 +21,7 @@ import numpy as np
 
 from hubless.corrections import Correction, make_correction
 from hubless.engine.topk import RunningTopK
+from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import relevant_ranks
 from hubless.metrics.truth import Truth
 from hubless.progress import progress_bar
@@ -83,9 +84,9 @@ def rank_queries(
         return []
     gallery = corrections[0].gallery_
     if any(c.gallery_ is not gallery for c in corrections):
-        raise ValueError("rank_queries compares corrections fitted on one gallery array; fit them on the same validated gallery")
+        raise InvalidInput("rank_queries compares corrections fitted on one gallery array; fit them on the same validated gallery")
     if len({bool(c.normalize) for c in corrections}) > 1:
-        raise ValueError("rank_queries compares corrections with one normalize setting")
+        raise InvalidInput("rank_queries compares corrections with one normalize setting")
     batches = [c.queries(queries) for c in corrections]
     n_queries, n_gallery = len(batches[0]), gallery.shape[0]
     depth = min(depth, n_gallery)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["DEPTH", "coco5k_ids", "eccv_metrics", "eccv_evaluate"]
 
 #: Ranked items kept per query: more than the largest number of ECCV positives (48 for i2t).
@@ -60,12 +62,12 @@ def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, di
 
     t2i_ranked, i2t_ranked = np.asarray(t2i_ranked), np.asarray(i2t_ranked)
     if t2i_ranked.shape[0] != N_CAPTIONS or i2t_ranked.shape[0] != N_IMAGES:
-        raise ValueError(
+        raise InvalidInput(
             f"ECCV Caption is defined on COCO-5k: need rankings for 25,000 captions and 5,000 images; "
             f"got {t2i_ranked.shape[0]} and {i2t_ranked.shape[0]}"
         )
     if min(t2i_ranked.shape[1], i2t_ranked.shape[1]) < DEPTH:
-        raise ValueError(f"rank at least {DEPTH} items per query (ECCV positives go up to 48)")
+        raise InvalidInput(f"rank at least {DEPTH} items per query (ECCV positives go up to 48)")
     caption_ids, image_ids = coco5k_ids()
     t2i = {int(c): image_ids[row].tolist() for c, row in zip(caption_ids, t2i_ranked)}
     i2t = {int(i): caption_ids[row].tolist() for i, row in zip(image_ids, i2t_ranked)}

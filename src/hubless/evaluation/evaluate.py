@@ -24,6 +24,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.corrections import Correction
+from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
@@ -87,7 +88,7 @@ class Evaluation:
         for r in self.results:
             if spec in (r.spec, r.method):
                 return r
-        raise KeyError(spec)
+        raise NotFound(spec)
 
 
 def evaluate(
@@ -128,7 +129,7 @@ def evaluate(
         truth = dataclasses.replace(truth, n_gallery=gallery.shape[0])  # never relevant: no truth points at them
     ks = check_ks(ks, gallery.shape[0])
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
-        raise ValueError(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+        raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
     corrections = prepare_methods(methods, normalize)
     fit_seconds = []
     for corr in corrections:

@@ -20,6 +20,7 @@ import numpy as np
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, bank_report
 from hubless.corrections import Correction
+from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
 
 __all__ = ["BankEvaluation", "evaluate_banks", "geometric_mean", "tune_banks"]
@@ -116,7 +117,7 @@ def _checked_banks(gallery, banks: Mapping[str, Any], distractors, normalize: bo
     """The validated gallery, each validated bank and its coverage report over the gallery as
     searched (distractors included)."""
     if not banks:
-        raise ValueError("banks is empty: give at least one name -> query bank")
+        raise InvalidInput("banks is empty: give at least one name -> query bank")
     g = as_embeddings(gallery, "gallery", normalize=normalize)
     full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
     checked = {name: as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1]) for name, bank in banks.items()}

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from hubless.errors import InvalidInput
+
 FORMAT_VERSION = 1
 #: scheme -> the form of its URI.
 SCHEMES = {
@@ -31,16 +33,16 @@ def parse_uri(uri: str) -> StoreURI:
     """Split a store URI; one clear ValueError for anything else."""
     scheme, sep, rest = str(uri).partition("://")
     if not sep or scheme not in SCHEMES:
-        raise ValueError(f"not a store URI: {uri!r} (expected one of {', '.join(SCHEMES.values())})")
+        raise InvalidInput(f"not a store URI: {uri!r} (expected one of {', '.join(SCHEMES.values())})")
     if scheme in ("postgresql", "postgres"):  # the table is the last path segment; the rest is libpq's URI
         parts = urlsplit(str(uri))
         database, slash, table = parts.path.rstrip("/").rpartition("/")
         if not slash or not table or not database:
-            raise ValueError(f"store URI {uri!r} needs a database and a table: {SCHEMES[scheme]}")
+            raise InvalidInput(f"store URI {uri!r} needs a database and a table: {SCHEMES[scheme]}")
         return StoreURI(scheme, urlunsplit((parts.scheme, parts.netloc, database, parts.query, "")), table)
     location, slash, table = rest.rstrip("/").rpartition("/")
     if not slash or not table or not location:
-        raise ValueError(f"store URI {uri!r} needs a location and a table name: {SCHEMES[scheme]}")
+        raise InvalidInput(f"store URI {uri!r} needs a location and a table name: {SCHEMES[scheme]}")
     if scheme.startswith("qdrant+"):  # the server's URL
         location = f"{scheme[len('qdrant+') :]}://{location}"
     return StoreURI(scheme, location, table)

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from hubless.errors import MissingDependencyError
+from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
 from hubless.export.base import directory_lock as writer_lock  # noqa: F401  (one writer at a time: export, sync)
 
 
@@ -59,11 +59,11 @@ def write(
     from hubless.progress import progress_bar
 
     if ann is not None and ann.upper() not in ANN_TYPES:
-        raise ValueError(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+        raise InvalidInput(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     db = _lancedb().connect(location)
     exists = table in _tables(db)
     if exists and not overwrite:
-        raise FileExistsError(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+        raise AlreadyExists(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
     n, d = augmented.shape
     meta_keys = sorted({k for r in metadata for k in r}) if metadata else []
 
@@ -112,7 +112,7 @@ def _ann_config(ann: str, n: int, d: int, partitions: int | None, sub_vectors: i
 
     kind = ann.upper()
     if kind not in ANN_TYPES:
-        raise ValueError(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+        raise InvalidInput(f"unsupported LanceDB index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     parts = partitions or max(1, int(np.sqrt(n) / 2))
     if kind == "IVF_FLAT":
         return IvfFlat(distance_type="dot", num_partitions=parts)
@@ -127,13 +127,13 @@ def _sub_vectors(d: int) -> int:
 def open_table(location: str, table: str):
     db = _lancedb().connect(location)
     if table not in _tables(db):
-        raise LookupError(f"no table {table!r} in LanceDB store {location}")
+        raise NotFound(f"no table {table!r} in LanceDB store {location}")
     tbl = db.open_table(table)
     # a sync keeps the current metadata on the id column; an export writes it with the schema
     raw = (tbl.schema.field("id").metadata or {}).get(b"hubless") if "id" in tbl.schema.names else None
     raw = raw or (tbl.schema.metadata or {}).get(b"hubless")
     if raw is None:
-        raise ValueError(f"table {table!r} in {location} was not written by hubless export (no hubless metadata)")
+        raise InvalidInput(f"table {table!r} in {location} was not written by hubless export (no hubless metadata)")
     return tbl, json.loads(raw)
 
 

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from hubless.errors import MissingDependencyError
+from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
 
 #: HNSW candidates examined per query (pgvector's default is 40); at least 4 x top_k.
 EF_SEARCH = 100
@@ -31,7 +31,7 @@ def _psycopg():
 
 def _ident(name: str) -> str:
     if not name.replace("_", "").isalnum():
-        raise ValueError(f"table name {name!r}: use letters, digits and underscores only")
+        raise InvalidInput(f"table name {name!r}: use letters, digits and underscores only")
     return '"' + name + '"'
 
 
@@ -138,13 +138,13 @@ def write(
     from hubless.progress import progress_bar
 
     if ann is not None and ann.upper() not in ANN_TYPES:
-        raise ValueError(f"unsupported pgvector index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+        raise InvalidInput(f"unsupported pgvector index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     tmp = f"{table}__hubless_tmp"
     n, d = augmented.shape
     with _connect(location) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         if _exists(conn, table) and not overwrite:
-            raise FileExistsError(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+            raise AlreadyExists(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
         conn.execute(f"DROP TABLE IF EXISTS {_ident(tmp)}")
         conn.execute(f"CREATE TABLE {_ident(tmp)} (id bigint PRIMARY KEY, vector vector({d}), plain vector({plain.shape[1]}), meta jsonb)")
         conn.commit()
@@ -175,14 +175,14 @@ def open_table(location: str, table: str):
     conn = _search_connection(location)
     with conn.transaction():
         if not _exists(conn, table):
-            raise LookupError(f"no table {table!r} in PostgreSQL store {location}")
+            raise NotFound(f"no table {table!r} in PostgreSQL store {location}")
         comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", (_ident(table),)).fetchone()[0]
     try:
         info = json.loads(comment or "")
     except ValueError:
         info = None
     if not isinstance(info, dict) or "format_version" not in info:
-        raise ValueError(f"table {table!r} in {location} was not written by hubless export (no hubless metadata in its comment)")
+        raise InvalidInput(f"table {table!r} in {location} was not written by hubless export (no hubless metadata in its comment)")
     return (location, table), info
 
 
@@ -190,7 +190,7 @@ def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact:
     """Top-k by inner product per query, all queries in one round trip: (scores, ids, rows)."""
     location, table = handle
     if column not in ("vector", "plain"):
-        raise ValueError(f"unknown column {column!r}")
+        raise InvalidInput(f"unknown column {column!r}")
     scores = np.full((len(vectors), k), -np.inf, np.float32)
     ids = np.full((len(vectors), k), -1, np.int64)
     rows: list[list[dict]] = [[] for _ in range(len(vectors))]

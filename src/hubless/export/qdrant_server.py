@@ -20,7 +20,7 @@ import uuid
 
 import numpy as np
 
-from hubless.errors import MissingDependencyError
+from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
 
 #: The reserved id of the point that holds the hubless info (payload key "hubless").
 INFO_ID = "00000000-0000-0000-0000-00000000b1a5"
@@ -93,11 +93,11 @@ def write(
 
     models = _models()
     if ann is not None and ann.upper() not in ANN_TYPES:
-        raise ValueError(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+        raise InvalidInput(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     client = _connect(location)
     old = _target(client, table)
     if old is not None and not overwrite:
-        raise FileExistsError(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+        raise AlreadyExists(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
     new = f"{table}__hubless_{uuid.uuid4().hex[:12]}"
     dot = models.Distance.DOT
     client.create_collection(
@@ -136,10 +136,10 @@ def open_table(location: str, table: str):
     client = _connect(location)
     name = _target(client, table)
     if name is None:
-        raise LookupError(f"no collection {table!r} in Qdrant server {location}")
+        raise NotFound(f"no collection {table!r} in Qdrant server {location}")
     found = client.retrieve(name, [INFO_ID], with_payload=True, with_vectors=False)
     if not found or "hubless" not in (found[0].payload or {}):
-        raise ValueError(f"collection {table!r} in {location} was not written by hubless export (no info point {INFO_ID})")
+        raise InvalidInput(f"collection {table!r} in {location} was not written by hubless export (no info point {INFO_ID})")
     return (client, name), json.loads(found[0].payload["hubless"])
 
 

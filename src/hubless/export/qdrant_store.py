@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import MissingDependencyError
+from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
 from hubless.export.base import directory_lock as writer_lock  # noqa: F401  (one writer at a time: export, sync)
 
 #: HNSW candidates examined per query (at least 4 x top_k).
@@ -76,11 +76,11 @@ def write(
 
     qd = _qdrant()
     if ann is not None and ann.upper() not in ANN_TYPES:
-        raise ValueError(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
+        raise InvalidInput(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
     folder = Path(location) / table
     old = _current(folder)
     if old is not None and not overwrite:
-        raise FileExistsError(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
+        raise AlreadyExists(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
     version = folder / f"v-{uuid.uuid4().hex[:12]}"
     threshold = 1 if ann is not None else _NEVER_INDEX_KB
     config = qd.EdgeConfig(
@@ -131,7 +131,7 @@ def _payload(record, item: int | None = None) -> dict | None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
-                raise ValueError(
+                raise InvalidInput(
                     f"metadata {key!r} of item {item} is not valid Unicode text ({value!r}): fix or drop it and export again"
                 ) from None
     return out
@@ -143,11 +143,11 @@ def open_table(location: str, table: str):
     folder = Path(location) / table
     version = _current(folder)
     if version is None:
-        raise LookupError(f"no collection {table!r} in Qdrant store {location}")
+        raise NotFound(f"no collection {table!r} in Qdrant store {location}")
     try:
         info = json.loads((version / "hubless.json").read_text())
     except (OSError, ValueError):
-        raise ValueError(f"collection {table!r} in {location} was not written by hubless export (no hubless.json)") from None
+        raise InvalidInput(f"collection {table!r} in {location} was not written by hubless export (no hubless.json)") from None
     key = str(version / "shard")
     if key not in _OPEN:  # a re-export is a new version: a new key
         for stale in [k for k in _OPEN if k.startswith(str(folder) + "/")]:

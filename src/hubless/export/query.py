@@ -6,6 +6,7 @@ import importlib
 
 import numpy as np
 
+from hubless.errors import InvalidInput, InvalidType
 from hubless.export.base import FORMAT_VERSION, parse_uri
 
 #: scheme -> the module that writes, opens and queries that store.
@@ -94,7 +95,7 @@ def _sync(index, uri: str, backend, handle, info: dict) -> dict:
     corr = index.correction
     new_info = _info(index)
     if (info.get("spec"), info.get("dim"), info.get("bias_columns")) != (corr.spec, new_info["dim"], new_info["bias_columns"]):
-        raise ValueError(
+        raise InvalidInput(
             f"{uri} holds {info.get('spec')} ({info.get('dim')}-d); the index is {corr.spec} ({new_info['dim']}-d): "
             "export it again with overwrite=True (--overwrite) instead of syncing"
         )
@@ -135,17 +136,17 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     backend = _backend(u.scheme)
     handle, info = backend.open_table(u.location, u.table)
     if info.get("metric") != "dot":
-        raise ValueError(f"store {store_uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
+        raise InvalidInput(f"store {store_uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
     corr = make_correction(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
     q = np.asarray(queries)
     if q.ndim == 2 and q.shape[1] != info["dim"]:
-        raise ValueError(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
+        raise InvalidInput(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
     top_k = int(top_k)  # a store with fewer items fills the rest with id -1, score -inf
     knobs = {k: v for k, v in options.items() if k != corr.weight_param}
     weight = {k: v for k, v in options.items() if k == corr.weight_param}
     unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
     if unknown:
-        raise TypeError(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
+        raise InvalidType(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
     check_servable(corr)
     batch = corr.queries(q, **weight)
     if not corrected:
@@ -170,7 +171,7 @@ def check_servable(corr) -> None:
     """Refuse a correction that [r, bias(r)] rows and [q, -W(q)] cannot serve: its score needs
     each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC)."""
     if not getattr(corr, "exactly_additive", False) or corr.query_request.depth:
-        raise ValueError(
+        raise InvalidInput(
             f"{corr.spec} needs each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC): "
             "it cannot be served as [r, bias] rows; search it with hubless's own Index"
         )

@@ -20,6 +20,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
 from hubless.corrections import Correction
+from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
 from hubless.metrics.truth import Truth, load_truth
@@ -68,7 +69,7 @@ class FairnessAudit:
         for r in self.results:
             if spec in (r.spec, r.method):
                 return r
-        raise KeyError(spec)
+        raise NotFound(spec)
 
     def extremes(self, metric: str, spec: str = "baseline", n: int = 5) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
         """The ``n`` most and least biased queries by a per-query ``metric`` of one method."""
@@ -108,16 +109,16 @@ def audit(
     encoded: dict[str, tuple[np.ndarray, list[str]]] = {}
     for name, values in attributes.items():
         if len(values) != gallery.shape[0]:
-            raise ValueError(f"attribute {name!r} has {len(values)} values for {gallery.shape[0]} gallery items")
+            raise InvalidInput(f"attribute {name!r} has {len(values)} values for {gallery.shape[0]} gallery items")
         encoded[name] = encode_attribute(values)
     if not encoded:
-        raise ValueError("give at least one attribute (e.g. gender)")
+        raise InvalidInput("give at least one attribute (e.g. gender)")
     if joint and len(encoded) >= 2:
         codes, _ = joint_codes(*(c for c, _ in encoded.values()), sizes=[len(lab) for _, lab in encoded.values()])
         labels = [" & ".join(parts) for parts in _product([lab for _, lab in encoded.values()])]
         encoded["joint"] = (codes, labels)
     if query_names is not None and len(query_names) != queries.shape[0]:
-        raise ValueError(f"query_names has {len(query_names)} names for {queries.shape[0]} queries")
+        raise InvalidInput(f"query_names has {len(query_names)} names for {queries.shape[0]} queries")
     names = list(query_names) if query_names is not None else [str(i) for i in range(queries.shape[0])]
     corrections = prepare_methods(methods, normalize)
     for corr in corrections:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["average_precision", "gender_bias_at_n", "joint_codes", "ndcg", "ndkl"]
 
 
@@ -24,17 +26,17 @@ def ndkl(codes: np.ndarray, n_values: int, *, lengths: np.ndarray | None = None,
     Returns (n_queries,) float64."""
     codes = np.asarray(codes)
     if codes.ndim != 2 or codes.shape[1] == 0:
-        raise ValueError("codes must be (n_queries, N) with N >= 1")
+        raise InvalidInput("codes must be (n_queries, N) with N >= 1")
     n_q, depth = codes.shape
     lengths = np.full(n_q, depth) if lengths is None else np.asarray(lengths)
     if (lengths < 1).any() or (lengths > depth).any():
-        raise ValueError("every ranked list needs 1..N items")
+        raise InvalidInput("every ranked list needs 1..N items")
     valid = np.arange(depth)[None, :] < lengths[:, None]
     if ((codes < 0) | (codes >= n_values))[valid].any():
-        raise ValueError(f"attribute codes must be in [0, {n_values})")
+        raise InvalidInput(f"attribute codes must be in [0, {n_values})")
     target = np.full(n_values, 1.0 / n_values) if target is None else np.asarray(target, dtype=np.float64)
     if target.shape != (n_values,) or (target <= 0).any() or not np.isclose(target.sum(), 1.0):
-        raise ValueError("target must be a positive distribution over the attribute values")
+        raise InvalidInput("target must be a positive distribution over the attribute values")
     onehot = np.zeros((n_q, depth, n_values))
     rows, cols = np.nonzero(valid)
     onehot[rows, cols, codes[rows, cols]] = 1.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
+from hubless.errors import InvalidInput
 
 __all__ = ["calibrate"]
 
@@ -26,12 +27,12 @@ def calibrate(index, queries=None, *, target_recall: float = 0.95, top_k: int = 
     is kept and ``reached`` is False. Flat indexes are exact: nothing to choose.
     """
     if not 0.0 < float(target_recall) <= 1.0:
-        raise ValueError(f"target_recall must be in (0, 1]; got {target_recall}")
+        raise InvalidInput(f"target_recall must be in (0, 1]; got {target_recall}")
     check_positive_int(sample, "sample")
     corr = index.correction
     if queries is None:
         if index.query_bank is None:
-            raise ValueError("this index keeps no query bank: pass queries of the search modality to calibrate on")
+            raise InvalidInput("this index keeps no query bank: pass queries of the search modality to calibrate on")
         queries = index.query_bank
     q = as_embeddings(queries, "queries", normalize=corr.normalize, dim=corr.dim_)
     if q.shape[0] > sample:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import check_positive_int
+from hubless.errors import InvalidInput, InvalidType
 
 __all__ = ["IndexConfig"]
 
@@ -28,23 +29,23 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, str) or not self.factory.strip():
-            raise ValueError(f"factory must be a FAISS factory string such as 'Flat' or 'IVF1024,Flat'; got {self.factory!r}")
+            raise InvalidInput(f"factory must be a FAISS factory string such as 'Flat' or 'IVF1024,Flat'; got {self.factory!r}")
         if self.model is not None and not isinstance(self.model, str):
-            raise TypeError(f"model must be a name (str) or None; got {self.model!r}")
+            raise InvalidType(f"model must be a name (str) or None; got {self.model!r}")
         self.nprobe = check_positive_int(self.nprobe, "nprobe")
         self.ef_search = check_positive_int(self.ef_search, "ef_search")
         self.rescore_factor = check_positive_int(self.rescore_factor, "rescore_factor")
         if not isinstance(self.rescore, (bool, np.bool_)):
-            raise TypeError(f"rescore must be True or False; got {self.rescore!r}")
+            raise InvalidType(f"rescore must be True or False; got {self.rescore!r}")
         self.rescore = bool(self.rescore)
         if isinstance(self.build_seconds, bool) or not isinstance(self.build_seconds, (int, float)) or not self.build_seconds >= 0:
-            raise ValueError(f"build_seconds must be a number of seconds >= 0; got {self.build_seconds!r}")
+            raise InvalidInput(f"build_seconds must be a number of seconds >= 0; got {self.build_seconds!r}")
         self.build_seconds = float(self.build_seconds)
         if self.bias_error is not None and (
             not isinstance(self.bias_error, dict)
             or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in self.bias_error.items())
         ):
-            raise ValueError(f"bias_error must be None or a mapping of names to numbers; got {self.bias_error!r}")
+            raise InvalidInput(f"bias_error must be None or a mapping of names to numbers; got {self.bias_error!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,9 +54,9 @@ class IndexConfig:
     def from_dict(cls, data: dict[str, Any]) -> IndexConfig:
         """Inverse of :meth:`to_dict`; unknown keys are refused (validated like the constructor)."""
         if not isinstance(data, dict):
-            raise ValueError(f"an index config must be a JSON object; got {type(data).__name__}")
+            raise InvalidInput(f"an index config must be a JSON object; got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown index config field(s): {', '.join(unknown)}")
+            raise InvalidInput(f"unknown index config field(s): {', '.join(unknown)}")
         return cls(**data)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import re
 
+from hubless.errors import InvalidInput
+
 __all__ = ["check_factory"]
 
 _FORMS = re.compile(
@@ -37,37 +39,37 @@ def check_factory(factory: str, n_items: int, dim: int) -> str:
     """``factory`` stripped, if hubless can build it for ``n_items`` vectors of ``dim``
     dimensions (the augmented dimension); a ValueError saying what to use instead otherwise."""
     if not isinstance(factory, str) or not factory.strip():
-        raise ValueError(f"factory must be a FAISS factory string such as 'Flat', 'IVF1024,Flat' or 'HNSW32'; got {factory!r}")
+        raise InvalidInput(f"factory must be a FAISS factory string such as 'Flat', 'IVF1024,Flat' or 'HNSW32'; got {factory!r}")
     text = "".join(factory.split())
     if text.startswith("IDMap"):
-        raise ValueError(f"{factory!r}: hubless ids are gallery positions and need no IDMap; drop the 'IDMap,' prefix")
+        raise InvalidInput(f"{factory!r}: hubless ids are gallery positions and need no IDMap; drop the 'IDMap,' prefix")
     match = _FORMS.fullmatch(text)
     if match is None:
-        raise ValueError(
+        raise InvalidInput(
             f"unsupported FAISS factory {factory!r}: use Flat, IVF<nlist>,Flat, IVF<nlist>,PQ<m>[x<bits>], "
             "IVF<nlist>,SQ8, PQ<m>[x<bits>] or HNSW<M> (see hubless.index.factory)"
         )
     g = match.groupdict()
     if g["M"] is not None and not 2 <= int(g["M"]) <= 256:
-        raise ValueError(f"{factory!r}: HNSW needs 2 <= M <= 256 links per node (M = {g['M']}); HNSW32 is a good default")
+        raise InvalidInput(f"{factory!r}: HNSW needs 2 <= M <= 256 links per node (M = {g['M']}); HNSW32 is a good default")
     if g["nlist"] is not None:
         nlist = int(g["nlist"])
         if not 1 <= nlist <= n_items:
-            raise ValueError(
+            raise InvalidInput(
                 f"{factory!r}: {nlist} lists need at least 1 and at most as many items as the gallery has ({n_items}); use fewer lists or Flat"
             )
     m, bits = (g["ivf_m"], g["ivf_bits"]) if g["ivf_m"] is not None else (g["m"], g["bits"])
     if m is not None:
         m, bits = int(m), int(bits or 8)
         if not 1 <= m <= dim:
-            raise ValueError(
+            raise InvalidInput(
                 f"{factory!r}: PQ{m} splits vectors into {m} parts but they have {dim} dimensions; use PQ{max(1, dim // 8)} or fewer"
             )
         if not 1 <= bits <= 16:
-            raise ValueError(f"{factory!r}: PQ codes take 1 to 16 bits per part (got {bits})")
+            raise InvalidInput(f"{factory!r}: PQ codes take 1 to 16 bits per part (got {bits})")
         need = POINTS_PER_CENTROID * 2**bits
         if n_items < need:
-            raise ValueError(
+            raise InvalidInput(
                 f"{factory!r}: {bits}-bit PQ codes ({2**bits} centroids per part) need at least {need:,} items to train "
                 f"({POINTS_PER_CENTROID} per centroid); the gallery has {n_items:,}: use Flat or IVF<nlist>,Flat, or fewer bits (PQ{m}x4)"
             )

@@ -28,6 +28,7 @@ import re
 import faiss
 import numpy as np
 
+from hubless.errors import InvalidInput
 from hubless.index.factory import check_factory
 
 __all__ = [
@@ -96,11 +97,11 @@ def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        raise ValueError(f"FAISS cannot build {factory!r} for dimension {dim}: {str(exc).splitlines()[-1]}") from None
+        raise InvalidInput(f"FAISS cannot build {factory!r} for dimension {dim}: {str(exc).splitlines()[-1]}") from None
     ivf = _ivf(index)
     if ivf is not None and not ivf.is_trained:
         if n_gallery < ivf.nlist:
-            raise ValueError(
+            raise InvalidInput(
                 f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {n_gallery}); use fewer lists or Flat"
             )
         km = faiss.Kmeans(unit_sample.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)

@@ -29,7 +29,7 @@ import numpy as np
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
 from hubless.engine import exact_search
-from hubless.errors import NotFittedError
+from hubless.errors import InvalidInput, InvalidType, NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
@@ -92,9 +92,9 @@ class Index:
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted")
         if faiss_index.ntotal != correction.n_gallery_:
-            raise ValueError(f"the FAISS index holds {faiss_index.ntotal} items but the correction's gallery has {correction.n_gallery_}")
+            raise InvalidInput(f"the FAISS index holds {faiss_index.ntotal} items but the correction's gallery has {correction.n_gallery_}")
         if faiss_index.d != padded_dim(factory, augmented_rows(correction).shape[1]):
-            raise ValueError(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs another")
+            raise InvalidInput(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs another")
         return cls(correction, factory, _built=faiss_index, **options)
 
     def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
@@ -305,7 +305,7 @@ class Index:
         corr = self.correction
         new = as_embeddings(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
         if corr.needs_query_bank and self.query_bank is None:
-            raise ValueError("this index was saved without its banks (keep_banks=False): it cannot compute new biases")
+            raise InvalidInput("this index was saved without its banks (keep_banks=False): it cannot compute new biases")
         records = None
         if self.metadata is not None or metadata is not None:
             old = self.metadata if self.metadata is not None else [{} for _ in range(self.ntotal)]
@@ -418,7 +418,7 @@ def _is_flat(factory: str) -> bool:
 
 def _check_servable(correction: Correction) -> None:
     if not correction.additive:
-        raise TypeError(
+        raise InvalidType(
             f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
             "vector index; use its exact search()"
         )
@@ -437,9 +437,9 @@ def _as_records(metadata, n: int) -> list[dict] | None:
         columns = {k: list(v) for k, v in metadata.items()}
         lengths = {len(v) for v in columns.values()}
         if lengths and lengths != {n}:
-            raise ValueError(f"metadata columns must have one value per item ({n}); got lengths {sorted(lengths)}")
+            raise InvalidInput(f"metadata columns must have one value per item ({n}); got lengths {sorted(lengths)}")
         return [{k: v[i] for k, v in columns.items()} for i in range(n)]
     records = list(metadata)
     if len(records) != n or not all(isinstance(r, dict) for r in records):
-        raise ValueError(f"metadata must be {n} dicts (one per item) or a dict of columns")
+        raise InvalidInput(f"metadata must be {n} dicts (one per item) or a dict of columns")
     return records

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hubless.errors import Busy, InvalidInput
+
 __all__ = ["IndexLockedError", "lock_path", "lock_timeout", "wait_for_lock", "write_lock"]
 
 try:
@@ -31,7 +33,7 @@ except ImportError:  # pragma: no cover - not POSIX
 DEFAULT_TIMEOUT = 60.0
 
 
-class IndexLockedError(TimeoutError):
+class IndexLockedError(Busy):
     """Another writer held the lock of an index (or of an exported store) for longer than the timeout."""
 
 
@@ -51,7 +53,7 @@ def lock_timeout(timeout: float | None = None) -> float:
     try:
         return float(value)
     except ValueError:
-        raise ValueError(f"HUBLESS_LOCK_TIMEOUT must be a number of seconds, got {value!r}") from None
+        raise InvalidInput(f"HUBLESS_LOCK_TIMEOUT must be a number of seconds, got {value!r}") from None
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ import numpy as np
 from hubless._io import file_sha256, umask_mode, write_json
 from hubless.corrections import Correction, make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import MissingDependencyError
+from hubless.errors import AlreadyExists, Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile
 from hubless.index.config import IndexConfig
 from hubless.index.lock import write_lock
 
@@ -112,12 +112,12 @@ def _check_target(path: Path, overwrite: bool) -> None:
     if not path.exists() and not path.is_symlink():
         return
     if not path.is_dir():
-        raise FileExistsError(f"{path} exists and is not a directory; an index is saved as a directory")
+        raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
     if is_index(path):
         if not overwrite:
-            raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+            raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     elif any(path.iterdir()):
-        raise FileExistsError(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")
+        raise AlreadyExists(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")
 
 
 def _save(path: Path, faiss_index, faiss_dim, corr: Correction, config: IndexConfig, banks, metadata) -> Path:
@@ -220,8 +220,8 @@ def load_index(path: str | os.PathLike, *, mmap: bool = False) -> SavedIndex:
             return _load_version(path, path / version, manifest_sha, VERSION, mmap)
         except _VersionGone:
             if _pointed_version(path) == version:
-                raise ValueError(f"{path}: {version}, the version CURRENT names, is missing") from None
-    raise ValueError(f"{path} changed under five consecutive loads; retry when writes settle")
+                raise Corrupt(f"{path}: {version}, the version CURRENT names, is missing") from None
+    raise Busy(f"{path} changed under five consecutive loads; retry when writes settle")
 
 
 class _VersionGone(Exception):
@@ -230,39 +230,39 @@ class _VersionGone(Exception):
 
 def _check_index_dir(path: Path) -> Path:
     if not path.exists():
-        raise FileNotFoundError(f"no such index directory: {path}")
+        raise MissingFile(f"no such index directory: {path}")
     if not path.is_dir():
-        raise ValueError(f"{path} is not a directory; an index is a directory written by `hubless index build`")
+        raise InvalidInput(f"{path} is not a directory; an index is a directory written by `hubless index build`")
     if not is_index(path):
-        raise FileNotFoundError(f"{path} is not a hubless index (no {POINTER} or {MANIFEST})")
+        raise MissingFile(f"{path} is not a hubless index (no {POINTER} or {MANIFEST})")
     return path
 
 
 def _read_small_json(file: Path, what: str):
     if not file.is_file():
-        raise ValueError(f"{what} is missing or not a regular file")
+        raise Corrupt(f"{what} is missing or not a regular file")
     if file.stat().st_size > _MAX_SMALL_FILE:
-        raise ValueError(f"{what} is too large to be a hubless {file.name}")
+        raise Corrupt(f"{what} is too large to be a hubless {file.name}")
     raw = file.read_bytes()
     try:
         return raw, json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise ValueError(f"{what} is corrupt: {exc}") from None
+        raise Corrupt(f"{what} is corrupt: {exc}") from None
 
 
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
+    raise Corrupt(f"{name} is not valid JSON")
 
 
 def _read_pointer(path: Path) -> tuple[str, str]:
     _, pointer = _read_small_json(path / POINTER, f"{path}: {POINTER}")
     if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
-        raise ValueError(f"{path}: {POINTER} is corrupt (not a hubless index pointer)")
+        raise Corrupt(f"{path}: {POINTER} is corrupt (not a hubless index pointer)")
     version, sha = pointer.get("version"), pointer.get("manifest_sha256")
     if not isinstance(version, str) or not _VERSION_NAME.fullmatch(version):
-        raise ValueError(f"{path}: {POINTER} is corrupt (version {version!r} is not a version name like v000001)")
+        raise Corrupt(f"{path}: {POINTER} is corrupt (version {version!r} is not a version name like v000001)")
     if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-        raise ValueError(f"{path}: {POINTER} is corrupt (manifest_sha256 is not a sha256 digest)")
+        raise Corrupt(f"{path}: {POINTER} is corrupt (manifest_sha256 is not a sha256 digest)")
     return version, sha
 
 
@@ -271,7 +271,7 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
         raise _VersionGone
     what = f"{root}: {MANIFEST}"
     if manifest_sha is not None and (folder / MANIFEST).is_file() and file_sha256(folder / MANIFEST) != manifest_sha:
-        raise ValueError(f"{what} is corrupt or was altered (its checksum differs from the one in {POINTER})")
+        raise Corrupt(f"{what} is corrupt or was altered (its checksum differs from the one in {POINTER})")
     _, manifest = _read_small_json(folder / MANIFEST, what)
     m = _validate_manifest(manifest, version, what)
     for name, expected in m["files"].items():
@@ -279,18 +279,18 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
         if not f.is_file():
             if not folder.is_dir():
                 raise _VersionGone
-            raise ValueError(f"{root}: {name} is missing")
+            raise Corrupt(f"{root}: {name} is missing")
         if f.stat().st_size != expected["bytes"]:
-            raise ValueError(f"{root}: {name} is truncated or altered (size differs from the manifest)")
+            raise Corrupt(f"{root}: {name} is truncated or altered (size differs from the manifest)")
         if file_sha256(f) != expected["sha256"]:
-            raise ValueError(f"{root}: {name} is corrupt (checksum mismatch)")
+            raise Corrupt(f"{root}: {name} is corrupt (checksum mismatch)")
     corr = make_correction(m["method"]).set_params(normalize=m["normalize"])
     with _reading(root, "correction.npz"), np.load(folder / "correction.npz", allow_pickle=False) as data:
         gallery = data["gallery"]
         stats = BankStatistics.from_arrays({k.removeprefix("statistics."): data[k] for k in data.files if k != "gallery"})
     expected = (m["n_items"], m["dim"])
     if gallery.shape != expected or stats.n_gallery != expected[0]:
-        raise ValueError(f"{root}: gallery is {gallery.shape} with statistics of {stats.n_gallery} items, manifest says {expected}")
+        raise Corrupt(f"{root}: gallery is {gallery.shape} with statistics of {stats.n_gallery} items, manifest says {expected}")
     with _reading(root, "correction.npz"):
         corr.fit_from_statistics(gallery, stats)  # biases and gates are derived from the kept statistics
     banks = {}
@@ -301,7 +301,7 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
     with _reading(root, "index.faiss"):
         faiss_index = faiss.read_index(str(folder / "index.faiss"), flags)
     if faiss_index.d != m["faiss_dim"] or faiss_index.ntotal != corr.n_gallery_:
-        raise ValueError(
+        raise Corrupt(
             f"{root}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} items; manifest says {m['faiss_dim']}, {corr.n_gallery_}"
         )
     metadata = None
@@ -309,7 +309,7 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
         with _reading(root, "metadata.parquet"):
             metadata = _read_parquet(folder / "metadata.parquet")
         if len(metadata) != corr.n_gallery_:
-            raise ValueError(f"{root}: metadata.parquet has {len(metadata)} rows for {corr.n_gallery_} items")
+            raise Corrupt(f"{root}: metadata.parquet has {len(metadata)} rows for {corr.n_gallery_} items")
     return SavedIndex(corr, m["config"], faiss_index, m["faiss_dim"], banks, metadata)
 
 
@@ -328,25 +328,25 @@ class _reading:
             return False
         if isinstance(exc, (zipfile.BadZipFile, RuntimeError, OSError, ValueError, KeyError, TypeError, EOFError, IndexError)):
             detail = " ".join(str(exc).split())[:200]
-            raise ValueError(f"{self.root}: {self.name} cannot be read ({type(exc).__name__}: {detail})") from None
+            raise Corrupt(f"{self.root}: {self.name} cannot be read ({type(exc).__name__}: {detail})") from None
         return False
 
 
 def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
     """Every field of a manifest, type- and range-checked; a clear error for the first bad one."""
     if not isinstance(manifest, dict):
-        raise ValueError(f"{what} is corrupt (not a JSON object)")
+        raise Corrupt(f"{what} is corrupt (not a JSON object)")
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{what} is not a hubless manifest (format {manifest.get('format')!r})")
+        raise Corrupt(f"{what} is not a hubless manifest (format {manifest.get('format')!r})")
     if manifest.get("version") != version:
-        raise ValueError(
+        raise Corrupt(
             f"{what} has index format version {manifest.get('version')!r}; this hubless reads version {VERSION} (and {LEGACY_VERSION})"
         )
 
     def field(name, kind, check=lambda v: True, need="valid"):
         value = manifest.get(name)
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind) or not check(value):
-            raise ValueError(f"{what}: field {name!r} is missing or invalid (must be {need})")
+            raise Corrupt(f"{what}: field {name!r} is missing or invalid (must be {need})")
         return value
 
     out = {
@@ -357,21 +357,21 @@ def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
         "faiss_dim": field("faiss_dim", int, lambda v: 0 < v < 1 << 20, "a positive dimension"),
     }
     if out["faiss_dim"] < out["dim"]:
-        raise ValueError(f"{what}: faiss_dim {out['faiss_dim']} is smaller than dim {out['dim']}")
+        raise Corrupt(f"{what}: faiss_dim {out['faiss_dim']} is smaller than dim {out['dim']}")
     try:
         make_correction(out["method"])
         out["config"] = IndexConfig.from_dict(manifest.get("config"))
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{what}: {' '.join(str(exc).split())}") from None
+        raise Corrupt(f"{what}: {' '.join(str(exc).split())}") from None
     files = manifest.get("files")
     if not isinstance(files, dict):
-        raise ValueError(f"{what}: field 'files' is missing or invalid")
+        raise Corrupt(f"{what}: field 'files' is missing or invalid")
     for name in files:
         if name not in PARTS:  # never open a path the manifest makes up (../../etc/passwd)
-            raise ValueError(f"{what}: unexpected file name {name!r} (an index holds only {', '.join(PARTS)})")
+            raise Corrupt(f"{what}: unexpected file name {name!r} (an index holds only {', '.join(PARTS)})")
     for name in REQUIRED_PARTS:
         if name not in files:
-            raise ValueError(f"{what}: {name} is not listed")
+            raise Corrupt(f"{what}: {name} is not listed")
     for name, entry in files.items():
         if (
             not isinstance(entry, dict)
@@ -381,7 +381,7 @@ def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
             or not isinstance(entry.get("bytes"), int)
             or entry["bytes"] < 0
         ):
-            raise ValueError(f"{what}: the entry of {name} is invalid (needs sha256 and bytes)")
+            raise Corrupt(f"{what}: the entry of {name} is invalid (needs sha256 and bytes)")
     out["files"] = files
     return out
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["bootstrap_ci"]
 
 #: Resample indices drawn at once (bounds memory to this many int64 values).
@@ -29,13 +31,13 @@ def bootstrap_ci(
     summarised by the median, everything else by the mean. Returns {name: (low, high)}.
     """
     if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1; got {n_resamples}")
+        raise InvalidInput(f"n_resamples must be >= 1; got {n_resamples}")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1); got {confidence}")
+        raise InvalidInput(f"confidence must be in (0, 1); got {confidence}")
     arrays = {name: np.asarray(v, dtype=np.float64) for name, v in values.items()}
     sizes = {a.shape for a in arrays.values()}
     if len(sizes) != 1 or len(next(iter(sizes))) != 1 or next(iter(sizes))[0] == 0:
-        raise ValueError("bootstrap_ci needs non-empty 1-D per-query arrays of one length")
+        raise InvalidInput("bootstrap_ci needs non-empty 1-D per-query arrays of one length")
     n = next(iter(sizes))[0]
     rng = np.random.default_rng(seed)
     draws = {name: np.empty(n_resamples) for name in arrays}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless.errors import InvalidInput
+
 __all__ = ["hubness_statistics", "k_occurrence", "kurtosis", "skewness"]
 
 
@@ -15,7 +17,7 @@ def k_occurrence(ranked_ids: np.ndarray, n_gallery: int, k: int = 1) -> np.ndarr
     """N_k(r): how many queries have gallery item r among their first ``k`` results, (n_gallery,)."""
     ranked_ids = np.asarray(ranked_ids)
     if ranked_ids.ndim != 2 or not 1 <= k <= ranked_ids.shape[1]:
-        raise ValueError(f"ranked_ids must be (n_queries, >= {k}) gallery indices")
+        raise InvalidInput(f"ranked_ids must be (n_queries, >= {k}) gallery indices")
     return np.bincount(ranked_ids[:, :k].ravel(), minlength=n_gallery)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hubless._validation import check_positive_int
+from hubless.errors import InvalidInput
 from hubless.metrics.truth import Truth
 
 __all__ = ["PerQuery", "check_ks", "first_hit_ranks", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
@@ -38,7 +39,7 @@ def relevant_ranks(scores: np.ndarray, truth: Truth) -> np.ndarray:
     """
     scores = np.asarray(scores)
     if scores.ndim != 2 or scores.shape != (truth.n_queries, truth.n_gallery):
-        raise ValueError(f"scores must be ({truth.n_queries}, {truth.n_gallery}); got {scores.shape}")
+        raise InvalidInput(f"scores must be ({truth.n_queries}, {truth.n_gallery}); got {scores.shape}")
     rows, cols = truth.rows, truth.indices
     ranks = np.empty(cols.size, dtype=np.int64)
     step = max(1, _COMPARE_ELEMENTS // scores.shape[1])
@@ -64,7 +65,7 @@ class PerQuery:
     def __init__(self, ranks: np.ndarray, truth: Truth) -> None:
         ranks = np.asarray(ranks, dtype=np.int64)
         if ranks.shape != truth.indices.shape:
-            raise ValueError("ranks must align with truth.indices")
+            raise InvalidInput("ranks must align with truth.indices")
         rows, counts = truth.rows, truth.counts
         self.first_rank = np.minimum.reduceat(ranks, truth.indptr[:-1])
         # Position m (1-based) of each relevant rank within its query, in rank order.
@@ -100,9 +101,9 @@ def check_ks(ks: Sequence[int], n_gallery: int) -> tuple[int, ...]:
     """The cut-offs K of R@K, sorted and unique; each in [1, n_gallery]."""
     ks = tuple(sorted({check_positive_int(k, "ks") for k in ks}))
     if not ks:
-        raise ValueError("ks must list at least one K, e.g. 1,5,10")
+        raise InvalidInput("ks must list at least one K, e.g. 1,5,10")
     if ks[-1] > n_gallery:
-        raise ValueError(f"K={ks[-1]} is larger than the gallery ({n_gallery} items)")
+        raise InvalidInput(f"K={ks[-1]} is larger than the gallery ({n_gallery} items)")
     return ks
 
 
@@ -116,7 +117,7 @@ def first_hit_ranks(ranked_ids: np.ndarray, truth: Truth) -> np.ndarray:
     or a value beyond any K when the list holds none."""
     ranked_ids = np.asarray(ranked_ids)
     if ranked_ids.ndim != 2 or ranked_ids.shape[0] != truth.n_queries:
-        raise ValueError(f"ranked_ids must be ({truth.n_queries}, n_ranked); got {ranked_ids.shape}")
+        raise InvalidInput(f"ranked_ids must be ({truth.n_queries}, n_ranked); got {ranked_ids.shape}")
     # Membership of (query, item) pairs, encoded as query * n_gallery + item.
     pairs = np.arange(ranked_ids.shape[0])[:, None] * truth.n_gallery + ranked_ids
     hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices)
@@ -129,12 +130,12 @@ def recall_at_k(ranked_ids: np.ndarray, relevant, k: int) -> float:
     relevant gallery id per query."""
     ranked_ids = np.asarray(ranked_ids)
     if ranked_ids.ndim != 2:
-        raise ValueError("ranked_ids must be (n_queries, n_ranked)")
+        raise InvalidInput("ranked_ids must be (n_queries, n_ranked)")
     if not 1 <= k <= ranked_ids.shape[1]:
-        raise ValueError(f"k={k} must be between 1 and the number of ranked items ({ranked_ids.shape[1]})")
+        raise InvalidInput(f"k={k} must be between 1 and the number of ranked items ({ranked_ids.shape[1]})")
     if not isinstance(relevant, Truth):
         relevant = np.asarray(relevant)
         if relevant.shape != (ranked_ids.shape[0],):
-            raise ValueError("relevant must hold one gallery id per query (or be a Truth)")
+            raise InvalidInput("relevant must hold one gallery id per query (or be a Truth)")
         relevant = Truth.from_labels(relevant, int(max(relevant.max(), ranked_ids.max())) + 1)
     return float(recall_percent(first_hit_ranks(ranked_ids, relevant), k).mean())

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless.errors import InvalidInput, MissingFile
+
 __all__ = ["Truth", "captions_per_item", "load_truth"]
 
 
@@ -29,18 +31,18 @@ class Truth:
         indptr = np.asarray(self.indptr, dtype=np.int64)
         indices = np.asarray(self.indices, dtype=np.int64)
         if indptr.ndim != 1 or indptr.size < 2 or indptr[0] != 0 or indptr[-1] != indices.size:
-            raise ValueError("truth: indptr must start at 0 and end at len(indices), with at least one query")
+            raise InvalidInput("truth: indptr must start at 0 and end at len(indices), with at least one query")
         counts = np.diff(indptr)
         if (counts < 1).any():
             first = int(np.flatnonzero(counts < 1)[0])
-            raise ValueError(f"truth: query {first} has no relevant gallery item; every query needs at least one")
+            raise InvalidInput(f"truth: query {first} has no relevant gallery item; every query needs at least one")
         if indices.size and (indices.min() < 0 or indices.max() >= self.n_gallery):
-            raise ValueError(f"truth: relevant ids must be in [0, {self.n_gallery}); got {indices.min()}..{indices.max()}")
+            raise InvalidInput(f"truth: relevant ids must be in [0, {self.n_gallery}); got {indices.min()}..{indices.max()}")
         rows = np.repeat(np.arange(counts.size), counts)
         order = np.lexsort((indices, rows))
         indices = indices[order]
         if (np.diff(indices)[np.diff(rows) == 0] == 0).any():
-            raise ValueError("truth: a query lists the same relevant item twice")
+            raise InvalidInput("truth: a query lists the same relevant item twice")
         object.__setattr__(self, "indptr", indptr)
         object.__setattr__(self, "indices", indices)
 
@@ -50,7 +52,7 @@ class Truth:
         """One relevant gallery item per query: ``labels[i]``."""
         labels = np.asarray(labels)
         if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            raise ValueError(f"truth labels must be a 1-D integer array; got {labels.dtype} {labels.shape}")
+            raise InvalidInput(f"truth labels must be a 1-D integer array; got {labels.dtype} {labels.shape}")
         return cls(np.arange(labels.size + 1), labels.astype(np.int64), int(n_gallery))
 
     @classmethod
@@ -58,14 +60,14 @@ class Truth:
         """From an integer array: 1-D (one gallery id per query) or 2-D (ids padded with -1)."""
         arr = np.asarray(array)
         if not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"truth must hold integers (gallery ids); got {arr.dtype}")
+            raise InvalidInput(f"truth must hold integers (gallery ids); got {arr.dtype}")
         if arr.ndim == 1:
             return cls.from_labels(arr, n_gallery)
         if arr.ndim == 2:
             valid = arr >= 0
             counts = valid.sum(axis=1)
             return cls(np.concatenate([[0], np.cumsum(counts)]), arr[valid], n_gallery)
-        raise ValueError(f"truth must be 1-D (one id per query) or 2-D (ids padded with -1); got shape {arr.shape}")
+        raise InvalidInput(f"truth must be 1-D (one id per query) or 2-D (ids padded with -1); got shape {arr.shape}")
 
     @classmethod
     def from_lists(cls, lists, n_gallery: int) -> Truth:
@@ -114,7 +116,7 @@ def captions_per_item(n_items: int, per: int = 5) -> tuple[Truth, Truth]:
     (n_items * per queries over n_items images); the second ``per`` relevant captions per image.
     """
     if n_items < 1 or per < 1:
-        raise ValueError("captions_per_item needs n_items >= 1 and per >= 1")
+        raise InvalidInput("captions_per_item needs n_items >= 1 and per >= 1")
     t2i = Truth.from_labels(np.arange(n_items * per) // per, n_items)
     i2t = Truth(np.arange(n_items + 1) * per, np.arange(n_items * per), n_items * per)
     return t2i, i2t
@@ -150,7 +152,7 @@ def load_truth(source, n_queries: int, n_gallery: int) -> Truth:
         else:
             truth = _read_truth_file(Path(text), n_gallery)
     if truth.n_queries != n_queries or truth.n_gallery != n_gallery:
-        raise ValueError(
+        raise InvalidInput(
             f"truth covers {truth.n_queries} queries x {truth.n_gallery} gallery items, but there are "
             f"{n_queries} queries and {n_gallery} gallery items"
         )
@@ -159,27 +161,27 @@ def load_truth(source, n_queries: int, n_gallery: int) -> Truth:
 
 def _read_truth_file(path: Path, n_gallery: int) -> Truth:
     if not path.is_file():
-        raise FileNotFoundError(f"truth file not found: {path} (or use a layout such as 't2i:5')")
+        raise MissingFile(f"truth file not found: {path} (or use a layout such as 't2i:5')")
     if path.suffix == ".json":
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"truth file {path} is not valid JSON: {exc}") from None
+            raise InvalidInput(f"truth file {path} is not valid JSON: {exc}") from None
         if not isinstance(data, list) or not data:
-            raise ValueError(f"truth file {path} must hold a non-empty list (ids, or lists of ids)")
+            raise InvalidInput(f"truth file {path} must hold a non-empty list (ids, or lists of ids)")
         if all(isinstance(x, int) and not isinstance(x, bool) for x in data):
             return Truth.from_labels(_id_array(data), n_gallery)
         if all(isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x) for x in data):
             return Truth.from_lists(data, n_gallery)
-        raise ValueError(f"truth file {path} must hold integers or lists of integers")
+        raise InvalidInput(f"truth file {path} must hold integers or lists of integers")
     if path.suffix == ".npy":
         from hubless.inputs import load_array
 
         try:
             return Truth.from_array(load_array(path, mmap=False), n_gallery)
         except ValueError as exc:
-            raise ValueError(f"truth file {path}: {exc}") from None
-    raise ValueError(f"truth file {path}: unsupported format {path.suffix!r}; use .npy or .json")
+            raise InvalidInput(f"truth file {path}: {exc}") from None
+    raise InvalidInput(f"truth file {path}: unsupported format {path.suffix!r}; use .npy or .json")
 
 
 def _id_array(values: list[int]) -> np.ndarray:
@@ -188,4 +190,4 @@ def _id_array(values: list[int]) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
     except OverflowError:
         big = next(v for v in values if not -(2**63) <= v < 2**63)
-        raise ValueError(f"truth holds the id {big}, which is no gallery position (ids are 0 .. n_gallery - 1)") from None
+        raise InvalidInput(f"truth holds the id {big}, which is no gallery position (ids are 0 .. n_gallery - 1)") from None

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from hubless.errors import InvalidInput
 from hubless.rerank.rerankers import BlipITMReranker, CrossEncoderReranker, Reranker
 
 __all__ = ["load_reranker"]
@@ -23,11 +24,11 @@ def load_reranker(name_or_path: str | os.PathLike, kind: str | None = None, devi
             try:
                 kind = "blip" if json.loads(config.read_text()).get("model_type") == "blip" else "cross-encoder"
             except ValueError:
-                raise ValueError(f"{config} is not valid JSON") from None
+                raise InvalidInput(f"{config} is not valid JSON") from None
         else:
             kind = "blip" if "blip" in name.lower() else "cross-encoder"
     if kind == "blip":
         return BlipITMReranker(name, direction=direction, device=device, **kwargs)
     if kind == "cross-encoder":
         return CrossEncoderReranker(name, device=device, **kwargs)
-    raise ValueError(f"unknown reranker kind {kind!r}; choose blip or cross-encoder")
+    raise InvalidInput(f"unknown reranker kind {kind!r}; choose blip or cross-encoder")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless._validation import check_positive_int
+from hubless.errors import InvalidInput, InvalidType
 from hubless.progress import progress_bar
 
 __all__ = ["Pipeline", "RerankResult", "fuse"]
@@ -54,7 +55,7 @@ def fuse(first: np.ndarray, logits: np.ndarray, fusion: str | None, lam: float) 
         return lam * first + (1.0 - lam) * prob
     if fusion == "norm_add":
         return lam * _minmax(first.astype(np.float64)) + (1.0 - lam) * _minmax(prob)
-    raise ValueError(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
+    raise InvalidInput(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
 
 
 def _fill_missing(values: np.ndarray, found: np.ndarray) -> np.ndarray:
@@ -74,11 +75,11 @@ class Pipeline:
     def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, lam: float = 0.1,
                  *, gallery_items: Sequence | None = None, batch_queries: int = 16) -> None:  # fmt: skip
         if not hasattr(first_stage, "search"):
-            raise TypeError("first_stage must have search(queries, top_k), e.g. a fitted correction or a hubless.Index")
+            raise InvalidType("first_stage must have search(queries, top_k), e.g. a fitted correction or a hubless.Index")
         if fusion not in FUSIONS:
-            raise ValueError(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
+            raise InvalidInput(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
         if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1]; got {lam}")
+            raise InvalidInput(f"lam must be in [0, 1]; got {lam}")
         self.first_stage, self.reranker = first_stage, reranker
         self.k = check_positive_int(k, "k")
         self.fusion, self.lam = fusion, float(lam)
@@ -93,18 +94,18 @@ class Pipeline:
         ``first_stage``: per-call arguments of the first stage's ``search``, e.g. ``alpha=0.5``
         or, for an index, ``nprobe=32``."""
         if self.gallery_items is None:
-            raise ValueError("the pipeline needs gallery_items (what the reranker sees for each gallery position)")
+            raise InvalidInput("the pipeline needs gallery_items (what the reranker sees for each gallery position)")
         query_items = list(query_items)
         if len(query_items) != len(query_embeddings):
-            raise ValueError(f"{len(query_items)} query items for {len(query_embeddings)} query embeddings")
+            raise InvalidInput(f"{len(query_items)} query items for {len(query_embeddings)} query embeddings")
         top_k = check_positive_int(top_k, "top_k")
         if top_k > self.k:
-            raise ValueError(f"top_k={top_k} is more than the k={self.k} candidates that are reranked")
+            raise InvalidInput(f"top_k={top_k} is more than the k={self.k} candidates that are reranked")
         t0 = time.perf_counter()
         first, ids = self.first_stage.search(query_embeddings, top_k=self.k, **first_stage)
         t1 = time.perf_counter()
         if len(self.gallery_items) < int(ids.max()) + 1:
-            raise ValueError(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")
+            raise InvalidInput(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")
         logits = np.full(ids.shape, -np.inf, dtype=np.float32)  # slots an ANN could not fill (id -1) stay last
         starts = progress_bar(range(0, ids.shape[0], self.batch_queries), progress, desc="rerank", unit="batch")
         for s in starts:

@@ -11,6 +11,7 @@ import numpy as np
 
 from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import open_image
+from hubless.errors import InvalidInput
 
 __all__ = ["BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]
 
@@ -35,7 +36,7 @@ class CallableReranker(Reranker):
     def score_pairs(self, queries, candidates) -> np.ndarray:
         out = np.asarray(self.fn(list(queries), list(candidates)), dtype=np.float32).reshape(-1)
         if out.shape[0] != len(queries):
-            raise ValueError(f"the reranker returned {out.shape[0]} scores for {len(queries)} pairs")
+            raise InvalidInput(f"the reranker returned {out.shape[0]} scores for {len(queries)} pairs")
         return out
 
 
@@ -74,7 +75,7 @@ class BlipITMReranker(Reranker):
     def __init__(self, name_or_path: str, direction: str = "text->image", device: str | None = None,
                  batch_size: int = 32, cache_size: int = 4096) -> None:  # fmt: skip
         if direction not in ("text->image", "image->text"):
-            raise ValueError("BLIP ITM reranks text->image or image->text")
+            raise InvalidInput("BLIP ITM reranks text->image or image->text")
         ensure_model_available(str(name_or_path))  # before the slow imports
         transformers = require("transformers")
         self.torch = require("torch")

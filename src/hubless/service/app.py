@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.errors import MissingDependencyError
+from hubless.errors import Busy, Conflict, HublessError, InvalidInput, MissingDependencyError, NotFound, message
 
 try:
     from fastapi import FastAPI, HTTPException, Request
@@ -50,6 +50,20 @@ except ImportError as exc:  # pragma: no cover - the serve extra is missing
     raise MissingDependencyError("the HTTP service", "fastapi", "serve") from exc
 
 __all__ = ["ItemsRequest", "Limits", "SearchRequest", "create_app"]
+
+
+def error_status(exc: HublessError) -> int:
+    """The HTTP status of a hubless error: 404 not found, 409 conflict, 503 busy, 422 other bad
+    input; 500 for damaged data, a missing package or an unfinished job (the server's problem)."""
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict):
+        return 409
+    if isinstance(exc, Busy):
+        return 503
+    if isinstance(exc, InvalidInput):
+        return 422
+    return 500
 
 
 @dataclass(frozen=True)
@@ -177,7 +191,7 @@ def _load(indexes: Mapping[str, Any]) -> dict[str, _Served]:
     from hubless.index import Index
 
     if not indexes:
-        raise ValueError("give at least one index to serve")
+        raise InvalidInput("give at least one index to serve")
     served = {}
     for name, value in indexes.items():
         if isinstance(value, Index):
@@ -274,9 +288,13 @@ def create_app(
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
 
-    @app.exception_handler(ValueError)
-    async def bad_value(request: Request, exc: ValueError):
-        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=422)
+    @app.exception_handler(HublessError)
+    async def hubless_error(request: Request, exc: HublessError):
+        status = error_status(exc)
+        if status >= 500:  # damaged data or a missing package is the server's business: no detail leaks
+            return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server keeps running"}, status_code=status)
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return JSONResponse({"detail": message(exc)}, status_code=status, headers=headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # one request fails, the server goes on, no traceback leaks
