@@ -1,0 +1,47 @@
+"""Dependencies the routes declare: the service state, a served index by name, the write
+permission (FastAPI ``Depends``, after the FastAPI project template's ``api/deps.py``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+
+from hubless.service.state import Served, ServiceState
+
+__all__ = ["ServiceDep", "check_id", "get_served", "get_service", "only_index", "writable"]
+
+
+def get_service(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[ServiceState, Depends(get_service)]
+
+
+def get_served(service: ServiceState, name: str) -> Served:
+    """The served index ``name`` (404 naming the served ones otherwise)."""
+    if name not in service.served:
+        raise HTTPException(404, f"no index named {name!r}; served: {', '.join(sorted(service.served))}")
+    return service.served[name]
+
+
+def only_index(service: ServiceState) -> str:
+    """The name of the only served index (422 when several are served)."""
+    if len(service.served) != 1:
+        raise HTTPException(422, f"several indexes are served ({', '.join(sorted(service.served))}): name one with 'index'")
+    return next(iter(service.served))
+
+
+def check_id(s: Served, item_id: int) -> None:
+    if not 0 <= item_id < s.index.ntotal:
+        raise HTTPException(404, f"index {s.name!r} has no item {item_id} (ids are 0 .. {s.index.ntotal - 1})")
+
+
+def writable(service: ServiceState, name: str) -> Served:
+    """The served index ``name`` if this server accepts writes (403 saying why not otherwise)."""
+    if service.api_key is None:
+        raise HTTPException(403, "writes are disabled: start the server with --api-key-file to enable them")
+    if not service.writes:
+        raise HTTPException(403, "writes are disabled with several --workers (each holds its own copy); serve with --workers 1")
+    return get_served(service, name)
