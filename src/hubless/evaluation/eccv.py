@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput
+from hubless.errors import Corrupt, InvalidInput
 
 __all__ = ["DEPTH", "coco5k_ids", "eccv_metrics", "eccv_evaluate"]
 
@@ -46,7 +46,7 @@ def coco5k_ids() -> tuple[np.ndarray, np.ndarray]:
     per_caption = np.array([caption_to_image[str(c)][0] for c in caption_ids], dtype=np.int64)
     image_ids = per_caption[::5]
     if not (per_caption.reshape(N_IMAGES, 5) == image_ids[:, None]).all():  # pragma: no cover - package data
-        raise RuntimeError("eccv-caption's caption order does not follow 5 captions per image")
+        raise Corrupt("eccv-caption's caption order does not follow 5 captions per image (reinstall eccv-caption)")
     return caption_ids, image_ids
 
 
