@@ -30,7 +30,7 @@ def _imports(path: Path, *, top_level_only: bool = False) -> set[str]:
 MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 
 #: package -> packages it must never import (the data flow: engine -> corrections -> index ->
-#: evaluation/tuning/fairness/rerank -> reports -> cli).
+#: evaluation/tuning/fairness/rerank -> search -> reports/service -> cli).
 MEASURING = ("hubless.evaluation", "hubless.tuning", "hubless.fairness", "hubless.rerank")
 PRESENTING = ("hubless.cli", "hubless.reports", "hubless.service")
 FORBIDDEN = {
@@ -40,6 +40,7 @@ FORBIDDEN = {
     "hubless.index": (*MEASURING, *PRESENTING),
     "hubless.evaluation": ("hubless.index", *PRESENTING),
     "hubless.distributed": (*MEASURING, *PRESENTING),
+    "hubless.search": PRESENTING,
     "hubless.progress": ("hubless.",),
 }
 

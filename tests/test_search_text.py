@@ -72,7 +72,9 @@ def test_model_option_overrides_and_errors(setup):
     both = runner.invoke(app, ["search", str(root / "idx"), "--text", "a dog", "--queries", str(root / "q.txt")])
     assert both.exit_code == 2 and "exactly one of" in both.output
     other = save_tiny("siglip", root / "siglip")  # 32-dimensional, the index holds 16
-    wrong = runner.invoke(app, ["search", str(root / "idx"), "--text", "a dog", "--model", str(other)])
+    other_model = runner.invoke(app, ["search", str(root / "idx"), "--text", "a dog", "--model", str(other)])
+    assert other_model.exit_code == 2 and "would not be comparable" in other_model.output and "--allow-model-mismatch" in other_model.output
+    wrong = runner.invoke(app, ["search", str(root / "idx"), "--text", "a dog", "--model", str(other), "--allow-model-mismatch"])
     assert wrong.exit_code == 2 and "32-dimensional" in wrong.output and "Traceback" not in wrong.output
     bad = root / "bad.png"
     bad.write_bytes(b"not a png")

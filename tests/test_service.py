@@ -95,7 +95,7 @@ def test_descriptions_health_and_metrics(client):
         ({"index": "coco", "embeddings": [[0.1] * 16] * 9}, 422, "max_batch=8"),
         ({"index": "coco", "item": 1, "top_k": 51}, 422, "max_top_k=50"),
         ({"index": "coco", "item": 1, "top_k": 0}, 422, "top_k"),
-        ({"index": "coco", "texts": ["a dog"]}, 422, "need a model"),
+        ({"index": "coco", "texts": ["a dog"]}, 422, "records no model"),
         ({"index": "coco"}, 422, "exactly one of"),
         ({"index": "ivf", "item": 1, "weight": 0.5}, 422, "no query-time weight"),
         ({"index": "coco", "item": 1, "weight": -1}, 422, "weight"),

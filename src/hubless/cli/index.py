@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, print_note, warn_low_coverage, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, warn_low_coverage, wide_console
 from hubless.errors import AlreadyExists, InvalidInput
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
@@ -196,7 +196,12 @@ def search_command(
     text: list[str] = typer.Option(None, "--text", help="A text query (repeatable), encoded with the index's model (or --model)."),
     texts: Path = typer.Option(None, help="Text queries, one per line (.txt) or a .json list, encoded with the index's model."),
     image: list[Path] = typer.Option(None, "--image", help="An image file as query (repeatable), encoded with the index's model."),
-    model: str = typer.Option(None, help="Model for --text/--texts/--image (default: the model the index records)."),
+    model: str = typer.Option(
+        None, help="Model for --text/--texts/--image (default: the model the index records; must be the same model)."
+    ),
+    allow_model_mismatch: bool = typer.Option(
+        False, "--allow-model-mismatch", help="Encode queries with --model even though the index records another model."
+    ),
     device: str = typer.Option(None, help="Device for --model: cpu, cuda, ... (default: CUDA when available)."),
     top_k: int = typer.Option(10, help="Results per query."),
     alpha: float = typer.Option(None, help="Weight of the bias for this search (NNN's alpha, DN's lambda); default: the index's."),
@@ -210,40 +215,73 @@ def search_command(
     lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
     query_items: Path = typer.Option(None, help="With --rerank: the query texts / image paths (.txt, .json or an embed .meta.json)."),
     item_column: str = typer.Option(
-        None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text or item)."
+        None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text, caption or item)."
     ),
 ) -> None:
     """Search a saved index (or a store it was exported to); scores are the method's own, ids are gallery positions."""
     from hubless.export.base import is_store_uri
-    from hubless.index import Index
 
+    given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
+    if len(given) != 1:
+        raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
+    if queries is not None and model is not None:
+        raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
+    items = _query_items(text, texts, image)
     if is_store_uri(path):
         if rerank or rescore is not None:
             raise InvalidInput("--rerank and --rescore need the index itself; a store is searched with its own engine")
         import hubless.export
 
         info = hubless.export.describe(path)
-        q, query_texts = _queries(info.get("model"), int(info["dim"]), True, path, queries, text, texts, image, model, device)
+        if queries is not None:
+            q = load(queries, "queries", normalize=True, dim=int(info["dim"]))
+        else:
+            q = _encode_for_store(info.get("model"), int(info["dim"]), path, text, image, items, model, allow_model_mismatch, device)
         knobs = {"nprobes": nprobe} if nprobe is not None else {}  # LanceDB's partitions probed
         if ef_search is not None:  # pgvector's hnsw.ef_search, Qdrant's hnsw_ef
             knobs.update(ef_search=ef_search, hnsw_ef=ef_search)
-        return _search_store(path, q, query_texts, top_k, alpha, knobs, as_json)
-    path = Path(path)
-    index = Index.load(path)
-    corr = index.correction
-    q, query_texts = _queries(index.model, corr.dim_, corr.normalize, path, queries, text, texts, image, model, device)
-    if rerank and query_items is None and query_texts is not None:
-        query_items = query_texts
-    weight = {} if alpha is None else {index.correction.weight_param or "alpha": alpha}
-    if alpha is not None and index.correction.weight_param is None:
-        raise InvalidInput(f"{index.correction.spec} has no weight to override")
+        return _search_store(path, q, items, top_k, alpha, knobs, as_json)
+    from hubless.search import Searcher
+
+    searcher = Searcher({Path(path).name: Path(path)}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
+                        reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=lam, rerank_column=item_column)  # fmt: skip
+    index = searcher.index()
+    embeddings = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+    reranked_items = None
     if rerank:
-        scores, ids = _rerank(index, q, top_k, rerank, rerank_k, fusion, lam, query_items, item_column, weight)
-    else:
-        scores, ids = index.search(q, top_k, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
-    meta = index.metadata
+        from hubless.inputs import read_items
+
+        reranked_items = read_items(query_items) if query_items is not None else items
+        if reranked_items is None:
+            raise InvalidInput("--rerank needs --query-items (the query texts or image paths the cross-encoder reads) with --queries")
+    result = searcher.search(
+        embeddings=embeddings,
+        texts=items if (text or texts) else None,
+        images=items if image else None,
+        top_k=top_k,
+        weight=alpha,
+        rerank=bool(rerank),
+        query_items=reranked_items,
+        nprobe=nprobe,
+        ef_search=ef_search,
+        rescore=rescore,
+    )
     title = f"{path} ({index.correction.spec}, {index.config.factory}, {index.ntotal} items): top {top_k}"
-    _print_results(title, scores, ids, None if not meta else lambda i, rank, j: meta[j], query_texts, as_json)
+    meta = index.metadata
+    _print_results(title, result.scores, result.ids, None if not meta else lambda i, rank, j: meta[j], items, as_json)
+
+
+def _query_items(text, texts, image) -> list[str] | None:
+    """The text queries (from --text or --texts) or image paths (--image); None for --queries."""
+    from hubless.inputs import read_items
+
+    if text:
+        return list(text)
+    if texts is not None:
+        return [t for t in read_items(texts) if t.strip()]
+    if image:
+        return [str(p) for p in image]
+    return None
 
 
 def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
@@ -292,45 +330,13 @@ def _search_store(uri: str, q, query_texts, top_k: int, alpha: float | None, kno
     _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, query_texts, as_json)
 
 
-def _queries(recorded_model, dim, normalize, path, queries, text, texts, image, model, device):
-    """The query embeddings, from a file or encoded from --text/--texts/--image with the model
-    the index or store records (or --model); and the texts / image paths when given (for the
-    table and --rerank)."""
-    given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
-    if len(given) != 1:
-        raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
-    if queries is not None:
-        if model is not None:
-            raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
-        return load(queries, "queries", normalize=normalize, dim=dim), None
-    name = model or recorded_model
-    if name is None:
-        raise InvalidInput(f"{path} records no model (build the index with --model NAME); pass --model to encode {given[0]} queries")
-    if model is not None and recorded_model is not None and model != recorded_model:
-        print_note(f"encoding queries with {model}; {path} was built from {recorded_model} embeddings", "warning")
+def _encode_for_store(recorded_model, dim, uri, text, image, items, model, allow_mismatch, device):
+    """A store's text/image queries, encoded by the same model rule as an index's
+    (:func:`hubless.search.choose_model`)."""
     from hubless.encoders import encode_queries
-    from hubless.inputs import read_items
+    from hubless.search import choose_model
 
+    name = choose_model(recorded_model, model, allow_mismatch=allow_mismatch, what=uri)
     if image:
-        paths = [str(p) for p in image]
-        return encode_queries(name, images=paths, device=device, expected_dim=dim), paths
-    items = list(text) if text else [t for t in read_items(texts) if t.strip()]
-    return encode_queries(name, texts=items, device=device, expected_dim=dim), items
-
-
-def _rerank(index, q, top_k, model, k, fusion, lam, query_items, item_column, weight):
-    from hubless.inputs import read_items
-    from hubless.rerank import Pipeline, load_reranker
-
-    if query_items is None or not index.metadata:
-        raise InvalidInput("--rerank needs --query-items and an index built with --metadata (the gallery items' paths or texts)")
-    column = item_column or next((c for c in ("path", "text", "item") if c in index.metadata[0]), None)
-    if column is None or column not in index.metadata[0]:
-        raise InvalidInput(f"index metadata has no {item_column or 'path/text/item'} column; pass --item-column")
-    items = query_items if isinstance(query_items, list) else read_items(query_items)
-    if len(items) != q.shape[0]:
-        raise InvalidInput(f"{len(items)} query items for {q.shape[0]} queries")
-
-    pipe = Pipeline(index, load_reranker(model), k=k, fusion=fusion, lam=lam, gallery_items=[m[column] for m in index.metadata])
-    result = pipe.search(q, items, top_k=min(top_k, k), **weight)
-    return result.scores, result.ids
+        return encode_queries(name, images=items, device=device, expected_dim=dim)
+    return encode_queries(name, texts=items, device=device, expected_dim=dim)

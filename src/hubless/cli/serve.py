@@ -24,7 +24,10 @@ def _is_loopback(host: str) -> bool:
 def serve_command(
     indexes: list[str] = typer.Argument(..., help="Index directories to serve, as PATH (named after the folder) or NAME=PATH."),
     model: str = typer.Option(
-        None, help="Model (name or folder) that encodes text queries; without it, queries are embeddings or item ids."
+        None, help="Model (name or folder) that encodes text/image queries (default: the model each index records; must be the same model)."
+    ),
+    allow_model_mismatch: bool = typer.Option(
+        False, "--allow-model-mismatch", help="Encode queries with --model even where an index records another model."
     ),
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, help="Port."),
@@ -64,7 +67,7 @@ def serve_command(
 
     import uvicorn
 
-    config = {"indexes": {k: str(v.resolve()) for k, v in named.items()}, "model": model, "api_key": api_key,
+    config = {"indexes": {k: str(v.resolve()) for k, v in named.items()}, "model": model, "allow_model_mismatch": allow_model_mismatch, "api_key": api_key,
               "max_batch": max_batch, "max_top_k": max_top_k, "writes": workers == 1, "rerank": rerank, "rerank_k": rerank_k}  # fmt: skip
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process
     typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")

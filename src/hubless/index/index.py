@@ -239,6 +239,34 @@ class Index:
         scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
         return np.where(found, scores, -np.inf).astype(np.float32), ids
 
+    def search_uncorrected(
+        self, queries, top_k: int = 10, *, nprobe: int | None = None, ef_search: int | None = None, rescore: bool | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The uncorrected top ``top_k``, ``(scores, ids)``: plain inner products <q, r> of the
+        (normalised) queries, through the same structure as :meth:`search` (the weight-0 query
+        [q, 0] on the FAISS index; a Flat index is searched exactly), so comparing costs about
+        one more search of the same kind, not an exact scan of the gallery. ANN candidates are
+        re-scored exactly as in :meth:`search`; unfilled slots have id -1 and score -inf."""
+        corr = self.correction
+        vectors = corr.queries(queries).vectors
+        top_k = check_top_k(top_k, self.ntotal)
+        if _is_flat(self.factory):
+            return exact_search(vectors, corr.gallery_, top_k)
+        nprobe = self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
+        ef_search = self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
+        params = search_parameters(self._faiss, nprobe=nprobe, ef_search=ef_search)
+        do_rescore = self.config.rescore if rescore is None else bool(rescore)
+        depth = min(self.ntotal, top_k * self.config.rescore_factor) if do_rescore else top_k
+        zeros = np.zeros((vectors.shape[0], corr.bias_columns_.shape[1]), np.float32)
+        scores, ids = self._faiss_search(vectors, zeros, depth, params)
+        if not do_rescore:
+            return np.where(ids != MISSING, scores, -np.inf).astype(np.float32), ids
+        found = ids != MISSING
+        sims = np.einsum("qd,qkd->qk", vectors, corr.gallery_[np.where(found, ids, 0)])
+        sims = np.where(found, sims, -np.inf).astype(np.float32)
+        order = np.lexsort((np.where(found, ids, np.iinfo(np.int64).max), -sims), axis=1)[:, :top_k]
+        return np.take_along_axis(sims, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
     def _raw_statistics(self, batch: QueryBatch, params) -> None:
         """Fill the raw-neighbour statistics the correction asks for from this index (w = 0);
         queries the index found too few raw neighbours for get them by exact search."""

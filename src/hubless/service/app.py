@@ -47,7 +47,7 @@ from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.schemas import ItemsRequest, SearchRequest
 from hubless.service.settings import Limits
-from hubless.service.state import ServiceState, load_served
+from hubless.service.state import ServiceState
 
 __all__ = ["ItemsRequest", "Limits", "SearchRequest", "create_app", "error_status"]
 
@@ -55,11 +55,17 @@ __all__ = ["ItemsRequest", "Limits", "SearchRequest", "create_app", "error_statu
 def app_from_environment() -> FastAPI:
     """The app `hubless serve` configured through ``HUBLESS_SERVE_CONFIG`` (one per worker process)."""
     import json
+    import sys
 
     config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
-    return create_app(config["indexes"], model=config["model"], api_key=config["api_key"], writes=config["writes"],
-                      limits=Limits(max_batch=config["max_batch"], max_top_k=config["max_top_k"]),
-                      reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip
+    app = create_app(config["indexes"], model=config["model"], allow_model_mismatch=config.get("allow_model_mismatch", False),
+                     api_key=config["api_key"], writes=config["writes"],
+                     limits=Limits(max_batch=config["max_batch"], max_top_k=config["max_top_k"]),
+                     reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip
+    for name, problem in app.state.service.query_problems.items():
+        if problem is not None:
+            print(f"note: {name}: embedding and item queries only ({problem})", file=sys.stderr)
+    return app
 
 
 def create_app(
@@ -67,6 +73,7 @@ def create_app(
     *,
     model: str | None = None,
     encoder=None,
+    allow_model_mismatch: bool = False,
     limits: Limits = Limits(),
     api_key: str | None = None,
     writes: bool = True,
@@ -75,8 +82,11 @@ def create_app(
 ) -> FastAPI:
     """The application serving ``indexes`` (name -> saved index directory or :class:`Index`).
 
-    ``model`` (a name or folder) encodes text queries (loaded once, here); an index recording
-    another model refuses text queries. ``encoder`` passes an already loaded encoder instead.
+    Text (and image) queries are encoded with the model each index records, loaded here, once
+    per model (see :mod:`hubless.search` for the rule); ``model`` (a name or folder) or
+    ``encoder`` (a loaded encoder) gives it explicitly, and must be the model the indexes record
+    unless ``allow_model_mismatch``. An index whose model cannot be loaded is served for
+    embedding and item queries only (``/indexes`` lists what each index can be queried with).
     With ``api_key``, every request but ``/health`` must carry it (header ``X-API-Key`` or
     ``Authorization: Bearer KEY``); otherwise 401. ``reranker`` (a Reranker, or a model name or
     folder for :func:`hubless.rerank.load_reranker`) lets text searches ask for ``rerank``: the
@@ -84,19 +94,14 @@ def create_app(
     metadata (column path, text, caption or item). Writes need an API key and ``writes=True``
     (``hubless serve --workers N`` with N > 1 turns them off: each worker holds its own copy).
     """
-    served = load_served(indexes)
-    if isinstance(reranker, (str, os.PathLike)):
-        from hubless.rerank import load_reranker
+    from hubless.search import Searcher
 
-        reranker = load_reranker(reranker)
-    if encoder is None and model is not None:
-        from hubless.encoders import load_encoder
-
-        encoder = load_encoder(model)
+    searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
+                        reranker=reranker, rerank_k=rerank_k)  # fmt: skip
+    service = ServiceState(searcher, limits=limits, api_key=api_key, writes=writes, query_problems=searcher.preload())
     app = FastAPI(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version())
-    service = ServiceState(served, encoder=encoder, reranker=reranker, rerank_k=rerank_k, limits=limits, api_key=api_key, writes=writes)
     app.state.service = service
-    app.state.served, app.state.limits, app.state.metrics = served, limits, service.metrics  # shortcuts (tests, tools)
+    app.state.served, app.state.limits, app.state.metrics = service.served, limits, service.metrics  # shortcuts (tests, tools)
 
     @app.middleware("http")
     async def limit_and_measure(request: Request, call_next):

@@ -11,7 +11,7 @@ from fastapi import HTTPException
 from hubless.service.settings import Limits
 from hubless.service.state import Served
 
-__all__ = ["check_count", "hit", "hits", "plain", "rows", "summary"]
+__all__ = ["check_count", "plain", "rows", "summary"]
 
 
 def check_count(batch: list, limits: Limits, what: str) -> None:
@@ -34,26 +34,15 @@ def summary(s: Served) -> dict:
     index = s.index
     corr = index.correction
     weight = None if corr.weight_param is None else {"name": corr.weight_param, "value": float(corr.weight())}
-    return {"name": s.name, "n_items": index.ntotal, "method": corr.spec, "factory": index.factory, "model": index.model, "weight": weight}
-
-
-def hit(index, item_id, score) -> dict:
-    """One result: id, the score shown (None when not finite) and the item's metadata."""
-    return {"id": int(item_id), "score": plain(float(score)), "metadata": None if index.metadata is None else index.metadata[int(item_id)]}
-
-
-def hits(index, scores, ids, raw, row: int) -> dict:
-    found = ids[row] >= 0
-    out_hits = [hit(index, j, v) for j, v in zip(ids[row][found], scores[row][found])]
-    out = {"query": row, "hits": out_hits}
-    if raw is not None:
-        raw_scores, raw_ids = raw
-        before = {int(j): r for r, j in enumerate(raw_ids[row], start=1)}
-        for rank, h in enumerate(out_hits, start=1):
-            h["uncorrected_rank"] = before.get(h["id"])
-            h["rank_change"] = None if h["uncorrected_rank"] is None else h["uncorrected_rank"] - rank
-        out["uncorrected"] = [hit(index, j, v) for j, v in zip(raw_ids[row], raw_scores[row])]
-    return out
+    return {
+        "name": s.name,
+        "n_items": index.ntotal,
+        "method": corr.spec,
+        "factory": index.factory,
+        "model": index.model,
+        "weight": weight,
+        "queries": s.searcher.query_kinds(s.name),
+    }
 
 
 def plain(value):

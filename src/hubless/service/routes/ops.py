@@ -12,7 +12,7 @@ router = APIRouter()
 
 @router.get("/health")
 def health(service: ServiceDep) -> dict:
-    return {"status": "ok", "indexes": sorted(service.served), "model": getattr(service.encoder, "name", None)}
+    return {"status": "ok", "indexes": sorted(service.served)}
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
