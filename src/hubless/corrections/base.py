@@ -66,6 +66,9 @@ class Correction:
     gallery_bank_use: ClassVar[str] = "ignored"
     #: Parameters that bound resources rather than change results; left out of ``spec`` at default.
     resource_params: ClassVar[tuple[str, ...]] = ()
+    #: Why this correction cannot be fitted on score matrices (:meth:`fit_scores`), naming the
+    #: input it needs instead; None when score matrices suffice.
+    needs_embeddings: ClassVar[str | None] = None
 
     def __init__(self, *, normalize: bool = True) -> None:
         self.normalize = normalize
@@ -178,6 +181,46 @@ class Correction:
         self._fit_arrays(gallery, statistics)
         return self
 
+    def fit_scores(
+        self,
+        query_bank_scores=None,
+        gallery_bank_scores=None,
+        *,
+        n_gallery: int | None = None,
+        statistics: BankStatistics | None = None,
+        progress: bool | None = None,
+    ) -> Correction:
+        """Fit on score matrices instead of embeddings (a model whose score is not one dot
+        product: mixtures of experts, cross-attention); returns ``self``.
+
+        query_bank_scores : (n_bank, n_gallery) s(b, r) of every query-bank item b and gallery
+            item r, an array or a memory-mapped .npy (read once, in row blocks).
+        gallery_bank_scores : (n_gallery_bank, n_gallery) s(g, r) of reference items g of the
+            gallery's modality (DualIS / DualDIS).
+        n_gallery : the gallery size when no bank is given (the baseline).
+
+        Rank rows of a query x gallery score matrix with :meth:`correct` (or
+        :func:`hubless.correct_scores` for files). Methods that need embeddings (DN) are refused
+        with :class:`~hubless.errors.InvalidInput` saying what they need.
+        """
+        from hubless.corrections.scores import fit_on_scores
+
+        fit_on_scores([self], query_bank_scores, gallery_bank_scores, n_gallery=n_gallery, statistics=statistics, progress=progress)
+        return self
+
+    @property
+    def fitted_on_scores(self) -> bool:
+        """Whether this correction was fitted on score matrices (it then ranks score rows, not
+        embeddings: see :meth:`correct`)."""
+        return self.is_fitted and self.dim_ == 0
+
+    def _check_embeddings_fit(self) -> None:
+        if self.fitted_on_scores:
+            raise InvalidInput(
+                f"{type(self).__name__} was fitted on score matrices: it corrects rows of query x gallery scores "
+                "(correct(scores), hubless.correct_scores), not embeddings; fit it on embeddings to search or update it"
+            )
+
     def fit_from_statistics(self, gallery, statistics: BankStatistics) -> Correction:
         """Fit from the bank statistics of ``gallery`` alone (no bank is read), e.g. statistics
         kept by a saved index or merged from distributed tiles; returns ``self``."""
@@ -212,6 +255,7 @@ class Correction:
         into its activation top-k), and the result equals fitting on the grown gallery.
         """
         self._check_fitted()
+        self._check_embeddings_fit()
         items = as_embeddings(items, "items", normalize=self.normalize, dim=self.dim_)
         self.check_sizes(self.n_gallery_ + items.shape[0], self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
         qb, gb = self._update_banks(query_bank, gallery_bank, required=True)
@@ -226,6 +270,7 @@ class Correction:
         items were removed (those need the banks this correction was fitted on).
         """
         self._check_fitted()
+        self._check_embeddings_fit()
         ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
         if ids.size and (ids[0] < 0 or ids[-1] >= self.n_gallery_):
             raise InvalidInput(f"ids to remove must be in [0, {self.n_gallery_}); got {ids[0]}..{ids[-1]}")
@@ -253,6 +298,7 @@ class Correction:
 
     def _add_bank_items(self, new_items, side: str, progress) -> Correction:
         self._check_fitted()
+        self._check_embeddings_fit()
         new = as_embeddings(new_items, f"new {side}-bank items", normalize=self.normalize, dim=self.dim_)
         uses = self.needs_query_bank if side == "query" else self.statistics_.n_gallery_bank is not None
         if not uses:
@@ -308,8 +354,37 @@ class Correction:
         one value per query) into a batch for :meth:`rank` and :meth:`method_scores`.
         ``statistics``: raw-neighbour statistics computed elsewhere (e.g. by an index)."""
         self._check_fitted()
+        self._check_embeddings_fit()
         q = as_embeddings(queries, "queries", normalize=self.normalize, dim=self.dim_)
         return QueryBatch(q, self._weight_override(weight, q.shape[0]), statistics)
+
+    def score_queries(self, scores, **weight) -> QueryBatch:
+        """Rows of a query x gallery score matrix (n_queries, n_gallery) as a batch for
+        :meth:`rank` and :meth:`method_scores`, with this call's weight override (as in
+        :meth:`queries`); the raw-neighbour statistics (DIS gates, CSLS's r_q) come from the rows."""
+        from hubless.engine.score_statistics import check_score_matrix, read_rows
+
+        self._check_fitted()
+        scores = check_score_matrix(scores, "scores", n_cols=self.n_gallery_)
+        rows = read_rows(scores, 0, scores.shape[0], "scores")
+        request = self.query_request
+        stats = QueryStatistics.from_similarities(request, rows) if request.depth else None
+        return QueryBatch(np.empty((rows.shape[0], 0), np.float32), self._weight_override(weight, rows.shape[0]), stats)
+
+    def correct(self, scores, *, ranking: bool = False, **weight) -> np.ndarray:
+        """The corrected scores of rows of a query x gallery score matrix, (n_queries, n_gallery)
+        float32: the method's own scores (e.g. QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)),
+        the raw score for DIS queries whose gate stays closed), or with ``ranking`` the scores
+        it ranks by (e.g. s - bias(r), which never overflows). Works for a correction fitted on
+        embeddings too (with the scores of its own gallery) and on scores (:meth:`fit_scores`)."""
+        from hubless.engine.score_statistics import read_rows
+
+        batch = self.score_queries(scores, **weight)
+        rows = read_rows(scores, 0, len(batch), "scores")
+        ranked = self.rank(batch, rows)
+        if ranked is rows or np.shares_memory(ranked, np.asarray(scores)):
+            ranked = np.array(ranked, dtype=np.float32, copy=True)
+        return ranked if ranking else np.asarray(self.method_scores(batch, ranked), dtype=np.float32)
 
     def _weight_override(self, weight: dict, n_queries: int) -> np.ndarray | None:
         if not weight:

@@ -26,6 +26,10 @@ class DN(AdditiveCorrection):
     default_grid = {"lam": tuple(round(0.1 * i, 1) for i in range(11))}
     weight_param = "lam"
     gallery_bank_use = "optional"
+    needs_embeddings = (
+        "DN ranks by s - lam mu_B . r with mu_B the mean of the query bank's embeddings (and shows scores with the gallery "
+        "bank's mean): score matrices hold no embeddings; give embeddings (gallery, queries, query bank)"
+    )
 
     def __init__(self, lam: float = 0.5, *, normalize: bool = True) -> None:
         self.lam = lam

@@ -4,13 +4,24 @@ The rank of gallery item j for a query with scores s is
 
     rank(j) = 1 + #{i : s_i > s_j} + #{i < j : s_i = s_j}
 
-(ties broken by the lower index, exactly as every search in hubless orders results).
+(ties broken by the lower index, exactly as every search in hubless orders results: ``ties=
+"index"``). Two other conventions of the literature are options (:data:`TIES`):
+
+* ``"average"``: a relevant item tied with others gets the mean of their positions,
+  ``1 + #{s_i > s_j} + (#{s_i = s_j} - 1) / 2`` (McSherry & Najork 2008), as the
+  collaborative-experts metric behind the QB-Norm tables (Bogolin et al. 2022) does; ranks can
+  be fractional;
+* ``"optimistic"``: ``1 + #{s_i > s_j}``, a tied relevant item first.
+
 :func:`relevant_ranks` gives the rank of every relevant item of a block of queries from their
 score rows, so a whole evaluation streams query blocks and never sorts a row. From those ranks:
 
 * R@K: percent of queries with a relevant item in the top K (for image->text, an image is a
-  hit when any of its captions is);
-* MdR / MnR: median / mean rank of the first relevant item (1 is best);
+  hit when any of its captions is). With fractional ("average") ranks, as in the
+  collaborative-experts metric, R@1 counts a first rank of exactly 1 and R@K for K > 1 a first
+  rank below K + 1 (a tie averaged to K + 0.5 still counts); integer ranks give rank <= K;
+* MdR / MnR: median / mean rank of the first relevant item (1 is best), the papers' MedR and
+  MeanR (collaborative-experts: median / mean of the 0-based positions, plus 1);
 * MRR: mean of 1 / (rank of the first relevant item), in [0, 1];
 * mAP@R: percent; for a query with R relevant items whose sorted ranks are r_1 < ... < r_R,
   AP@R = (1/R) sum_{m : r_m <= R} m / r_m (Musgrave et al. 2020; ECCV Caption, Chun et al. 2022).
@@ -26,29 +37,47 @@ from hubless._validation import check_positive_int
 from hubless.errors import InvalidInput
 from hubless.metrics.truth import Truth
 
-__all__ = ["PerQuery", "check_ks", "first_hit_ranks", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
+__all__ = ["TIES", "PerQuery", "check_ks", "check_ties", "first_hit_ranks", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
 
 #: Elements compared at once when counting ranks (bounds the temporary boolean arrays).
 _COMPARE_ELEMENTS = 1 << 22
 
+#: Tie conventions of :func:`relevant_ranks` (see the module docstring).
+TIES = ("index", "average", "optimistic")
 
-def relevant_ranks(scores: np.ndarray, truth: Truth) -> np.ndarray:
-    """Rank (1-based) of every relevant item, aligned with ``truth.indices``.
+
+def check_ties(ties: str) -> str:
+    if ties not in TIES:
+        raise InvalidInput(f"ties must be one of {', '.join(TIES)}; got {ties!r}")
+    return ties
+
+
+def relevant_ranks(scores: np.ndarray, truth: Truth, ties: str = "index") -> np.ndarray:
+    """Rank (1-based) of every relevant item, aligned with ``truth.indices``: int64, or float64
+    for ``ties="average"`` (see the module docstring for the tie conventions).
 
     ``scores`` (n_queries, n_gallery) are the ranking scores of the queries ``truth`` describes.
     """
+    check_ties(ties)
     scores = np.asarray(scores)
     if scores.ndim != 2 or scores.shape != (truth.n_queries, truth.n_gallery):
         raise InvalidInput(f"scores must be ({truth.n_queries}, {truth.n_gallery}); got {scores.shape}")
     rows, cols = truth.rows, truth.indices
-    ranks = np.empty(cols.size, dtype=np.int64)
+    ranks = np.empty(cols.size, dtype=np.float64 if ties == "average" else np.int64)
+    one_each = cols.size == truth.n_queries  # one relevant item per query: rows are the queries
     step = max(1, _COMPARE_ELEMENTS // scores.shape[1])
     for start in range(0, cols.size, step):
         r, c = rows[start : start + step], cols[start : start + step]
-        block = scores[r]
+        block = scores[start : start + r.size] if one_each else scores[r]
         target = block[np.arange(r.size), c][:, None]
         above = np.count_nonzero(block > target, axis=1)
+        if ties == "optimistic":
+            ranks[start : start + r.size] = above + 1
+            continue
         equal = np.count_nonzero(block == target, axis=1)
+        if ties == "average":
+            ranks[start : start + r.size] = above + 1 + (equal - 1) / 2.0
+            continue
         # Ties (rare): count only the equal scores at a lower index.
         tied = np.flatnonzero(equal > 1)
         if tied.size:
@@ -63,7 +92,8 @@ class PerQuery:
     ``ap_at_r`` (n_queries,), the inputs of every summary and bootstrap."""
 
     def __init__(self, ranks: np.ndarray, truth: Truth) -> None:
-        ranks = np.asarray(ranks, dtype=np.int64)
+        ranks = np.asarray(ranks)
+        ranks = ranks.astype(np.float64 if ranks.dtype.kind == "f" else np.int64, copy=False)  # "average" ties: fractional
         if ranks.shape != truth.indices.shape:
             raise InvalidInput("ranks must align with truth.indices")
         rows, counts = truth.rows, truth.counts
@@ -108,7 +138,13 @@ def check_ks(ks: Sequence[int], n_gallery: int) -> tuple[int, ...]:
 
 
 def recall_percent(first_rank: np.ndarray, k: int) -> np.ndarray:
-    """Per-query R@K hits in percent (100 or 0) from the rank of each query's first relevant item."""
+    """Per-query R@K hits in percent (100 or 0) from the rank of each query's first relevant item.
+
+    Integer ranks: rank <= K. Fractional ("average" ties) ranks follow the collaborative-experts
+    metric of the QB-Norm tables: R@1 needs rank 1 exactly, R@K for K > 1 a rank below K + 1."""
+    first_rank = np.asarray(first_rank)
+    if first_rank.dtype.kind == "f" and k > 1:
+        return 100.0 * (first_rank < k + 1)
     return 100.0 * (first_rank <= k)
 
 

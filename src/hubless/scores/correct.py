@@ -1,0 +1,144 @@
+"""Correct a stored score matrix: a drop-in for the QB-Norm authors' ``qb_norm`` in a pipeline.
+
+    C = hubless.correct_scores(S, SB, "dis:beta=20")               # (n_queries, n_gallery) float32
+    hubless.correct_scores("S.npy", "SB.npy", "dis", out="C.npy")  # streamed to a file
+    top, ids = hubless.correct_scores(S, SB, "nnn", top_k=10)       # best first
+
+The correction is fitted on the bank score matrices (one streamed pass each) and applied to S
+block by block of rows. The values written are the method's own scores (for IS / DIS the
+inverted-softmax probability exp(beta s) / sum_b exp(beta s(b, r)) and, for DIS queries whose
+gate stays closed, the raw score, as ``qb_norm`` returns them), or with ``ranking=True`` the
+scores the method ranks by (s - bias(r) for the additive methods), which never overflow.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from hubless._io import umask_mode
+from hubless._validation import check_top_k
+from hubless.corrections import Correction, make_correction
+from hubless.corrections.scores import fit_on_scores
+from hubless.engine.parallel import run_blocks
+from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
+from hubless.engine.topk import RunningTopK
+from hubless.errors import InvalidInput
+from hubless.scores.files import load_scores
+from hubless.scores.rank import RANK_BLOCK_ELEMENTS, score_batch
+
+__all__ = ["correct_scores"]
+
+
+def _matrix(value, name: str, n_cols: int | None = None):
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return load_scores(value, name, n_cols=n_cols)
+    return check_score_matrix(value, name, n_cols=n_cols)
+
+
+def correct_scores(
+    scores,
+    query_bank_scores=None,
+    method: str | Correction = "dis",
+    *,
+    gallery_bank_scores=None,
+    out: str | os.PathLike | None = None,
+    top_k: int | None = None,
+    ranking: bool = False,
+    transpose: bool = False,
+    progress: bool | None = None,
+):
+    """The corrected scores of ``scores`` (queries x gallery) under ``method`` fitted on the bank
+    score matrices (see the module docstring). Inputs are arrays, memory maps or file paths
+    (.npy/.npz/.pkl). ``transpose``: every matrix is stored gallery x queries (gallery x bank).
+
+    Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` the pair (scores, ids)
+    of each row's best ``top_k`` (best first, ties to the lower index). With ``out`` the result
+    is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
+    for top-k) and the path is returned; the full matrix is then never held in memory.
+    """
+    corr = make_correction(method)
+    s = _matrix(scores, "scores")
+    s = s.T if transpose else s
+    sb = _matrix(query_bank_scores, "query_bank_scores")
+    sg = _matrix(gallery_bank_scores, "gallery_bank_scores")
+    sb, sg = (None if m is None else (m.T if transpose else m) for m in (sb, sg))
+    n_queries, n_gallery = s.shape
+    if top_k is not None:
+        top_k = check_top_k(top_k, n_gallery)
+    if out is not None:
+        out = Path(out)
+        suffix = ".npz" if top_k else ".npy"
+        if out.suffix.lower() != suffix:
+            raise InvalidInput(f"out must be a {suffix} file ({'top-k scores and ids' if top_k else 'the corrected matrix'}); got {out}")
+    fit_on_scores([corr], sb, sg, n_gallery=n_gallery, progress=progress)
+    if out is not None and not top_k:
+        return _write_matrix(corr, s, out, ranking, progress)
+    width = top_k or n_gallery
+    values = np.empty((n_queries, width), np.float32)
+    ids = np.empty((n_queries, width), np.int64) if top_k else None
+
+    def work(start: int, stop: int) -> None:
+        block = _corrected(corr, s, start, stop, ranking)
+        if top_k:
+            best = RunningTopK(block.shape[0], top_k, with_ids=True)
+            best.update(block)
+            values[start:stop], ids[start:stop] = best.sorted()
+        else:
+            values[start:stop] = block
+
+    run_blocks(work, row_blocks(n_queries, n_gallery, RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
+    if out is None:
+        return (values, ids) if top_k else values
+    _atomic(out, lambda path: np.savez(path, scores=values, ids=ids))
+    return out
+
+
+def _corrected(corr: Correction, s, start: int, stop: int, ranking: bool) -> np.ndarray:
+    """Rows ``start:stop`` of the corrected matrix, float32."""
+    block = read_rows(s, start, stop, "scores")
+    batch = score_batch([corr], block)
+    ranked = corr.rank(batch, block)
+    if ranking:
+        return ranked
+    # method scores are an increasing map of the ranking scores per query: the order is kept
+    return np.asarray(corr.method_scores(batch, ranked), dtype=np.float32)
+
+
+def _atomic(out: Path, write) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=out.suffix, dir=out.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_matrix(corr: Correction, s, out: Path, ranking: bool, progress) -> Path:
+    """Stream the corrected matrix into a memory-mapped .npy beside ``out``, then rename it."""
+
+    def write(path: str) -> None:
+        target = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=s.shape)
+        try:
+
+            def work(start: int, stop: int) -> None:
+                target[start:stop] = _corrected(corr, s, start, stop, ranking)
+
+            run_blocks(work, row_blocks(s.shape[0], s.shape[1], RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
+            target.flush()
+        finally:
+            del target
+
+    _atomic(out, write)
+    return out

@@ -1,0 +1,200 @@
+"""Evaluate corrections from score matrices: the QB-Norm protocol for any model.
+
+    ev = hubless.evaluate_scores(S, "t2i:20", SB, methods=["is", "dis"], ties="average",
+                                 query_mask=mask)
+    ev["dis:beta=20.0,k_activation=1"].metrics     # R@1, R@5, R@10, MdR, MnR, MRR, mAP@R
+
+S is queries x gallery (e.g. the 59,800 x 2,990 text -> video scores of MSR-VTT's full split),
+SB the query bank x gallery scores, SG (DualIS / DualDIS) gallery bank x gallery. Each may be an
+array or a memory map (:func:`hubless.scores.load_scores`); the banks are read in one streamed
+pass each (:func:`hubless.corrections.scores.fit_on_scores`), S in blocks of rows
+(:func:`hubless.scores.rank.rank_score_rows`), so memory stays bounded whatever the sizes.
+
+Protocol options of the papers (Bogolin et al. 2022, with the collaborative-experts metric):
+
+* ``ties="average"``: tied scores share the mean of their positions (their metric); "index"
+  (hubless's default: the lower gallery index first) and "optimistic" are the others;
+* ``query_mask``: one boolean per row of S as stored; False rows are padding (MSR-VTT has two
+  videos with 19 captions in a 20-per-video layout). Text -> video: those queries are left out.
+  With ``transpose``: those captions leave the gallery, as in their video -> text metric;
+* ``transpose=True``: every matrix is stored the other way round (S: gallery x queries, e.g. the
+  text x video matrix evaluated video -> text; SB: gallery x bank); truth then follows the
+  queries, e.g. ``"i2t:20"`` (video i -> captions 20i .. 20i + 19). Video -> text is a hit when
+  the best-ranked of a video's captions is (their v2t metric).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hubless.corrections import Correction
+from hubless.corrections.scores import check_score_methods, fit_on_scores
+from hubless.engine.score_statistics import check_score_matrix
+from hubless.errors import InvalidInput
+from hubless.evaluation import Evaluation, MethodResult, prepare_methods
+from hubless.evaluation.core import Ranked
+from hubless.metrics.bootstrap import bootstrap_ci
+from hubless.metrics.hubness import hubness_statistics
+from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
+from hubless.metrics.truth import Truth, load_truth
+from hubless.scores.rank import rank_score_rows
+
+__all__ = ["Columns", "ScoreInputs", "evaluate_scores", "prepare_scores"]
+
+#: Top results kept per query for the hubness statistics (N_1 and N_10), as in hubless.evaluate.
+HUBNESS_DEPTH = 10
+
+
+class Columns:
+    """Some columns of a score matrix (an array or a memory map), read row block by row block:
+    how a query mask removes padding items from the gallery without copying the matrix."""
+
+    def __init__(self, matrix, columns: np.ndarray) -> None:
+        self.matrix, self.columns = matrix, np.asarray(columns, dtype=np.int64)
+        self.shape = (matrix.shape[0], self.columns.size)
+        self.dtype, self.ndim = matrix.dtype, 2
+
+    def __getitem__(self, rows):
+        return np.asarray(self.matrix[rows])[:, self.columns]
+
+
+class ScoreInputs:
+    """Validated score inputs of one evaluation: S, SB, SG in query x gallery orientation, the
+    rows of S to rank and the truth over them (see :func:`prepare_scores`)."""
+
+    def __init__(self, scores, query_bank_scores, gallery_bank_scores, truth: Truth, rows: np.ndarray, n_masked: int) -> None:
+        self.scores, self.query_bank_scores, self.gallery_bank_scores = scores, query_bank_scores, gallery_bank_scores
+        self.truth, self.rows, self.n_masked = truth, rows, n_masked
+
+    @property
+    def n_gallery(self) -> int:
+        return self.scores.shape[1]
+
+
+def _oriented(matrix, name: str, transpose: bool):
+    if matrix is None:
+        return None
+    matrix = check_score_matrix(matrix, name)
+    return matrix.T if transpose else matrix
+
+
+def prepare_scores(
+    scores, truth, query_bank_scores=None, gallery_bank_scores=None, *, query_mask=None, transpose: bool = False
+) -> ScoreInputs:
+    """Orient and check the matrices, apply the query mask and load the truth (module docstring)."""
+    s = _oriented(scores, "scores", transpose)
+    sb = _oriented(query_bank_scores, "query_bank_scores", transpose)
+    sg = _oriented(gallery_bank_scores, "gallery_bank_scores", transpose)
+    n_queries, n_gallery = s.shape
+    for name, m in (("query_bank_scores", sb), ("gallery_bank_scores", sg)):
+        if m is not None and m.shape[1] != n_gallery:
+            side = "rows" if transpose else "columns"
+            raise InvalidInput(f"{name} has {m.shape[1]} {side} but scores has {n_gallery} gallery items: they must score the same items")
+    truth = load_truth(truth, n_queries, n_gallery)
+    rows, n_masked = np.arange(n_queries), 0
+    if query_mask is not None:
+        mask = np.asarray(query_mask).reshape(-1)
+        stored = n_gallery if transpose else n_queries
+        if mask.dtype.kind not in "biuf" or mask.size != stored:
+            raise InvalidInput(f"query_mask must hold one boolean per stored row of scores ({stored}); got {mask.size}")
+        mask = mask != 0
+        n_masked = int((~mask).sum())
+        if not transpose:  # text -> video: padding queries are left out
+            rows = np.flatnonzero(mask)
+            if rows.size == 0:
+                raise InvalidInput("query_mask masks every query")
+            truth = truth.subset(rows)
+        elif n_masked:  # video -> text: padding captions leave the gallery
+            kept = np.flatnonzero(mask)
+            position = np.full(n_gallery, -1)
+            position[kept] = np.arange(kept.size)
+            keep = mask[truth.indices]
+            counts = np.add.reduceat(keep, truth.indptr[:-1]) if truth.indices.size else np.zeros(0, int)
+            truth = Truth(np.concatenate([[0], np.cumsum(counts)]), position[truth.indices[keep]], kept.size)
+            s = Columns(s, kept)
+            sb = None if sb is None else Columns(sb, kept)
+            sg = None if sg is None else Columns(sg, kept)
+    return ScoreInputs(s, sb, sg, truth, rows, n_masked)
+
+
+def evaluate_scores(
+    scores,
+    truth,
+    query_bank_scores=None,
+    methods: Sequence[str | Correction] = ("baseline", "dis"),
+    *,
+    gallery_bank_scores=None,
+    ks: Sequence[int] = (1, 5, 10),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    ties: str = "index",
+    query_mask=None,
+    transpose: bool = False,
+    progress: bool | None = None,
+    inputs: dict[str, Any] | None = None,
+) -> Evaluation:
+    """Fit each method on the bank score matrices, rank the rows of ``scores`` and measure
+    (R@K, MdR, MnR, MRR, mAP@R, paired bootstrap intervals, hubness), as
+    :func:`hubless.evaluate` does for embeddings; see the module docstring for the inputs.
+    Methods that need embeddings (DN) are refused before any work, saying what they need.
+    """
+    check_ties(ties)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
+        raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+    corrections = prepare_methods(methods)
+    check_score_methods(corrections)
+    data = prepare_scores(scores, truth, query_bank_scores, gallery_bank_scores, query_mask=query_mask, transpose=transpose)
+    ks = check_ks(ks, data.truth.n_gallery)
+    t0 = time.perf_counter()
+    fit_on_scores(corrections, data.query_bank_scores, data.gallery_bank_scores, n_gallery=data.n_gallery, progress=progress)
+    fit_seconds = time.perf_counter() - t0
+    ranked = rank_score_rows(
+        corrections, data.scores, data.truth, rows=data.rows, ties=ties, depth=HUBNESS_DEPTH, progress=progress,
+        desc=f"rank {len(corrections)} methods",
+    )  # fmt: skip
+    results = [method_result(c, r, fit_seconds, data.truth, ks, bootstrap, seed) for c, r in zip(corrections, ranked)]
+    base = results[0]
+    for r in results[1:]:
+        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
+        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
+        if bootstrap:
+            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
+    described = {
+        "mode": "scores",
+        "n_gallery": int(data.truth.n_gallery),
+        "n_queries": int(data.rows.size),
+        "n_masked": data.n_masked,
+        "transpose": bool(transpose),
+        "n_query_bank": None if data.query_bank_scores is None else int(data.query_bank_scores.shape[0]),
+        "n_gallery_bank": None if data.gallery_bank_scores is None else int(data.gallery_bank_scores.shape[0]),
+        "relevant_per_query": float(data.truth.counts.mean()),
+        "ks": list(ks),
+        "ties": ties,
+        "bootstrap": int(bootstrap),
+        "seed": int(seed),
+    }
+    described.update(inputs or {})
+    return Evaluation(described, results, ks)
+
+
+def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+    """One method's numbers from its ranks (the same fields as :func:`hubless.evaluate` gives)."""
+    values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
+    hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())
+    params = {k: v for k, v in corr.get_params().items() if k not in ("normalize", *corr.resource_params)}
+    return MethodResult(
+        method=corr.name,
+        params=params,
+        spec=corr.spec,
+        metrics=summarize(values),
+        ci95=bootstrap_ci(values, bootstrap, seed=seed) if bootstrap else {},
+        hubness=hub,
+        seconds={"fit": fit_seconds, "search": ranked.seconds},
+        per_query=values,
+        n1=np.bincount(ranked.top[:, 0], minlength=truth.n_gallery),
+        correction=corr,
+    )

@@ -1,0 +1,87 @@
+"""Ranking the rows of a stored query x gallery score matrix, block by block.
+
+The score-matrix counterpart of :func:`hubless.evaluation.rank_queries`: each block of rows of S
+is read once (a memory map is never loaded whole), its raw-neighbour statistics (DIS gates,
+CSLS's r_q) are taken from the rows, and every fitted correction ranks it with its own
+:meth:`~hubless.corrections.Correction.rank`, the hook its ``search`` and ``correct`` use. From
+each block come the rank of every relevant item (counted, never sorted) and the top ``depth`` ids.
+Blocks run on all cores; memory stays at a few blocks whatever the number of queries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from hubless.corrections import Correction, QueryBatch, QueryRequest, QueryStatistics
+from hubless.engine.parallel import run_blocks
+from hubless.engine.score_statistics import read_rows, row_blocks
+from hubless.engine.topk import RunningTopK
+from hubless.evaluation.core import Ranked
+from hubless.metrics.retrieval import relevant_ranks
+from hubless.metrics.truth import Truth
+
+__all__ = ["RANK_BLOCK_ELEMENTS", "rank_score_rows", "score_batch"]
+
+#: Scores per block of query rows (16 MiB of float32), per worker thread.
+RANK_BLOCK_ELEMENTS = 1 << 22
+
+
+def score_batch(corrections: Sequence[Correction], block: np.ndarray) -> QueryBatch:
+    """One batch of score rows for several corrections: the raw-neighbour statistics all of them
+    need (merged requests) from the rows themselves."""
+    request = QueryRequest()
+    for c in corrections:
+        request = request.merge(c.query_request)
+    stats = QueryStatistics.from_similarities(request, block) if request.depth else None
+    return QueryBatch(np.empty((block.shape[0], 0), np.float32), None, stats)
+
+
+def rank_score_rows(
+    corrections: Sequence[Correction],
+    scores,
+    truth: Truth,
+    *,
+    rows: np.ndarray | None = None,
+    ties: str = "index",
+    depth: int = 0,
+    progress: bool | None = None,
+    desc: str = "rank",
+) -> list[Ranked]:
+    """Rank rows of ``scores`` (n, n_gallery) for every correction fitted on this gallery.
+
+    ``rows``: the rows to rank, in ``truth``'s order (default: all); ``ties``: see :func:`hubless.metrics.relevant_ranks`. Returns one
+    :class:`~hubless.evaluation.core.Ranked` per correction, in order.
+    """
+    n_gallery = scores.shape[1]
+    rows = np.arange(scores.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+    contiguous = rows.size == 0 or (rows[0] == 0 and rows.size == scores.shape[0] and (np.diff(rows) == 1).all())
+    depth = min(depth, n_gallery)
+    fractional = ties == "average"
+    ranks = [np.empty(truth.indices.size, dtype=np.float64 if fractional else np.int64) for _ in corrections]
+    tops = [np.empty((rows.size, depth), dtype=np.int64) if depth else None for _ in corrections]
+    bounds = row_blocks(rows.size, n_gallery, RANK_BLOCK_ELEMENTS)
+    seconds = np.zeros((len(bounds), len(corrections)))
+    index = {b: i for i, b in enumerate(bounds)}
+
+    def work(start: int, stop: int) -> None:
+        t0 = time.perf_counter()
+        block = read_rows(scores, start, stop, "scores") if contiguous else read_rows(scores, 0, 0, "scores", rows=rows[start:stop])
+        batch = score_batch(corrections, block)
+        shared = time.perf_counter() - t0
+        sub = truth.subset(np.arange(start, stop))
+        lo, hi = truth.indptr[start], truth.indptr[stop]
+        for i, corr in enumerate(corrections):
+            t0 = time.perf_counter()
+            ranked = corr.rank(batch, block)
+            ranks[i][lo:hi] = relevant_ranks(ranked, sub, ties)
+            if depth:
+                best = RunningTopK(ranked.shape[0], depth, with_ids=True)
+                best.update(ranked)
+                tops[i][start:stop] = best.sorted()[1]
+            seconds[index[(start, stop)], i] = shared + time.perf_counter() - t0
+
+    run_blocks(work, bounds, progress=progress, desc=desc, unit="queries")
+    return [Ranked(r, t, float(s)) for r, t, s in zip(ranks, tops, seconds.sum(axis=0))]
