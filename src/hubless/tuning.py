@@ -25,7 +25,7 @@ from hubless._validation import as_embeddings
 from hubless.corrections import METHODS, fit_many, make_correction
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
-from hubless.metrics.retrieval import PerQuery, check_ks, per_query_metrics, summarize
+from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import load_truth
 
 __all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune"]
@@ -122,14 +122,17 @@ def tune(
     ks: Sequence[int] = (1, 5, 10),
     normalize: bool = True,
     progress: bool | None = None,
+    ties: str = "index",
 ) -> TuneResult:
     """Grid-search each method's parameters on the validation queries; returns the best per method.
 
     ``methods`` are method names (their grids come from ``grids`` or :data:`DEFAULT_GRIDS`).
     ``objective`` is a metric name (R@K for a K in ``ks``, MRR, mAP@R: higher is better; MdR,
     MnR: lower is better); ties go to the first grid point. ``test_queries`` (recommended) are
-    only used to check that no validation query is also a test query.
+    only used to check that no validation query is also a test query. ``ties``: the tie
+    convention of the ranks (see :func:`hubless.metrics.relevant_ranks`).
     """
+    check_ties(ties)
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     dim = gallery.shape[1]
     val = as_embeddings(val_queries, "validation queries", normalize=normalize, dim=dim, dim_of="the gallery")
@@ -154,7 +157,7 @@ def tune(
             raise InvalidInput(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
         points, corrections = [p for p, _ in candidates], [c for _, c in candidates]
         fit_many(corrections, gallery, query_bank, gallery_bank, progress=progress)
-        metrics = _validate_all(corrections, val, truth, ks, progress)
+        metrics = _validate_all(corrections, val, truth, ks, progress, ties)
         rows = [{**p, **m} for p, m in zip(points, metrics)]
         scores = np.array([sign * m[objective] for m in metrics])
         best = int(np.argmax(scores))
@@ -166,8 +169,10 @@ def tune(
     return result
 
 
-def _validate_all(corrections, queries: np.ndarray, truth, ks, progress) -> list[dict[str, float]]:
+def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: str = "index") -> list[dict[str, float]]:
     """Metrics of every fitted correction on the validation queries (one streamed pass: each
     block of raw similarities is shared by every grid point)."""
-    ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)")
+    ranked = rank_queries(
+        corrections, queries, truth, progress=progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)", ties=ties
+    )
     return [summarize(per_query_metrics(PerQuery(r.ranks, truth), ks)) for r in ranked]

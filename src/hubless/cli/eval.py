@@ -21,6 +21,7 @@ from hubless.cli._common import (
     warn_low_coverage,
     wide_console,
 )
+from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP, eval_scores, refuse_embeddings, refuse_scores
 from hubless.errors import InvalidInput
 
 
@@ -40,8 +41,8 @@ def print_results(ev, title: str) -> None:
 
 @friendly_errors
 def eval_command(
-    gallery: Path = typer.Option(..., help="Gallery embeddings (.npy, or .npz / file.npz:KEY), one row per item."),
-    queries: Path = typer.Option(..., help="Test query embeddings, same dimension."),
+    gallery: Path = typer.Option(None, help="Gallery embeddings (.npy, or .npz / file.npz:KEY), one row per item."),
+    queries: Path = typer.Option(None, help="Test query embeddings, same dimension."),
     truth: str = typer.Option(
         ..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."
     ),
@@ -77,12 +78,34 @@ def eval_command(
         "--eccv",
         help="COCO-5k only (gallery: the 5,000 test images, queries: their 25,000 captions, Karpathy order): also report ECCV Caption mAP@R, R-Precision, R@1 and CxC R@1, both directions (needs --gallery-bank as the image bank).",
     ),
+    ties: str = typer.Option("index", help=TIES_HELP),
+    scores: Path = typer.Option(
+        None, help="Instead of embeddings: query x gallery score matrix (.npy memory-mapped, .npz, or the QB-Norm authors' .pkl)."
+    ),
+    query_bank_scores: Path = typer.Option(None, help="With --scores: query bank x gallery scores (NNN, CSLS, IS, DIS, GC, ...)."),
+    gallery_bank_scores: Path = typer.Option(None, help="With --scores: gallery bank x gallery scores (DualIS/DualDIS)."),
+    query_mask: Path = typer.Option(None, help="With --scores: " + MASK_HELP),
+    transpose: bool = typer.Option(False, "--transpose", help="With --scores: " + TRANSPOSE_HELP),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
-    bootstrap CIs, the change vs the baseline and hubness. The baseline is always included."""
+    bootstrap CIs, the change vs the baseline and hubness. The baseline is always included.
+    With --scores, the same from score matrices (docs/score-matrices.md)."""
     import numpy as np
+
+    if scores is not None:
+        refuse_embeddings({"--gallery": gallery, "--queries": queries, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
+                           "--distractors": distractors, "--rerank": rerank, "--eccv": eccv})  # fmt: skip
+        return eval_scores(
+            scores=scores, truth=truth, query_bank_scores=query_bank_scores, gallery_bank_scores=gallery_bank_scores, method=method,
+            ks=ks, bootstrap=bootstrap, seed=seed, ties=ties, query_mask=query_mask, transpose=transpose, out=out, report=report,
+            progress=progress, overwrite=overwrite,
+        )  # fmt: skip
+    refuse_scores({"--query-bank-scores": query_bank_scores, "--gallery-bank-scores": gallery_bank_scores,
+                   "--query-mask": query_mask, "--transpose": transpose})  # fmt: skip
+    if gallery is None or queries is None:
+        raise typer.BadParameter("give --gallery and --queries (embeddings), or --scores (a score matrix)")
 
     from hubless._io import write_json
     from hubless.errors import check_available
@@ -101,7 +124,9 @@ def eval_command(
             raise InvalidInput(
                 "with several named query banks, eval writes tables and --out JSON; --report, --eccv and --rerank take one bank"
             )
-        return _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress)
+        return _eval_banks(
+            gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress, ties
+        )
     query_bank = None if not banks else banks[""]
     if report is not None:
         check_available("matplotlib", "--report", "report")
@@ -150,6 +175,7 @@ def eval_command(
         progress=progress,
         inputs={"files": inputs},
         distractors=extra,
+        ties=ties,
     )
     size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
     print_results(ev, f"{q.shape[0]} queries over {size}")
@@ -229,7 +255,9 @@ def parse_banks(values: list[str] | None) -> dict[str, Path] | None:
     return banks
 
 
-def _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress) -> None:
+def _eval_banks(
+    gallery, queries, truth, banks, gallery_bank, distractors, method, ks, bootstrap, seed, normalize, out, progress, ties="index"
+) -> None:
     """The bank robustness protocol (hubless.evaluation.robustness) from the command line."""
     from hubless.evaluation.robustness import evaluate_banks
 
@@ -239,7 +267,7 @@ def _eval_banks(gallery, queries, truth, banks, gallery_bank, distractors, metho
         g, load(queries, "queries", normalize=normalize, dim=g.shape[1]), truth, loaded, method,
         gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1]), ks=parse_ints(ks, "--ks"),
         bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=g.shape[1]),
-        progress=progress,
+        progress=progress, ties=ties,
     )  # fmt: skip
     print_banks(result, out)
 

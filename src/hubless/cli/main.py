@@ -14,6 +14,7 @@ from hubless.cli.eval import eval_command
 from hubless.cli.export import export_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
+from hubless.cli.scores import correct_command
 from hubless.cli.serve import serve_command
 from hubless.cli.tune import tune_command
 
@@ -62,6 +63,7 @@ app.command("eval")(eval_command)
 app.command("tune")(tune_command)
 app.command("embed")(embed_command)
 app.command("augment")(augment_command)
+app.command("correct")(correct_command)
 app.add_typer(data.app, name="data")
 app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")

@@ -19,13 +19,14 @@ from hubless.cli._common import (
     warn_low_coverage,
     wide_console,
 )
+from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP
 from hubless.errors import InvalidInput
 
 
 @friendly_errors
 def tune_command(
-    gallery: Path = typer.Option(..., help="Gallery embeddings (.npy/.npz)."),
-    validation_queries: Path = typer.Option(..., help="Validation queries: disjoint from the test queries and the query bank (checked)."),
+    gallery: Path = typer.Option(None, help="Gallery embeddings (.npy/.npz)."),
+    validation_queries: Path = typer.Option(None, help="Validation queries: disjoint from the test queries and the query bank (checked)."),
     validation_truth: str = typer.Option(..., help="Relevant gallery ids of each validation query (.npy/.json or t2i:5 / i2t:5)."),
     validation_gallery: Path = typer.Option(None, help="Gallery the validation queries search (default: --gallery)."),
     queries: Path = typer.Option(
@@ -48,15 +49,49 @@ def tune_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     out: Path = typer.Option(None, help="Write the choice, validation tables and test results as JSON."),
     report: Path = typer.Option(None, help="Write an HTML report (grid heat maps, tables)."),
+    ties: str = typer.Option("index", help=TIES_HELP),
+    validation_scores: Path = typer.Option(
+        None, help="Instead of embeddings: validation queries x gallery scores (.npy/.npz/.pkl), disjoint from the test and bank rows."
+    ),
+    validation_query_bank_scores: Path = typer.Option(
+        None, help="With --validation-scores over another gallery than --scores: the query bank's scores over it."
+    ),
+    validation_gallery_bank_scores: Path = typer.Option(None, help="Likewise the gallery bank's scores over the validation gallery."),
+    validation_query_mask: Path = typer.Option(None, help="With --validation-scores: its padding rows (see --query-mask)."),
+    scores: Path = typer.Option(None, help="With --validation-scores: test queries x gallery scores, evaluated with --truth."),
+    query_bank_scores: Path = typer.Option(None, help="With --validation-scores: query bank x gallery scores."),
+    gallery_bank_scores: Path = typer.Option(None, help="With --validation-scores: gallery bank x gallery scores (DualIS/DualDIS)."),
+    query_mask: Path = typer.Option(None, help="With --scores: " + MASK_HELP),
+    transpose: bool = typer.Option(False, "--transpose", help="With --validation-scores: " + TRANSPOSE_HELP),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Grid-search each method on the validation split (never on the test queries) and report
-    the chosen parameters; with --queries and --truth, evaluate them on the test queries."""
+    the chosen parameters; with --queries and --truth, evaluate them on the test queries.
+    With --validation-scores, the same from score matrices (docs/score-matrices.md)."""
     from hubless._io import write_json
     from hubless.cli.eval import parse_banks
+    from hubless.cli.scores import refuse_embeddings, refuse_scores, tune_scores_cli
     from hubless.evaluation import evaluate
     from hubless.tuning import tune
+
+    if validation_scores is not None:
+        refuse_embeddings({"--gallery": gallery, "--validation-queries": validation_queries, "--validation-gallery": validation_gallery,
+                           "--queries": queries, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
+                           "--distractors": distractors})  # fmt: skip
+        return tune_scores_cli(
+            validation_scores=validation_scores, validation_truth=validation_truth,
+            validation_query_bank_scores=validation_query_bank_scores, validation_gallery_bank_scores=validation_gallery_bank_scores,
+            validation_query_mask=validation_query_mask, scores=scores, truth=truth, query_bank_scores=query_bank_scores,
+            gallery_bank_scores=gallery_bank_scores, query_mask=query_mask, method=method, objective=objective, ks=ks,
+            bootstrap=bootstrap, ties=ties, transpose=transpose, out=out, report=report, progress=progress, overwrite=overwrite,
+        )  # fmt: skip
+    refuse_scores({"--scores": scores, "--query-bank-scores": query_bank_scores, "--gallery-bank-scores": gallery_bank_scores,
+                   "--validation-query-bank-scores": validation_query_bank_scores,
+                   "--validation-gallery-bank-scores": validation_gallery_bank_scores, "--query-mask": query_mask,
+                   "--validation-query-mask": validation_query_mask, "--transpose": transpose})  # fmt: skip
+    if gallery is None or validation_queries is None:
+        raise typer.BadParameter("give --gallery and --validation-queries (embeddings), or --validation-scores (a score matrix)")
 
     banks = parse_banks(query_bank)
     check_outputs(
@@ -76,7 +111,7 @@ def tune_command(
                 "with several named query banks, tune needs --queries and --truth and writes tables and --out JSON (no --report)"
             )
         return _tune_banks(gallery, validation_queries, validation_truth, validation_gallery, queries, truth, banks, gallery_bank,
-                           distractors, method, objective, ks, bootstrap, normalize, out, progress)  # fmt: skip
+                           distractors, method, objective, ks, bootstrap, normalize, out, progress, ties)  # fmt: skip
     query_bank = None if not banks else banks[""]
     g = load(gallery, "gallery", normalize=normalize)
     dim = g.shape[1]
@@ -93,7 +128,7 @@ def tune_command(
         raise typer.BadParameter("--distractors enlarge the test gallery: they need --queries and --truth")
     warn_low_coverage(vg if vg is not None else g, qb)
     tuned = tune(vg if vg is not None else g, vq, validation_truth, qb, method, gallery_bank=gb, test_queries=q,
-                 objective=objective, ks=k_list, normalize=normalize, progress=progress)  # fmt: skip
+                 objective=objective, ks=k_list, normalize=normalize, progress=progress, ties=ties)  # fmt: skip
     console = wide_console()
     table = Table(title=f"chosen on {vq.shape[0]} validation queries ({objective})")
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
@@ -109,7 +144,7 @@ def tune_command(
         from hubless.cli.eval import print_results
 
         ev = evaluate(g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize,
-                      progress=progress, distractors=extra)  # fmt: skip
+                      progress=progress, distractors=extra, ties=ties)  # fmt: skip
         size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
         print_results(ev, f"test: {q.shape[0]} queries over {size}, chosen parameters")
     if out is not None:
@@ -126,7 +161,7 @@ def tune_command(
 
 
 def _tune_banks(gallery, val_queries, val_truth, val_gallery, queries, truth, banks, gallery_bank, distractors, method, objective, ks,
-                bootstrap, normalize, out, progress) -> None:  # fmt: skip
+                bootstrap, normalize, out, progress, ties="index") -> None:  # fmt: skip
     """Tune and test with each named bank (hubless.evaluation.robustness.tune_banks)."""
     from hubless.cli.eval import print_banks
     from hubless.evaluation.robustness import tune_banks
@@ -140,6 +175,7 @@ def _tune_banks(gallery, val_queries, val_truth, val_gallery, queries, truth, ba
         val_gallery=load(val_gallery, "validation gallery", normalize=normalize, dim=dim),
         gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=dim), objective=objective, ks=parse_ints(ks, "--ks"),
         bootstrap=bootstrap, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=dim), progress=progress,
+        ties=ties,
     )  # fmt: skip
     for name, tuned in result.tuned.items():
         typer.echo(f"bank {name}: chosen {', '.join(tuned.best_specs)}")

@@ -73,12 +73,14 @@ def rank_queries(
     depth: int = 0,
     progress: bool | None = None,
     desc: str = "rank",
+    ties: str = "index",
 ) -> list[Ranked]:
     """Rank ``queries`` over the gallery for every fitted correction in one streamed pass.
 
     The corrections must be fitted on the same gallery array (as :func:`hubless.fit_many` and
     :func:`prepare_methods` + ``fit`` on one validated gallery give); ``truth`` describes the
-    queries. Returns one :class:`Ranked` per correction, in order.
+    queries; ``ties``: the tie convention of the ranks (see :func:`hubless.metrics.relevant_ranks`).
+    Returns one :class:`Ranked` per correction, in order.
     """
     if not corrections:
         return []
@@ -90,7 +92,7 @@ def rank_queries(
     batches = [c.queries(queries) for c in corrections]
     n_queries, n_gallery = len(batches[0]), gallery.shape[0]
     depth = min(depth, n_gallery)
-    ranks = [np.empty(truth.indices.size, dtype=np.int64) for _ in corrections]
+    ranks = [np.empty(truth.indices.size, dtype=np.float64 if ties == "average" else np.int64) for _ in corrections]
     tops = [np.empty((n_queries, depth), dtype=np.int64) if depth else None for _ in corrections]
     seconds = [0.0] * len(corrections)
     rows = query_block_rows(n_gallery)
@@ -105,7 +107,7 @@ def rank_queries(
         for i, corr in enumerate(corrections):
             t0 = time.perf_counter()
             scores = corr.rank(batches[i].rows(start, stop), sims)
-            ranks[i][lo:hi] = relevant_ranks(scores, sub)
+            ranks[i][lo:hi] = relevant_ranks(scores, sub, ties)
             if depth:
                 best = RunningTopK(scores.shape[0], depth, with_ids=True)
                 best.update(scores)

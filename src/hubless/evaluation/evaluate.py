@@ -28,7 +28,7 @@ from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
-from hubless.metrics.retrieval import PerQuery, check_ks, per_query_metrics, summarize
+from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import Truth, load_truth
 
 __all__ = ["Evaluation", "MethodResult", "evaluate"]
@@ -106,6 +106,7 @@ def evaluate(
     progress: bool | None = None,
     inputs: dict[str, Any] | None = None,
     distractors=None,
+    ties: str = "index",
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -116,7 +117,10 @@ def evaluate(
     gets its difference to it, with a paired bootstrap interval. ``bootstrap=0`` skips intervals.
     ``normalize`` applies to every method built from a spec. ``distractors``: extra gallery
     items that are never relevant, appended after the gallery (the distractor-enlarged galleries
-    of Geigle et al.): ``truth`` keeps referring to the gallery's own positions.
+    of Geigle et al.): ``truth`` keeps referring to the gallery's own positions. ``ties``: how
+    tied scores rank ("index": the lower gallery index first; "average": the mean of the tied
+    positions, the collaborative-experts metric of the QB-Norm tables; "optimistic"; see
+    :func:`hubless.metrics.relevant_ranks`).
     """
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
@@ -136,7 +140,10 @@ def evaluate(
         t0 = time.perf_counter()
         corr.fit(gallery, query_bank, gallery_bank, progress=progress)
         fit_seconds.append(time.perf_counter() - t0)
-    ranked = rank_queries(corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods")
+    check_ties(ties)
+    ranked = rank_queries(
+        corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
+    )
     results = [_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
     base = results[0]
     for r in results[1:]:
@@ -156,6 +163,7 @@ def evaluate(
         "bootstrap": int(bootstrap),
         "seed": int(seed),
         "normalize": bool(normalize),
+        "ties": ties,
     }
     described.update(inputs or {})
     return Evaluation(described, results, ks)

@@ -89,6 +89,7 @@ def evaluate_banks(
     normalize: bool = True,
     distractors=None,
     progress: bool | None = None,
+    ties: str = "index",
 ) -> BankEvaluation:
     """:func:`~hubless.evaluation.evaluate` with each query bank of ``banks`` (name -> array),
     the same queries, truth, methods, bootstrap seed and gallery; see the module docstring."""
@@ -107,6 +108,7 @@ def evaluate_banks(
             normalize=normalize,
             distractors=distractors,
             progress=progress,
+            ties=ties,
         )  # fmt: skip
         for name, b in checked.items()
     }
@@ -142,6 +144,7 @@ def tune_banks(
     normalize: bool = True,
     distractors=None,
     progress: bool | None = None,
+    ties: str = "index",
 ) -> BankEvaluation:
     """The protocol with every method tuned on the validation split separately for each bank
     (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
@@ -152,7 +155,7 @@ def tune_banks(
     evaluations, tuned = {}, {}
     for name, b in checked.items():
         tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
-                           ks=ks, normalize=normalize, progress=progress)  # fmt: skip
+                           ks=ks, normalize=normalize, progress=progress, ties=ties)  # fmt: skip
         evaluations[name] = evaluate(g, queries, truth, b, tuned[name].best_specs, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap,
-                                     seed=seed, normalize=normalize, distractors=distractors, progress=progress)  # fmt: skip
+                                     seed=seed, normalize=normalize, distractors=distractors, progress=progress, ties=ties)  # fmt: skip
     return BankEvaluation(evaluations, reports, tuned)

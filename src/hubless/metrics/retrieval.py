@@ -37,7 +37,17 @@ from hubless._validation import check_positive_int
 from hubless.errors import InvalidInput
 from hubless.metrics.truth import Truth
 
-__all__ = ["TIES", "PerQuery", "check_ks", "check_ties", "first_hit_ranks", "per_query_metrics", "recall_at_k", "relevant_ranks", "summarize"]
+__all__ = [
+    "TIES",
+    "PerQuery",
+    "check_ks",
+    "check_ties",
+    "first_hit_ranks",
+    "per_query_metrics",
+    "recall_at_k",
+    "relevant_ranks",
+    "summarize",
+]
 
 #: Elements compared at once when counting ranks (bounds the temporary boolean arrays).
 _COMPARE_ELEMENTS = 1 << 22

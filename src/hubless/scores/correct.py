@@ -130,15 +130,12 @@ def _write_matrix(corr: Correction, s, out: Path, ranking: bool, progress) -> Pa
 
     def write(path: str) -> None:
         target = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=s.shape)
-        try:
 
-            def work(start: int, stop: int) -> None:
-                target[start:stop] = _corrected(corr, s, start, stop, ranking)
+        def work(start: int, stop: int) -> None:
+            target[start:stop] = _corrected(corr, s, start, stop, ranking)
 
-            run_blocks(work, row_blocks(s.shape[0], s.shape[1], RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
-            target.flush()
-        finally:
-            del target
+        run_blocks(work, row_blocks(s.shape[0], s.shape[1], RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
+        target.flush()
 
     _atomic(out, write)
     return out
