@@ -102,11 +102,15 @@ def _npz_entry(file: Path, key: str | None) -> np.ndarray:
             if key not in names:
                 raise NotFound(f"{file} has no array {key!r}; it holds: {', '.join(names)}")
             info = archive.getinfo(f"{key}.npy")
-            if info.compress_type == zipfile.ZIP_STORED:
-                with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    shape, fortran, dtype = np.lib.format._read_array_header(member, version)  # noqa: SLF001 - no public reader for all versions
+            readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if info.compress_type == zipfile.ZIP_STORED and version in readers:
+                    shape, fortran, dtype = readers[version](member)
                     header = member.tell()
+                else:
+                    header = None
+            if header is not None:
                 with open(file, "rb") as fh:  # the local file header: 30 bytes + name + extra field
                     fh.seek(info.header_offset)
                     local = fh.read(30)
