@@ -70,3 +70,23 @@ def qdrant_server(tmp_path):
     yield client
     store._CLIENTS.pop(QDRANT_TEST_URL, None)
     client.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """End the run by saying what was skipped and why, grouped by reason (a fresh clone skips
+    what needs ../shared/data, a browser, a model's weights or a server it cannot start)."""
+    from collections import Counter
+
+    reasons = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if not reasons:
+        return
+    terminalreporter.section("skipped, and why")
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"{n:4d} skipped: {reason}")
+    terminalreporter.write_line(
+        "everything else ran; the reasons say what each skipped test needs (see README.md, 'What each part needs')."
+    )

@@ -10,7 +10,7 @@ from hubless.cli._common import friendly_errors
 from hubless.errors import InvalidInput
 
 app = typer.Typer(
-    help="Benchmark data: COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (fetch visogender, visogender).",
+    help="Example and benchmark data: synthetic embeddings under the names the docs use (synthetic), COCO and Flickr30k caption splits (fetch, export) and VisoGender metadata (fetch visogender, visogender).",
     no_args_is_help=True,
 )
 
@@ -96,3 +96,21 @@ def visogender_command(
     for name, arr in (("gallery.npy", gallery), ("queries.npy", q), ("query_bank.npy", bank)):
         save_npy(out / name, arr)
     typer.echo(f"wrote {len(rows)} VisoGender items and {len(queries)} neutral queries (synthetic embeddings, bias {bias}) to {out}")
+
+
+@app.command("synthetic")
+@friendly_errors
+def synthetic_command(
+    out: Path = typer.Option(..., help="Folder to write the files into (created if needed)."),
+    n_items: int = typer.Option(1000, help="Gallery items (images); each has 5 captions as queries."),
+    dim: int = typer.Option(64, help="Dimension of the embeddings."),
+    seed: int = typer.Option(0, help="Seed (the demo's default is 0)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace files of these names that exist in --out."),
+) -> None:
+    """Write the demo's synthetic embeddings (images, captions, banks, a validation split, new items)
+    under the file names every example of the docs uses: images.npy, captions.npy, bank_captions.npy ..."""
+    from hubless.data.synthetic import EXAMPLE_FILES, write_example_files
+
+    written = write_example_files(out, n_items=n_items, dim=dim, seed=seed, overwrite=overwrite)
+    for path in written:
+        typer.echo(f"wrote {path}: {EXAMPLE_FILES[path.name]}")

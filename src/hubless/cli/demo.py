@@ -20,6 +20,11 @@ def demo(
         False, "--serve", help="Then serve the demo's NNN index and its web page on 127.0.0.1 (needs the serve extra)."
     ),
     port: int = typer.Option(8000, help="With --serve: the port."),
+    data_out: Path = typer.Option(
+        None,
+        "--data",
+        help="Also write the demo's embeddings into this folder under the names the docs use (images.npy, captions.npy, ...).",
+    ),
 ) -> None:
     """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
@@ -36,6 +41,11 @@ def demo(
         except MissingDependencyError as exc:
             print_note(f"{exc}; the report is skipped")
             report = Path("")
+    if data_out is not None:
+        from hubless.data.synthetic import write_example_files
+
+        written = write_example_files(data_out, n_items=n_items, seed=seed)
+        typer.echo(f"wrote the demo's data: {len(written)} files in {data_out} (images.npy, captions.npy, bank_captions.npy, ...)")
     data = make_retrieval_data(n_items=n_items, seed=seed)
     ev = run_demo(data, progress=progress)
     base = ev.results[0]

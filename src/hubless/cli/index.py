@@ -47,10 +47,13 @@ def build_command(
     work_dir: Path = typer.Option(None, help="With --ray: keep finished tiles here; a rerun computes only the missing ones."),
 ) -> None:
     """Fit the correction on the banks, index each item with its bias appended, save atomically."""
+    from hubless.errors import check_available
     from hubless.index import Index
 
-    if out.exists() and not overwrite:
+    if out.exists() and not overwrite and not _empty_dir(out):
         raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
+    if metadata is not None:  # saved as parquet: say so before the work, not after it
+        check_available("pyarrow", "saving item metadata (--metadata)", "index")
     if ray or address:
         index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
     else:
@@ -69,6 +72,11 @@ def build_command(
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
     typer.echo(f"built {index!r} in {index.config.build_seconds:.1f}s -> {out}")
+
+
+def _empty_dir(path: Path) -> bool:
+    """An empty directory (e.g. made for the index beforehand): the build may write into it."""
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 
 def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress):
@@ -118,6 +126,10 @@ def add_command(
 
     if embeddings is None and query_bank is None and gallery_bank is None:
         raise typer.BadParameter("pass --embeddings (new items), --query-bank and/or --gallery-bank (new bank items)")
+    if metadata is not None:
+        from hubless.errors import check_available
+
+        check_available("pyarrow", "saving item metadata (--metadata)", "index")
     with Index.update(path) as index:  # locked from load to save: concurrent adds never lose a batch
         corr = index.correction
         if query_bank is not None:

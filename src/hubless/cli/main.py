@@ -18,6 +18,25 @@ from hubless.cli.scores import correct_command
 from hubless.cli.serve import serve_command
 from hubless.cli.tune import tune_command
 
+
+def _flags_show_no_type() -> None:
+    """A flag (--overwrite, --no-progress, --help) takes no value, but typer 0.29's help shows each
+    with a ``<bool>`` type as if it did: show none (every other option keeps its type)."""
+    from typer.core import TyperOption
+
+    original = TyperOption.display_type_rich
+    if getattr(original, "hubless", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else original(self, ctx)
+
+    display_type_rich.hubless = True
+    TyperOption.display_type_rich = display_type_rich
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="hubless",
     help="Training-free hubness corrections for text-image retrieval (NNN, QB-Norm, DBNorm, DN, CSLS, GC).",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hubless.errors import InvalidInput
+from hubless.errors import AlreadyExists, InvalidInput
 
-__all__ = ["SyntheticRetrieval", "make_retrieval_data"]
+__all__ = ["EXAMPLE_FILES", "SyntheticRetrieval", "make_retrieval_data", "write_example_files"]
 
 
 @dataclass
@@ -32,7 +32,8 @@ class SyntheticRetrieval:
 
     gallery (n_items, d), queries (n_items * captions_per_item, d), query_item (n_queries,) the
     gallery index each query describes; query_bank and gallery_bank are references drawn from
-    other items; val_* is a disjoint split (its own gallery and queries) for tuning.
+    other items; val_* is a disjoint split (its own gallery and queries) for tuning; extra_* (with
+    ``n_extra_items``) are further items and their captions, drawn last, for growing a gallery.
     """
 
     gallery: np.ndarray
@@ -44,6 +45,8 @@ class SyntheticRetrieval:
     val_queries: np.ndarray
     val_query_item: np.ndarray
     captions_per_item: int
+    extra_gallery: np.ndarray | None = None
+    extra_queries: np.ndarray | None = None
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -63,18 +66,22 @@ def make_retrieval_data(
     n_topics: int = 25,
     modality_gap: float = 0.3,
     seed: int = 0,
+    n_extra_items: int = 0,
 ) -> SyntheticRetrieval:
     """Generate a benchmark (see the module docstring for the model).
 
     ``hubness`` scales the popularity pull (0 gives no planted hubs); ``noise`` scales the
     per-embedding noise (higher is harder: with the defaults, text->image R@1 is about 39%
-    uncorrected and about 45% with NNN).
+    uncorrected and about 45% with NNN). ``n_extra_items`` draws that many more items (and their
+    captions) after everything else, so the other arrays are the same with or without them.
     """
     for name, value in (("n_items", n_items), ("captions_per_item", captions_per_item), ("dim", dim)):
         if value < 1:
             raise InvalidInput(f"{name} must be >= 1; got {value}")
     if min(n_query_bank, n_gallery_bank, n_val_items, n_topics) < 1:
         raise InvalidInput("bank sizes, n_val_items and n_topics must be >= 1")
+    if n_extra_items < 0:
+        raise InvalidInput(f"n_extra_items must be >= 0; got {n_extra_items}")
     rng = np.random.default_rng(seed)
     topics = _unit(rng.standard_normal((n_topics, dim)))
     gap = _unit(rng.standard_normal((1, dim)))[0] * modality_gap
@@ -101,6 +108,7 @@ def make_retrieval_data(
     query_bank = captions(content(bank_items)[0])[:n_query_bank]
     gallery_bank = images(*content(n_gallery_bank))
     val_gallery, val_queries, val_query_item = split(n_val_items)
+    extra_gallery, extra_queries, _ = split(n_extra_items) if n_extra_items else (None, None, None)
     return SyntheticRetrieval(
         gallery=gallery,
         queries=queries,
@@ -111,4 +119,86 @@ def make_retrieval_data(
         val_queries=val_queries,
         val_query_item=val_query_item,
         captions_per_item=captions_per_item,
+        extra_gallery=extra_gallery,
+        extra_queries=extra_queries,
     )
+
+
+#: The files :func:`write_example_files` writes, with what each holds: the names every example
+#: of the README and the documentation uses.
+EXAMPLE_FILES = {
+    "images.npy": "the gallery: one embedding per image",
+    "captions.npy": "the test queries: 5 captions per image, caption j describes image j // 5 (truth t2i:5)",
+    "truth.npy": "the image each caption describes (the same as --truth t2i:5)",
+    "bank_captions.npy": "the query bank: captions of other images (reference data the corrections are fitted on)",
+    "bank_images.npy": "the gallery bank: other images (DualIS, DualDIS, DN)",
+    "val_images.npy": "a validation split for tuning: its own images ...",
+    "val_captions.npy": "... their captions ...",
+    "val_truth.npy": "... and the image each of them describes",
+    "new_images.npy": "100 more images, to add to an index",
+    "new.meta.json": "their metadata",
+    "more_captions.npy": "1,000 more bank captions, to grow a bank",
+    "distractors.npy": "500 images never relevant to any query (eval --distractors)",
+    "images.meta.json": "the gallery's metadata (a caption per image), as `hubless embed` writes it",
+    "example.json": "what wrote these files (hubless, with the parameters): a rerun may replace them",
+}
+N_NEW, N_DISTRACTORS, N_MORE_ITEMS = 100, 500, 200
+
+
+def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 0, overwrite: bool = False) -> list:
+    """Write :func:`make_retrieval_data`'s benchmark into the folder ``out`` under the names of
+    :data:`EXAMPLE_FILES` (the demo's data with the demo's defaults: ``hubless eval`` on them
+    reproduces ``hubless demo``'s numbers). Existing files of these names are refused before
+    anything is written, unless ``overwrite`` or the folder's ``example.json`` says an earlier
+    call wrote them; each file is written atomically. Returns the paths written."""
+    import json
+    from pathlib import Path
+
+    from hubless._io import save_npy, write_text
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AlreadyExists(f"{out} exists and is not a folder")
+    existing = [name for name in EXAMPLE_FILES if (out / name).exists() or (out / name).is_symlink()]
+    if existing and not (overwrite or _written_here(out / "example.json")):
+        raise AlreadyExists(f"{out / existing[0]} exists ({len(existing)} of the files); pass --overwrite to replace them")
+    data = make_retrieval_data(n_items=n_items, dim=dim, seed=seed, n_extra_items=N_NEW + N_DISTRACTORS + N_MORE_ITEMS)
+    cpi = data.captions_per_item
+    extra, extra_captions = data.extra_gallery, data.extra_queries
+    arrays = {
+        "images.npy": data.gallery,
+        "captions.npy": data.queries,
+        "truth.npy": data.query_item.astype(np.int64),
+        "bank_captions.npy": data.query_bank,
+        "bank_images.npy": data.gallery_bank,
+        "val_images.npy": data.val_gallery,
+        "val_captions.npy": data.val_queries,
+        "val_truth.npy": data.val_query_item.astype(np.int64),
+        "new_images.npy": extra[:N_NEW],
+        "distractors.npy": extra[N_NEW : N_NEW + N_DISTRACTORS],
+        "more_captions.npy": extra_captions[(N_NEW + N_DISTRACTORS) * cpi :],
+    }
+    written = [save_npy(out / name, array) for name, array in arrays.items()]
+
+    def meta(n: int, first: int, what: str) -> str:
+        items = [{"index": i, "caption": f"{what} {first + i} (synthetic)"} for i in range(n)]
+        return json.dumps({"model": "synthetic", "dim": dim, "items": items}, indent=1) + "\n"
+
+    written.append(write_text(out / "images.meta.json", meta(n_items, 0, "image")))
+    written.append(write_text(out / "new.meta.json", meta(N_NEW, n_items, "image")))
+    from hubless import __version__
+
+    marker = {"generator": f"hubless {__version__}", "function": "hubless.data.synthetic.write_example_files"}
+    marker.update(n_items=n_items, dim=dim, seed=seed, files=[p.name for p in written])
+    written.append(write_text(out / "example.json", json.dumps(marker, indent=1) + "\n"))
+    return written
+
+
+def _written_here(marker) -> bool:
+    """Whether ``marker`` is the example.json of an earlier :func:`write_example_files`."""
+    import json
+
+    try:
+        return json.loads(marker.read_text()).get("function") == "hubless.data.synthetic.write_example_files"
+    except (OSError, ValueError, AttributeError):
+        return False

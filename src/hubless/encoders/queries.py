@@ -35,6 +35,10 @@ def encode_queries(
     ``expected_dim`` (the index's dimension), a model of another dimension is refused before any
     search. Unreadable images fail with the file's name (a query is never silently dropped).
     """
+    if model is None or (isinstance(model, str) and not model.strip()):
+        raise InvalidInput(
+            "no model to encode the queries with: pass a model name or folder (an index built without model=... / --model records none)"
+        )
     if (texts is None) == (images is None):
         raise InvalidInput("give exactly one of texts= or images=")
     items = list(texts if texts is not None else images)

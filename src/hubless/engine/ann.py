@@ -80,7 +80,9 @@ def ivf_topk(gallery: np.ndarray, bank: np.ndarray, k: int, *, nlist: int, nprob
     on CPUs). Missing slots (lists smaller than k) hold -1, the floor of a cosine."""
     nlist = int(min(nlist, bank.shape[0]))
     nprobe = int(min(nprobe, nlist))
-    km = faiss.Kmeans(bank.shape[1], nlist, niter=10, spherical=True, seed=seed, max_points_per_centroid=32, verbose=False)
+    km = faiss.Kmeans(
+        bank.shape[1], nlist, niter=10, spherical=True, seed=seed, max_points_per_centroid=32, min_points_per_centroid=1, verbose=False
+    )
     km.train(bank)
     centroids = np.ascontiguousarray(km.centroids, dtype=np.float32)
     list_of = exact_search(bank, centroids, 1)[1][:, 0]

@@ -51,7 +51,23 @@ def _connect(url: str):
     from qdrant_client import QdrantClient
 
     if url not in _CLIENTS:
-        _CLIENTS[url] = QdrantClient(url=url)
+        from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+        import warnings
+
+        with warnings.catch_warnings():  # an unreachable server: the probe below says so, once
+            warnings.filterwarnings("ignore", message="Failed to obtain server version")
+            client = QdrantClient(url=url)
+        try:  # the client connects lazily: reach the server now, so a wrong URL is one clear error
+            client.get_collections()
+        except (ResponseHandlingException, UnexpectedResponse) as exc:
+            client.close()
+            if isinstance(exc, UnexpectedResponse):
+                detail = f"it answered HTTP {exc.status_code} {exc.reason_phrase} (is it a Qdrant server? an API key?)"
+            else:
+                detail = " ".join(str(exc).split())
+            raise ConnectionError(f"cannot reach the Qdrant server at {url}: {detail}") from None
+        _CLIENTS[url] = client
     return _CLIENTS[url]
 
 

@@ -29,7 +29,7 @@ import faiss
 import numpy as np
 
 from hubless.errors import InvalidInput
-from hubless.index.factory import check_factory
+from hubless.index.factory import POINTS_PER_CENTROID, check_factory
 
 __all__ = [
     "add_rows",
@@ -104,12 +104,28 @@ def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented
             raise InvalidInput(
                 f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {n_gallery}); use fewer lists or Flat"
             )
-        km = faiss.Kmeans(unit_sample.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False)
+        _warn_few_training_items(factory, unit_sample.shape[0], ivf.nlist)
+        # min_points_per_centroid=1: FAISS would print its own "WARNING clustering ..." line to
+        # stderr (past any Python handler); the warning above says it once, in hubless's words.
+        km = faiss.Kmeans(unit_sample.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False, min_points_per_centroid=1)
         km.train(np.ascontiguousarray(unit_sample, dtype=np.float32))
         ivf.quantizer.add(_pad(km.centroids, dim))
     if not index.is_trained:
         index.train(_pad(augmented_sample, dim))
     return index, dim
+
+
+def _warn_few_training_items(factory: str, n_train: int, nlist: int) -> None:
+    """Warn (a Python warning, shown once by the CLI) when k-means gets fewer than FAISS's
+    recommended 39 training items per inverted list: the lists may come out uneven."""
+    if n_train < POINTS_PER_CENTROID * nlist:
+        import warnings
+
+        warnings.warn(
+            f"{factory}: {n_train} training items for {nlist} lists (FAISS recommends at least {POINTS_PER_CENTROID} per list, "
+            f"{POINTS_PER_CENTROID * nlist}); the lists may be uneven: use fewer lists (e.g. IVF{max(1, n_train // POINTS_PER_CENTROID)},Flat) or Flat",
+            stacklevel=3,
+        )
 
 
 def add_rows(index, unit: np.ndarray, augmented: np.ndarray) -> None:

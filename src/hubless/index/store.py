@@ -30,6 +30,7 @@ reading it, and reports damage as a ValueError naming the damaged file. Indexes 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -121,6 +122,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
 
 
 def _save(path: Path, faiss_index, faiss_dim, corr: Correction, config: IndexConfig, banks, metadata) -> Path:
+    created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     previous = _pointed_version(path)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path))
@@ -158,6 +160,9 @@ def _save(path: Path, faiss_index, faiss_dim, corr: Correction, config: IndexCon
         _fsync_dir(path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created:  # a failed first save leaves no empty directory behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
         raise
     _clean(path, keep={version, previous})
     return path
