@@ -53,11 +53,9 @@ def _connect(url: str):
     if url not in _CLIENTS:
         from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-        import warnings
-
-        with warnings.catch_warnings():  # an unreachable server: the probe below says so, once
-            warnings.filterwarnings("ignore", message="Failed to obtain server version")
-            client = QdrantClient(url=url)
+        # check_compatibility=False: its version check runs in a thread of its own and only
+        # warns; the probe below reaches the server before any work and fails in one line.
+        client = QdrantClient(url=url, check_compatibility=False)
         try:  # the client connects lazily: reach the server now, so a wrong URL is one clear error
             client.get_collections()
         except (ResponseHandlingException, UnexpectedResponse) as exc:
