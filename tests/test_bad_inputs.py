@@ -84,12 +84,10 @@ def test_bad_input_is_one_clear_line(files, case):
 
 
 def test_unexpected_errors_are_one_line_unless_debugging(files, monkeypatch):
-    import hubless.cli.index as cli_index
 
     def broken(*args, **kwargs):
         raise RuntimeError("something nobody expected")
 
-    monkeypatch.setattr(cli_index, "print_note", broken)
     monkeypatch.setattr("hubless.index.Index.info", broken)
     result = runner.invoke(app, ["index", "info", str(files / "idx")])
     assert result.exit_code == 1 and "unexpected RuntimeError: something nobody expected" in result.output
