@@ -53,7 +53,7 @@ CASES = {
     "truth id beyond int64": (lambda r: eval_args(r, truth="huge_ids.json"), "no gallery position"),
     "k larger than the bank": (lambda r: eval_args(r, method="nnn:k=100000"), "exceeds the size of the query bank"),
     "negative shape": (lambda r: eval_args(r, gallery="negative.npy"), "invalid shape"),
-    "a directory as embeddings": (lambda r: eval_args(r, gallery="adir"), "is a directory"),
+    "an empty directory as embeddings": (lambda r: eval_args(r, gallery="adir"), "holds no .npy or .parquet shards"),
     "a FIFO as embeddings": (lambda r: eval_args(r, gallery="fifo"), "not a regular file"),
     "a missing file": (lambda r: eval_args(r, gallery="nope.npy"), "no such file"),
     "nprobe -1": (lambda r: ["search", str(r / "idx"), "--queries", str(r / "q.npy"), "--nprobe", "-1"], "nprobe must be >= 1"),

@@ -116,7 +116,7 @@ def test_cli_search_on_a_store_equals_the_index(tmp_path):
     uri = f"lancedb://{tmp_path / 'db'}/gallery"
     export(index, uri)
     np.save(tmp_path / "q.npy", q)
-    result = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json", "--alpha", "0.3"])
+    result = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json", "--weight", "0.3"])
     assert result.exit_code == 0, result.output
     _, ids = index.search(q, 5, alpha=0.3)
     lines = [_json.loads(line) for line in result.output.strip().splitlines()]

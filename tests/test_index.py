@@ -249,7 +249,7 @@ def test_cli_build_info_add_search(data, tmp_path):
     assert r.exit_code == 0 and "IVF16,Flat" in r.output and "1000" in r.output
     r = runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy")])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--top-k", "4", "--alpha", "0.5", "--json"])
+    r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--top-k", "4", "--weight", "0.5", "--json"])
     assert r.exit_code == 0, r.output
     lines = [json.loads(line) for line in r.output.strip().splitlines()]
     assert len(lines) == 3 and len(lines[0]["results"]) == 4

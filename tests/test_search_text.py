@@ -58,7 +58,7 @@ def test_text_queries_match_embedded_queries(setup):
 
 def test_image_query_finds_itself(setup):
     root, _, _, paths = setup
-    result = runner.invoke(app, ["search", str(root / "idx"), "--image", paths[3], "--top-k", "3", "--json", "--alpha", "0"])
+    result = runner.invoke(app, ["search", str(root / "idx"), "--image", paths[3], "--top-k", "3", "--json", "--weight", "0"])
     assert result.exit_code == 0, result.output
     assert _results(result.output)[0][0] == 3  # uncorrected, an image is its own nearest neighbour
 

@@ -158,7 +158,7 @@ def test_use_before_fit():
 
 
 def test_wrong_search_keyword(fitted, small_data):
-    with pytest.raises(TypeError, match="only alpha="):
+    with pytest.raises(TypeError, match="accepts weight= or alpha="):
         fitted.search(small_data["queries"], lam=0.3)
     with pytest.raises(TypeError, match="no weight override"):
         hubless.InvertedSoftmax().fit(small_data["gallery"], small_data["query_bank"]).search(small_data["queries"], alpha=0.3)

@@ -78,17 +78,27 @@ def load_clip_retrieval(folder: str | os.PathLike, modality: str = "img", *, wit
     return embeddings, records
 
 
+def is_clip_retrieval(folder: Path) -> bool:
+    """Whether a folder is clip-retrieval output (it has ``img_emb/`` or ``text_emb/``)."""
+    return (folder / "img_emb").is_dir() or (folder / "text_emb").is_dir()
+
+
 def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = True) -> np.ndarray:
     """Load one array from ``.npy`` or ``.npz`` (``key`` or ``"file.npz:key"`` picks an entry; an
-    archive holding a single array needs none), or from a clip-retrieval output folder
-    (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings).
-    Object arrays (pickles) are refused."""
+    archive holding a single array needs none), from a clip-retrieval output folder
+    (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings), or from a
+    folder of ``.npy`` / parquet shards (concatenated in natural order: ``part-2`` before
+    ``part-10``), the same rows :func:`hubless.distributed.sources.open_source` reads from it, so
+    a folder means one thing with and without ``--ray``. Object arrays (pickles) are refused."""
     file, inline_key = split_key(path)
     key = key or inline_key
-    if file.is_dir() and ((file / "img_emb").is_dir() or (file / "text_emb").is_dir()):
+    if file.is_dir() and is_clip_retrieval(file):
         return load_clip_retrieval(file, key or "img")
     if file.is_dir():
-        raise IsADirectoryError(f"{file} is a directory, not a .npy/.npz file (nor a clip-retrieval folder with img_emb/ or text_emb/)")
+        from hubless.distributed.sources import open_source
+
+        source = open_source(file)
+        return source.read(0, source.n_rows)
     if file.exists() and not file.is_file():
         raise InvalidInput(f"{file} is not a regular file (a FIFO or device?); give a .npy or .npz file")
     if not file.is_file():

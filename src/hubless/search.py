@@ -361,10 +361,9 @@ class Searcher:
     def _options(self, index, weight, where, nprobe, ef_search, rescore) -> dict:
         options: dict[str, Any] = {}
         if weight is not None:
-            param = index.correction.weight_param
-            if param is None:
+            if index.correction.weight_param is None:
                 raise InvalidInput(f"{index.correction.spec} has no query-time weight to set")
-            options[param] = weight
+            options["weight"] = weight
         if where is not None:
             options["where"] = where
         for key, value in (("nprobe", nprobe), ("ef_search", ef_search), ("rescore", rescore)):
@@ -390,7 +389,12 @@ class Searcher:
             )
         k = min(self.rerank_k, index.ntotal)
         pipe = Pipeline(
-            index, self.reranker, k=k, fusion=self.fusion, lam=self.fusion_weight, gallery_items=[str(m.get(column, "")) for m in meta]
+            index,
+            self.reranker,
+            k=k,
+            fusion=self.fusion,
+            fusion_weight=self.fusion_weight,
+            gallery_items=[str(m.get(column, "")) for m in meta],
         )
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores

@@ -121,6 +121,17 @@ def friendly_errors(func: Callable) -> Callable:
     return wrapper
 
 
+def deprecated_flag(value, old_value, old: str, new: str):
+    """The value of option ``new``, or of its deprecated spelling ``old`` (with a warning saying
+    so); both at once is an error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise typer.BadParameter(f"{old} is the old name of {new}: give only {new}")
+    print_note(f"{old} is deprecated: use {new}", "warning")
+    return old_value
+
+
 def wide_console() -> Console:
     """A console for result tables (markup off): on a terminal its width, otherwise (pipes, CI
     logs) 160 columns so tables are not folded."""

@@ -68,7 +68,8 @@ def eval_command(
     ),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
     fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
-    lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
+    fusion_weight: float = typer.Option(None, help="Weight of the bi-encoder score in fusion (default 0.1)."),
+    lam: float = typer.Option(None, hidden=True, help="Deprecated name of --fusion-weight."),
     gallery_items: Path = typer.Option(
         None, help="With --rerank: the gallery items (image paths or texts), .txt/.json or an embed .meta.json."
     ),
@@ -108,6 +109,10 @@ def eval_command(
         raise typer.BadParameter("give --gallery and --queries (embeddings), or --scores (a score matrix)")
 
     from hubless._io import write_json
+    from hubless.cli._common import deprecated_flag
+
+    fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
+    fusion_weight = 0.1 if fusion_weight is None else fusion_weight
     from hubless.errors import check_available
     from hubless.evaluation import evaluate
 
@@ -182,7 +187,7 @@ def eval_command(
     if eccv:
         _eccv(ev, q, qb, gb, progress)
     if rerank:
-        _rerank(ev, q, truth, reranker, rerank, rerank_k, fusion, lam, gallery_items, query_items, progress)
+        _rerank(ev, q, truth, reranker, rerank, rerank_k, fusion, fusion_weight, gallery_items, query_items, progress)
     if out is not None:
         write_json(out, {**generator_mark(), **ev.to_dict()})
         typer.echo(f"results: {out}")
@@ -209,7 +214,7 @@ def _eccv(ev, captions, caption_bank, image_bank, progress) -> None:
     wide_console().print(table)
 
 
-def _rerank(ev, q, truth, reranker, model, k, fusion, lam, gallery_items, query_items, progress) -> None:
+def _rerank(ev, q, truth, reranker, model, k, fusion, fusion_weight, gallery_items, query_items, progress) -> None:
     """Rerank every method's top k with a cross-encoder; add retrieve vs retrieve+rerank R@K."""
     from hubless.inputs import read_items
     from hubless.metrics import load_truth
@@ -227,7 +232,7 @@ def _rerank(ev, q, truth, reranker, model, k, fusion, lam, gallery_items, query_
         table.add_column(f"R@{k_} retrieve -> +rerank", justify="right")
     table.add_column("ms/query retrieve, rerank", justify="right")
     for r in ev.results:
-        pipe = Pipeline(r.correction, reranker, k=k, fusion=fusion, lam=lam, gallery_items=g_items)
+        pipe = Pipeline(r.correction, reranker, k=k, fusion=fusion, fusion_weight=fusion_weight, gallery_items=g_items)
         res = rerank_eval(pipe, q, q_items, truth, ks=ks, progress=progress)
         r.extra["rerank"] = res
         cells = [f"{res['retrieve'][f'R@{k_}']:.2f} -> {res['retrieve+rerank'][f'R@{k_}']:.2f}" for k_ in ks]

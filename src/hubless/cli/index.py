@@ -216,7 +216,8 @@ def search_command(
     ),
     device: str = typer.Option(None, help="Device for --model: cpu, cuda, ... (default: CUDA when available)."),
     top_k: int = typer.Option(10, help="Results per query."),
-    alpha: float = typer.Option(None, help="Weight of the bias for this search (NNN's alpha, DN's lambda); default: the index's."),
+    weight: float = typer.Option(None, help="The correction's weight for this search (NNN's alpha, DN's lambda); default: the index's."),
+    alpha: float = typer.Option(None, hidden=True, help="Deprecated name of --weight."),
     nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's; on a LanceDB store, its partitions probed)."),
     ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a pgvector or Qdrant store, its ef)."),
     rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
@@ -224,15 +225,20 @@ def search_command(
     rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
     fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
-    lam: float = typer.Option(0.1, help="Weight of the bi-encoder score in fusion."),
+    fusion_weight: float = typer.Option(None, help="Weight of the bi-encoder score in fusion (default 0.1)."),
+    lam: float = typer.Option(None, hidden=True, help="Deprecated name of --fusion-weight."),
     query_items: Path = typer.Option(None, help="With --rerank: the query texts / image paths (.txt, .json or an embed .meta.json)."),
     item_column: str = typer.Option(
         None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text, caption or item)."
     ),
 ) -> None:
     """Search a saved index (or a store it was exported to); scores are the method's own, ids are gallery positions."""
+    from hubless.cli._common import deprecated_flag
     from hubless.export.base import is_store_uri
 
+    weight = deprecated_flag(weight, alpha, "--alpha", "--weight")
+    fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
+    fusion_weight = 0.1 if fusion_weight is None else fusion_weight
     given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
     if len(given) != 1:
         raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
@@ -252,11 +258,11 @@ def search_command(
         knobs = {"nprobes": nprobe} if nprobe is not None else {}  # LanceDB's partitions probed
         if ef_search is not None:  # pgvector's hnsw.ef_search, Qdrant's hnsw_ef
             knobs.update(ef_search=ef_search, hnsw_ef=ef_search)
-        return _search_store(path, q, items, top_k, alpha, knobs, as_json)
+        return _search_store(path, q, items, top_k, weight, knobs, as_json)
     from hubless.search import Searcher
 
     searcher = Searcher({Path(path).name: Path(path)}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
-                        reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=lam, rerank_column=item_column)  # fmt: skip
+                        reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
     index = searcher.index()
     embeddings = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
     reranked_items = None
@@ -271,7 +277,7 @@ def search_command(
         texts=items if (text or texts) else None,
         images=items if image else None,
         top_k=top_k,
-        weight=alpha,
+        weight=weight,
         rerank=bool(rerank),
         query_items=reranked_items,
         nprobe=nprobe,
@@ -329,11 +335,11 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
         typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
 
 
-def _search_store(uri: str, q, query_texts, top_k: int, alpha: float | None, knobs: dict, as_json: bool) -> None:
+def _search_store(uri: str, q, query_texts, top_k: int, weight: float | None, knobs: dict, as_json: bool) -> None:
     """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
     import hubless.export
 
-    scores, ids, rows = hubless.export.search(uri, q, top_k, **knobs, **({} if alpha is None else {"alpha": alpha}))
+    scores, ids, rows = hubless.export.search(uri, q, top_k, **knobs, **({} if weight is None else {"weight": weight}))
 
     def record(i, rank, j):
         return {k: x for k, x in rows[i][rank].items() if k != "id"}

@@ -32,7 +32,7 @@ from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_sta
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
 
-__all__ = ["Correction", "AdditiveCorrection", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
+__all__ = ["Correction", "AdditiveCorrection", "QuerySide", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
 
 #: The most scores one block of :meth:`Correction.score` computes at once (bounds the
 #: temporaries, not the output).
@@ -112,10 +112,11 @@ class Correction:
             self.check_weight(getattr(self, self.weight_param))
 
     @classmethod
-    def check_weight(cls, value) -> np.ndarray:
+    def check_weight(cls, value, name: str | None = None) -> np.ndarray:
         """The one rule for the weight w, in the constructor and per call: finite and >= 0
-        (w = 0 is the baseline; a negative weight would reward hubs). Returns float64."""
-        name = cls.weight_param or "weight"
+        (w = 0 is the baseline; a negative weight would reward hubs). Returns float64.
+        ``name``: the argument named in an error (default: the method's parameter)."""
+        name = name or cls.weight_param or "weight"
         array = np.asarray(value)
         if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
             raise InvalidType(f"{name} must be a real number (or one per query); got {value!r}")
@@ -387,14 +388,17 @@ class Correction:
         return ranked if ranking else np.asarray(self.method_scores(batch, ranked), dtype=np.float32)
 
     def _weight_override(self, weight: dict, n_queries: int) -> np.ndarray | None:
+        """This call's weight: ``weight=`` (every method's name for it) or the method's own
+        parameter name (``alpha=`` for NNN, ``lam=`` for DN), not both."""
         if not weight:
             return None
-        if self.weight_param is None or set(weight) != {self.weight_param}:
-            allowed = f"only {self.weight_param}=" if self.weight_param else "no weight override"
+        allowed = f"weight= or {self.weight_param}=" if self.weight_param else "no weight override (it has no query-time weight)"
+        if self.weight_param is None or len(weight) != 1 or not set(weight) <= {"weight", self.weight_param}:
             raise InvalidType(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
-        value = self.check_weight(weight[self.weight_param])
+        name = next(iter(weight))
+        value = self.check_weight(weight[name], name)
         if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
-            raise InvalidInput(f"{self.weight_param} must be a scalar or have one value per query ({n_queries})")
+            raise InvalidInput(f"{name} must be a scalar or have one value per query ({n_queries})")
         return value
 
     def query_statistics(self, batch: QueryBatch, *, progress: bool | None = None) -> QueryStatistics | None:
@@ -469,8 +473,8 @@ class Correction:
         Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64;
         ties are broken by the lower gallery index. Methods with a weight parameter accept it
         here to override the fitted value without refitting, as a scalar or one value per
-        query (e.g. ``NNN.search(q, alpha=0.5)``, ``DN.search(q, lam=0.2)``). ``device``: as
-        in :meth:`fit`.
+        query: ``weight=`` for every method (``NNN.search(q, weight=0.5)``), or the method's own
+        name (``alpha=`` for NNN, ``lam=`` for DN). ``device``: as in :meth:`fit`.
         """
         batch = self.queries(queries, **weight)
         top_k = check_top_k(top_k, self.n_gallery_)
@@ -544,19 +548,20 @@ class AdditiveCorrection(Correction):
         self._check_fitted()
         return {name: np.asarray(getattr(self, name), dtype=np.float64).tolist() for name in self.query_state_attrs}
 
-    def for_queries(self, state: dict, dim: int, n_columns: int) -> AdditiveCorrection:
-        """This (unfitted) correction set up from a stored :meth:`query_state` to compute the
-        query side only (W(q), method scores) for a gallery served elsewhere; returns ``self``."""
+    def for_queries(self, state: dict, dim: int, n_columns: int) -> QuerySide:
+        """The query side of this method (W(q), method scores) set up from a stored
+        :meth:`query_state`, for a gallery served elsewhere (a vector store, augmented parts):
+        a :class:`QuerySide`, not a fitted correction (it holds no gallery and cannot search;
+        this correction stays unfitted)."""
         self._validate_params()
         missing = set(self.query_state_attrs) - set(state)
         if missing:
             raise InvalidInput(f"{self.spec}: the stored query state lacks {', '.join(sorted(missing))}; export the index again")
         for name in self.query_state_attrs:
             setattr(self, name, np.asarray(state[name], dtype=np.float64))
-        self.gallery_ = np.zeros((0, dim), np.float32)  # served elsewhere: no row here
-        self.n_gallery_, self.dim_ = 0, dim
-        self.bias_columns_ = np.zeros((0, n_columns), np.float32)
-        return self
+        self.dim_ = dim
+        self.bias_columns_ = np.zeros((0, n_columns), np.float32)  # only its width is read
+        return QuerySide(self)
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
@@ -568,6 +573,42 @@ class AdditiveCorrection(Correction):
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
         """Hook: the bias column(s) of the gallery from the bank statistics."""
         raise NotImplementedError
+
+
+class QuerySide:
+    """The query side of an additive correction whose gallery ``[r, bias(r)]`` is served
+    elsewhere (a vector store, parts written on Ray): this call's batch (:meth:`queries`), W(q)
+    (:meth:`weights`, :meth:`query_weights`) and the method's scores (:meth:`method_scores`),
+    from the fitted values a store keeps. Made by :meth:`AdditiveCorrection.for_queries`. It is
+    not a correction: it has no gallery, cannot search and is not "fitted"."""
+
+    def __init__(self, correction: AdditiveCorrection) -> None:
+        self._correction = correction
+
+    spec = property(lambda self: self._correction.spec)
+    weight_param = property(lambda self: self._correction.weight_param)
+    dim_ = property(lambda self: self._correction.dim_)
+    normalize = property(lambda self: self._correction.normalize)
+    exactly_additive = property(lambda self: self._correction.exactly_additive)
+    query_request = property(lambda self: self._correction.query_request)
+
+    def queries(self, queries, **weight) -> QueryBatch:
+        """Validated queries and this call's weight (``weight=`` or the method's own name)."""
+        corr = self._correction
+        q = as_embeddings(queries, "queries", normalize=corr.normalize, dim=corr.dim_)
+        return QueryBatch(q, corr._weight_override(weight, q.shape[0]))
+
+    def weights(self, batch: QueryBatch) -> np.ndarray:
+        return self._correction.weights(batch)
+
+    def query_weights(self, queries, **weight) -> np.ndarray:
+        return np.ascontiguousarray(self.weights(self.queries(queries, **weight)))
+
+    def method_scores(self, batch: QueryBatch, ranking: np.ndarray) -> np.ndarray:
+        return self._correction.method_scores(batch, ranking)
+
+    def __repr__(self) -> str:
+        return f"QuerySide({self.spec!r}, dim={self.dim_})"
 
 
 def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):

@@ -4,8 +4,12 @@ A source is an embedding set split over shard files, in order:
 
 * ``.npy`` files: a folder of them, a glob (``emb/part-*.npy``) or a list of paths;
 * parquet files (a folder, glob or list) with a list-of-float column (``embedding`` by default);
-* a clip-retrieval output folder: pass its ``img_emb`` or ``text_emb`` folder
-  (``img_emb_0.npy, img_emb_1.npy, ...``, ordered by their number, not as text).
+* a clip-retrieval output folder: ``out/`` (its ``img_emb`` files) or ``out/:text`` (its
+  ``text_emb`` files), ordered by their number, not as text.
+
+A folder means the same here as everywhere else in hubless (:func:`hubless.inputs.load_array`
+reads the same rows from it on one machine): ``--gallery out/`` is one set of embeddings with
+and without ``--ray``.
 
 Opening a source reads only the shards' headers (their row counts and dimension) and refuses a
 missing or unreadable shard, or one whose dimension differs from the first, naming the shard.
@@ -97,14 +101,22 @@ def _shard_paths(spec) -> list[str]:
         if missing:
             raise MissingFile(f"shard {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return paths
+    from hubless.inputs import CLIP_RETRIEVAL, is_clip_retrieval, split_key
+
     text = str(spec)
-    path = Path(text)
+    path, key = split_key(text)
+    if path.is_dir() and is_clip_retrieval(path):  # clip-retrieval output: its img_emb (or, with :text, text_emb) files
+        if (key or "img") not in CLIP_RETRIEVAL:
+            raise InvalidInput(f"clip-retrieval modality must be 'img' or 'text'; got {key!r}")
+        path = path / CLIP_RETRIEVAL[key or "img"][0]
+        if not path.is_dir():
+            raise MissingFile(f"{path} does not exist (clip-retrieval layout)")
+    elif key is not None:
+        path = Path(text)
     if path.is_dir():
         paths = [str(p) for p in path.iterdir() if p.suffix in (".npy", ".parquet") and p.is_file()]
         if not paths:
-            subdirs = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name in ("img_emb", "text_emb"))
-            hint = f": a clip-retrieval folder? pass {path / subdirs[0]}" if subdirs else ""
-            raise MissingFile(f"{path} holds no .npy or .parquet shards{hint}")
+            raise MissingFile(f"{path} holds no .npy or .parquet shards")
         return sorted(paths, key=_natural_key)
     if path.is_file():
         return [text]

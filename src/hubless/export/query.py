@@ -123,7 +123,7 @@ def describe(store_uri: str) -> dict:
 def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, **options):
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
-    ``options``: the method's query-time weight (``alpha=``), and the store's search knobs
+    ``options``: the method's query-time weight (``weight=``, or its own name: ``alpha=``), and the store's search knobs
     (LanceDB ``nprobes``, ``refine_factor``; pgvector ``ef_search``; Qdrant ``hnsw_ef``).
     The correction is rebuilt from the stored spec and query state (DN's bank means, IS's bank
     size) to compute W(q) and the method's scores, so NNN, DN, IS, DualIS and the baseline answer
@@ -142,8 +142,8 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     if q.ndim == 2 and q.shape[1] != info["dim"]:
         raise InvalidInput(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
     top_k = int(top_k)  # a store with fewer items fills the rest with id -1, score -inf
-    knobs = {k: v for k, v in options.items() if k != corr.weight_param}
-    weight = {k: v for k, v in options.items() if k == corr.weight_param}
+    knobs = {k: v for k, v in options.items() if k not in (corr.weight_param, "weight")}
+    weight = {k: v for k, v in options.items() if k in (corr.weight_param, "weight")}
     unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
     if unknown:
         raise InvalidType(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")

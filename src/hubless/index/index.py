@@ -210,8 +210,8 @@ class Index:
         dry): the unfilled slots come last, with id ``-1`` (``hubless.index.index.MISSING``)
         and score ``-inf``; the CLI and the service leave them out.
 
-        ``weight`` overrides the correction's weight per call (``alpha=`` for NNN, ``lam=`` for
-        DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
+        ``weight`` overrides the correction's weight per call (``weight=`` for every method, or
+        its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
         defaults for this call only (other threads searching meanwhile are not affected).
         """
         corr = self.correction

@@ -24,7 +24,7 @@ def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5,
     return {
         "k": pipeline.k,
         "fusion": pipeline.fusion,
-        "lam": pipeline.lam,
+        "fusion_weight": pipeline.fusion_weight,
         "retrieve": _recalls(first_ids, truth, ks),
         "retrieve+rerank": _recalls(result.ids, truth, ks),
         "ms_per_query": {"retrieve": 1000 * result.seconds["first_stage"] / n, "rerank": 1000 * result.seconds["rerank"] / n},

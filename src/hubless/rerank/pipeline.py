@@ -7,13 +7,15 @@
 
 The cross-encoder only sees the k first-stage candidates of each query, so its cost grows with
 k, not with the gallery. Fusion (optional; the paper found plain reranking best):
-"add": lam * s_bi + (1 - lam) * sigmoid(logit); "norm_add": the same after min-max normalising
-both scores within each query's k candidates.
+"add": f * s_bi + (1 - f) * sigmoid(logit), with f the ``fusion_weight``; "norm_add": the same
+after min-max normalising both scores within each query's k candidates. (``fusion_weight`` was
+called ``lam``, which is also DN's weight; ``lam=`` still works, with a DeprecationWarning.)
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -46,8 +48,9 @@ def _minmax(x: np.ndarray) -> np.ndarray:
     return np.where(hi > lo, (x - lo) / np.where(hi > lo, hi - lo, 1.0), 0.5)
 
 
-def fuse(first: np.ndarray, logits: np.ndarray, fusion: str | None, lam: float) -> np.ndarray:
+def fuse(first: np.ndarray, logits: np.ndarray, fusion: str | None, fusion_weight: float) -> np.ndarray:
     """The final score of each candidate (see the module docstring)."""
+    lam = fusion_weight
     if fusion is None:
         return logits
     prob = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
@@ -72,17 +75,20 @@ class Pipeline:
     or texts).
     """
 
-    def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, lam: float = 0.1,
-                 *, gallery_items: Sequence | None = None, batch_queries: int = 16) -> None:  # fmt: skip
+    def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, fusion_weight: float = 0.1,
+                 *, gallery_items: Sequence | None = None, batch_queries: int = 16, lam: float | None = None) -> None:  # fmt: skip
+        if lam is not None:
+            warnings.warn("Pipeline(lam=) is now fusion_weight= (lam is also DN's weight)", DeprecationWarning, stacklevel=2)
+            fusion_weight = lam
         if not hasattr(first_stage, "search"):
             raise InvalidType("first_stage must have search(queries, top_k), e.g. a fitted correction or a hubless.Index")
         if fusion not in FUSIONS:
             raise InvalidInput(f"fusion must be one of None, 'add', 'norm_add'; got {fusion!r}")
-        if not 0.0 <= lam <= 1.0:
-            raise InvalidInput(f"lam must be in [0, 1]; got {lam}")
+        if not 0.0 <= fusion_weight <= 1.0:
+            raise InvalidInput(f"fusion_weight must be in [0, 1]; got {fusion_weight}")
         self.first_stage, self.reranker = first_stage, reranker
         self.k = check_positive_int(k, "k")
-        self.fusion, self.lam = fusion, float(lam)
+        self.fusion, self.fusion_weight = fusion, float(fusion_weight)
         self.gallery_items = None if gallery_items is None else list(gallery_items)
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")
 
@@ -116,9 +122,11 @@ class Pipeline:
         t2 = time.perf_counter()
         found = ids >= 0
         if found.all():
-            final = fuse(first, logits, self.fusion, self.lam)
+            final = fuse(first, logits, self.fusion, self.fusion_weight)
         else:  # missing slots take their row's lowest score, so min-max fusion ignores them, then go last
-            final = np.where(found, fuse(_fill_missing(first, found), _fill_missing(logits, found), self.fusion, self.lam), -np.inf)
+            final = np.where(
+                found, fuse(_fill_missing(first, found), _fill_missing(logits, found), self.fusion, self.fusion_weight), -np.inf
+            )
         # Stable sort: equal final scores keep the first stage's order.
         order = np.argsort(-final, axis=1, kind="stable")[:, :top_k]
         take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
