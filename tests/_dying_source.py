@@ -13,24 +13,31 @@ from hubless.distributed.sources import EmbeddingSource
 class DiesOnce(EmbeddingSource):
     marker: str = ""
 
-    def read(self, start, stop):
+    def read(self, start, stop, **options):
         if not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os._exit(1)
-        return super().read(start, stop)
+        return super().read(start, stop, **options)
 
 
 @dataclass(frozen=True)
 class SlowAfterFirst(EmbeddingSource):
-    """Reads rows [0, fast_rows) at once and anything else after ``delay`` seconds: a fit whose
-    first tiles finish while the others are still running (to be killed mid-run)."""
+    """The first ``fast_reads`` reads (counted across worker processes with marker files
+    ``counter.0``, ``counter.1``, ...) return at once, later ones after ``delay`` seconds: a fit
+    whose first tiles finish while the others are still running (to be killed mid-run)."""
 
-    fast_rows: int = 0
+    fast_reads: int = 0
+    counter: str = ""
     delay: float = 0.0
 
-    def read(self, start, stop):
-        if start >= self.fast_rows:
-            import time
+    def read(self, start, stop, **options):
+        for i in range(self.fast_reads):
+            try:
+                os.close(os.open(f"{self.counter}.{i}", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            return super().read(start, stop, **options)
+        import time
 
-            time.sleep(self.delay)
-        return super().read(start, stop)
+        time.sleep(self.delay)
+        return super().read(start, stop, **options)

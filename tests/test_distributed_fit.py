@@ -39,7 +39,7 @@ def _run_plan(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, 
     merger = TileMerger(tiles, request, len(gallery), gallery.shape[1])
     for t in tiles:
         bank = query_bank if t.side == "query" else gallery_bank
-        merger.add(t, compute_tile(t, gallery[t.g0 : t.g1], bank[t.b0 : t.b1], request))
+        merger.add(t, compute_tile(t, gallery, bank, request))
     return corr.fit_from_statistics(gallery, merger.result())
 
 
@@ -275,10 +275,10 @@ ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 import hubless.distributed as hd
 from hubless.distributed.sources import open_source
 g = open_source({str(d["gallery_dir"])!r})
-slow = sources.SlowAfterFirst(g.shards, g.dim, g.kind, fast_rows=256, delay=60.0)
+slow = sources.SlowAfterFirst(g.shards, g.dim, g.kind, fast_reads=3, counter={str(tmp_path / "reads")!r}, delay=60.0)
 hd.fit("dis:k_activation=2", slow, {str(d["bank_dir"])!r}, gallery_rows=256, bank_cols=1000, work_dir={str(work)!r}, progress=False)
 """
-    # the first gallery shard's 3 tiles finish at once, the other 6 hang: kill the driver then
+    # the first 3 tiles to read the gallery finish at once, the other 6 hang: kill the driver then
     driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while len(list((work / "tiles").glob("*.npz"))) < 3 and time.monotonic() < deadline and driver.poll() is None:

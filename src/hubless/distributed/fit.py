@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless.corrections import Correction, make_correction, statistics_request
-from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles, tile_span
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingDependencyError, MissingInputError
@@ -59,13 +59,15 @@ def connect(address: str | None = None, *, num_cpus: int | None = None):
 
 
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
-    """One Ray task: read the tile's gallery rows and bank items, return its partial statistics."""
+    """One Ray task: read the tile's gallery rows and bank items (padded to the engine's blocks,
+    :func:`~hubless.distributed.plan.tile_span`), return its partial statistics."""
     from hubless._validation import as_embeddings
 
     os.environ["HUBLESS_NUM_THREADS"] = str(threads)  # the engine's threads = the task's CPUs
-    rows = as_embeddings(gallery.read(tile.g0, tile.g1), "gallery", normalize=normalize)
-    items = as_embeddings(bank.read(tile.b0, tile.b1), f"{tile.side} bank", normalize=normalize)
-    return compute_tile(tile, rows, items, request).to_arrays()
+    (g0, g1), (b0, b1) = tile_span(tile, gallery.n_rows, bank.n_rows)
+    rows = as_embeddings(gallery.read(g0, g1), "gallery", normalize=normalize)
+    items = as_embeddings(bank.read(b0, b1), f"{tile.side} bank", normalize=normalize)
+    return compute_tile(tile, rows, items, request, gallery_from=g0, bank_from=b0).to_arrays()
 
 
 def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, tiles: Sequence[Tile]) -> dict:

@@ -4,22 +4,29 @@ runs the plan on it; a test runs it in a plain loop).
 
 The gallery is cut into row shards and each bank into column shards; a tile is one gallery shard
 against one bank shard, and computes that pair's partial statistics with the streamed engine
-(:func:`hubless.engine.compute_statistics`): the gallery rows' top-k and log-sum-exps over the
-bank shard, and the bank shard's items' top-k_a gallery rows (their activation lists, with global
-gallery ids). Partials merge with :mod:`hubless.engine.merge` in any order:
+(the passes of :func:`hubless.engine.compute_statistics`): the gallery rows' top-k and
+log-sum-exps over the bank shard, and the bank shard's items' top-k_a gallery rows (their
+activation lists, with global gallery ids). A tile reads its rows padded out to the engine's
+blocks (:func:`tile_span`) and computes whole blocks of the single pass's grid, reducing only its
+own rows and columns, so its similarities are bitwise those of one pass whatever the cut.
+Partials merge with :mod:`hubless.engine.merge`, arriving in any order:
 
-* a gallery shard's row statistics over its bank shards: :func:`~hubless.engine.merge.merge_bank_parts`
-  (top-k of top-k lists, logaddexp in float64, re-weighted bank means);
+* a gallery shard's row statistics over its bank shards, folded in bank order:
+  :func:`~hubless.engine.merge.merge_bank_parts` (top-k of top-k lists, logaddexp in float64,
+  re-weighted bank means);
 * a bank shard's activation lists over the gallery shards:
-  :func:`~hubless.engine.merge.merge_topk_ids` (value descending, lower gallery id first);
+  :func:`~hubless.engine.merge.merge_topk_ids` (value descending, lower gallery id first: exact
+  in any order);
 * then the gallery shards in order: :func:`~hubless.engine.merge.merge_gallery_parts`.
 
 The result equals :func:`~hubless.engine.compute_statistics` on the whole arrays: top-k values,
-activation ids and scores bitwise when each tile's similarities come from the same BLAS calls
-as one pass (the statistics use fixed blocks, so shards must start on block boundaries: gallery
-and bank shards multiples of COL_BLOCK, since the gallery is the column side of the activation
-pass; the defaults are), log-sum-exps and means to float rounding. GC's sorted probes
-are n_gallery x n_bank numbers: the plan refuses them.
+activation ids and scores bitwise for any tile sizes and cuts, log-sum-exps and means to float
+rounding (about 1e-7 relative: a tile centres its sums on its own maximum), the same in every
+arrival order, so items that tie in one pass (duplicated rows) tie in every run and go to the
+lower gallery id (``tests/test_distributed_ties.py``). Tiles on block boundaries (sizes that
+are multiples of COL_BLOCK, as the defaults are) read and compute nothing extra; a tile cut
+inside a block computes up to one more block at each end. GC's sorted probes are
+n_gallery x n_bank numbers: the plan refuses them.
 """
 
 from __future__ import annotations
@@ -29,14 +36,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hubless.engine.merge import merge_bank_parts, merge_gallery_parts, merge_topk_ids
-from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
-from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
-from hubless.engine.topk import NO_ID
+from hubless.engine.merge import merge_bank_parts, merge_gallery_parts, merge_topk_ids, offset_ids
+from hubless.engine.statistics import BankStatistics, StatisticsRequest
+from hubless.engine.stream import COL_BLOCK, ROW_BLOCK, LogSumExp, Reducer, ReducerState, TopK, stream_reduce
 from hubless.engine.updates import side_request
 from hubless.errors import InvalidInput
 
-__all__ = ["Tile", "TileMerger", "compute_tile", "cut_points", "plan_tiles"]
+__all__ = ["Tile", "TileMerger", "compute_tile", "cut_points", "plan_tiles", "tile_span"]
 
 #: Default gallery rows per tile (a multiple of the engine's row block).
 GALLERY_ROWS = 64 * ROW_BLOCK
@@ -102,20 +108,96 @@ def plan_tiles(
     return tiles
 
 
-def compute_tile(tile: Tile, rows: np.ndarray, bank: np.ndarray, request: StatisticsRequest) -> BankStatistics:
-    """The partial statistics of one tile (validated float32 ``rows`` = gallery[g0:g1], ``bank``
-    = the side's bank[b0:b1]); activation ids are global gallery ids, padded to the requested
-    k_a with empty slots (-inf, ``NO_ID``) when the shard has fewer rows."""
-    part_request = side_request(request, tile.side)
-    banks = (bank, None) if tile.side == "query" else (None, bank)
-    part = compute_statistics(rows, *banks, part_request, progress=False)
-    k = getattr(part_request, f"{tile.side}_activation_k")
-    if k:
-        ids = getattr(part, f"{tile.side}_activation")
-        scores = getattr(part, f"{tile.side}_activation_scores")
-        pad = k - ids.shape[1]
-        setattr(part, f"{tile.side}_activation", np.pad(ids + tile.g0, ((0, 0), (0, pad)), constant_values=NO_ID))
-        setattr(part, f"{tile.side}_activation_scores", np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf))
+def tile_span(tile: Tile, n_gallery: int, n_bank: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The gallery rows and bank items a tile reads: its own, padded out to the engine's column
+    blocks (``COL_BLOCK``, a multiple of ``ROW_BLOCK``) and cut at the ends of the data. Every
+    block product of the tile is then the very call one single-machine pass makes (same rows,
+    same columns, same shape), so its similarities are bitwise the same whatever the cut: a BLAS
+    rounds a product differently in the last bit depending on the shape of the call (a 1-row
+    product takes another code path), and an item duplicated across a cut would otherwise tie
+    in one pass and not in the other. Tiles on block boundaries read nothing more."""
+
+    def padded(lo: int, hi: int, n: int) -> tuple[int, int]:
+        return lo - lo % COL_BLOCK, min(n, -(-hi // COL_BLOCK) * COL_BLOCK)
+
+    return padded(tile.g0, tile.g1, n_gallery), padded(tile.b0, tile.b1, n_bank)
+
+
+class _Window(Reducer):
+    """Feeds ``inner`` only the columns ``[lo, hi)`` of each block (a tile's own columns of a
+    block computed whole)."""
+
+    def __init__(self, inner: Reducer, lo: int, hi: int) -> None:
+        self.inner, self.lo, self.hi = inner, lo, hi
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _WindowState(self.inner.start(start, stop), self.lo, self.hi)
+
+
+class _WindowState(ReducerState):
+    def __init__(self, inner: ReducerState, lo: int, hi: int) -> None:
+        self.inner, self.lo, self.hi = inner, lo, hi
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        a, b = max(self.lo - col_offset, 0), min(self.hi - col_offset, block.shape[1])
+        if a < b:
+            self.inner.update(block[:, a:b], col_offset + a)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+def compute_tile(
+    tile: Tile, gallery: np.ndarray, bank: np.ndarray, request: StatisticsRequest, *, gallery_from: int = 0, bank_from: int = 0
+) -> BankStatistics:
+    """The partial statistics of one tile: its gallery rows ``[g0, g1)`` against its items
+    ``[b0, b1)`` of the side's bank. ``gallery`` holds validated float32 gallery rows from
+    ``gallery_from`` on and ``bank`` the side's bank items from ``bank_from`` on, covering at
+    least the tile's :func:`tile_span` (whole arrays with 0 do). Each block is computed on the
+    single pass's block grid and only the tile's own rows and columns are reduced, so top-k
+    values, activation ids and scores are bitwise those of one pass (log-sum-exps and means to
+    float rounding). Activation ids are global gallery ids; a tile with fewer than k_a gallery
+    rows fills its lists with empty slots (-inf, ``NO_ID``)."""
+    side, g0, g1, b0, b1 = tile.side, tile.g0, tile.g1, tile.b0, tile.b1
+    if gallery_from % COL_BLOCK or bank_from % COL_BLOCK or gallery_from > g0 or bank_from > b0:
+        raise InvalidInput(f"tile {tile.key}: its inputs must start on the engine's column blocks at or before the tile")
+    if gallery_from + len(gallery) < g1 or bank_from + len(bank) < b1:
+        raise InvalidInput(f"tile {tile.key}: its inputs end before the tile")
+    request = side_request(request, side)
+    dim = gallery.shape[1]
+    items = bank[b0 - bank_from : b1 - bank_from]
+    part = BankStatistics(
+        n_gallery=g1 - g0,
+        n_query_bank=b1 - b0 if side == "query" else 0,
+        n_gallery_bank=b1 - b0 if side == "gallery" else None,
+        query_bank_mean=items.mean(axis=0, dtype=np.float64) if side == "query" else np.zeros(dim),
+        gallery_mean=gallery[g0 - gallery_from : g1 - gallery_from].mean(axis=0, dtype=np.float64),
+        gallery_bank_mean=items.mean(axis=0, dtype=np.float64) if side == "gallery" else None,
+    )
+    # the gallery rows' statistics over the bank: whole row blocks of the pass, the tile's columns
+    k = request.query_topk if side == "query" else 0
+    betas = sorted(request.query_betas if side == "query" else request.gallery_betas)
+    r0, r1 = g0 - g0 % ROW_BLOCK, min(-(-g1 // ROW_BLOCK) * ROW_BLOCK, gallery_from + len(gallery))
+    topk = TopK(r1 - r0, k) if k else None
+    lse = LogSumExp(r1 - r0, betas) if betas else None
+    reducers = [_Window(r, b0 - bank_from, b1 - bank_from) for r in (topk, lse) if r is not None]
+    if reducers:
+        stream_reduce(gallery[r0 - gallery_from : r1 - gallery_from], bank, reducers, progress=False, fixed_blocks=True)
+    own = slice(g0 - r0, g1 - r0)
+    if topk is not None:
+        part.query_topk = topk.values[own]
+    if lse is not None:
+        setattr(part, f"{side}_lse", {beta: lse.values[own, t] for t, beta in enumerate(betas)})
+    # the bank items' nearest gallery rows: whole row blocks of the bank, the tile's gallery columns
+    k_a = getattr(request, f"{side}_activation_k")
+    if k_a:
+        a0, a1 = b0 - b0 % ROW_BLOCK, min(-(-b1 // ROW_BLOCK) * ROW_BLOCK, bank_from + len(bank))
+        nearest = TopK(a1 - a0, k_a, with_ids=True)
+        window = _Window(nearest, g0 - gallery_from, g1 - gallery_from)
+        stream_reduce(bank[a0 - bank_from : a1 - bank_from], gallery, [window], progress=False, fixed_blocks=True)
+        mine = slice(b0 - a0, b1 - a0)
+        setattr(part, f"{side}_activation", offset_ids(nearest.ids[mine], gallery_from))
+        setattr(part, f"{side}_activation_scores", nearest.values[mine])
     return part
 
 
@@ -125,14 +207,23 @@ def _without_activation(stats: BankStatistics, side: str) -> BankStatistics:
 
 class TileMerger:
     """Merges tile partials as they arrive, in any order, into the statistics of the whole
-    gallery against the whole banks (:meth:`result`). Holds one running partial per gallery
-    shard and side, and one activation list per bank shard."""
+    gallery against the whole banks (:meth:`result`), the same whatever the order: a gallery
+    shard's partials are folded in bank order (a partial that arrives early waits for the ones
+    before it), so every item's log-sum-exp is rounded the same way whichever tile finishes
+    first, and items that tie in one run tie in every run; activation lists merge exactly (value
+    descending, lower gallery id first). Holds one running partial per gallery shard and side
+    (plus those waiting), and one activation list per bank shard."""
 
     def __init__(self, tiles: Sequence[Tile], request: StatisticsRequest, n_gallery: int, dim: int) -> None:
         self.request, self.n_gallery, self.dim = request, n_gallery, dim
         self.expected = {t.key for t in tiles}
         self.seen: set[str] = set()
-        self.rows: dict[tuple[str, int], BankStatistics] = {}  # (side, g0) -> rows merged over bank shards
+        self.bank_order: dict[tuple[str, int], list[int]] = {}  # (side, g0) -> its tiles' b0, in bank order
+        for t in sorted(tiles, key=lambda t: t.b0):
+            self.bank_order.setdefault((t.side, t.g0), []).append(t.b0)
+        self.waiting: dict[tuple[str, int], dict[int, BankStatistics]] = {}  # (side, g0) -> {b0: partial}
+        self.rows: dict[tuple[str, int], BankStatistics] = {}  # (side, g0) -> rows merged over a prefix of bank shards
+        self.merged: dict[tuple[str, int], int] = {}  # (side, g0) -> bank shards merged into rows
         self.activation: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # (side, b0) -> (scores, ids)
         self.bank_means: dict[tuple[str, int], tuple[np.ndarray, int]] = {}  # (side, b0) -> (mean, rows)
         self.gallery_shards: dict[int, int] = {}  # g0 -> g1
@@ -152,8 +243,16 @@ class TileMerger:
             have = self.activation.get((side, tile.b0))
             self.activation[(side, tile.b0)] = mine if have is None else merge_topk_ids(have, mine)
             part = _without_activation(part, side)
-        have = self.rows.get((side, tile.g0))
-        self.rows[(side, tile.g0)] = part if have is None else merge_bank_parts(have, part, side)
+        key = (side, tile.g0)
+        waiting = self.waiting.setdefault(key, {})
+        waiting[tile.b0] = part
+        order, done = self.bank_order[key], self.merged.get(key, 0)
+        while done < len(order) and order[done] in waiting:  # fold the next bank shards in order
+            nxt = waiting.pop(order[done])
+            have = self.rows.get(key)
+            self.rows[key] = nxt if have is None else merge_bank_parts(have, nxt, side)
+            done += 1
+        self.merged[key] = done
 
     @property
     def missing(self) -> set[str]:
