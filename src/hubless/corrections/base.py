@@ -535,7 +535,12 @@ class AdditiveCorrection(Correction):
             shift = np.einsum("qc,qkc->qk", w, self.bias_columns_[columns])
         else:
             bias = self.bias_columns_ if columns is None else self.bias_columns_[columns]
-            shift = w @ bias.T
+            if bias.shape[1] == 1:  # one bias column: w_q * b_r by broadcasting (the same products as w @ bias.T)
+                if (w == w[0, 0]).all():  # one weight for every query: subtract one row, no (n, m) temporary
+                    return np.subtract(sims, w[0, 0] * bias[:, 0], out=out)
+                shift = w[:, :1] * bias[:, 0]
+            else:
+                shift = w @ bias.T
         return np.subtract(sims, shift, out=out)
 
     #: Fitted attributes, besides the gallery and its biases, that W(q) and the method's scores

@@ -65,14 +65,15 @@ def row_blocks(n_rows: int, n_cols: int, elements: int = SCORE_BLOCK_ELEMENTS) -
     return [(s, min(n_rows, s + step)) for s in range(0, n_rows, step)]
 
 
-def read_rows(matrix, start: int, stop: int, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+def read_rows(matrix, start: int, stop: int, name: str, rows: np.ndarray | None = None, *, offset: int = 0) -> np.ndarray:
     """Rows ``start:stop`` (or the given ``rows``) of a score matrix as float32, refusing NaN and
-    infinities by row. A float32 memory map is read in place (no copy)."""
+    infinities by row (numbered from ``offset`` when ``matrix`` is a block of a larger one). A
+    float32 memory map is read in place (no copy)."""
     block = matrix[start:stop] if rows is None else matrix[rows]
     block = np.asarray(block, dtype=np.float32)
     if not np.isfinite(block).all():
         bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
-        row = start + bad if rows is None else int(rows[bad])
+        row = offset + (start + bad if rows is None else int(rows[bad]))
         raise InvalidInput(f"{name} holds NaN or infinite scores (row {row}); scores must be finite")
     return block
 
@@ -117,21 +118,23 @@ def _bank_pass(
     states = [[r.start(c0, c1) for r in reducers] for c0, c1 in col_bounds]
 
     def work(part: int, block: np.ndarray, start: int) -> None:
+        # this thread's share of the rows: finite (NaN / inf refused), and their top-k_a items
+        n = block.shape[0]
+        r0, r1 = part * n // len(col_bounds), (part + 1) * n // len(col_bounds)
+        if r1 > r0:
+            rows = read_rows(block, r0, r1, name, offset=start)
+            if act_k:
+                act_scores[start + r0 : start + r1], act_ids[start + r0 : start + r1] = row_topk(rows, act_k)
+        # this thread's share of the columns: the column reducers
         c0, c1 = col_bounds[part]
         view = block[:, c0:c1].T  # gallery items x bank rows: what the reducers expect, no copy
         for state in states[part]:
             state.update(view, start)
-        if act_k:  # this thread's share of the block's rows
-            n = block.shape[0]
-            r0, r1 = part * n // len(col_bounds), (part + 1) * n // len(col_bounds)
-            if r1 > r0:
-                values, ids = row_topk(block[r0:r1], act_k)
-                act_scores[start + r0 : start + r1], act_ids[start + r0 : start + r1] = values, ids
 
     blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
     with ThreadPoolExecutor(len(col_bounds)) as pool:
         for start, stop in blocks:
-            block = read_rows(matrix, start, stop, name)
+            block = np.asarray(matrix[start:stop], dtype=np.float32)  # a float32 memory map: no copy
             for future in [pool.submit(work, part, block, start) for part in range(len(col_bounds))]:
                 future.result()
     for part in states:

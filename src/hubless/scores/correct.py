@@ -25,10 +25,10 @@ from hubless.corrections import Correction, make_correction
 from hubless.corrections.scores import fit_on_scores
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
-from hubless.engine.topk import RunningTopK
 from hubless.errors import InvalidInput
 from hubless.scores.files import load_scores
 from hubless.scores.rank import RANK_BLOCK_ELEMENTS, score_batch
+from hubless.scores.rank import top_k as best_of
 
 __all__ = ["correct_scores"]
 
@@ -86,9 +86,7 @@ def correct_scores(
     def work(start: int, stop: int) -> None:
         block = _corrected(corr, s, start, stop, ranking)
         if top_k:
-            best = RunningTopK(block.shape[0], top_k, with_ids=True)
-            best.update(block)
-            values[start:stop], ids[start:stop] = best.sorted()
+            values[start:stop], ids[start:stop] = best_of(block, top_k)
         else:
             values[start:stop] = block
 

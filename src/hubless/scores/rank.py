@@ -23,10 +23,29 @@ from hubless.evaluation.core import Ranked
 from hubless.metrics.retrieval import relevant_ranks
 from hubless.metrics.truth import Truth
 
-__all__ = ["RANK_BLOCK_ELEMENTS", "rank_score_rows", "score_batch"]
+__all__ = ["RANK_BLOCK_ELEMENTS", "rank_score_rows", "score_batch", "top_ids", "top_k"]
 
 #: Scores per block of query rows (16 MiB of float32), per worker thread.
 RANK_BLOCK_ELEMENTS = 1 << 22
+
+
+def top_k(block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of each row's ``k`` best, best first, ties to the lower id. The columns go to
+    :class:`~hubless.engine.topk.RunningTopK` as a first part whose width is a multiple of 16 (its
+    fast group-maximum bound applies) and the rest."""
+    best = RunningTopK(block.shape[0], k, with_ids=True)
+    split = block.shape[1] - block.shape[1] % 16
+    if split >= 64 * k and split < block.shape[1]:
+        best.update(block[:, :split])
+        best.update(block[:, split:], split)
+    else:
+        best.update(block)
+    return best.sorted()
+
+
+def top_ids(block: np.ndarray, k: int) -> np.ndarray:
+    """The ids of :func:`top_k`."""
+    return top_k(block, k)[1]
 
 
 def score_batch(corrections: Sequence[Correction], block: np.ndarray) -> QueryBatch:
@@ -78,9 +97,7 @@ def rank_score_rows(
             ranked = corr.rank(batch, block)
             ranks[i][lo:hi] = relevant_ranks(ranked, sub, ties)
             if depth:
-                best = RunningTopK(ranked.shape[0], depth, with_ids=True)
-                best.update(ranked)
-                tops[i][start:stop] = best.sorted()[1]
+                tops[i][start:stop] = top_ids(ranked, depth)
             seconds[index[(start, stop)], i] = shared + time.perf_counter() - t0
 
     run_blocks(work, bounds, progress=progress, desc=desc, unit="queries")
