@@ -174,7 +174,9 @@ def main() -> None:
         t0 = time.perf_counter()
         authors_t2v_metric(authors_qb_norm(sb_mem, s_mem, k=n_videos, beta=20.0))
         theirs_is = time.perf_counter() - t0
-        print(f"authors' procedure: DIS script {theirs_dis:.2f} s, + IS {theirs_is:.2f} s, peak anon above inputs {theirs_peak / 2**20:.0f} MiB")
+        print(
+            f"authors' procedure: DIS script {theirs_dis:.2f} s, + IS {theirs_is:.2f} s, peak anon above inputs {theirs_peak / 2**20:.0f} MiB"
+        )
 
         # the same numbers from both (R@K under averaged ties; hubless in percent, their metric too)
         for name, mine in (("baseline", ev.results[0]), ("DIS", ev.results[2])):
