@@ -9,7 +9,7 @@
   pickled numpy array is made of (``numpy.ndarray``, ``numpy.dtype`` and numpy's own array
   reconstructors) and refuses any other name *before* anything is called: a hostile pickle
   fails with :class:`~hubless.errors.InvalidInput` having executed nothing. A pickle is read into
-  memory; for large matrices convert it once to .npy (``hubless scores convert`` does that).
+  memory; for large matrices convert it once to .npy (docs/score-matrices.md shows the one line).
 """
 
 from __future__ import annotations
