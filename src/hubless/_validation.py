@@ -18,6 +18,7 @@ from hubless.errors import InvalidInput, InvalidType
 __all__ = [
     "UnnormalizedEmbeddingsWarning",
     "as_embeddings",
+    "check_float_dtype",
     "check_positive_int",
     "check_k",
     "check_top_k",
@@ -49,6 +50,21 @@ def _reset_warnings() -> None:
     _warned_arrays.clear()
 
 
+def check_float_dtype(dtype, name: str) -> None:
+    """Refuse a dtype that is not floating point (integer, boolean, complex, strings, objects)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise InvalidType(
+            f"{name} must be a floating-point array (float16, float32 or float64); "
+            f"got dtype {dtype}. Convert it with .astype(numpy.float32) if that is intended."
+        )
+
+
+def _row(i: int, first_row: int, shard: tuple[str, int] | None) -> str:
+    """How a message names row ``i`` of a checked block: its row in the whole set, and in its shard."""
+    return f"row {first_row + i}" + ("" if shard is None else f", row {shard[1] + i} of shard {shard[0]}")
+
+
 def as_embeddings(
     x,
     name: str,
@@ -56,6 +72,8 @@ def as_embeddings(
     normalize: bool,
     dim: int | None = None,
     dim_of: str = "the gallery",
+    first_row: int = 0,
+    shard: tuple[str, int] | None = None,
 ) -> np.ndarray:
     """Return ``x`` as a C-contiguous float32 (n, d) array, validated and optionally L2-normalised.
 
@@ -65,6 +83,11 @@ def as_embeddings(
     rows are refused); with ``normalize=False`` non-unit rows trigger one
     :class:`UnnormalizedEmbeddingsWarning` per argument name and process.
     No copy is made when ``x`` is already float32, contiguous and (if asked) unit-length.
+
+    The same checks run on each piece of a sharded source read by a distributed task
+    (:meth:`hubless.distributed.EmbeddingSource.read`): ``first_row`` is the piece's first row in
+    the whole set and ``shard`` its (file, row in that file), so a message names a bad row as a
+    single-machine check would, and its shard.
     """
     if isinstance(x, np.ndarray):
         arr = x
@@ -73,11 +96,7 @@ def as_embeddings(
             arr = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
             raise InvalidType(f"{name} could not be converted to an array: {exc}") from exc
-    if arr.dtype.kind != "f":
-        raise InvalidType(
-            f"{name} must be a floating-point array (float16, float32 or float64); "
-            f"got dtype {arr.dtype}. Convert it with .astype(numpy.float32) if that is intended."
-        )
+    check_float_dtype(arr.dtype, name)
     if arr.ndim != 2:
         hint = " For a single vector use x[None, :]." if arr.ndim == 1 else ""
         raise InvalidInput(f"{name} must be 2-D with shape (n_items, dim); got shape {arr.shape}.{hint}")
@@ -95,11 +114,13 @@ def as_embeddings(
     norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
     if not np.isfinite(norms).all():
         bad_rows = np.flatnonzero(~np.isfinite(norms))
-        raise InvalidInput(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: row {int(bad_rows[0])}); fix or drop those rows.")
+        first = _row(int(bad_rows[0]), first_row, shard)
+        raise InvalidInput(f"{name} contains NaN or Inf in {bad_rows.size} row(s) (first: {first}); fix or drop those rows.")
     if not normalize and norms.max() > MAX_RAW_NORM:
         big = np.flatnonzero(norms > MAX_RAW_NORM)
         raise InvalidInput(
-            f"{name} has {big.size} row(s) of norm above {MAX_RAW_NORM:.0e} (first: row {int(big[0])}, norm {norms[big[0]]:.3g}): "
+            f"{name} has {big.size} row(s) of norm above {MAX_RAW_NORM:.0e} (first: {_row(int(big[0]), first_row, shard)}, "
+            f"norm {norms[big[0]]:.3g}): "
             "their dot products overflow float32; normalise the embeddings (drop --no-normalize / normalize=False)"
         )
     unit = np.abs(norms - 1.0) <= NORM_TOLERANCE
@@ -111,7 +132,7 @@ def as_embeddings(
             zero = np.flatnonzero(norms == 0)
             if zero.size:
                 raise InvalidInput(
-                    f"{name} has {zero.size} all-zero row(s) (first: row {int(zero[0])}) that cannot "
+                    f"{name} has {zero.size} all-zero row(s) (first: {_row(int(zero[0]), first_row, shard)}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
             if np.may_share_memory(arr, given):  # never write into the caller's memory

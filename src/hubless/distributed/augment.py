@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from hubless.corrections import Correction, make_correction
-from hubless.distributed.fit import _banks_for, _get, connect, fit_statistics
+from hubless.distributed.fit import _banks_for, _get, connect, fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
-from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.distributed.sources import EmbeddingSource
 from hubless.engine.statistics import BankStatistics
 from hubless.engine.updates import gallery_rows
 from hubless.errors import AlreadyExists, InvalidInput
@@ -55,7 +55,8 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arra
     from hubless._io import atomic_open
     from hubless.index.index import augmented_rows
 
-    corr = make_correction(spec).fit_from_statistics(gallery.read(start, stop), BankStatistics.from_arrays(arrays))
+    rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
+    corr = make_correction(spec).fit_from_statistics(rows, BankStatistics.from_arrays(arrays))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
 
@@ -81,8 +82,8 @@ def write_augmented(
 
     corr = make_correction(method)
     check_servable(corr)
-    qb, gb = (None if s is None else open_source(s) for s in _banks_for([corr], query_bank, gallery_bank))  # headers read once
-    source = open_source(gallery)
+    sources = open_sources(gallery, *_banks_for([corr], query_bank, gallery_bank))  # headers read and checked once
+    source, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]
     corr.check_sizes(source.n_rows, *(None if s is None else s.n_rows for s in (qb, gb)))
     cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
     folder = Path(out)
@@ -118,7 +119,7 @@ def write_augmented(
         for ref in progress_bar(refs, progress, desc="augmented parts", unit="parts"):
             _get(ray, ref)
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
-    first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1), gallery_rows(stats, 0, 1))
+    first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), gallery_rows(stats, 0, 1))
     columns = int(first.bias_columns_.shape[1])
     write_json(folder / INFO, {**info, "bias_columns": columns, "query_state": first.query_state(), "complete": True})
     return folder

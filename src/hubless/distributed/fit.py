@@ -31,7 +31,7 @@ from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingDependencyError, MissingInputError
 
-__all__ = ["connect", "fit", "fit_many", "fit_statistics"]
+__all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
 #: Version of the work directory's layout (plan.json + tiles/*.npz).
 WORK_FORMAT = 1
@@ -61,12 +61,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None):
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
     """One Ray task: read the tile's gallery rows and bank items (padded to the engine's blocks,
     :func:`~hubless.distributed.plan.tile_span`), return its partial statistics."""
-    from hubless._validation import as_embeddings
-
     os.environ["HUBLESS_NUM_THREADS"] = str(threads)  # the engine's threads = the task's CPUs
     (g0, g1), (b0, b1) = tile_span(tile, gallery.n_rows, bank.n_rows)
-    rows = as_embeddings(gallery.read(g0, g1), "gallery", normalize=normalize)
-    items = as_embeddings(bank.read(b0, b1), f"{tile.side} bank", normalize=normalize)
+    rows = gallery.read(g0, g1, normalize=normalize)  # checked as in-memory arrays are, rows named globally
+    items = bank.read(b0, b1, normalize=normalize)
     return compute_tile(tile, rows, items, request, gallery_from=g0, bank_from=b0).to_arrays()
 
 
@@ -145,15 +143,8 @@ def fit_statistics(
     """
     from hubless.progress import progress_bar
 
-    sources = {"gallery": open_source(gallery)}
-    for name, spec in (("query", query_bank), ("gallery_bank", gallery_bank)):
-        sources[name] = None if spec is None else open_source(spec)
-        if sources[name] is not None and sources[name].dim != sources["gallery"].dim:
-            raise InvalidInput(
-                f"{name.replace('_', ' ')} source {sources[name].name} has dimension {sources[name].dim} "
-                f"but the gallery {sources['gallery'].name} has {sources['gallery'].dim}"
-            )
-    g, qb, gb = sources["gallery"], sources["query"], sources["gallery_bank"]
+    sources = open_sources(gallery, query_bank, gallery_bank)
+    g, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]
     tiles = plan_tiles(
         request,
         g.n_rows,
@@ -198,6 +189,22 @@ def fit_statistics(
     return merger.result()
 
 
+def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, EmbeddingSource | None]:
+    """The gallery and bank sources, opened (headers read and checked, see
+    :mod:`~hubless.distributed.sources`) and named as the in-memory checks name them; a bank of
+    another dimension than the gallery is refused here, before any work."""
+    g = open_source(gallery, label="gallery")
+    out = {"gallery": g}
+    for name, spec in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
+        src = out[name] = None if spec is None else open_source(spec, label=name)
+        if src is not None and src.dim != g.dim:
+            raise InvalidInput(
+                f"{name} has dimension {src.dim} but the gallery has dimension {g.dim}; all embeddings must come from the same model "
+                f"({src.shards[0].path} and {g.shards[0].path})"
+            )
+    return out
+
+
 def _get(ray, ref):
     """``ray.get`` that re-raises a task's own error (not Ray's wrapper with its traceback)."""
     try:
@@ -229,12 +236,13 @@ def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gall
         raise InvalidInput("corrections fitted together must share one normalize setting")
     request = statistics_request(corrections)
     qb, gb = _banks_for(corrections, query_bank, gallery_bank)
-    gallery_source = open_source(gallery)
-    sizes = [None if s is None else open_source(s).n_rows for s in (qb, gb)]
+    sources = open_sources(gallery, qb, gb)
+    sizes = [None if s is None else s.n_rows for s in (sources["query_bank"], sources["gallery_bank"])]
     for c in corrections:
-        c.check_sizes(gallery_source.n_rows, *sizes)
-    stats = fit_statistics(request, gallery_source, qb, gb, normalize=corrections[0].normalize, **options)
-    rows = gallery_source.read(0, gallery_source.n_rows)
+        c.check_sizes(sources["gallery"].n_rows, *sizes)
+    normalize = corrections[0].normalize
+    stats = fit_statistics(request, sources["gallery"], sources["query_bank"], sources["gallery_bank"], normalize=normalize, **options)
+    rows = sources["gallery"].read(0, sources["gallery"].n_rows, normalize=normalize)
     return [c.fit_from_statistics(rows, stats) for c in corrections]
 
 

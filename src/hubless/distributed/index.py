@@ -33,11 +33,10 @@ def _add_shard(empty: np.ndarray, gallery: EmbeddingSource, start: int, stop: in
     empty index; returns the filled copy, serialised."""
     import faiss
 
-    from hubless._validation import as_embeddings
     from hubless.index.faiss_build import add_rows
 
     index = faiss.deserialize_index(empty)
-    unit = as_embeddings(gallery.read(start, stop), "gallery", normalize=normalize)
+    unit = gallery.read(start, stop, normalize=normalize)
     add_rows(index, unit, np.hstack([unit, bias]).astype(np.float32))
     return faiss.serialize_index(index)
 
@@ -64,18 +63,22 @@ def build_index(
     import faiss
 
     from hubless.index import Index
+    from hubless.index.factory import check_factory
     from hubless.index.faiss_build import default_factory, train_empty, training_sample
-    from hubless.index.index import augmented_rows
+    from hubless.index.index import _as_records, augmented_rows
     from hubless.progress import progress_bar
 
     t0 = time.perf_counter()
-    source = open_source(gallery)
-    corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
+    source = open_source(gallery, label="gallery")
+    # the cheap checks first: a bad factory or metadata fails now, not after the distributed fit
     factory = factory or default_factory(source.n_rows)
     if "HNSW" in factory.upper():
         raise InvalidInput(
             f"{factory}: an HNSW graph cannot be merged from shards built apart; use an IVF factory or Index.build on one machine"
         )
+    factory = check_factory(factory, source.n_rows, source.dim + 1)
+    metadata = _as_records(metadata, source.n_rows)
+    corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
     augmented = augmented_rows(corr)
     sample = training_sample(source.n_rows, train_size, seed)
     empty, dim = train_empty(factory, source.n_rows, corr.gallery_[sample], augmented[sample], seed=seed)

@@ -11,22 +11,28 @@ A folder means the same here as everywhere else in hubless (:func:`hubless.input
 reads the same rows from it on one machine): ``--gallery out/`` is one set of embeddings with
 and without ``--ray``.
 
-Opening a source reads only the shards' headers (their row counts and dimension) and refuses a
-missing or unreadable shard, or one whose dimension differs from the first, naming the shard.
-:meth:`EmbeddingSource.read` returns rows ``[start, stop)`` as float32 from the shards that hold
-them, and refuses NaN/inf naming the shard and row.
+Opening a source reads only the shards' headers (their row counts, dimension and dtype) and
+refuses, naming the shard, what an in-memory array would be refused for (the same checks,
+:func:`hubless._validation.as_embeddings`): a missing or unreadable shard, a dtype that is not
+floating point (an integer ``.npy``, a parquet column of strings or of integer lists), a shard
+that is not 2-D, zero-length vectors, a dimension other than the first shard's, and a source
+with no rows. :meth:`EmbeddingSource.read` returns rows ``[start, stop)`` as float32 from the
+shards that hold them, checked as an in-memory array is (NaN/Inf, all-zero rows with
+``normalize=True``, overflowing norms), the message naming the row in the whole source and in
+its shard, and the shard.
 """
 
 from __future__ import annotations
 
 import glob
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingFile
+from hubless._validation import as_embeddings, check_float_dtype
+from hubless.errors import InvalidInput, InvalidType, MissingFile
 
 __all__ = ["EmbeddingSource", "Shard", "open_source"]
 
@@ -51,6 +57,7 @@ class EmbeddingSource:
     dim: int
     kind: str  # "npy" or "parquet"
     column: str = PARQUET_COLUMN
+    label: str = "embeddings"  # what the rows are, in messages ("gallery", "query_bank", ...)
 
     @property
     def n_rows(self) -> int:
@@ -70,8 +77,10 @@ class EmbeddingSource:
             out.append([s.path, s.rows, st.st_size, st.st_mtime_ns])
         return out
 
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` as a C-contiguous float32 array (finite, checked per shard)."""
+    def read(self, start: int, stop: int, *, normalize: bool | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` as a C-contiguous float32 array, each shard's piece checked as
+        an in-memory array is: finite always; with ``normalize`` given, all of
+        :func:`~hubless._validation.as_embeddings` (True: L2-normalised, all-zero rows refused)."""
         if not 0 <= start <= stop <= self.n_rows:
             raise InvalidInput(f"rows [{start}, {stop}) are outside {self.name} ({self.n_rows} rows)")
         out = np.empty((stop - start, self.dim), dtype=np.float32)
@@ -79,13 +88,16 @@ class EmbeddingSource:
             lo, hi = max(start, shard.start), min(stop, shard.start + shard.rows)
             if lo >= hi:
                 continue
-            part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start, self.dim)
+            part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start, self.dim, self.label, lo)
             if part.shape != (hi - lo, self.dim):
                 raise InvalidInput(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
-            bad = ~np.isfinite(part).all(axis=1)
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0]) + lo - shard.start
-                raise InvalidInput(f"shard {shard.path} has NaN or inf values (first in its row {row}): fix or drop that shard")
+            where = {"first_row": lo, "shard": (shard.path, lo - shard.start)}
+            if normalize is None:
+                bad = ~np.isfinite(part).all(axis=1)
+                if bad.any():  # the same message as the full check's
+                    as_embeddings(part[bad][:1], self.label, normalize=False, **{**where, "first_row": lo + int(np.argmax(bad))})
+            else:
+                part = as_embeddings(part, self.label, normalize=normalize, **where)
             out[lo - start : hi - start] = part
         return out
 
@@ -128,10 +140,12 @@ def _shard_paths(spec) -> list[str]:
     raise MissingFile(f"embedding source {text} does not exist")
 
 
-def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
-    """An :class:`EmbeddingSource` from a folder, glob, file, list of files, or a source."""
+def open_source(spec, *, column: str = PARQUET_COLUMN, label: str | None = None) -> EmbeddingSource:
+    """An :class:`EmbeddingSource` from a folder, glob, file, list of files, or a source;
+    ``label`` names its rows in messages ("gallery", "query_bank", ...)."""
     if isinstance(spec, EmbeddingSource):
-        return spec
+        return spec if label is None or spec.label == label else replace(spec, label=label)
+    label = label or "embeddings"
     paths = _shard_paths(spec)
     kinds = {Path(p).suffix for p in paths}
     if len(kinds) != 1 or kinds - {".npy", ".parquet"}:
@@ -139,27 +153,33 @@ def open_source(spec, *, column: str = PARQUET_COLUMN) -> EmbeddingSource:
     kind = kinds.pop().lstrip(".")
     shards, start, dim = [], 0, None
     for p in paths:
-        rows, d = _header(p, kind, column)
+        rows, d = _header(p, kind, column, label)
         if dim is None:
             dim = d
         elif d != dim:
-            raise InvalidInput(f"shard {p} has dimension {d} but {paths[0]} has {dim}: every shard of a source must have one dimension")
+            raise InvalidInput(
+                f"{label} shard {p} has dimension {d} but {paths[0]} has {dim}: every shard of a source must have one dimension"
+            )
         shards.append(Shard(p, start, rows))
         start += rows
     if start == 0:
-        raise InvalidInput(f"embedding source {spec} has no rows")
-    return EmbeddingSource(tuple(shards), int(dim), kind, column)
+        raise InvalidInput(f"{label} {spec} is empty (its shards hold no rows); at least one row is needed.")
+    return EmbeddingSource(tuple(shards), int(dim), kind, column, label)
 
 
-def _header(path: str, kind: str, column: str) -> tuple[int, int]:
-    """(rows, dim) of a shard, from its header only."""
+def _header(path: str, kind: str, column: str, label: str) -> tuple[int, int]:
+    """(rows, dim) of a shard, from its header only (its dtype and shape checked)."""
+    name = f"{label} shard {path}"
     if kind == "npy":
         from hubless.inputs import check_npy
 
         check_npy(Path(path))
         arr = np.load(path, mmap_mode="r")
-        if arr.ndim != 2 or arr.dtype.kind not in "fiu":
-            raise InvalidInput(f"shard {path} holds a {arr.dtype} array of shape {arr.shape}; expected (rows, dim) numbers")
+        check_float_dtype(arr.dtype, name)
+        if arr.ndim != 2:
+            raise InvalidInput(f"{name} must be 2-D with shape (n_items, dim); got shape {arr.shape}.")
+        if arr.shape[1] == 0:
+            raise InvalidInput(f"{name} has zero-length vectors (shape {arr.shape}).")
         return int(arr.shape[0]), int(arr.shape[1])
     import pyarrow.parquet as pq
 
@@ -168,12 +188,28 @@ def _header(path: str, kind: str, column: str) -> tuple[int, int]:
     except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for damaged files
         raise InvalidInput(f"cannot read shard {path}: {exc}") from None
     if column not in meta.schema_arrow.names:
-        raise InvalidInput(f"shard {path} has no column {column!r} (columns: {', '.join(meta.schema_arrow.names)})")
+        raise InvalidInput(f"{name} has no column {column!r} (columns: {', '.join(meta.schema_arrow.names)})")
+    arrow_type = meta.schema_arrow.field(column).type
+    _check_list_of_floats(arrow_type, name, column)
     rows = meta.metadata.num_rows
     if rows == 0:
-        return 0, _parquet_dim(meta.schema_arrow.field(column).type, path, None)
+        return 0, _parquet_dim(arrow_type, path, None)
     first = meta.read_row_group(0, columns=[column]).column(column)
-    return rows, _parquet_dim(first.type, path, first)
+    dim = _parquet_dim(first.type, path, first)
+    if dim == 0:
+        raise InvalidInput(f"{name} has zero-length vectors (column {column!r}).")
+    return rows, dim
+
+
+def _check_list_of_floats(arrow_type, name: str, column: str) -> None:
+    """A parquet embedding column must hold a list of floats per row (as an array must be float)."""
+    import pyarrow as pa
+
+    listed = pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+    if listed and pa.types.is_floating(arrow_type.value_type):
+        return
+    what = f"lists of {arrow_type.value_type}" if listed else f"{arrow_type} values"
+    raise InvalidType(f"{name}: column {column!r} holds {what}; it must hold a list of floats per row (float16, float32 or float64)")
 
 
 def _parquet_dim(arrow_type, path, values) -> int:
@@ -185,7 +221,7 @@ def _parquet_dim(arrow_type, path, values) -> int:
     return len(values[0].as_py())
 
 
-def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int) -> np.ndarray:
+def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int, label: str, first_row: int) -> np.ndarray:
     if kind == "npy":
         return np.asarray(np.load(path, mmap_mode="r")[lo:hi], dtype=np.float32)
     import pyarrow.compute as pc
@@ -200,6 +236,8 @@ def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int) ->
     if (lengths != dim).any():
         bad = int(np.flatnonzero(lengths != dim)[0])
         what = "is missing" if lengths[bad] < 0 else f"has {lengths[bad]} values"
-        raise InvalidInput(f"shard {path}: row {bad + lo} of column {column!r} {what}; every row needs {dim}")
+        raise InvalidInput(
+            f"{label} row {first_row + bad} (row {lo + bad} of shard {path}): column {column!r} {what}; every row needs {dim}"
+        )
     values = col.flatten().to_numpy(zero_copy_only=False)
     return np.asarray(values, dtype=np.float32).reshape(hi - lo, -1)
