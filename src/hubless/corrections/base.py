@@ -536,8 +536,14 @@ class AdditiveCorrection(Correction):
         else:
             bias = self.bias_columns_ if columns is None else self.bias_columns_[columns]
             if bias.shape[1] == 1:  # one bias column: w_q * b_r by broadcasting (the same products as w @ bias.T)
-                if (w == w[0, 0]).all():  # one weight for every query: subtract one row, no (n, m) temporary
-                    return np.subtract(sims, w[0, 0] * bias[:, 0], out=out)
+                values = np.unique(w[:, 0])
+                if values.size == 1:  # one weight for every query: subtract one row, no (n, m) temporary
+                    return np.subtract(sims, values[0] * bias[:, 0], out=out)
+                if values.size == 2 and values[0] == 0:  # gated (DIS): subtract where the gate is open
+                    out = np.array(sims, copy=True) if out is None else out
+                    if out is not sims:
+                        out[...] = sims
+                    return np.subtract(out, values[1] * bias[:, 0], out=out, where=w[:, :1] != 0)
                 shift = w[:, :1] * bias[:, 0]
             else:
                 shift = w @ bias.T

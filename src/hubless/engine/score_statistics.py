@@ -71,7 +71,8 @@ def read_rows(matrix, start: int, stop: int, name: str, rows: np.ndarray | None 
     float32 memory map is read in place (no copy)."""
     block = matrix[start:stop] if rows is None else matrix[rows]
     block = np.asarray(block, dtype=np.float32)
-    if not np.isfinite(block).all():
+    # a NaN or infinity makes the sum non-finite; only then (or if finite scores overflow it) look closer
+    if not np.isfinite(np.sum(block)) and not np.isfinite(block).all():
         bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
         row = offset + (start + bad if rows is None else int(rows[bad]))
         raise InvalidInput(f"{name} holds NaN or infinite scores (row {row}); scores must be finite")
