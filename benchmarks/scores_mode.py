@@ -92,7 +92,7 @@ def make_matrices(folder: Path, scale: float) -> tuple[Path, Path, int]:
         out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n_rows, n_videos))
         for start in range(0, n_rows, 8192):
             stop = min(n_rows, start + 8192)
-            q = centres(np.arange(start, stop)) + 0.9 * rng.standard_normal((stop - start, RANK)).astype(np.float32)
+            q = centres(np.arange(start, stop)) + 0.35 * rng.standard_normal((stop - start, RANK)).astype(np.float32)
             q /= np.linalg.norm(q, axis=1, keepdims=True)
             out[start:stop] = np.tanh(q @ videos.T + 0.1 * popularity)
         out.flush()

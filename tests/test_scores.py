@@ -208,6 +208,24 @@ def test_score_statistics_do_not_depend_on_threads(video_data, monkeypatch):
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
+def test_bank_pass_in_small_blocks_and_bad_bank_rows(video_data, monkeypatch):
+    import hubless.engine.score_statistics as engine
+
+    d = video_data
+    whole = fit_on_scores(["nnn:k=8", "dis:k_activation=2", "dualdis", "gc"], d["SB"], d["SG"])
+    monkeypatch.setattr(engine, "SCORE_BLOCK_ELEMENTS", 7 * d["SB"].shape[1])  # 7 rows per block
+    blocks = fit_on_scores(["nnn:k=8", "dis:k_activation=2", "dualdis", "gc"], d["SB"], d["SG"])
+    for a, b in zip(whole, blocks):
+        np.testing.assert_allclose(a.bias_columns_, b.bias_columns_, rtol=1e-6, atol=1e-7) if hasattr(a, "bias_columns_") else None
+        for name in ("activation_mask_", "activation_masks_", "probes_"):
+            if hasattr(a, name):
+                np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    bad = d["SB"].copy()
+    bad[123, 4] = np.inf
+    with pytest.raises(InvalidInput, match=r"query_bank_scores holds NaN or infinite scores \(row 123\)"):
+        fit_on_scores(["is"], bad)
+
+
 def test_methods_that_need_embeddings_are_refused(video_data, tmp_path):
     d = video_data
     with pytest.raises(InvalidInput, match="embeddings"):

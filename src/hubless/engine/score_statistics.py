@@ -59,9 +59,10 @@ def check_score_matrix(x, name: str, *, n_cols: int | None = None, cols_of: str 
     return x
 
 
-def row_blocks(n_rows: int, n_cols: int, elements: int = SCORE_BLOCK_ELEMENTS) -> list[tuple[int, int]]:
-    """(start, stop) of the row blocks of an (n_rows, n_cols) matrix, each about ``elements``."""
-    step = max(1, elements // max(1, n_cols))
+def row_blocks(n_rows: int, n_cols: int, elements: int | None = None) -> list[tuple[int, int]]:
+    """(start, stop) of the row blocks of an (n_rows, n_cols) matrix, each about ``elements``
+    (default :data:`SCORE_BLOCK_ELEMENTS`)."""
+    step = max(1, (elements or SCORE_BLOCK_ELEMENTS) // max(1, n_cols))
     return [(s, min(n_rows, s + step)) for s in range(0, n_rows, step)]
 
 
@@ -129,8 +130,9 @@ def _bank_pass(
         # this thread's share of the columns: the column reducers
         c0, c1 = col_bounds[part]
         view = block[:, c0:c1].T  # gallery items x bank rows: what the reducers expect, no copy
-        for state in states[part]:
-            state.update(view, start)
+        with np.errstate(invalid="ignore"):  # a non-finite row (refused by the check above) stays silent
+            for state in states[part]:
+                state.update(view, start)
 
     blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
     with ThreadPoolExecutor(len(col_bounds)) as pool:
