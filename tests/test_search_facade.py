@@ -156,7 +156,7 @@ def test_the_service_encodes_with_the_recorded_model_without_model_option(clip_i
 
     root, _, encoder = clip_index
     texts = ["a blue car on the street"]
-    with TestClient(create_app({"idx": root / "idx"})) as c:
+    with TestClient(base_url="http://localhost", app=create_app({"idx": root / "idx"})) as c:
         info = c.get("/indexes").json()[0]
         assert "texts" in info["queries"]
         body = c.post("/search", json={"texts": texts, "top_k": 4, "compare": True}).json()

@@ -38,7 +38,7 @@ def saved(tmp_path_factory):
 def client(saved):
     root, _ = saved
     app = create_app({"coco": root / "coco", "ivf": root / "ivf"}, limits=Limits(max_batch=8, max_top_k=50, max_body_bytes=64_000))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(base_url="http://localhost", app=app, raise_server_exceptions=False) as c:
         yield c
 
 
@@ -82,8 +82,12 @@ def test_descriptions_health_and_metrics(client):
     info = client.get("/indexes/ivf").json()
     assert info["n_items"] == 400 and info["factory"] == "IVF8,Flat" and info["banks"]["query_bank"] == 800 and info["format_version"] >= 4
     assert client.get("/health").json()["status"] == "ok"
-    text = client.get("/metrics").text
-    assert 'hubless_requests_total{endpoint="/search",status="200"}' in text and "hubless_request_seconds_total" in text
+    assert client.post("/search", json={"index": "coco", "item": 1}).status_code == 200
+    metrics = client.get("/metrics")
+    text = metrics.text
+    assert metrics.headers["content-type"].startswith("text/plain; version=")  # the exposition format, versioned
+    assert 'hubless_requests_total{endpoint="/search",method="POST",status="200"}' in text
+    assert 'hubless_request_duration_seconds_bucket{endpoint="/search",le="0.001"}' in text
 
 
 @pytest.mark.parametrize(
@@ -119,12 +123,14 @@ def test_malformed_and_oversized_bodies(client):
     assert client.get("/items/coco/abc").status_code == 422
 
 
-def test_api_key_protects_everything_but_health(saved):
+def test_api_key_protects_everything_but_health_and_the_page(saved):
     root, _ = saved
-    with TestClient(create_app({"coco": root / "coco"}, api_key="k" * 20)) as c:
+    with TestClient(base_url="http://localhost", app=create_app({"coco": root / "coco"}, api_key="k" * 20)) as c:
         assert c.get("/health").status_code == 200
         assert c.get("/indexes").status_code == 401
-        assert c.get("/indexes", headers={"X-API-Key": "k" * 20}).status_code == 200
+        assert c.get("/indexes", headers={"X-API-Key": "k" * 20}).status_code == 401  # Bearer only
+        assert c.get("/indexes", headers={"Authorization": "k" * 20}).status_code == 401
+        assert c.get("/indexes", headers={"Authorization": "Bearer " + "k" * 20}).status_code == 200
         assert c.post("/search", json={"item": 1}, headers={"Authorization": "Bearer " + "k" * 20}).status_code == 200
 
 
@@ -214,7 +220,7 @@ def test_concurrent_single_queries_are_batched(saved):
 
     served.index.search = counting_search
     expected = hubless.Index.load(root / "coco").search(many, 5)[1]
-    with TestClient(app) as c, concurrent.futures.ThreadPoolExecutor(32) as pool:
+    with TestClient(base_url="http://localhost", app=app) as c, concurrent.futures.ThreadPoolExecutor(32) as pool:
         answers = list(pool.map(lambda i: c.post("/search", json={"embeddings": many[i : i + 1].tolist(), "top_k": 5}).json(), range(32)))
     for i, body in enumerate(answers):
         assert [h["id"] for h in body["results"][0]["hits"]] == expected[i].tolist()
@@ -246,7 +252,7 @@ def test_text_search_with_reranking(tmp_path):
     reranker = load_reranker(tmp_path / "ce", device="cpu")
     app = create_app({"idx": tmp_path / "idx"}, encoder=encoder, reranker=reranker, rerank_k=10)
     texts = ["a red dog on the grass", "two cats near a car"]
-    with TestClient(app) as c:
+    with TestClient(base_url="http://localhost", app=app) as c:
         plain = c.post("/search", json={"texts": texts, "top_k": 5}).json()
         reranked = c.post("/search", json={"texts": texts, "top_k": 5, "rerank": True}).json()
         assert c.post("/search", json={"item": 3, "rerank": True}).status_code == 422
@@ -254,7 +260,7 @@ def test_text_search_with_reranking(tmp_path):
     assert [[h["id"] for h in r["hits"]] for r in plain["results"]] == index.search(q, 5)[1].tolist()
     direct = Pipeline(hubless.Index.load(tmp_path / "idx"), reranker, k=10, gallery_items=captions).search(q, texts, top_k=5)
     assert reranked["reranked"] and [[h["id"] for h in r["hits"]] for r in reranked["results"]] == direct.ids.tolist()
-    with TestClient(create_app({"idx": tmp_path / "idx"}, encoder=encoder)) as c:
+    with TestClient(base_url="http://localhost", app=create_app({"idx": tmp_path / "idx"}, encoder=encoder)) as c:
         assert "--rerank" in c.post("/search", json={"texts": texts, "rerank": True}).json()["detail"]
 
 

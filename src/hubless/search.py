@@ -365,6 +365,10 @@ class Searcher:
                 raise InvalidInput(f"{index.correction.spec} has no query-time weight to set")
             options["weight"] = weight
         if where is not None:
+            import inspect
+
+            if "where" not in inspect.signature(index.search).parameters:
+                raise InvalidInput("metadata filters (where=) need an index version that supports them; search without where")
             options["where"] = where
         for key, value in (("nprobe", nprobe), ("ef_search", ef_search), ("rescore", rescore)):
             if value is not None:

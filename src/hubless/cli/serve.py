@@ -1,4 +1,5 @@
-"""``hubless serve``: the HTTP API over saved indexes (FastAPI + uvicorn)."""
+"""``hubless serve``: the HTTP API over saved indexes (FastAPI + uvicorn). The reference is
+``docs/service.md``."""
 
 from __future__ import annotations
 
@@ -32,27 +33,41 @@ def serve_command(
     host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
     port: int = typer.Option(8000, help="Port."),
     api_key_file: Path = typer.Option(
-        None, help="File holding an API key every request must carry (X-API-Key); required to bind to anything but loopback."
+        None, help="File holding the write key (Authorization: Bearer KEY); then every request needs a key. Required beyond loopback."
     ),
-    max_batch: int = typer.Option(256, help="Most queries per request."),
+    read_key_file: Path = typer.Option(None, help="File holding a read-only key (searches and reads, no writes)."),
+    image_root: Path = typer.Option(None, help="Folder item images are served from (metadata 'path' relative to it); none: no images."),
+    allowed_host: list[str] = typer.Option(
+        None, "--allowed-host", help="Host header value to answer (repeatable; default: localhost names and the bind address; * for any)."
+    ),
+    cors_origin: list[str] = typer.Option(
+        None, "--cors-origin", help="Browser origin allowed to call the API (repeatable; default: none)."
+    ),
+    audit_log: Path = typer.Option(None, help="Append one JSON line per write here (time, key, endpoint, ids)."),
+    lock_timeout: float = typer.Option(5.0, help="Seconds a write waits for the index's lock before answering 503 (Retry-After)."),
+    header_timeout: float = typer.Option(10.0, help="Seconds a client has to send a request's headers."),
+    body_timeout: float = typer.Option(30.0, help="Seconds a client has to send a request's body."),
+    max_body_bytes: int = typer.Option(8 * 2**20, help="Largest request body (chunked bodies too)."),
+    max_batch: int = typer.Option(256, help="Most queries (or rows) per request."),
     max_top_k: int = typer.Option(1000, help="Largest top_k."),
+    max_text_chars: int = typer.Option(1000, help="Longest text query, in characters."),
+    max_result_hits: int = typer.Option(50_000, help="Largest answer: queries x top_k x (2 with compare)."),
     workers: int = typer.Option(1, help="Server processes, each with its own copy of the indexes (writes need 1)."),
     rerank: str = typer.Option(None, help="Cross-encoder (BLIP ITM or sentence-transformers name/folder) text searches may rerank with."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
 ) -> None:
-    """Serve saved indexes over HTTP: POST /search (embeddings, texts with --model, or an item id;
-    compare=true for the uncorrected ranking), GET /indexes, /items, /health, /metrics; docs at /docs."""
+    """Serve saved indexes over HTTP: POST /search (embeddings, texts or images with the index's
+    model, or an item id; compare=true for the uncorrected ranking), GET /indexes, /items,
+    /hubness, /health, /metrics; the page at /, API docs at /docs."""
     from hubless.errors import check_available
+    from hubless.service.settings import DEFAULT_HOSTS, Keys, Limits, Settings
 
     check_available("fastapi", "hubless serve", "serve")
     check_available("uvicorn", "hubless serve", "serve")
     if not _is_loopback(host) and api_key_file is None:
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
-    api_key = None
-    if api_key_file is not None:
-        api_key = api_key_file.read_text(encoding="utf-8").strip()
-        if len(api_key) < 16:
-            raise InvalidInput(f"{api_key_file} holds a key of {len(api_key)} characters; use at least 16 (e.g. `openssl rand -hex 32`)")
+    if workers < 1:
+        raise InvalidInput(f"--workers must be >= 1; got {workers}")
     named = {}
     for value in indexes:
         name, sep, path = value.partition("=")
@@ -60,20 +75,53 @@ def serve_command(
         if name in named:
             raise InvalidInput(f"two indexes are named {name!r}: give them names as NAME=PATH")
         named[name] = Path(path)
-    if workers < 1:
-        raise InvalidInput(f"--workers must be >= 1; got {workers}")
+    limits = Limits(max_body_bytes=max_body_bytes, max_batch=max_batch, max_top_k=max_top_k, max_text_chars=max_text_chars,
+                    max_result_hits=max_result_hits)  # fmt: skip
+    hosts = tuple(allowed_host) if allowed_host else (*DEFAULT_HOSTS, *([] if host in ("0.0.0.0", "::") else [host]))
+    Keys.from_files(api_key_file, read_key_file)  # checked here, read again by each worker: keys never go into the environment
+    Settings(limits=limits, image_root=image_root, allowed_hosts=hosts, cors_origins=tuple(cors_origin or ()), audit_log=audit_log,
+             lock_timeout=lock_timeout, header_timeout=header_timeout, body_timeout=body_timeout)  # fmt: skip
+    import dataclasses
     import json
     import os
+    import shutil
+    import tempfile
 
     import uvicorn
 
-    config = {"indexes": {k: str(v.resolve()) for k, v in named.items()}, "model": model, "allow_model_mismatch": allow_model_mismatch, "api_key": api_key,
-              "max_batch": max_batch, "max_top_k": max_top_k, "writes": workers == 1, "rerank": rerank, "rerank_k": rerank_k}  # fmt: skip
-    os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process
+    def absolute(p):
+        return None if p is None else str(Path(p).resolve())
+
+    config = {
+        "indexes": {k: str(v.resolve()) for k, v in named.items()},
+        "model": model,
+        "allow_model_mismatch": allow_model_mismatch,
+        "api_key_file": absolute(api_key_file),
+        "read_key_file": absolute(read_key_file),
+        "image_root": absolute(image_root),
+        "allowed_hosts": list(hosts),
+        "cors_origins": list(cors_origin or ()),
+        "audit_log": absolute(audit_log),
+        "lock_timeout": lock_timeout,
+        "header_timeout": header_timeout,
+        "body_timeout": body_timeout,
+        "limits": dataclasses.asdict(limits),
+        "writes": workers == 1,
+        "rerank": rerank,
+        "rerank_k": rerank_k,
+    }
+    os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process (file names, never keys)
+    options = dict(host=host, port=port, log_level="warning", http="hubless.service.protocol:ServeProtocol", server_header=False,
+                   timeout_keep_alive=5)  # fmt: skip
     typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")
     if workers == 1:
         from hubless.service.app import app_from_environment
 
-        uvicorn.run(app_from_environment(), host=host, port=port, log_level="warning")
-    else:
-        uvicorn.run("hubless.service.app:app_from_environment", factory=True, host=host, port=port, workers=workers, log_level="warning")
+        uvicorn.run(app_from_environment(), **options)
+        return
+    metrics_dir = tempfile.mkdtemp(prefix="hubless-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # /metrics sums the workers' counters
+    try:
+        uvicorn.run("hubless.service.app:app_from_environment", factory=True, workers=workers, **options)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -1,13 +1,14 @@
 """``hubless serve``: an HTTP API over saved indexes (needs ``pip install 'hubless[serve]'``).
 
-    app = hubless.service.create_app({"coco": "idx/"}, model="openai/clip-vit-base-patch32")
+    app = hubless.service.create_app({"coco": "idx/"}, settings=hubless.service.Settings(image_root="images/"))
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
-See :mod:`hubless.service.app` for the endpoints and the layout of this package.
+See :mod:`hubless.service.app` for the endpoints and the layout of this package, and
+``docs/service.md`` for the reference.
 """
 
 from hubless.service.app import create_app
 from hubless.service.schemas import SearchRequest
-from hubless.service.settings import Limits
+from hubless.service.settings import Keys, Limits, Settings
 
-__all__ = ["Limits", "SearchRequest", "create_app"]
+__all__ = ["Keys", "Limits", "SearchRequest", "Settings", "create_app"]

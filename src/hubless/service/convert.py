@@ -4,6 +4,7 @@ index summaries to plain JSON types."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 from fastapi import HTTPException
@@ -30,18 +31,30 @@ def rows(embeddings: list[list[float]], index, limits: Limits, what: str = "rows
     return np.asarray(embeddings, dtype=np.float32)
 
 
+def public_model(name: str | None) -> str | None:
+    """A model name fit to show: a hub name as it is, a local folder by its last part only."""
+    if name is None:
+        return None
+    text = str(name).rstrip("/\\")
+    if os.path.isabs(text) or text.startswith(".") or os.sep in text and os.path.exists(text):
+        return os.path.basename(text)
+    return text
+
+
 def summary(s: Served) -> dict:
     index = s.index
     corr = index.correction
     weight = None if corr.weight_param is None else {"name": corr.weight_param, "value": float(corr.weight())}
+    meta = index.metadata
     return {
         "name": s.name,
         "n_items": index.ntotal,
         "method": corr.spec,
         "factory": index.factory,
-        "model": index.model,
+        "model": public_model(index.model),
         "weight": weight,
         "queries": s.searcher.query_kinds(s.name),
+        "metadata_columns": sorted({k for r in meta[:100] for k in r}) if meta else [],
     }
 
 

@@ -1,5 +1,5 @@
 """Dependencies the routes declare: the service state, a served index by name, the write
-permission (FastAPI ``Depends``, after the FastAPI project template's ``api/deps.py``)."""
+permission, the audit record of a write (after the FastAPI project template's ``api/deps.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import Depends, HTTPException, Request
 
 from hubless.service.state import Served, ServiceState
 
-__all__ = ["ServiceDep", "check_id", "get_served", "get_service", "only_index", "writable"]
+__all__ = ["ServiceDep", "audit", "check_id", "get_served", "get_service", "only_index", "writable"]
 
 
 def get_service(request: Request) -> ServiceState:
@@ -39,9 +39,18 @@ def check_id(s: Served, item_id: int) -> None:
 
 
 def writable(service: ServiceState, name: str) -> Served:
-    """The served index ``name`` if this server accepts writes (403 saying why not otherwise)."""
-    if service.api_key is None:
+    """The served index ``name`` if this server accepts writes (403 saying why not otherwise;
+    the write key itself is checked by :class:`hubless.service.guard.Guard`)."""
+    if service.settings.keys.write is None:
         raise HTTPException(403, "writes are disabled: start the server with --api-key-file to enable them")
-    if not service.writes:
+    if not service.settings.writes:
         raise HTTPException(403, "writes are disabled with several --workers (each holds its own copy); serve with --workers 1")
     return get_served(service, name)
+
+
+def audit(service: ServiceState, request: Request, index: str, ids) -> None:
+    """Append a successful write to the audit log (when one is configured)."""
+    if service.audit is not None:
+        route = request.scope.get("route")
+        service.audit.record(key=request.scope.get("hubless.key"), method=request.method,
+                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids)  # fmt: skip

@@ -1,16 +1,29 @@
 """Errors as HTTP answers: a :class:`hubless.errors.HublessError` maps to its status
 (:func:`error_status`), a request that fails validation to 422, anything else to a 500 that
-says nothing about the server's internals; the server keeps serving."""
+says nothing about the server's internals; the server keeps serving. No answer names a path on
+the server's disk: absolute paths in a message are replaced by ``<path>`` (:func:`scrub`)."""
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+import re
+
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from hubless.errors import Busy, Conflict, HublessError, InvalidInput, NotFound, message
 
-__all__ = ["error_status", "install_error_handlers"]
+__all__ = ["error_status", "install_error_handlers", "scrub"]
+
+INTERNAL = "internal error; the server keeps running"
+BUSY = "the index is busy (another write holds its lock): retry after the Retry-After seconds"
+#: Absolute POSIX or Windows paths (and file: URLs) inside a message.
+_PATH = re.compile(r"(?:file://)?(?<![\w.:/-])(?:/|[A-Za-z]:[\\/])(?:[^\s'\"(),;:]+[\\/]?)+")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every absolute path replaced by ``<path>``."""
+    return _PATH.sub("<path>", text)
 
 
 def error_status(exc: HublessError) -> int:
@@ -31,16 +44,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
-        return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+        return JSONResponse({"detail": scrub(f"invalid request: {problems}")}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return JSONResponse({"detail": scrub(str(exc.detail))}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(HublessError)
     async def hubless_error(request: Request, exc: HublessError):
         status = error_status(exc)
+        if status == 503:  # a held lock: say so, not where
+            return JSONResponse({"detail": BUSY}, status_code=503, headers={"Retry-After": "1"})
         if status >= 500:  # damaged data or a missing package is the server's business: no detail leaks
-            return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server keeps running"}, status_code=status)
-        headers = {"Retry-After": "1"} if status == 503 else None
-        return JSONResponse({"detail": message(exc)}, status_code=status, headers=headers)
+            return JSONResponse({"detail": INTERNAL}, status_code=status)
+        return JSONResponse({"detail": scrub(message(exc))}, status_code=status)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):  # one request fails, the server goes on, no traceback leaks
-        return JSONResponse({"detail": f"internal error ({type(exc).__name__}); the server keeps running"}, status_code=500)
+        return JSONResponse({"detail": INTERNAL}, status_code=500)

@@ -1,30 +1,78 @@
-"""Request counts and latency per endpoint, in Prometheus text format (``GET /metrics``)."""
+"""``GET /metrics``: Prometheus metrics (prometheus_client), per endpoint and per index.
+
+* ``hubless_requests_total{endpoint,method,status}``: requests served (a counter);
+* ``hubless_request_duration_seconds{endpoint}``: their latency (a histogram, 0.5 ms .. 10 s);
+* ``hubless_served_*{index}``: the hubness of what is actually served (see
+  :class:`hubless.service.hubness.ServedSketch`): queries counted, N_1 skewness of the top-1
+  results, the share of all returned results taken by the top 1% of items, the largest N_1.
+
+Under ``hubless serve --workers N`` the counters and histograms are summed over the worker
+processes (prometheus_client's multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``); the served
+hubness is per worker (label ``pid``: each worker sees the queries it served).
+"""
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+import os
 
-__all__ = ["Metrics"]
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+#: The exposition format's content type, with its version.
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
 class Metrics:
-    """Request counts and latency per endpoint and status, in Prometheus text format."""
+    """The application's metrics (one registry per application, so several apps in one
+    process, as in tests, do not mix; in multiprocess mode the values live in files)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count: dict[tuple[str, int], int] = defaultdict(int)
-        self.seconds: dict[str, float] = defaultdict(float)
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = None if multiprocess() else self.registry
+        self.requests = Counter("hubless_requests", "Requests served.", ("endpoint", "method", "status"), registry=registry)
+        self.duration = Histogram(
+            "hubless_request_duration_seconds", "Time to serve a request.", ("endpoint",), buckets=BUCKETS, registry=registry
+        )
+        mode = {"multiprocess_mode": "liveall"} if multiprocess() else {}
+        self.served_queries = Gauge(
+            "hubless_served_queries", "Queries whose results the served hubness counts.", ("index",), registry=registry, **mode
+        )
+        self.served_skewness = Gauge(
+            "hubless_served_n1_skewness", "Skewness of N_1 over the served top-1 results.", ("index",), registry=registry, **mode
+        )
+        self.served_top_share = Gauge(
+            "hubless_served_top1pct_share",
+            "Share of all served results taken by the top 1% of items.",
+            ("index",),
+            registry=registry,
+            **mode,
+        )
+        self.served_max = Gauge(
+            "hubless_served_n1_max", "Largest N_1 (top-1 occurrences of one item) served.", ("index",), registry=registry, **mode
+        )
 
-    def add(self, endpoint: str, status: int, seconds: float) -> None:
-        with self.lock:
-            self.count[(endpoint, status)] += 1
-            self.seconds[endpoint] += seconds
+    def observe(self, endpoint: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint, method, str(status)).inc()
+        self.duration.labels(endpoint).observe(seconds)
 
-    def text(self) -> str:
-        with self.lock:
-            lines = ["# HELP hubless_requests_total Requests served.", "# TYPE hubless_requests_total counter"]
-            lines += [f'hubless_requests_total{{endpoint="{e}",status="{s}"}} {n}' for (e, s), n in sorted(self.count.items())]
-            lines += ["# HELP hubless_request_seconds_total Time spent serving requests.", "# TYPE hubless_request_seconds_total counter"]
-            lines += [f'hubless_request_seconds_total{{endpoint="{e}"}} {t:.6f}' for e, t in sorted(self.seconds.items())]
-        return "\n".join(lines) + "\n"
+    def text(self, sketches: dict) -> bytes:
+        """The exposition text, with the served hubness of each index brought up to date."""
+        for name, sketch in sketches.items():
+            stats = sketch.summary(top=0)
+            self.served_queries.labels(name).set(stats["queries"])
+            self.served_skewness.labels(name).set(stats["n1_skewness"] if stats["n1_skewness"] is not None else float("nan"))
+            self.served_top_share.labels(name).set(stats["top1pct_share"] if stats["top1pct_share"] is not None else float("nan"))
+            self.served_max.labels(name).set(stats["n1_max"])
+        if multiprocess():
+            from prometheus_client import multiprocess as mp
+
+            registry = CollectorRegistry()
+            mp.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

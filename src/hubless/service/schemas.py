@@ -1,30 +1,43 @@
 """The request bodies of the HTTP API (pydantic models; FastAPI validates them and documents
-them at ``/docs``)."""
+them at ``/docs``). Unknown fields are refused (422), so a misspelt option never passes
+silently."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ItemsRequest", "SearchRequest"]
 
 
 class SearchRequest(BaseModel):
-    """``POST /search``: exactly one of ``embeddings``, ``texts`` or ``item``."""
+    """``POST /search``: exactly one of ``embeddings``, ``embeddings_b64``, ``texts``, ``images``
+    or ``item``."""
+
+    model_config = ConfigDict(extra="forbid")
 
     index: str | None = Field(None, description="Index name (default: the only one served).")
     embeddings: list[list[float]] | None = Field(None, description="Query embeddings, one list per query.")
-    texts: list[str] | None = Field(None, description="Text queries, encoded with the server's model.")
+    embeddings_b64: str | None = Field(
+        None, description="Query embeddings as base64 of little-endian float32, row after row (n x the index's dimension)."
+    )
+    texts: list[str] | None = Field(None, description="Text queries, encoded with the model the index records.")
+    images: list[str] | None = Field(
+        None, description="Image queries: base64 of image files (PNG, JPEG, ...), encoded with the index's model (an image encoder)."
+    )
     item: int | None = Field(None, description="A gallery item id: search with its embedding ('more like this').")
     top_k: int = Field(10, ge=1, description="Results per query.")
     weight: float | None = Field(None, ge=0, description="The correction's query-time weight (NNN alpha, DN lambda).")
-    compare: bool = Field(False, description="Also return the uncorrected ranking and each hit's rank change.")
+    compare: bool = Field(False, description="Also return the uncorrected ranking (same index structure) and each hit's rank change.")
+    where: dict[str, Any] | None = Field(None, description="A metadata filter, passed to Index.search(where=...).")
     rerank: bool = Field(False, description="Rerank the corrected top rerank_k with the server's cross-encoder (text queries).")
 
 
 class ItemsRequest(BaseModel):
     """``POST /items/{name}`` and ``POST /bank/{name}``: rows to add (and, for items, metadata)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     embeddings: list[list[float]] = Field(..., description="One list per new item (or bank query).")
     metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item.")

@@ -1,16 +1,19 @@
 """What one application serves, held in ``app.state.service`` (:class:`ServiceState`): a
-:class:`hubless.search.Searcher` over the indexes (it encodes, searches, compares, reranks), and
-per index a :class:`Served` (its write lock, its search batcher, its cached hubness figures)."""
+:class:`hubless.search.Searcher` over the indexes (it encodes, searches, compares, reranks), the
+settings, the metrics, and per index a :class:`Served` (its write lock, its search batcher, its
+cached bank hubness, the sketch of its served hubness)."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
+from hubless.errors import Busy
 from hubless.search import Searcher
 from hubless.service.batching import Batcher
+from hubless.service.hubness import ServedSketch
 from hubless.service.metrics import Metrics
-from hubless.service.settings import Limits
+from hubless.service.settings import Settings
 
 __all__ = ["Served", "ServiceState"]
 
@@ -18,13 +21,16 @@ __all__ = ["Served", "ServiceState"]
 class Served:
     """One served index. Its versions live in the searcher and are replaced whole, never
     mutated: a write updates a fresh copy (loaded from disk under the index's write lock), saves
-    it, then swaps it in, so a search sees the old or the new version, never a half-updated one."""
+    it, then swaps it in, so a search sees the old or the new version, never a half-updated one.
+    A write waits at most ``lock_timeout`` seconds for the lock, then fails with
+    :class:`hubless.errors.Busy` (503 with Retry-After)."""
 
-    def __init__(self, name: str, searcher: Searcher) -> None:
-        self.name, self.searcher = name, searcher
+    def __init__(self, name: str, searcher: Searcher, lock_timeout: float = 5.0) -> None:
+        self.name, self.searcher, self.lock_timeout = name, searcher, lock_timeout
         self.write_lock = threading.Lock()  # one writer per served index in this process
         self.hubness = None
         self.batcher = Batcher()
+        self.sketch = ServedSketch(searcher.index(name).ntotal)
 
     @property
     def index(self):
@@ -35,20 +41,30 @@ class Served:
         return self.searcher.paths[self.name]
 
     def run(self, index, queries, top_k: int, **options):
-        """The corrected search, batched with concurrent requests (the searcher's ``runner``)."""
-        return self.batcher.search(index, queries, top_k, options)
+        """The corrected search, batched with concurrent requests (the searcher's ``runner``),
+        its results counted in the served-hubness sketch."""
+        scores, ids = self.batcher.search(index, queries, top_k, options)
+        self.sketch.add(ids, index.ntotal)
+        return scores, ids
 
-    def write(self, change) -> None:
+    def write(self, change):
+        """Apply ``change(index)`` to a fresh copy, save it (a saved index: under its file lock),
+        swap it in; returns what ``change`` returned."""
         from hubless.index import Index
 
-        with self.write_lock:
+        if not self.write_lock.acquire(timeout=self.lock_timeout):
+            raise Busy(f"index {self.name!r} is being written by another request; retry in a moment")
+        try:
             if self.path is None:  # served from memory: update a copy
                 updated = self.index.copy()
-                change(updated)
+                out = change(updated)
             else:  # the saved index, under its file lock (other processes may write it too)
-                with Index.update(self.path) as updated:
-                    change(updated)
+                with Index.update(self.path, timeout=self.lock_timeout) as updated:
+                    out = change(updated)
             self.searcher.replace(self.name, updated)
+            return out
+        finally:
+            self.write_lock.release()
 
 
 @dataclass
@@ -57,12 +73,19 @@ class ServiceState:
     ``query_problems``: index name -> why text/image queries are off for it (None: on)."""
 
     searcher: Searcher
-    limits: Limits = field(default_factory=Limits)
-    api_key: str | None = None
-    writes: bool = True
+    settings: Settings = field(default_factory=Settings)
     metrics: Metrics = field(default_factory=Metrics)
     query_problems: dict[str, str | None] = field(default_factory=dict)
+    audit: object = None
     served: dict[str, Served] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.served = {name: Served(name, self.searcher) for name in self.searcher.names}
+        self.served = {name: Served(name, self.searcher, self.settings.lock_timeout) for name in self.searcher.names}
+        if self.settings.audit_log is not None and self.audit is None:
+            from hubless.service.audit import AuditLog
+
+            self.audit = AuditLog(self.settings.audit_log)
+
+    @property
+    def limits(self):
+        return self.settings.limits

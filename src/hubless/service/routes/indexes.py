@@ -1,33 +1,40 @@
-"""What is served: ``GET /indexes``, ``GET /indexes/{name}``, ``GET /hubness/{name}``."""
+"""What is served: ``GET /indexes``, ``GET /indexes/{name}``, ``GET /hubness/{name}`` (the
+bank-based figures and the hubness of what was served)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from hubless.service.convert import plain, summary
+from hubless.service.convert import plain, public_model, summary
 from hubless.service.deps import ServiceDep, get_served
 from hubless.service.hubness import bank_hubness
 
 router = APIRouter()
 
+#: index.info() keys that name something on the server's disk: left out of answers.
+PRIVATE_INFO = ("path", "model")
+
 
 @router.get("/indexes")
 def list_indexes(service: ServiceDep) -> list[dict]:
-    return [summary(s) for s in service.served.values()]
+    images = service.settings.image_root is not None
+    return [{**summary(s), "images": images and "path" in summary(s)["metadata_columns"]} for s in service.served.values()]
 
 
 @router.get("/indexes/{name}")
 def describe(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
-    info = {k: plain(v) for k, v in s.index.info().items()}
+    info = {k: plain(v) for k, v in s.index.info().items() if k not in PRIVATE_INFO}
+    info["model"] = public_model(s.index.model)
     banks = {
         k: None if v is None else int(v.shape[0]) for k, v in (("query_bank", s.index.query_bank), ("gallery_bank", s.index.gallery_bank))
     }
     from hubless.index.store import VERSION
 
-    return {**summary(s), "info": info, "banks": banks, "format_version": VERSION, "path": None if s.path is None else s.path.name}
+    return {**summary(s), "info": info, "banks": banks, "format_version": VERSION}
 
 
 @router.get("/hubness/{name}")
 def hubness(name: str, service: ServiceDep) -> dict:
-    return bank_hubness(get_served(service, name))
+    s = get_served(service, name)
+    return {**bank_hubness(s), "served": s.sketch.summary()}

@@ -1,23 +1,20 @@
-"""Items: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image``, and the
-writes (API key needed): ``POST /items/{name}`` (add), ``DELETE /items/{name}/{id}`` (remove),
-``POST /bank/{name}`` (add query-bank queries; every bias is updated). A write is saved
-atomically under the index's write lock, then swapped in whole (see :class:`Served`)."""
+"""Items: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image`` (only from the
+server's image root), and the writes (write key needed): ``POST /items/{name}`` (add),
+``DELETE /items/{name}/{id}`` (remove), ``POST /bank/{name}`` (add query-bank queries; every
+bias is updated). A write is saved atomically under the index's write lock, then swapped in
+whole (see :class:`hubless.service.state.Served`), and appended to the audit log."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse
 
 from hubless.service.convert import rows, summary
-from hubless.service.deps import ServiceDep, check_id, get_served, writable
+from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
+from hubless.service.images import image_file
 from hubless.service.schemas import ItemsRequest
 
 router = APIRouter()
-
-#: The files /items/{name}/{id}/image serves: images named by the index's own metadata, nothing else.
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
 
 
 @router.get("/items/{name}/{item_id}")
@@ -28,41 +25,47 @@ def item(name: str, item_id: int, service: ServiceDep) -> dict:
 
 
 @router.get("/items/{name}/{item_id}/image")
-def image(name: str, item_id: int, service: ServiceDep):
+def image(name: str, item_id: int, service: ServiceDep) -> FileResponse:
     s = get_served(service, name)
     check_id(s, item_id)
     meta = s.index.metadata
-    path = None if meta is None else meta[item_id].get("path")
-    if not path:
-        raise HTTPException(404, f"item {item_id} of {name!r} names no image file (no 'path' in its metadata)")
-    file = Path(str(path))
-    if file.suffix.lower() not in IMAGE_SUFFIXES or not file.is_file():  # only the index's own image files
-        raise HTTPException(404, f"item {item_id}'s image is not an image file that exists here")
-    return FileResponse(file)
+    found = image_file(service.settings.image_root, None if meta is None else meta[item_id].get("path"))
+    if found is None:  # says nothing about the disk: not configured, not named, outside the root, not an image alike
+        raise HTTPException(404, f"no image for item {item_id} of {name!r}")
+    path, media_type = found
+    return FileResponse(path, media_type=media_type, headers={"cache-control": "private, max-age=3600"})
 
 
 @router.post("/items/{name}")
-def add_items(name: str, request: ItemsRequest, service: ServiceDep) -> dict:
+def add_items(name: str, body: ItemsRequest, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
-    new = rows(request.embeddings, s.index, service.limits)
-    if request.metadata is not None and len(request.metadata) != new.shape[0]:
-        raise HTTPException(422, f"{len(request.metadata)} metadata records for {new.shape[0]} items")
-    start = s.index.ntotal
-    s.write(lambda index: index.add(new, request.metadata))
-    return {**summary(s), "added": list(range(start, start + new.shape[0]))}
+    new = rows(body.embeddings, s.index, service.limits)
+    if body.metadata is not None and len(body.metadata) != new.shape[0]:
+        raise HTTPException(422, f"{len(body.metadata)} metadata records for {new.shape[0]} items")
+
+    def change(index):
+        start = index.ntotal
+        index.add(new, body.metadata)
+        return list(range(start, start + new.shape[0]))
+
+    added = s.write(change)
+    audit(service, request, name, added)
+    return {**summary(s), "added": added}
 
 
 @router.delete("/items/{name}/{item_id}")
-def remove_item(name: str, item_id: int, service: ServiceDep) -> dict:
+def remove_item(name: str, item_id: int, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
     check_id(s, item_id)
     s.write(lambda index: index.remove([item_id]))
+    audit(service, request, name, [item_id])
     return {**summary(s), "removed": item_id, "note": "later items moved up by one position"}
 
 
 @router.post("/bank/{name}")
-def add_bank(name: str, request: ItemsRequest, service: ServiceDep) -> dict:
+def add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
-    new = rows(request.embeddings, s.index, service.limits)
+    new = rows(body.embeddings, s.index, service.limits)
     s.write(lambda index: index.add_query_bank(new))
+    audit(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}

@@ -1,20 +1,29 @@
-"""Operations: ``GET /health`` (liveness and what is served) and ``GET /metrics``."""
+"""Operations: ``GET /health`` (liveness, what is served, whether keys are needed) and
+``GET /metrics`` (Prometheus, see :mod:`hubless.service.metrics`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
 
 from hubless.service.deps import ServiceDep
+from hubless.service.metrics import CONTENT_TYPE
 
 router = APIRouter()
 
 
 @router.get("/health")
 def health(service: ServiceDep) -> dict:
-    return {"status": "ok", "indexes": sorted(service.served)}
+    keys = service.settings.keys
+    return {
+        "status": "ok",
+        "indexes": sorted(service.served),
+        "auth": {"required": keys.required, "read_only_key": keys.read is not None},
+        "writes": keys.write is not None and service.settings.writes,
+    }
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-def metrics(service: ServiceDep) -> str:
-    return service.metrics.text()
+@router.get("/metrics", response_class=Response)
+def metrics(service: ServiceDep) -> Response:
+    body = service.metrics.text({name: s.sketch for name, s in service.served.items()})
+    return Response(body, media_type=CONTENT_TYPE)

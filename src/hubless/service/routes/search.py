@@ -1,44 +1,134 @@
-"""``POST /search``: queries as embeddings, texts (encoded with the index's model) or an item
-id; top_k; the correction's weight; ``compare`` adds the uncorrected ranking and each hit's
-rank change; ``rerank`` reranks with the server's cross-encoder. A thin layer over
-:meth:`hubless.search.Searcher.search` (concurrent requests batched)."""
+"""``POST /search``: queries as embeddings (JSON lists or base64 float32), texts or images
+(encoded with the index's model) or an item id; top_k; the correction's weight; ``compare``
+adds the uncorrected ranking (through the same index structure) and each hit's rank change;
+``where`` filters on metadata; ``rerank`` reranks with the server's cross-encoder.
+``POST /search/binary``: the same for a body of raw little-endian float32 query rows, with the
+options in the query string. Thin layers over :meth:`hubless.search.Searcher.search`
+(concurrent requests batched); answers serialized with orjson."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import JSONResponse
+import base64
+import binascii
+import io
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
 
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
+from hubless.service.guard import BodyTooLarge
 from hubless.service.schemas import SearchRequest
+from hubless.service.state import Served, ServiceState
 
 router = APIRouter()
 
 
-@router.post("/search")
-def search(request: SearchRequest, service: ServiceDep) -> JSONResponse:
+class FastJSON(Response):
+    """A JSON answer serialized by orjson (NaN and infinities become null)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        import orjson
+
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+@router.post("/search", response_class=FastJSON)
+def search(request: SearchRequest, service: ServiceDep) -> FastJSON:
     s = get_served(service, request.index if request.index is not None else only_index(service))
     limits = service.limits
-    if request.top_k > limits.max_top_k:
-        raise HTTPException(422, f"top_k={request.top_k} exceeds the limit max_top_k={limits.max_top_k}")
-    embeddings = None
+    given = [k for k in ("embeddings", "embeddings_b64", "texts", "images", "item") if getattr(request, k) is not None]
+    if len(given) != 1:
+        raise HTTPException(
+            422, f"give exactly one of embeddings, embeddings_b64, texts, images or item (got {', '.join(given) or 'none'})"
+        )
+    embeddings = images = None
     if request.embeddings is not None:
         embeddings = rows(request.embeddings, s.index, limits, "queries")  # NaN/Inf are refused by the index's validation (422)
-    if request.texts is not None:
+    elif request.embeddings_b64 is not None:
+        try:
+            raw = base64.b64decode(request.embeddings_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise HTTPException(422, "embeddings_b64 is not valid base64") from None
+        embeddings = _float32_rows(raw, s, limits, "embeddings_b64")
+    elif request.texts is not None:
         check_count(request.texts, limits, "queries")
-    result = service.searcher.search(
-        s.name,
-        embeddings=embeddings,
-        texts=request.texts,
-        item=request.item,
-        top_k=request.top_k,
-        weight=request.weight,
-        compare=request.compare,
-        rerank=request.rerank,
-        runner=s.run,
-    )
+        longest = max(len(t) for t in request.texts)
+        if longest > limits.max_text_chars:
+            raise HTTPException(422, f"a text query of {longest} characters exceeds the limit max_text_chars={limits.max_text_chars}")
+    elif request.images is not None:
+        check_count(request.images, limits, "queries")
+        images = [_image(b, i) for i, b in enumerate(request.images)]
+    n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images)
+    return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
+                            dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
+                            weight=request.weight, where=request.where))  # fmt: skip
+
+
+@router.post("/search/binary", response_class=FastJSON)
+async def search_binary(
+    request: Request,
+    service: ServiceDep,
+    index: str | None = None,
+    top_k: int = 10,
+    weight: float | None = None,
+    compare: bool = False,
+) -> FastJSON:
+    """Body: n x d little-endian float32 values (``content-type: application/octet-stream``)."""
+    from starlette.concurrency import run_in_threadpool
+
+    s = get_served(service, index if index is not None else only_index(service))
+    try:
+        raw = await request.body()
+    except BodyTooLarge:
+        raise
+    if top_k < 1 or (weight is not None and not weight >= 0):
+        raise HTTPException(422, "top_k must be >= 1 and weight >= 0")
+    embeddings = _float32_rows(raw, s, service.limits, "the body")
+    return FastJSON(await run_in_threadpool(_answer, service, s, embeddings.shape[0], top_k, compare, False,
+                                            dict(embeddings=embeddings), weight=weight, where=None))  # fmt: skip
+
+
+def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compare: bool, rerank: bool, queries: dict, **options) -> dict:
+    limits = service.limits
+    if top_k > limits.max_top_k:
+        raise HTTPException(422, f"top_k={top_k} exceeds the limit max_top_k={limits.max_top_k}")
+    hits = n_queries * min(top_k, s.index.ntotal) * (2 if compare else 1)
+    if hits > limits.max_result_hits:
+        raise HTTPException(
+            422,
+            f"{n_queries} queries x top_k {top_k}{' x 2 (compare)' if compare else ''} = {hits} results exceed the limit max_result_hits={limits.max_result_hits}",
+        )
+    result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=s.run, **options)
     body = {"index": s.name, "method": result.method}
     if result.reranked:
         body.update(reranked=True, rerank_k=result.rerank_k)
     body["results"] = result.records()
-    return JSONResponse(body)  # plain JSON types already: skips FastAPI's generic (slow) encoder
+    return body
+
+
+def _float32_rows(raw: bytes, s: Served, limits, what: str) -> np.ndarray:
+    dim = s.index.correction.dim_
+    if not raw or len(raw) % (4 * dim):
+        raise HTTPException(422, f"{what} must hold n x {dim} float32 values (n x {4 * dim} bytes); got {len(raw)} bytes")
+    queries = np.frombuffer(raw, dtype="<f4").reshape(-1, dim)
+    if queries.shape[0] > limits.max_batch:
+        raise HTTPException(422, f"{queries.shape[0]} queries exceed the limit max_batch={limits.max_batch}")
+    return queries.astype(np.float32)
+
+
+def _image(data: str, i: int):
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise HTTPException(422, "image queries need pillow on the server (the models extra)") from None
+    try:
+        raw = base64.b64decode(data, validate=True)
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+        return image.convert("RGB")
+    except (binascii.Error, ValueError, OSError, UnidentifiedImageError, Image.DecompressionBombError):
+        raise HTTPException(422, f"images[{i}] is not a readable image file in base64") from None

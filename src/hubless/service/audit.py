@@ -1,0 +1,35 @@
+"""An append-only audit log of writes: one JSON line per successful write (time, key,
+endpoint, index, ids), appended with ``O_APPEND`` and flushed before the answer is sent
+(``hubless serve --audit-log FILE``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["AuditLog"]
+
+
+class AuditLog:
+    """Appends write records to ``path`` (created if missing, never truncated or rewritten)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.lock = threading.Lock()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # fail at start, not at the first write
+        os.close(fd)
+
+    def record(self, *, key: str | None, method: str, endpoint: str, index: str, ids) -> None:
+        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key": key, "method": method, "endpoint": endpoint,
+                           "index": index, "ids": ids}, default=str)  # fmt: skip
+        data = (line + "\n").encode()
+        with self.lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
