@@ -41,3 +41,17 @@ class SlowAfterFirst(EmbeddingSource):
 
         time.sleep(self.delay)
         return super().read(start, stop, **options)
+
+
+@dataclass(frozen=True)
+class FailsOnRows(EmbeddingSource):
+    """Refuses to read exactly rows ``[start, stop)`` (as a disk error would): a job that stops
+    after its other pieces are written."""
+
+    fail_start: int = 0
+    fail_stop: int = 0
+
+    def read(self, start, stop, **options):
+        if (start, stop) == (self.fail_start, self.fail_stop):
+            raise OSError(f"rows [{start}, {stop}) could not be read")
+        return super().read(start, stop, **options)

@@ -14,7 +14,10 @@ on its own statistics and on the banks' global values (sizes, means), which ever
 so the parts equal the rows of a single-machine fit (tested). ``hubless.json`` beside them holds
 the spec, dimensions, the shards' row ranges and the query state W(q) needs, so any
 inner-product engine that ingests the parts (FAISS or autofaiss, a vector database) serves the
-correction with :func:`augmented_queries`. Rerun after a crash, finished parts are kept.
+correction with :func:`augmented_queries`. Each part's sha256 is recorded (beside it while the
+run goes on, ``part_NNNNN.npy.json``; in ``hubless.json`` once complete): a rerun after a crash
+keeps the parts whose record vouches for them, and any rerun rewrites a damaged or swapped part,
+saying so (:mod:`~hubless.distributed.workfiles`).
 
 Served this way: the methods whose query side is a constant weight (NNN, DN, IS, DualIS and the
 baseline). DIS/DualDIS gates and CSLS's r_q need each query's raw neighbours, GC is not
@@ -34,6 +37,7 @@ from hubless.corrections import Correction, make_correction
 from hubless.distributed.fit import _banks_for, _get, connect, fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource
+from hubless.distributed.workfiles import describe, file_problem, job_id, read_record, recomputing, write_record
 from hubless.engine.statistics import BankStatistics
 from hubless.engine.updates import gallery_rows
 from hubless.errors import AlreadyExists, InvalidInput
@@ -50,8 +54,9 @@ def _part_name(i: int) -> str:
     return f"part_{i:05d}.npy"
 
 
-def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arrays: dict, path: str) -> None:
-    """One Ray task: rows [start, stop) as [r, bias(r)] in ``path``."""
+def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arrays: dict, path: str, key: dict) -> str:
+    """One Ray task: rows [start, stop) as [r, bias(r)] in ``path`` (atomically), then its record
+    (``key`` and sha256, :mod:`~hubless.distributed.workfiles`) beside it; returns the sha256."""
     from hubless._io import atomic_open
     from hubless.index.index import augmented_rows
 
@@ -59,6 +64,7 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arra
     corr = make_correction(spec).fit_from_statistics(rows, BankStatistics.from_arrays(arrays))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
+    return write_record(path, key)
 
 
 def write_augmented(
@@ -76,7 +82,9 @@ def write_augmented(
     """Write the gallery's [r, bias(r)] rows as ``.npy`` parts in ``out`` (see the module
     docstring) and return ``out``. ``shard_rows``: rows per part (or cut points);
     ``fit_options`` go to :func:`~hubless.distributed.fit_statistics` (``work_dir``,
-    ``workers``, tile sizes). Parts already written by an earlier run of the same fit are kept."""
+    ``workers``, tile sizes). A rerun checks every part already written against its recorded
+    sha256 and rows, keeps the intact ones and rewrites the others, one warning line each
+    (:class:`~hubless.distributed.workfiles.RecomputedWarning`)."""
     from hubless._io import write_json
     from hubless.progress import progress_bar
 
@@ -100,44 +108,99 @@ def write_augmented(
             **{name: None if s is None else s.fingerprint() for name, s in (("gallery", source), ("query_bank", qb), ("gallery_bank", gb))},
         },
     }
-    kept = _kept_info(folder)
-    if kept is None and any(folder.iterdir()):
+    job = job_id(info)
+    kept, damaged = _kept_info(folder)
+    if damaged:
+        recomputing(folder / INFO, "is damaged (unreadable JSON); each part is checked against its own record")
+    elif kept is None and any(p.name != INFO for p in folder.iterdir()):
         raise AlreadyExists(f"{folder} is not empty and was not written by write_augmented: pass a new or empty folder")
-    if kept is not None and {k: kept.get(k) for k in info} != json.loads(json.dumps(info)):
+    if kept is not None and _without_digests(kept, info) != json.loads(json.dumps(info)):
         raise InvalidInput(f"{folder} holds parts of another fit (other data, method or shards): pass a new folder or delete {folder}")
-    if kept is not None and kept.get("complete"):
-        return folder  # written by an earlier run of the same fit
-    write_json(folder / INFO, {**info, "complete": False})
+    digests = _check_parts(folder, info["parts"], job, kept)
+    if kept is not None and kept.get("complete") and len(digests) == len(info["parts"]):
+        return folder  # written by an earlier run of the same fit, every part intact
+    write_json(folder / INFO, _with_digests(info, digests, complete=False))  # what is verified so far survives a crash
     stats = fit_statistics(
         corr.statistics_request(), source, qb, gb, normalize=corr.normalize, address=address, progress=progress, **fit_options
     )
-    todo = [(i, a, b) for i, (a, b) in enumerate(zip(cuts, cuts[1:])) if not _part_is_done(folder / _part_name(i), b - a, source.dim)]
+    todo = [(i, p) for i, p in enumerate(info["parts"]) if p["file"] not in digests]
     if todo:
         ray = connect(address)
-        job = ray.remote(_write_part).options(max_retries=3)
-        refs = [job.remote(corr.spec, source, a, b, gallery_rows(stats, a, b).to_arrays(), str(folder / _part_name(i))) for i, a, b in todo]
-        for ref in progress_bar(refs, progress, desc="augmented parts", unit="parts"):
-            _get(ray, ref)
+        task = ray.remote(_write_part).options(max_retries=3)
+        refs = {
+            task.remote(
+                corr.spec, source, p["start"], p["stop"], gallery_rows(stats, p["start"], p["stop"]).to_arrays(),
+                str(folder / p["file"]), _part_key(p, job),
+            ): p["file"]
+            for _, p in todo
+        }  # fmt: skip
+        for ref in progress_bar(list(refs), progress, desc="augmented parts", unit="parts"):
+            digests[refs[ref]] = _get(ray, ref)
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
     first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), gallery_rows(stats, 0, 1))
     columns = int(first.bias_columns_.shape[1])
-    write_json(folder / INFO, {**info, "bias_columns": columns, "query_state": first.query_state(), "complete": True})
+    done = _with_digests(info, digests, complete=True)
+    write_json(folder / INFO, {**done, "bias_columns": columns, "query_state": first.query_state()})
+    for p in info["parts"]:  # the digests are in hubless.json now
+        Path(folder / f"{p['file']}.json").unlink(missing_ok=True)
     return folder
 
 
-def _kept_info(folder: Path) -> dict | None:
-    try:
-        return json.loads((folder / INFO).read_text())
-    except (OSError, ValueError):
-        return None
+def _part_key(part: dict, job: str) -> dict:
+    return {"part": part["file"], "rows": [part["start"], part["stop"]], "job": job}
 
 
-def _part_is_done(path: Path, rows: int, dim: int) -> bool:
+def _check_parts(folder: Path, parts: list[dict], job: str, kept: dict | None) -> dict[str, str]:
+    """The parts already written that can be kept ({file: sha256}): intact according to the
+    sha256 recorded for them (in their own record, or in ``hubless.json`` once complete) and
+    recorded as this part of this job. The others are recomputed, one warning line each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hubless.engine.parallel import num_threads
+
+    listed = {p["file"]: p.get("sha256") for p in (kept or {}).get("parts", [])}
+
+    def check(part: dict) -> tuple[str, str | None, str | None]:
+        path = folder / part["file"]
+        record = read_record(path)
+        if record is not None and record["key"] != json.loads(json.dumps(_part_key(part, job))):
+            return part["file"], None, f"is recorded as {describe(record['key'])}, not {describe(_part_key(part, job))}"
+        digest = record["sha256"] if record is not None else listed.get(part["file"])
+        return part["file"], digest, file_problem(path, digest)
+
+    digests = {}
+    with ThreadPoolExecutor(num_threads()) as pool:  # hashing releases the GIL: parts are checked in parallel
+        for file, digest, why in pool.map(check, parts):
+            if why is None:
+                digests[file] = digest
+            elif why:
+                recomputing(folder / file, why)
+    return digests
+
+
+def _with_digests(info: dict, digests: dict[str, str], *, complete: bool) -> dict:
+    parts = [{**p, "sha256": digests[p["file"]]} if p["file"] in digests else p for p in info["parts"]]
+    return {**info, "parts": parts, "complete": complete}
+
+
+def _without_digests(kept: dict, info: dict) -> dict:
+    """The part of a kept ``hubless.json`` that describes the job (checksums dropped)."""
+    out = {k: kept.get(k) for k in info}
+    if isinstance(out.get("parts"), list):
+        out["parts"] = [{k: v for k, v in p.items() if k != "sha256"} if isinstance(p, dict) else p for p in out["parts"]]
+    return out
+
+
+def _kept_info(folder: Path) -> tuple[dict | None, bool]:
+    """(the kept ``hubless.json``, whether one exists but cannot be read)."""
+    path = folder / INFO
+    if not path.exists():
+        return None, False
     try:
-        arr = np.load(path, mmap_mode="r")
+        info = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
-    return arr.ndim == 2 and arr.shape[0] == rows and arr.shape[1] > dim and arr.dtype == np.float32
+        return None, True
+    return (info, False) if isinstance(info, dict) else (None, True)
 
 
 def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
@@ -145,7 +208,7 @@ def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
     ranks the gallery by the correction's score; ``weight`` (``alpha=``, ``lam=``) may change
     the method's weight per call."""
     folder = Path(out)
-    info = _kept_info(folder)
+    info, _ = _kept_info(folder)
     if info is None or not info.get("complete"):
         raise InvalidInput(f"{folder} holds no complete output of write_augmented (no finished {INFO})")
     corr = make_correction(info["spec"]).for_queries(info["query_state"], int(info["dim"]), int(info["bias_columns"]))

@@ -6,7 +6,9 @@
 Each tile (a gallery shard against a bank shard, :mod:`hubless.distributed.plan`) is one Ray
 task that reads its own rows from the sources (:mod:`hubless.distributed.sources`) and returns
 its partial statistics; the driver merges partials as they arrive (any order) and keeps each
-finished tile in ``work_dir``, so a rerun after a crash computes only the missing tiles. Ray
+finished tile in ``work_dir`` with its key and sha256 (:mod:`~hubless.distributed.workfiles`),
+so a rerun after a crash computes only the missing tiles, and recomputes, saying so, a kept tile
+that is damaged or is not the tile (or of the fit) it should be. Ray
 re-runs a task whose worker died (``max_retries``); an error in a task (a NaN in a shard, say)
 stops the fit with that error, naming the shard. The merged statistics equal a single-machine
 fit's (tested), and the correction is fitted from them with
@@ -23,18 +25,17 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from hubless.corrections import Correction, make_correction, statistics_request
 from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles, tile_span
 from hubless.distributed.sources import EmbeddingSource, open_source
+from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingDependencyError, MissingInputError
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
-#: Version of the work directory's layout (plan.json + tiles/*.npz).
-WORK_FORMAT = 1
+#: Version of the work directory's layout (plan.json + tiles/*.npz, each tile with its key and sha256).
+WORK_FORMAT = 2
 
 
 def _ray():
@@ -78,43 +79,50 @@ def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, til
     }
 
 
-def _work_dir(work_dir, fingerprint: dict) -> Path | None:
-    """The tiles kept by an earlier run of the same plan on the same data; refuses a directory
-    holding another plan's tiles."""
+def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
+    """The work directory of this fit and the fit's id (kept tiles carry it): ``plan.json``
+    holds the fit's description; a directory holding another fit's is refused, a damaged
+    ``plan.json`` is rewritten (each tile is then checked against this fit on its own)."""
     if work_dir is None:
         return None
     from hubless._io import write_json
 
     path = Path(work_dir)
     plan_file = path / "plan.json"
+    wanted = json.loads(json.dumps(fingerprint))
     if plan_file.exists():
         try:
             kept = json.loads(plan_file.read_text())
-        except ValueError:
+        except (OSError, ValueError):
+            recomputing(plan_file, "is damaged (unreadable JSON); each kept tile is checked against this fit")
             kept = None
-        if kept != json.loads(json.dumps(fingerprint)):
+            write_json(plan_file, fingerprint)
+        if kept is not None and kept != wanted:
             raise InvalidInput(
                 f"{path} holds tiles of another fit (other data, methods or tile sizes): pass a new work_dir or delete {path}"
             )
     else:
         write_json(plan_file, fingerprint)
     (path / "tiles").mkdir(parents=True, exist_ok=True)
-    return path
+    return path, job_id(wanted)
 
 
-def _load_tile(path: Path) -> BankStatistics | None:
-    try:
-        with np.load(path) as data:
-            return BankStatistics.from_arrays({k: data[k] for k in data.files})
-    except (OSError, ValueError, KeyError):  # a damaged tile is recomputed
+def _kept_tile(state: tuple[Path, str] | None, tile: Tile) -> BankStatistics | None:
+    """A finished tile kept in the work dir, if it is intact and is this tile of this fit (else
+    it is recomputed, saying why)."""
+    if state is None:
         return None
+    path = state[0] / "tiles" / f"{tile.key}.npz"
+    arrays, why = load_arrays(path, {"tile": tile.key, "fit": state[1]})
+    if arrays is None:
+        if why:
+            recomputing(path, why)
+        return None
+    return BankStatistics.from_arrays(arrays)
 
 
-def _save_tile(path: Path, arrays: dict) -> None:
-    from hubless._io import atomic_open
-
-    with atomic_open(path, "wb") as fh:
-        np.savez(fh, **arrays)
+def _save_tile(state: tuple[Path, str], tile: Tile, arrays: dict) -> None:
+    save_arrays(state[0] / "tiles" / f"{tile.key}.npz", arrays, {"tile": tile.key, "fit": state[1]})
 
 
 def fit_statistics(
@@ -157,7 +165,7 @@ def fit_statistics(
     state = _work_dir(work_dir, _fingerprint(request, normalize, sources, tiles))
     todo = []
     for tile in tiles:
-        kept = None if state is None else _load_tile(state / "tiles" / f"{tile.key}.npz")
+        kept = _kept_tile(state, tile)
         if kept is None:
             todo.append(tile)
         else:
@@ -177,7 +185,7 @@ def fit_statistics(
                 tile = refs[done[0]]
                 arrays = _get(ray, done[0])
                 if state is not None:
-                    _save_tile(state / "tiles" / f"{tile.key}.npz", arrays)
+                    _save_tile(state, tile, arrays)
                 merger.add(tile, BankStatistics.from_arrays(arrays))
                 bar.update(1)
         except BaseException:
