@@ -45,7 +45,7 @@ def test_plain_server_search_is_uncorrected(server, index, small_data):
     want = np.argsort(-(q @ small_data["gallery"].T), axis=1, kind="stable")[:, :10]
     np.testing.assert_array_equal(got_i, want)
     # the default (HNSW) search path answers too; the local engine scans, so it equals exact here
-    np.testing.assert_array_equal(search(uri, q, top_k=10, hnsw_ef=64)[1], index.search(q, 10)[1])
+    np.testing.assert_array_equal(search(uri, q, top_k=10, ef_search=64)[1], index.search(q, 10)[1])
 
 
 def test_the_collection_is_an_alias_switched_on_overwrite(server, index, small_data):
@@ -56,7 +56,10 @@ def test_the_collection_is_an_alias_switched_on_overwrite(server, index, small_d
     second = {a.collection_name for a in server.get_aliases().aliases if a.alias_name == "gal"}
     assert first and second and first != second
     names = {c.name for c in server.get_collections().collections}
-    assert names == second  # the previous physical collection was dropped after the switch
+    assert names == first | second  # the previous physical collection serves its readers until the next export
+    export(index, uri, overwrite=True)
+    third = {a.collection_name for a in server.get_aliases().aliases if a.alias_name == "gal"}
+    assert {c.name for c in server.get_collections().collections} == second | third
 
 
 def test_clear_errors_for_existing_missing_mismatched_and_foreign_collections(server, index, small_data):
@@ -70,7 +73,7 @@ def test_clear_errors_for_existing_missing_mismatched_and_foreign_collections(se
         search(uri, np.ones((2, 8), np.float32), top_k=3)
     with pytest.raises(LookupError, match="no collection 'missing_one'"):
         search(_uri("missing_one"), small_data["queries"], top_k=3)
-    with pytest.raises(ValueError, match="unsupported Qdrant index"):
+    with pytest.raises(ValueError, match="unsupported Qdrant server index"):
         export(index, _uri(), ann="IVF")
     server.create_collection("foreign", vectors_config=models.VectorParams(size=16, distance=models.Distance.DOT))
     with pytest.raises(ValueError, match="not written by hubless"):

@@ -1,7 +1,7 @@
-"""hubless.export against real PostgreSQL + pgvector (pgserver, started here), the real Qdrant
-engine (qdrant-edge-py, in-process) and the Qdrant server store (on qdrant-client's engine): exact store search equals Index.search (Flat), the ANN
-variants reach their documented recall, bad stores give clear errors, and an interrupted export
-leaves the previous table or collection intact."""
+"""hubless.export beyond the contract suite (tests/test_store_contract.py), on real PostgreSQL +
+pgvector (pgserver, started here), Qdrant's engine in-process and the Qdrant server store (on
+qdrant-client's engine): foreign and other-metric tables, the CLI, writers in several processes,
+the writer lock's timeout, Qdrant's one-process limit, an unreachable server."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import pytest
 from hubless import Index
 from hubless.export import export, search
 from tests.conftest import QDRANT_TEST_URL
+
+#: qdrant-client's local engine (standing in for a server) always scans, and warns when given search params.
+pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 
 
 @pytest.fixture(scope="session")
@@ -49,71 +52,6 @@ def index(small_data):
     return Index.build(small_data["gallery"], small_data["query_bank"], "nnn:alpha=0.75,k=8", factory="Flat", metadata=meta)
 
 
-def test_exact_store_search_equals_the_index(store, index, small_data):
-    uri = store()
-    export(index, uri)
-    q = small_data["queries"]
-    for alpha in (None, 0.3):
-        w = {} if alpha is None else {"alpha": alpha}
-        want_s, want_i = index.search(q, top_k=10, **w)
-        got_s, got_i, meta = search(uri, q, top_k=10, exact=True, **w)
-        np.testing.assert_array_equal(got_i, want_i)
-        np.testing.assert_allclose(got_s, want_s, atol=1e-5)
-    assert meta[0][0] == {"id": int(got_i[0, 0]), "caption": f"item {got_i[0, 0]}"}
-
-
-def test_plain_store_search_is_uncorrected(store, index, small_data):
-    uri = store()
-    export(index, uri)
-    q = small_data["queries"]
-    _, got_i, _ = search(uri, q, top_k=5, corrected=False, exact=True)
-    want = np.argsort(-(q @ small_data["gallery"].T), axis=1, kind="stable")[:, :5]
-    np.testing.assert_array_equal(got_i, want)
-
-
-def test_clear_errors_for_existing_missing_and_mismatched_stores(store, index, small_data):
-    uri = store()
-    export(index, uri)
-    with pytest.raises(FileExistsError, match="overwrite"):
-        export(index, uri)
-    export(index, uri, overwrite=True)
-    with pytest.raises(ValueError, match="dimension"):
-        search(uri, np.ones((2, 8), np.float32), top_k=3)
-    with pytest.raises(LookupError, match="no (table|collection) 'missing_one'"):
-        search(store("missing_one"), small_data["queries"], top_k=3)
-
-
-def test_an_interrupted_export_keeps_the_previous_store(store, index, small_data, monkeypatch):
-    uri = store()
-    export(index, uri)
-    before = search(uri, small_data["queries"], top_k=10, exact=True)[1]
-    import hubless.progress
-    from tests.conftest import interrupt_after_first
-
-    monkeypatch.setattr(hubless.progress, "progress_bar", interrupt_after_first)
-    with pytest.raises(KeyboardInterrupt):
-        export(index, uri, overwrite=True, batch=16)
-    monkeypatch.undo()
-    np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=10, exact=True)[1], before)
-    export(index, uri, overwrite=True, batch=16)  # and the next export succeeds over the leftovers
-    np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=10, exact=True)[1], before)
-
-
-@pytest.mark.parametrize("kind, recall", [("postgresql", 0.95), ("qdrant", 0.95)])
-def test_hnsw_variants_reach_their_documented_recall(kind, recall, tmp_path, request):
-    rng = np.random.default_rng(22)
-    g, b, q = (rng.standard_normal((n, 31)).astype(np.float32) for n in (4000, 3000, 50))
-    index = Index.build(g, b, "nnn:alpha=0.75,k=8", "Flat")
-    pg = request.getfixturevalue("postgres") if kind == "postgresql" else None
-    uri = _store_uri(kind, tmp_path, pg)
-    export(index, uri, ann="HNSW")
-    _, exact_ids = index.search(q, 10)
-    _, ids, _ = search(uri, q, 10)
-    got = np.mean([len(set(a) & set(e)) for a, e in zip(ids, exact_ids)]) / 10
-    assert got >= recall, got
-    np.testing.assert_array_equal(search(uri, q, 10, exact=True)[1], exact_ids)
-
-
 def test_a_store_written_with_another_metric_is_refused(tmp_path, postgres, small_data):
     import psycopg
 
@@ -146,60 +84,6 @@ def test_cli_export_and_search_on_postgres_and_qdrant(store, index, small_data, 
     assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
 
 
-@pytest.mark.parametrize("spec", ["nnn:alpha=0.75,k=8", "is:beta=15.0"])
-@pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant"])
-def test_sync_after_add_remove_and_bank_growth_equals_a_fresh_export(kind, spec, tmp_path, request, small_data):
-    from hubless.export import sync
-    from hubless.export.query import _backend, parse_uri
-    from tests.conftest import unit_rows
-
-    pg = request.getfixturevalue("postgres") if kind == "postgresql" else None
-
-    run = uuid.uuid4().hex[:6]  # one PostgreSQL database serves every test: names of this run only
-
-    def uri_of(name):
-        return f"lancedb://{tmp_path}/lance/{name}" if kind == "lancedb" else _store_uri(kind, tmp_path, pg, f"{name}_{run}")
-
-    def rows(uri):
-        u = parse_uri(uri)
-        backend = _backend(u.scheme)
-        return backend.read_rows(backend.open_table(u.location, u.table)[0])
-
-    rng = np.random.default_rng(3)
-    meta = [{"caption": f"item {i}"} for i in range(60)]
-    index = Index.build(small_data["gallery"], small_data["query_bank"], spec, factory="Flat", metadata=meta)
-    live = uri_of("live")
-    export(index, live)
-    steps = [
-        (lambda: index.add(unit_rows(rng, 5, 16), [{"caption": f"new {i}"} for i in range(5)]), {"written": 5, "removed": 0}),
-        (lambda: index.remove([3]), {"written": 61, "removed": 1}),  # ids are positions: rows after 3 move up
-        (lambda: index.add_query_bank(unit_rows(rng, 40, 16)), None),  # every bias may change
-    ]
-    q = small_data["queries"]
-    for step, (change, counts) in enumerate(steps):
-        change()
-        done = sync(index, live)
-        if counts is not None:
-            assert {k: done[k] for k in counts} == counts
-        fresh = uri_of(f"fresh{step}")
-        export(index, fresh)
-        got_ids, got = rows(live)
-        want_ids, want = rows(fresh)
-        np.testing.assert_array_equal(got_ids, want_ids)
-        np.testing.assert_array_equal(got, want)
-        s_live, i_live, m_live = search(live, q, top_k=10, exact=True)
-        s_fresh, i_fresh, m_fresh = search(fresh, q, top_k=10, exact=True)
-        np.testing.assert_array_equal(i_live, i_fresh)
-        want_s, want_i = index.search(q, 10)
-        np.testing.assert_array_equal(i_live, want_i)
-        np.testing.assert_allclose(s_live, want_s, rtol=1e-4, atol=1e-5)  # the synced query state (IS's bank size)
-        assert m_live == m_fresh
-    assert sync(index, live)["written"] == 0  # nothing changed: nothing written
-    other = Index.build(small_data["gallery"], small_data["query_bank"], "dn", factory="Flat")
-    with pytest.raises(ValueError, match="export it again with overwrite"):
-        sync(other, live)
-
-
 def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
     from typer.testing import CliRunner
 
@@ -218,28 +102,6 @@ def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
     assert "3 row(s) written, 0 removed, 60 unchanged" in result.output
     grown = Index.load(tmp_path / "idx")
     np.testing.assert_array_equal(search(uri, small_data["queries"], 10, exact=True)[1], grown.search(small_data["queries"], 10)[1])
-
-
-@pytest.mark.parametrize("spec", ["dn:lam=0.4", "is:beta=15.0", "dualis", "baseline"])
-def test_every_constant_weight_method_is_served_with_the_index_scores(spec, store, small_data):
-    d = small_data
-    index = Index.build(d["gallery"], d["query_bank"], spec, factory="Flat", gallery_bank=d["gallery_bank"])
-    uri = store()
-    export(index, uri)
-    want_s, want_i = index.search(d["queries"], top_k=10)
-    got_s, got_i, _ = search(uri, d["queries"], top_k=10, exact=True)
-    np.testing.assert_array_equal(got_i, want_i)
-    np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("spec", ["dis:k_activation=1", "csls"])
-def test_methods_needing_raw_neighbours_are_refused_with_the_reason(spec, store, small_data):
-    d = small_data
-    index = Index.build(d["gallery"], d["query_bank"], spec, factory="Flat")
-    uri = store()
-    export(index, uri)
-    with pytest.raises(ValueError, match="raw neighbours"):
-        search(uri, d["queries"], top_k=10)
 
 
 def test_a_qdrant_collection_with_another_metric_is_refused(tmp_path, index, small_data):
@@ -290,7 +152,7 @@ for _ in range(4):
 
 @pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant"])
 def test_a_writer_waiting_too_long_for_the_store_lock_gets_a_clear_error(kind, tmp_path, request, small_data, monkeypatch):
-    from hubless.export.query import _backend, parse_uri
+    from hubless.export import open_store
     from hubless.index.lock import IndexLockedError
 
     pg = request.getfixturevalue("postgres") if kind == "postgresql" else None
@@ -298,10 +160,81 @@ def test_a_writer_waiting_too_long_for_the_store_lock_gets_a_clear_error(kind, t
     uri = f"lancedb://{tmp_path}/lance/{name}" if kind == "lancedb" else _store_uri(kind, tmp_path, pg, name)
     index = Index.build(small_data["gallery"], small_data["query_bank"], "nnn", factory="Flat")
     export(index, uri)
-    u = parse_uri(uri)
     monkeypatch.setenv("HUBLESS_LOCK_TIMEOUT", "0.3")
-    with _backend(u.scheme).writer_lock(u.location, u.table):  # another writer holds it
+    with open_store(uri).writer_lock():  # another writer holds it
         with pytest.raises(IndexLockedError, match="HUBLESS_LOCK_TIMEOUT"):
             export(index, uri, overwrite=True)
     export(index, uri, overwrite=True)  # released: the next writer goes ahead
     np.testing.assert_array_equal(search(uri, small_data["queries"], top_k=5, exact=True)[1], index.search(small_data["queries"], 5)[1])
+
+
+def test_a_qdrant_store_open_in_one_process_is_refused_clearly_in_another_and_synced_by_copy(tmp_path, small_data):
+    """Qdrant's in-process engine locks a shard's log: a second process's search gets a clear
+    StoreUnavailable naming the limit, while its sync goes to a copy that becomes current."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    uri = f"qdrant://{tmp_path}/qd/g"
+    index = Index.build(small_data["gallery"], small_data["query_bank"], "nnn", factory="Flat")
+    export(index, uri)
+    search(uri, small_data["queries"], top_k=3)  # this process now holds the shard open
+    index.add(small_data["gallery_bank"][:3])
+    index.save(tmp_path / "idx")
+    root = Path(__file__).resolve().parents[1]
+    script = f"""
+import sys
+sys.path.insert(0, {str(root)!r})
+import numpy as np
+from hubless import Index
+from hubless.errors import HublessError
+from hubless.export import search, sync
+try:
+    search({uri!r}, np.ones((1, 16), np.float32), top_k=3)
+except HublessError as exc:
+    print("REFUSED", exc)
+print("SYNC", sync(Index.load({str(tmp_path / "idx")!r}), {uri!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "REFUSED" in done.stdout and "one process at a time" in done.stdout and "qdrant+http" in done.stdout
+    assert "'written': 3" in done.stdout
+    np.testing.assert_array_equal(search(uri, small_data["queries"], 10, exact=True)[1], index.search(small_data["queries"], 10)[1])
+
+
+def test_an_unreachable_qdrant_server_is_a_clean_hubless_error(small_data):
+    from hubless.errors import Busy
+
+    index = Index.build(small_data["gallery"], small_data["query_bank"], "nnn", factory="Flat")
+    with pytest.raises(Busy, match="cannot reach the Qdrant server at http://127.0.0.1:1"):
+        export(index, "qdrant+http://127.0.0.1:1/gallery")
+    with pytest.raises(Busy, match="cannot reach the Qdrant server"):
+        search("qdrant+http://127.0.0.1:1/gallery", small_data["queries"], 3)
+
+
+def test_cli_search_passes_the_weight_by_its_name_and_the_knob_of_the_store(tmp_path, small_data):
+    """`hubless search STORE --alpha` on a DN store sets lam; --ef-search reaches an HNSW store;
+    --nprobe is refused there naming ef_search; --target-recall and --option reach export."""
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    d = small_data
+    index = Index.build(d["gallery"], d["query_bank"], "dn:lam=0.4", factory="Flat")
+    index.save(tmp_path / "idx")
+    np.save(tmp_path / "q.npy", d["queries"])
+    uri = f"qdrant://{tmp_path}/qd/dn"
+    runner = CliRunner()
+    ok = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri, "--ann", "HNSW", "--target-recall", "0.9", "--option", "m=8"])
+    assert ok.exit_code == 0, ok.output
+    assert "ef_search=" in ok.output and "recall@10" in ok.output
+    result = runner.invoke(
+        app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json", "--weight", "0.9", "--ef-search", "64"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.strip().splitlines()]
+    assert [[h["id"] for h in line["results"]] for line in lines] == index.search(d["queries"], 5, lam=0.9)[1].tolist()
+    refused = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--nprobe", "4"])
+    assert refused.exit_code == 2 and "nprobe" in refused.output and "ef_search" in refused.output
+    bad = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", f"qdrant://{tmp_path}/qd/x", "--option", "nope=1"])
+    assert bad.exit_code == 2 and "nope" in bad.output and "valid" in bad.output

@@ -218,9 +218,12 @@ def search_command(
     top_k: int = typer.Option(10, help="Results per query."),
     weight: float = typer.Option(None, help="The correction's weight for this search (NNN's alpha, DN's lambda); default: the index's."),
     alpha: float = typer.Option(None, hidden=True, help="Deprecated name of --weight."),
-    nprobe: int = typer.Option(None, help="IVF lists to visit (default: the index's; on a LanceDB store, its partitions probed)."),
-    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a pgvector or Qdrant store, its ef)."),
+    nprobe: int = typer.Option(
+        None, help="IVF lists to visit (default: the index's; on a store with an IVF index, its partitions probed)."
+    ),
+    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a store with an HNSW index, its ef)."),
     rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
+    target_recall: float = typer.Option(None, help="On a store with an ANN index: the knob measured at export to reach this recall@10."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
     rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
@@ -255,10 +258,10 @@ def search_command(
             q = load(queries, "queries", normalize=True, dim=int(info["dim"]))
         else:
             q = _encode_for_store(info.get("model"), int(info["dim"]), path, text, image, items, model, allow_model_mismatch, device)
-        knobs = {"nprobes": nprobe} if nprobe is not None else {}  # LanceDB's partitions probed
-        if ef_search is not None:  # pgvector's hnsw.ef_search, Qdrant's hnsw_ef
-            knobs.update(ef_search=ef_search, hnsw_ef=ef_search)
+        knobs = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search), ("target_recall", target_recall)) if v is not None}
         return _search_store(path, q, items, top_k, weight, knobs, as_json)
+    if target_recall is not None:
+        raise InvalidInput("--target-recall applies to a store; on an index, run `hubless index calibrate` (Index.calibrate)")
     from hubless.search import Searcher
 
     searcher = Searcher({Path(path).name: Path(path)}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,

@@ -1,24 +1,29 @@
-"""PostgreSQL + pgvector store: [r, bias] and plain r as ``vector`` columns, searched by ``<#>``.
+"""PostgreSQL + pgvector: ``postgresql://user:password@host:port/database/table`` (libpq options after ``?``).
 
-pgvector's ``<#>`` is the negative inner product, so ``ORDER BY vector <#> query`` ranks by the
-corrected score and ``score = -distance``. An ANN variant adds an HNSW index with
-``vector_ip_ops`` (inner product); a search then sets ``hnsw.ef_search`` for its transaction.
-The table's comment holds hubless's metadata (format version, spec, model, metric, dims).
+Columns: ``id bigint`` (the item id), ``vector vector(d+1)`` = [r, bias(r)], ``plain vector(d)``
+and ``meta jsonb``, written by binary COPY. pgvector's ``<#>`` is the negative inner product, so
+``ORDER BY vector <#> query`` ranks by the corrected score and ``score = -distance``. ``ann="HNSW"``
+adds an HNSW index with ``vector_ip_ops``; a search sets ``hnsw.ef_search`` (the ``ef_search``
+knob, at most 1000 in pgvector) for its transaction. The table's comment holds hubless's info.
+An export writes ``_hubless_tmp_<hash>`` (its ANN index included) and swaps it in under the
+table's name in one transaction: readers see the old or the new table; a failed or killed
+export leaves the temp table, which the next export drops.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
+import threading
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
-
-#: HNSW candidates examined per query (pgvector's default is 40); at least 4 x top_k.
-EF_SEARCH = 100
-ANN_TYPES = ("HNSW",)
+from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.export.base import Rows, StoreUnavailable, StoreURI, VectorStore, check_name, positive_int_or_none, register
 
 
 def _psycopg():
@@ -30,8 +35,6 @@ def _psycopg():
 
 
 def _ident(name: str) -> str:
-    if not name.replace("_", "").isalnum():
-        raise InvalidInput(f"table name {name!r}: use letters, digits and underscores only")
     return '"' + name + '"'
 
 
@@ -61,16 +64,16 @@ def _binary_rows(ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, meta
     null = (-1).to_bytes(4, "big", signed=True)
 
     def meta(i: int) -> bytes:
-        if metadata is None or metadata[i] is None:
+        if metadata is None or not metadata[i]:
             return null
-        body = b"\x01" + json.dumps(metadata[i]).encode()  # jsonb binary: version 1, then the text
+        body = b"\x01" + json.dumps(metadata[i], allow_nan=False).encode()  # jsonb binary: version 1, then the text
         return len(body).to_bytes(4, "big") + body
 
     rows = fixed.view(np.uint8).reshape(n, -1)
     return header + b"".join(rows[i].tobytes() + meta(i) for i in range(n)) + (-1).to_bytes(2, "big", signed=True)
 
 
-_OPEN: dict[str, object] = {}  # dsn -> a connection kept for searches (one per process and database)
+_OPEN: dict[tuple, object] = {}  # (dsn, thread) -> a connection kept for searches
 
 
 @atexit.register
@@ -84,83 +87,18 @@ def _close_kept() -> None:
 def _connect(dsn: str, *, autocommit: bool = False):
     psycopg = _psycopg()
     try:
-        return psycopg.connect(dsn, autocommit=autocommit)
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        raise ConnectionError(f"cannot connect to PostgreSQL at {dsn}: {str(exc).strip().splitlines()[0]}") from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {dsn}: {str(exc).strip().splitlines()[0]}") from None
 
 
 def _search_connection(dsn: str):
     """The kept connection for ``dsn`` (reconnected when it was closed or broken)."""
-    conn = _OPEN.get(dsn)
+    key = (dsn, threading.get_ident())  # a connection runs one transaction at a time: one per thread
+    conn = _OPEN.get(key)
     if conn is None or conn.closed or conn.broken:
-        conn = _OPEN[dsn] = _connect(dsn)
+        conn = _OPEN[key] = _connect(dsn)
     return conn
-
-
-@contextlib.contextmanager
-def writer_lock(location: str, table: str):
-    """One writer at a time per table (export, sync): a PostgreSQL session advisory lock on the
-    table's name, held on a connection of its own (the server releases it if this process
-    dies); waits ``HUBLESS_LOCK_TIMEOUT`` s (60) like an index's lock."""
-    from hubless.index.lock import wait_for_lock
-
-    key = f"hubless export {table}"
-    conn = _connect(location, autocommit=True)
-    try:
-        wait_for_lock(
-            lambda: conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0],
-            f"table {table!r} in {location} is being written by another export or sync (",
-        )
-        yield
-    finally:
-        conn.close()  # ends the session, and with it the lock
-
-
-def _exists(conn, table: str) -> bool:
-    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_ident(table),)).fetchone()[0]
-
-
-def write(
-    location: str,
-    table: str,
-    augmented: np.ndarray,
-    plain: np.ndarray,
-    metadata,
-    info: dict,
-    *,
-    overwrite: bool,
-    batch: int = 8192,
-    ann: str | None = None,
-    **_,
-):
-    """Write into a new table, then swap it in under ``table`` in one transaction (the previous
-    table stays intact if anything fails before). ``ann="HNSW"`` adds an inner-product HNSW index."""
-    from hubless.progress import progress_bar
-
-    if ann is not None and ann.upper() not in ANN_TYPES:
-        raise InvalidInput(f"unsupported pgvector index {ann!r}; choose {' or '.join(ANN_TYPES)}")
-    tmp = f"{table}__hubless_tmp"
-    n, d = augmented.shape
-    with _connect(location) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        if _exists(conn, table) and not overwrite:
-            raise AlreadyExists(f"table {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
-        conn.execute(f"DROP TABLE IF EXISTS {_ident(tmp)}")
-        conn.execute(f"CREATE TABLE {_ident(tmp)} (id bigint PRIMARY KEY, vector vector({d}), plain vector({plain.shape[1]}), meta jsonb)")
-        conn.commit()
-        with conn.cursor() as cur:
-            for lo in progress_bar(range(0, n, batch), None, desc="export"):
-                hi = min(lo + batch, n)
-                with cur.copy(f"COPY {_ident(tmp)} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
-                    copy.write(_binary_rows(np.arange(lo, hi), augmented[lo:hi], plain[lo:hi], None if not metadata else metadata[lo:hi]))
-        conn.commit()
-        if ann is not None:  # built before the swap: the old table serves until the new one is ready
-            conn.execute(f"CREATE INDEX ON {_ident(tmp)} USING hnsw (vector vector_ip_ops)")
-        conn.execute(f"COMMENT ON TABLE {_ident(tmp)} IS %s".replace("%s", _literal(conn, json.dumps(info))))
-        conn.execute(f"DROP TABLE IF EXISTS {_ident(table)}")
-        conn.execute(f"ALTER TABLE {_ident(tmp)} RENAME TO {_ident(table)}")
-        conn.commit()
-    return location, table
 
 
 def _literal(conn, text: str) -> str:
@@ -170,80 +108,193 @@ def _literal(conn, text: str) -> str:
     return sql.Literal(text).as_string(conn)
 
 
-def open_table(location: str, table: str):
-    """(connection info, hubless metadata) of a table written by :func:`write`."""
-    conn = _search_connection(location)
-    with conn.transaction():
-        if not _exists(conn, table):
-            raise NotFound(f"no table {table!r} in PostgreSQL store {location}")
-        comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", (_ident(table),)).fetchone()[0]
-    try:
-        info = json.loads(comment or "")
-    except ValueError:
-        info = None
-    if not isinstance(info, dict) or "format_version" not in info:
-        raise InvalidInput(f"table {table!r} in {location} was not written by hubless export (no hubless metadata in its comment)")
-    return (location, table), info
+@dataclass(frozen=True)
+class PgvectorOptions:
+    """pgvector export options (HNSW only)."""
+
+    m: int | None = field(default=None, metadata={"help": "HNSW links per node (pgvector's default 16)"})
+    ef_construction: int | None = field(default=None, metadata={"help": "HNSW build beam (pgvector's default 64)"})
+
+    def __post_init__(self):
+        positive_int_or_none(self.m, "m")
+        positive_int_or_none(self.ef_construction, "ef_construction")
+        m, ef = self.m or 16, self.ef_construction or 64
+        if not 2 <= m <= 100 or ef < 2 * m or ef > 1000:
+            raise InvalidInput(f"pgvector HNSW needs 2 <= m <= 100 and 2 m <= ef_construction <= 1000; got m={m}, ef_construction={ef}")
 
 
-def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, ef_search: int = EF_SEARCH, **_):
-    """Top-k by inner product per query, all queries in one round trip: (scores, ids, rows)."""
-    location, table = handle
-    if column not in ("vector", "plain"):
-        raise InvalidInput(f"unknown column {column!r}")
-    scores = np.full((len(vectors), k), -np.inf, np.float32)
-    ids = np.full((len(vectors), k), -1, np.int64)
-    rows: list[list[dict]] = [[] for _ in range(len(vectors))]
-    ties = ", id" if exact else ""  # lower id first, as hubless; an ORDER BY beyond the distance bypasses the HNSW index
-    sql_text = (
-        f"SELECT q.i, t.id, t.dist, t.meta FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
-        f"(SELECT id, meta, {column} <#> q.v AS dist FROM {_ident(table)} ORDER BY {column} <#> q.v{ties} LIMIT %s) t "
-        "ORDER BY q.i, t.dist, t.id"
-    )
-    conn = _search_connection(location)
-    with conn.transaction():
-        if exact:
-            conn.execute("SET LOCAL enable_indexscan = off")
-        else:
-            conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(ef_search), 4 * k)}")
-        result = conn.execute(sql_text, (_vector_text(vectors), k)).fetchall()
-    slot = np.zeros(len(vectors), np.int64)
-    for qi, item, dist, meta in result:
-        i = qi - 1
-        j = slot[i]
-        ids[i, j], scores[i, j] = item, -dist
-        rows[i].append({"id": int(item), **(meta or {})})
-        slot[i] += 1
-    return scores, ids, rows
+@register
+class PgvectorStore(VectorStore):
+    schemes = ("postgresql", "postgres")
+    label = "PostgreSQL + pgvector"
+    extra = "pgvector"
+    ann_types = {"HNSW": "ef_search"}
+    knob_range = {"ef_search": (100, 1000)}  # pgvector's hnsw.ef_search is at most 1000
+    Options = PgvectorOptions
 
+    @classmethod
+    def uri_form(cls, scheme=None) -> str:
+        return f"{scheme or 'postgresql'}://user:password@host:port/database/table"
 
-def read_rows(handle) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, [r, bias] rows) stored in the table, by id (one binary COPY, parsed by numpy)."""
-    location, table = handle
-    conn = _search_connection(location)
-    with conn.transaction(), conn.cursor() as cur:
-        dim = cur.execute(f"SELECT vector_dims(vector) FROM {_ident(table)} LIMIT 1").fetchone()
-        if dim is None:
-            return np.empty(0, np.int64), np.empty((0, 0), np.float32)
-        buffer = bytearray()
-        with cur.copy(f"COPY (SELECT id, vector FROM {_ident(table)} ORDER BY id) TO STDOUT (FORMAT BINARY)") as copy:
-            for chunk in copy:
-                buffer += chunk
-    d = dim[0]
-    row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
-                    ("v", ">f4", (d,))])  # fmt: skip
-    body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
-    return body["id"].astype(np.int64), body["v"].astype(np.float32)
+    @classmethod
+    def parse(cls, uri: str) -> StoreURI:
+        """The table is the last path segment; the rest is libpq's URI."""
+        parts = urlsplit(uri)
+        database, slash, table = parts.path.rstrip("/").rpartition("/")
+        if not slash or not table or not database:
+            raise InvalidInput(f"store URI {uri!r} needs a database and a table: {cls.uri_form(parts.scheme)}")
+        return StoreURI(parts.scheme, urlunsplit((parts.scheme, parts.netloc, database, parts.query, "")), check_name(table, uri))
 
+    @property
+    def _tmp(self) -> str:
+        return "_hubless_tmp_" + hashlib.sha1(self.table.encode()).hexdigest()[:16]
 
-def apply_changes(handle, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
-    """Replace rows ``ids`` (inserting new ones), delete ``removed``, update the comment: one transaction."""
-    location, table = handle
-    with _connect(location) as conn:
+    @contextlib.contextmanager
+    def writer_lock(self):
+        """A PostgreSQL session advisory lock on the table's name, held on a connection of its
+        own (the server releases it if this process dies); waits ``HUBLESS_LOCK_TIMEOUT`` s."""
+        from hubless.index.lock import wait_for_lock
+
+        key = f"hubless export {self.table}"
+        conn = _connect(self.location, autocommit=True)
+        try:
+            wait_for_lock(
+                lambda: conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0],
+                f"table {self.table!r} in {self.location} is being written by another export or sync (",
+            )
+            yield
+        finally:
+            conn.close()  # ends the session, and with it the lock
+
+    @contextlib.contextmanager
+    def reading(self):
+        """One transaction holding the table's ACCESS SHARE lock for the info and the rows of a
+        search: an export's swap (DROP + RENAME) waits for it, so both come from one table."""
+        conn = _search_connection(self.location)
+        with conn.transaction():
+            if self._exists(conn, self.table):
+                conn.execute(f"LOCK TABLE {_ident(self.table)} IN ACCESS SHARE MODE")
+            yield
+
+    def _exists(self, conn, name: str) -> bool:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_ident(name),)).fetchone()[0]
+
+    def exists(self) -> bool:
+        conn = _search_connection(self.location)
+        with conn.transaction():
+            return self._exists(conn, self.table)
+
+    def clean_leftovers(self) -> None:
+        with _connect(self.location) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {_ident(self._tmp)}")
+
+    def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
+        n, d = rows.augmented.shape
+        tmp = _ident(self._tmp)
+        with _connect(self.location) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            conn.execute(f"CREATE TABLE {tmp} (id bigint PRIMARY KEY, vector vector({d}), plain vector({rows.plain.shape[1]}), meta jsonb)")
+            conn.commit()  # a killed export leaves this table: the next one drops it
+            with conn.cursor() as cur:
+                for part in rows.batches(batch):
+                    with cur.copy(f"COPY {tmp} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
+                        copy.write(_binary_rows(part.ids, part.augmented, part.plain, part.metadata))
+            conn.commit()
+            if ann is not None:  # built before the swap: the old table serves until the new one is ready
+                params = {k: v for k, v in (("m", options.m), ("ef_construction", options.ef_construction)) if v is not None}
+                with_ = f" WITH ({', '.join(f'{k} = {int(v)}' for k, v in params.items())})" if params else ""
+                conn.execute(f"CREATE INDEX ON {tmp} USING hnsw (vector vector_ip_ops){with_}")
+            conn.execute(f"COMMENT ON TABLE {tmp} IS {_literal(conn, json.dumps(info))}")
+            conn.execute(f"DROP TABLE IF EXISTS {_ident(self.table)}")
+            conn.execute(f"ALTER TABLE {tmp} RENAME TO {_ident(self.table)}")
+            conn.commit()
+
+    def read_info(self) -> dict:
+        conn = _search_connection(self.location)
+        with conn.transaction():
+            if not self._exists(conn, self.table):
+                raise NotFound(f"no table {self.table!r} in PostgreSQL store {self.location}")
+            comment = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')", (_ident(self.table),)).fetchone()[0]
+        try:
+            info = json.loads(comment or "")
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "format_version" not in info:
+            raise InvalidInput(
+                f"table {self.table!r} in {self.location} was not written by hubless export (no hubless metadata in its comment)"
+            )
+        return info
+
+    def write_info(self, info: dict, conn=None) -> None:
+        if conn is None:
+            with _connect(self.location) as own:
+                own.execute(f"COMMENT ON TABLE {_ident(self.table)} IS {_literal(own, json.dumps(info))}")
+            return
+        conn.execute(f"COMMENT ON TABLE {_ident(self.table)} IS {_literal(conn, json.dumps(info))}")
+
+    def native_knobs(self, knob: str, value: int, k: int, options: dict) -> dict:
+        return {"ef_search": min(max(value, k), 1000)}  # pgvector returns at most ef_search rows
+
+    def query(self, vectors: np.ndarray, k: int, *, column: str, exact: bool, knobs: dict):
+        scores = np.full((len(vectors), k), -np.inf, np.float32)
+        ids = np.full((len(vectors), k), -1, np.int64)
+        rows: list[list[dict]] = [[] for _ in range(len(vectors))]
+        ties = ", id" if exact else ""  # lower id first, as hubless; an ORDER BY beyond the distance bypasses the HNSW index
+        sql_text = (
+            f"SELECT q.i, t.id, t.dist, t.meta FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
+            f"(SELECT id, meta, {column} <#> q.v AS dist FROM {_ident(self.table)} ORDER BY {column} <#> q.v{ties} LIMIT %s) t "
+            "ORDER BY q.i, t.dist, t.id"
+        )
+        conn = _search_connection(self.location)
+        with conn.transaction():
+            if exact or not knobs:
+                conn.execute("SET LOCAL enable_indexscan = off")
+            else:
+                conn.execute(f"SET LOCAL hnsw.ef_search = {int(knobs['ef_search'])}")
+            result = conn.execute(sql_text, (_vector_text(vectors), k)).fetchall()
+        slot = np.zeros(len(vectors), np.int64)
+        for qi, item, dist, meta in result:
+            i = qi - 1
+            j = slot[i]
+            ids[i, j], scores[i, j] = item, -dist
+            rows[i].append({"id": int(item), **(meta or {})})
+            slot[i] += 1
+        return scores, ids, rows
+
+    def read_rows(self):
+        """(ids, [r, bias] rows, metadata) by id (one binary COPY parsed by numpy, one query for the metadata)."""
+        conn = _search_connection(self.location)
+        table = _ident(self.table)
         with conn.transaction(), conn.cursor() as cur:
-            gone = np.concatenate([ids, removed]).astype(np.int64).tolist()
-            cur.execute(f"DELETE FROM {_ident(table)} WHERE id = ANY(%s)", (gone,))
-            if len(ids):
-                with cur.copy(f"COPY {_ident(table)} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
-                    copy.write(_binary_rows(ids, augmented, plain, metadata))
-            cur.execute(f"COMMENT ON TABLE {_ident(table)} IS %s".replace("%s", _literal(conn, json.dumps(info))))
+            dim = cur.execute(f"SELECT vector_dims(vector) FROM {table} LIMIT 1").fetchone()
+            if dim is None:
+                return np.empty(0, np.int64), np.empty((0, 0), np.float32), []
+            buffer = bytearray()
+            with cur.copy(f"COPY (SELECT id, vector FROM {table} ORDER BY id) TO STDOUT (FORMAT BINARY)") as copy:
+                for chunk in copy:
+                    buffer += chunk
+            meta = [m or {} for (m,) in cur.execute(f"SELECT meta FROM {table} ORDER BY id").fetchall()]
+        d = dim[0]
+        row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
+                        ("v", ">f4", (d,))])  # fmt: skip
+        body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
+        return body["id"].astype(np.int64), body["v"].astype(np.float32), meta
+
+    def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
+        """Replace rows (inserting new ones), delete ``removed``, update the comment: one transaction."""
+        table = _ident(self.table)
+        with _connect(self.location) as conn:
+            with conn.transaction(), conn.cursor() as cur:
+                gone = np.concatenate([rows.ids, removed]).astype(np.int64).tolist()
+                cur.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (gone,))
+                if len(rows):
+                    with cur.copy(f"COPY {table} (id, vector, plain, meta) FROM STDIN WITH (FORMAT BINARY)") as copy:
+                        copy.write(_binary_rows(rows.ids, rows.augmented, rows.plain, rows.metadata))
+                self.write_info(info, cur)
+
+    def drop_table(self) -> bool:
+        with _connect(self.location) as conn:
+            existed = self._exists(conn, self.table)
+            conn.execute(f"DROP TABLE IF EXISTS {_ident(self.table)}")
+            conn.execute(f"DROP TABLE IF EXISTS {_ident(self._tmp)}")
+        return bool(existed)

@@ -1,40 +1,36 @@
-"""Qdrant server store (``qdrant+http://host:port/collection``, ``qdrant+https://...``) with ``qdrant-client``.
+"""A Qdrant server (``qdrant+http://host:port/collection``, ``qdrant+https://...``) with ``qdrant-client``.
 
 The same layout as the in-process store (:mod:`hubless.export.qdrant_store`): each item is a
 point with two named vectors, both with Distance.DOT (never COSINE: it would normalise
 [r, bias] and break the correction), ``corrected`` = [r, bias(r)] and ``plain`` = r, and its
-metadata as payload. The hubless ``info`` (format version, spec, model, metric, dims, query
-state) is a reserved point of the collection (id :data:`INFO_ID`, a UUID no gallery position
-can take, with no vectors, so no search returns it). ``collection`` is an alias: an export writes
-a new physical collection ``<collection>__hubless_<hex>`` and then switches the alias to it in one
-atomic alias update, so the previous collection serves until then and stays intact if the
-export fails. Tested against qdrant-client's own engine standing in for a server
-(``tests/test_export_qdrant.py``); no Qdrant server was available to test against.
+metadata as payload. The hubless ``info`` is a reserved point of the collection (id
+:data:`INFO_ID`, a UUID no item id can take, with no vectors, so no search returns it).
+``collection`` is an alias: an export writes a new physical collection
+``<collection>__hubless_<hex>`` and then switches the alias to it in one atomic alias update;
+the previous collection serves until then, stays intact if the export fails, and is dropped by
+the next export (with any a killed export left). Several processes may search it. Tested
+against qdrant-client's own engine standing in for a server (``tests/test_export_qdrant.py``):
+no Qdrant server can be started here; a server that does not answer is a
+:class:`~hubless.export.base.StoreUnavailable` error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import uuid
 
 import numpy as np
 
-from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import HublessError, InvalidInput, MissingDependencyError, NotFound
+from hubless.export.base import Rows, StaleRead, StoreUnavailable, StoreURI, VectorStore, register, split_location
+from hubless.export.qdrant_store import QdrantOptions, check_point_ids, collect_hits, collect_rows
 
 #: The reserved id of the point that holds the hubless info (payload key "hubless").
 INFO_ID = "00000000-0000-0000-0000-00000000b1a5"
-#: HNSW candidates examined per query (at least 4 x top_k).
-HNSW_EF = 128
-ANN_TYPES = ("HNSW",)
 
 _CLIENTS: dict[str, object] = {}  # url -> client, kept for searches
-
-
-def writer_lock(location: str, table: str):
-    """No lock across clients: each export writes a physical collection of its own name and
-    switches the alias in one atomic update (the last export wins; none is half-written)."""
-    return contextlib.nullcontext()
 
 
 def _models():
@@ -46,7 +42,8 @@ def _models():
 
 
 def _connect(url: str):
-    """The kept ``QdrantClient`` of ``url`` (``http://host:port``)."""
+    """The kept ``QdrantClient`` of ``url`` (``http://host:port``); one that does not answer is
+    a StoreUnavailable error."""
     _models()
     from qdrant_client import QdrantClient
 
@@ -55,7 +52,7 @@ def _connect(url: str):
 
         # check_compatibility=False: its version check runs in a thread of its own and only
         # warns; the probe below reaches the server before any work and fails in one line.
-        client = QdrantClient(url=url, check_compatibility=False)
+        client = QdrantClient(url=url, check_compatibility=False, timeout=10)
         try:  # the client connects lazily: reach the server now, so a wrong URL is one clear error
             client.get_collections()
         except (ResponseHandlingException, UnexpectedResponse) as exc:
@@ -64,132 +61,209 @@ def _connect(url: str):
                 detail = f"it answered HTTP {exc.status_code} {exc.reason_phrase} (is it a Qdrant server? an API key?)"
             else:
                 detail = " ".join(str(exc).split())
-            raise ConnectionError(f"cannot reach the Qdrant server at {url}: {detail}") from None
+            raise StoreUnavailable(f"cannot reach the Qdrant server at {url}: {detail}") from None
         _CLIENTS[url] = client
     return _CLIENTS[url]
 
 
-def _target(client, name: str) -> str | None:
-    """The physical collection that alias (or collection) ``name`` serves, or None."""
-    for alias in client.get_aliases().aliases:
-        if alias.alias_name == name:
-            return alias.collection_name
-    return name if client.collection_exists(name) else None
+@contextlib.contextmanager
+def _answering(url: str):
+    """Turn a lost connection to the server into StoreUnavailable (hubless errors pass)."""
+    try:
+        yield
+    except HublessError:
+        raise
+    except Exception as exc:
+        name = type(exc).__name__
+        if name in ("ResponseHandlingException", "ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError"):
+            _CLIENTS.pop(url, None)
+            raise StoreUnavailable(f"the Qdrant server at {url} did not answer: {exc}") from None
+        raise
 
 
-def _point(models, pid, corrected, plain, record):
-    from hubless.export.qdrant_store import _payload
+@register
+class QdrantServerStore(VectorStore):
+    schemes = ("qdrant+http", "qdrant+https")
+    label = "Qdrant server"
+    extra = "qdrant-server"
+    ann_types = {"HNSW": "ef_search"}
+    knob_range = {"ef_search": (128, 8192)}
+    Options = QdrantOptions
 
-    return models.PointStruct(id=pid, vector={"corrected": corrected, "plain": plain}, payload=_payload(record, pid))
+    @classmethod
+    def uri_form(cls, scheme=None) -> str:
+        return f"{scheme or 'qdrant+http'}://host:port/collection"
+
+    @classmethod
+    def parse(cls, uri: str) -> StoreURI:
+        scheme = uri.partition("://")[0]
+        location, table = split_location(uri, scheme, cls.uri_form(scheme))
+        return StoreURI(scheme, f"{scheme[len('qdrant+') :]}://{location}", table)
+
+    def writer_lock(self):
+        """No lock across clients: each export writes a physical collection of its own name and
+        switches the alias in one atomic update (the last export wins; none is half-written)."""
+        return contextlib.nullcontext()
+
+    @property
+    def client(self):
+        return _connect(self.location)
+
+    def _target(self) -> str | None:
+        """The physical collection that alias (or collection) ``table`` serves, or None."""
+        with _answering(self.location):
+            client = self.client
+            for alias in client.get_aliases().aliases:
+                if alias.alias_name == self.table:
+                    return alias.collection_name
+            return self.table if client.collection_exists(self.table) else None
+
+    def exists(self) -> bool:
+        return self._target() is not None
+
+    def clean_leftovers(self) -> None:
+        keep = self._target()
+        own = re.compile(re.escape(self.table) + r"__hubless_[0-9a-f]{12}")
+        with _answering(self.location):
+            for c in self.client.get_collections().collections:
+                if own.fullmatch(c.name) and c.name != keep:
+                    self.client.delete_collection(c.name)
+
+    def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
+        models = _models()
+        check_point_ids(rows.ids, "Qdrant")
+        with _answering(self.location):
+            client = self.client
+            old = self._target()
+            new = f"{self.table}__hubless_{uuid.uuid4().hex[:12]}"
+            dot = models.Distance.DOT
+            hnsw = None
+            if ann is not None and (options.m or options.ef_construct):
+                hnsw = models.HnswConfigDiff(m=options.m, ef_construct=options.ef_construct)
+            client.create_collection(
+                new,
+                vectors_config={
+                    "corrected": models.VectorParams(size=int(rows.augmented.shape[1]), distance=dot, hnsw_config=hnsw),
+                    "plain": models.VectorParams(size=int(rows.plain.shape[1]), distance=dot),
+                },
+                optimizers_config=None if ann is not None else models.OptimizersConfigDiff(indexing_threshold=0),
+            )
+            try:
+                for part in rows.batches(batch):
+                    client.upsert(new, _points(models, part), wait=True)
+                client.upsert(new, [_info_point(models, info)], wait=True)
+                ops = []
+                if old is not None and old != self.table:
+                    ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=self.table)))
+                elif old == self.table:  # a plain collection of that name (not made by hubless): it must go before the alias exists
+                    client.delete_collection(self.table)
+                ops.append(models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=new, alias_name=self.table)))
+                client.update_collection_aliases(change_aliases_operations=ops)  # one atomic switch
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    client.delete_collection(new)
+                raise
+
+    @contextlib.contextmanager
+    def reading(self):
+        """One physical collection for the info and the rows of a search."""
+        self._pinned = self._physical()
+        try:
+            yield
+        except (ValueError, NotFound) as exc:
+            if "not found" in str(exc).lower():  # dropped by the exports after next
+                raise StaleRead(str(exc)) from None
+            raise
+        except Exception as exc:
+            if "not found" in str(exc).lower() or "doesn't exist" in str(exc).lower():
+                raise StaleRead(str(exc)) from None
+            raise
+        finally:
+            self._pinned = None
+
+    def _physical(self) -> str:
+        pinned = getattr(self, "_pinned", None)
+        if pinned is not None:
+            return pinned
+        name = self._target()
+        if name is None:
+            raise NotFound(f"no collection {self.table!r} in Qdrant server {self.location}")
+        return name
+
+    def read_info(self) -> dict:
+        name = self._physical()
+        with _answering(self.location):
+            found = self.client.retrieve(name, [INFO_ID], with_payload=True, with_vectors=False)
+        if not found or "hubless" not in (found[0].payload or {}):
+            raise InvalidInput(f"collection {self.table!r} in {self.location} was not written by hubless export (no info point {INFO_ID})")
+        return json.loads(found[0].payload["hubless"])
+
+    def write_info(self, info: dict) -> None:
+        models = _models()
+        with _answering(self.location):
+            self.client.upsert(self._physical(), [_info_point(models, info)], wait=True)
+
+    def native_knobs(self, knob: str, value: int, k: int, options: dict) -> dict:
+        return {"hnsw_ef": max(value, k)}
+
+    def query(self, vectors: np.ndarray, k: int, *, column: str, exact: bool, knobs: dict):
+        models = _models()
+        name = self._physical()
+        using = "corrected" if column == "vector" else "plain"
+        params = models.SearchParams(exact=True) if exact or not knobs else models.SearchParams(hnsw_ef=int(knobs["hnsw_ef"]))
+        requests = [models.QueryRequest(query=v, using=using, limit=k, with_payload=True, params=params) for v in vectors.tolist()]
+        with _answering(self.location):
+            return collect_hits([res.points for res in self.client.query_batch_points(name, requests)], k)
+
+    def read_rows(self):
+        models = _models()
+        name = self._physical()
+        skip = models.Filter(must_not=[models.HasIdCondition(has_id=[INFO_ID])])
+        with _answering(self.location):
+            return collect_rows(
+                lambda offset: self.client.scroll(
+                    name, scroll_filter=skip, limit=4096, offset=offset, with_vectors=["corrected"], with_payload=True
+                )
+            )
+
+    def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
+        """Upsert rows, delete ``removed`` and rewrite the info point (each a server operation;
+        an interrupted sync is completed by running it again)."""
+        models = _models()
+        check_point_ids(rows.ids, "Qdrant")
+        name = self._physical()
+        with _answering(self.location):
+            for lo in range(0, len(rows), 8192):
+                self.client.upsert(name, _points(models, rows.slice(lo, lo + 8192)), wait=True)
+            if len(removed):
+                self.client.delete(name, models.PointIdsList(points=[int(i) for i in removed]), wait=True)
+            self.client.upsert(name, [_info_point(models, info)], wait=True)
+
+    def drop_table(self) -> bool:
+        own = re.compile(re.escape(self.table) + r"__hubless_[0-9a-f]{12}")
+        with _answering(self.location):
+            existed = self._target() is not None
+            for alias in self.client.get_aliases().aliases:
+                if alias.alias_name == self.table:
+                    self.client.update_collection_aliases(
+                        change_aliases_operations=[
+                            _models().DeleteAliasOperation(delete_alias=_models().DeleteAlias(alias_name=self.table))
+                        ]
+                    )
+            for c in self.client.get_collections().collections:
+                if own.fullmatch(c.name):
+                    self.client.delete_collection(c.name)
+        return existed
+
+
+def _points(models, rows: Rows) -> list:
+    aug, pl, ids = rows.augmented.tolist(), rows.plain.tolist(), rows.ids.tolist()
+    meta = rows.metadata
+    return [
+        models.PointStruct(id=ids[i], vector={"corrected": aug[i], "plain": pl[i]}, payload=None if meta is None else meta[i])
+        for i in range(len(ids))
+    ]
 
 
 def _info_point(models, info: dict):
     return models.PointStruct(id=INFO_ID, vector={}, payload={"hubless": json.dumps(info)})
-
-
-def write(
-    location: str,
-    table: str,
-    augmented: np.ndarray,
-    plain: np.ndarray,
-    metadata,
-    info: dict,
-    *,
-    overwrite: bool,
-    batch: int = 8192,
-    ann: str | None = None,
-    **_,
-):
-    """Write a new physical collection, then point alias ``table`` at it and drop the old one.
-    Without ``ann`` the collection is never indexed (exact scans); ``ann="HNSW"`` keeps Qdrant's
-    default HNSW indexing."""
-    from hubless.progress import progress_bar
-
-    models = _models()
-    if ann is not None and ann.upper() not in ANN_TYPES:
-        raise InvalidInput(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
-    client = _connect(location)
-    old = _target(client, table)
-    if old is not None and not overwrite:
-        raise AlreadyExists(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
-    new = f"{table}__hubless_{uuid.uuid4().hex[:12]}"
-    dot = models.Distance.DOT
-    client.create_collection(
-        new,
-        vectors_config={
-            "corrected": models.VectorParams(size=int(augmented.shape[1]), distance=dot),
-            "plain": models.VectorParams(size=int(plain.shape[1]), distance=dot),
-        },
-        optimizers_config=None if ann is not None else models.OptimizersConfigDiff(indexing_threshold=0),
-    )
-    try:
-        n = augmented.shape[0]
-        for lo in progress_bar(range(0, n, batch), None, desc="export"):
-            hi = min(lo + batch, n)
-            aug, pl = augmented[lo:hi].tolist(), plain[lo:hi].tolist()
-            points = [_point(models, lo + i, aug[i], pl[i], None if not metadata else metadata[lo + i]) for i in range(hi - lo)]
-            client.upsert(new, points, wait=True)
-        client.upsert(new, [_info_point(models, info)], wait=True)
-        ops = []
-        if old is not None and old != table:
-            ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=table)))
-        elif old == table:  # a plain collection of that name (not made by hubless): it must go before the alias exists
-            client.delete_collection(table)
-        ops.append(models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=new, alias_name=table)))
-        client.update_collection_aliases(change_aliases_operations=ops)  # one atomic switch
-    except BaseException:
-        client.delete_collection(new)
-        raise
-    if old is not None and old != table:
-        client.delete_collection(old)
-    return f"{location}/{table}"
-
-
-def open_table(location: str, table: str):
-    """((client, physical collection), hubless info) of collection (alias) ``table``."""
-    client = _connect(location)
-    name = _target(client, table)
-    if name is None:
-        raise NotFound(f"no collection {table!r} in Qdrant server {location}")
-    found = client.retrieve(name, [INFO_ID], with_payload=True, with_vectors=False)
-    if not found or "hubless" not in (found[0].payload or {}):
-        raise InvalidInput(f"collection {table!r} in {location} was not written by hubless export (no info point {INFO_ID})")
-    return (client, name), json.loads(found[0].payload["hubless"])
-
-
-def query(handle, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, hnsw_ef: int = HNSW_EF, **_):
-    """Top-k by dot product per query, in one ``query_batch_points`` request: (scores, ids, rows)."""
-    models = _models()
-    client, name = handle
-    using = "corrected" if column == "vector" else "plain"
-    params = models.SearchParams(exact=True) if exact else models.SearchParams(hnsw_ef=max(int(hnsw_ef), 4 * k))
-    requests = [models.QueryRequest(query=v, using=using, limit=k, with_payload=True, params=params) for v in vectors.tolist()]
-    from hubless.export.qdrant_store import collect_hits
-
-    return collect_hits([res.points for res in client.query_batch_points(name, requests)], k)
-
-
-def read_rows(handle) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages, the info point skipped)."""
-    models = _models()
-    client, name = handle
-    from hubless.export.qdrant_store import collect_rows
-
-    skip = models.Filter(must_not=[models.HasIdCondition(has_id=[INFO_ID])])
-    return collect_rows(
-        lambda offset: client.scroll(name, scroll_filter=skip, limit=4096, offset=offset, with_vectors=["corrected"], with_payload=False)
-    )
-
-
-def apply_changes(handle, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
-    """Upsert rows ``ids``, delete ``removed`` and rewrite the info point (each a server
-    operation; an interrupted sync is completed by running it again)."""
-    models = _models()
-    client, name = handle
-    aug, pl = augmented.tolist(), plain.tolist()
-    points = [_point(models, int(i), aug[n], pl[n], None if not metadata else metadata[n]) for n, i in enumerate(ids)]
-    for lo in range(0, len(points), 8192):
-        client.upsert(name, points[lo : lo + 8192], wait=True)
-    if len(removed):
-        client.delete(name, models.PointIdsList(points=[int(i) for i in removed]), wait=True)
-    client.upsert(name, [_info_point(models, info)], wait=True)

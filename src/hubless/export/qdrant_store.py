@@ -1,34 +1,38 @@
-"""Qdrant store, in-process: the real Qdrant engine (``qdrant-edge-py``) on a local directory.
+"""Qdrant, in-process: the real Qdrant engine (``qdrant-edge-py``) on a local directory, ``qdrant://path/collection``.
 
-Each item is a point with two named vectors, both with the Dot distance (never Cosine: it
-would normalise [r, bias] and break the correction): ``corrected`` = [r, bias(r)] and
-``plain`` = r, and its metadata as payload. ``qdrant://path/collection`` is the directory
-``path/collection/``: it holds versions (``v-<id>/shard`` and ``v-<id>/hubless.json`` with the
-format version, spec, model, metric and dims) and a ``CURRENT`` file naming the live one, so a
-re-export writes a new version and switches ``CURRENT`` atomically (the previous collection
-serves until then, and stays intact if the export fails). With ``ann="HNSW"`` Qdrant indexes
-both vectors with HNSW (built before the switch); searches use it unless ``exact=True``.
+Each item is a point (id = the item id) with two named vectors, both with the Dot distance
+(never Cosine: it would normalise [r, bias] and break the correction): ``corrected`` =
+[r, bias(r)] and ``plain`` = r, and its metadata as payload. The collection is the directory
+``path/collection/``: versions ``v-<hex>/`` (``shard/`` and ``hubless.json``) and a ``CURRENT``
+file naming the live one. A re-export writes a new version and switches ``CURRENT`` atomically:
+readers see the old or the new collection; the previous version stays until the next export,
+which removes every other version (also those a killed export left). ``ann="HNSW"`` builds
+Qdrant's HNSW index (searched with ``hnsw_ef``, the ``ef_search`` knob) before the switch.
+
+One process at a time: Qdrant's engine locks a shard's write-ahead log, so a second process
+opening the same version is refused with :class:`~hubless.export.base.StoreUnavailable` (use a
+Qdrant server, ``qdrant+http://``, to search from several processes). A sync from another
+process while one holds the store open copies the version, changes the copy and switches to it;
+the holder moves to the new version at its next search.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import AlreadyExists, InvalidInput, MissingDependencyError, NotFound
-from hubless.export.base import directory_lock as writer_lock  # noqa: F401  (one writer at a time: export, sync)
+from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
 
-#: HNSW candidates examined per query (at least 4 x top_k).
-HNSW_EF = 128
-ANN_TYPES = ("HNSW",)
 #: Segments larger than this many KB get an HNSW index; "never" for exact-only collections.
 _NEVER_INDEX_KB = 2**40
-
 
 _OPEN: dict[str, object] = {}  # shard path -> the loaded shard, kept for searches
 
@@ -57,114 +61,8 @@ def _current(folder: Path) -> Path | None:
     return folder / name if name and (folder / name).is_dir() else None
 
 
-def write(
-    location: str,
-    table: str,
-    augmented: np.ndarray,
-    plain: np.ndarray,
-    metadata,
-    info: dict,
-    *,
-    overwrite: bool,
-    batch: int = 8192,
-    ann: str | None = None,
-    **_,
-):
-    """Write a new version of collection ``table`` under ``location`` and make it current."""
-    from hubless._io import write_json, write_text
-    from hubless.progress import progress_bar
-
-    qd = _qdrant()
-    if ann is not None and ann.upper() not in ANN_TYPES:
-        raise InvalidInput(f"unsupported Qdrant index {ann!r}; choose {' or '.join(ANN_TYPES)}")
-    folder = Path(location) / table
-    old = _current(folder)
-    if old is not None and not overwrite:
-        raise AlreadyExists(f"collection {table!r} exists in {location}: pass overwrite=True (--overwrite) to replace it")
-    version = folder / f"v-{uuid.uuid4().hex[:12]}"
-    threshold = 1 if ann is not None else _NEVER_INDEX_KB
-    config = qd.EdgeConfig(
-        vectors={
-            "corrected": qd.EdgeVectorParams(size=augmented.shape[1], distance=qd.Distance.Dot),
-            "plain": qd.EdgeVectorParams(size=plain.shape[1], distance=qd.Distance.Dot),
-        },
-        optimizers=qd.EdgeOptimizersConfig(indexing_threshold=threshold),
-    )
-    try:
-        shard = qd.EdgeShard.create(str(version / "shard"), config)
-        try:
-            n = augmented.shape[0]
-            for lo in progress_bar(range(0, n, batch), None, desc="export"):
-                hi = min(lo + batch, n)
-                aug, pl = augmented[lo:hi].tolist(), plain[lo:hi].tolist()
-                points = [
-                    qd.Point(lo + i, {"corrected": aug[i], "plain": pl[i]}, None if not metadata else _payload(metadata[lo + i], lo + i))
-                    for i in range(hi - lo)
-                ]
-                shard.update(qd.UpdateOperation.upsert_points(points))
-            if ann is not None:
-                shard.optimize()
-            shard.flush()
-        finally:
-            shard.close()
-        write_json(version / "hubless.json", info)
-        write_text(folder / "CURRENT", version.name)  # atomic: readers see the old or the new version
-    except BaseException:
-        shutil.rmtree(version, ignore_errors=True)
-        raise
-    if old is not None:
-        kept = _OPEN.pop(str(old / "shard"), None)
-        if kept is not None:
-            kept.close()
-        shutil.rmtree(old, ignore_errors=True)
-    return folder
-
-
-def _payload(record, item: int | None = None) -> dict | None:
-    """An item's metadata as a Qdrant payload: JSON scalars kept, anything else as its str();
-    text that is not valid Unicode (a lone surrogate) is refused with a ValueError naming it."""
-    if record is None:
-        return None
-    out = {str(k): v if v is None or isinstance(v, (str, int, float, bool)) else str(v) for k, v in record.items()}
-    for key, value in out.items():
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInput(
-                    f"metadata {key!r} of item {item} is not valid Unicode text ({value!r}): fix or drop it and export again"
-                ) from None
-    return out
-
-
-def open_table(location: str, table: str):
-    """(the loaded shard, hubless metadata) of the current version of collection ``table``."""
-    qd = _qdrant()
-    folder = Path(location) / table
-    version = _current(folder)
-    if version is None:
-        raise NotFound(f"no collection {table!r} in Qdrant store {location}")
-    try:
-        info = json.loads((version / "hubless.json").read_text())
-    except (OSError, ValueError):
-        raise InvalidInput(f"collection {table!r} in {location} was not written by hubless export (no hubless.json)") from None
-    key = str(version / "shard")
-    if key not in _OPEN:  # a re-export is a new version: a new key
-        for stale in [k for k in _OPEN if k.startswith(str(folder) + "/")]:
-            _OPEN.pop(stale).close()
-        _OPEN[key] = qd.EdgeShard.load(key)
-    return _OPEN[key], info
-
-
-def query(shard, vectors: np.ndarray, k: int, column: str = "vector", *, exact: bool = False, hnsw_ef: int = HNSW_EF, **_):
-    """Top-k by dot product per query, as one planned batch: (scores, ids, rows)."""
-    qd = _qdrant()
-    using = "corrected" if column == "vector" else "plain"
-    params = qd.SearchParams(exact=True) if exact else qd.SearchParams(hnsw_ef=max(int(hnsw_ef), 4 * k))
-    requests = [
-        qd.QueryRequest(limit=k, query=qd.Query.Nearest(v, using=using), with_payload=True, params=params) for v in vectors.tolist()
-    ]
-    return collect_hits(shard.query_batch(qd.QueryBatchRequest(requests)), k)
+def _is_locked(exc: BaseException) -> bool:
+    return "WouldBlock" in str(exc) or "Resource temporarily unavailable" in str(exc)
 
 
 def collect_hits(results, k: int):
@@ -174,50 +72,246 @@ def collect_hits(results, k: int):
     ids = np.full((len(results), k), -1, np.int64)
     rows = []
     for i, hits in enumerate(results):
-        hits = sorted(hits, key=lambda h: (-h.score, h.id))
+        hits = sorted(hits, key=lambda h: (-h.score, h.id))[:k]
         for j, hit in enumerate(hits):
             ids[i, j], scores[i, j] = hit.id, hit.score
         rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
     return scores, ids, rows
 
 
-def collect_rows(scroll) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, [r, bias] rows) by id from ``scroll(offset) -> (records, next offset)`` pages."""
-    ids, rows, offset = [], [], None
+def collect_rows(scroll) -> tuple[np.ndarray, np.ndarray, list]:
+    """(ids, [r, bias] rows, payloads) by id from ``scroll(offset) -> (records, next offset)`` pages."""
+    ids, rows, meta, offset = [], [], [], None
     while True:
         records, offset = scroll(offset)
         ids += [r.id for r in records]
         rows += [r.vector["corrected"] for r in records]
+        meta += [r.payload or {} for r in records]
         if offset is None:
             break
     order = np.argsort(ids, kind="stable")
-    return np.asarray(ids, np.int64)[order], np.asarray(rows, np.float32).reshape(len(ids), -1)[order]
+    return np.asarray(ids, np.int64)[order], np.asarray(rows, np.float32).reshape(len(ids), -1)[order], [meta[i] for i in order]
 
 
-def read_rows(shard) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, [r, bias] rows) stored in the collection, by id (scrolled in pages)."""
-    qd = _qdrant()
-    return collect_rows(
-        lambda offset: shard.scroll(qd.ScrollRequest(offset=offset, limit=4096, with_vector=["corrected"], with_payload=False))
-    )
+def check_point_ids(ids: np.ndarray, label: str) -> None:
+    if len(ids) and int(ids.min()) < 0:
+        raise InvalidInput(f"{label} point ids are unsigned: item id {int(ids.min())} is negative")
 
 
-def apply_changes(shard, ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, metadata, removed: np.ndarray, info: dict) -> None:
-    """Upsert rows ``ids``, delete ``removed`` and rewrite hubless.json of the current version.
-    Qdrant applies each operation through its write-ahead log; an interrupted sync is completed
-    by running it again."""
-    from hubless._io import write_json
+@dataclass(frozen=True)
+class QdrantOptions:
+    """Qdrant export options (HNSW only)."""
 
-    qd = _qdrant()
-    aug, pl = augmented.tolist(), plain.tolist()
-    points = [
-        qd.Point(int(i), {"corrected": aug[n], "plain": pl[n]}, None if not metadata else _payload(metadata[n], int(i)))
-        for n, i in enumerate(ids)
-    ]
-    if points:
-        shard.update(qd.UpdateOperation.upsert_points(points))
-    if len(removed):
-        shard.update(qd.UpdateOperation.delete_points([int(i) for i in removed]))
-    shard.flush()
-    folder = next(Path(k).parent for k, v in _OPEN.items() if v is shard)
-    write_json(folder / "hubless.json", info)
+    m: int | None = field(default=None, metadata={"help": "HNSW links per node (Qdrant's default 16)"})
+    ef_construct: int | None = field(default=None, metadata={"help": "HNSW build beam (Qdrant's default 100)"})
+
+    def __post_init__(self):
+        positive_int_or_none(self.m, "m")
+        positive_int_or_none(self.ef_construct, "ef_construct")
+
+
+@register
+class QdrantEdgeStore(VectorStore):
+    schemes = ("qdrant",)
+    label = "Qdrant (in-process)"
+    extra = "qdrant"
+    ann_types = {"HNSW": "ef_search"}
+    knob_range = {"ef_search": (128, 8192)}
+    Options = QdrantOptions
+    process_limit = "one process at a time"
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.location) / self.table
+
+    def writer_lock(self):
+        return directory_lock(self.location, self.table)
+
+    def exists(self) -> bool:
+        return _current(self.folder) is not None
+
+    def clean_leftovers(self) -> None:
+        """Every version but the current one (the previous export's, kept for its readers, and
+        those of killed exports)."""
+        if not self.folder.is_dir():
+            return
+        keep = _current(self.folder)
+        for version in self.folder.glob("v-*"):
+            if version != keep:
+                _OPEN.pop(str(version / "shard"), None)  # freed with its last use
+                shutil.rmtree(version, ignore_errors=True)
+
+    def _config(self, dim: int, plain: int, ann: str | None, options):
+        qd = _qdrant()
+        hnsw = None
+        if ann is not None and (options.m or options.ef_construct):
+            hnsw = qd.HnswIndexConfig(m=options.m or 16, ef_construct=options.ef_construct or 100, full_scan_threshold=10_000)
+        params = {"size": dim, "distance": qd.Distance.Dot}
+        if hnsw is not None:
+            params["hnsw_config"] = hnsw
+        return qd.EdgeConfig(
+            vectors={"corrected": qd.EdgeVectorParams(**params), "plain": qd.EdgeVectorParams(size=plain, distance=qd.Distance.Dot)},
+            optimizers=qd.EdgeOptimizersConfig(indexing_threshold=1 if ann is not None else _NEVER_INDEX_KB),
+        )
+
+    def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
+        from hubless._io import write_json, write_text
+
+        qd = _qdrant()
+        check_point_ids(rows.ids, "Qdrant")
+        version = self.folder / f"v-{uuid.uuid4().hex[:12]}"
+        try:
+            shard = qd.EdgeShard.create(str(version / "shard"), self._config(rows.augmented.shape[1], rows.plain.shape[1], ann, options))
+            try:
+                for part in rows.batches(batch):
+                    shard.update(qd.UpdateOperation.upsert_points(_points(qd, part)))
+                if ann is not None:
+                    shard.optimize()
+                shard.flush()
+            finally:
+                shard.close()
+            write_json(version / "hubless.json", info)
+            write_text(self.folder / "CURRENT", version.name)  # atomic: readers see the old or the new version
+        except BaseException:
+            shutil.rmtree(version, ignore_errors=True)
+            raise
+
+    @contextlib.contextmanager
+    def reading(self):
+        """One version for the info and the rows of a search."""
+        self._pinned = self._version()
+        try:
+            yield
+        except (OSError, NotFound) as exc:
+            if not self._pinned.is_dir():  # removed by the exports after next
+                raise StaleRead(str(exc)) from None
+            raise
+        finally:
+            self._pinned = None
+
+    def _version(self) -> Path:
+        pinned = getattr(self, "_pinned", None)
+        if pinned is not None:
+            return pinned
+        version = _current(self.folder)
+        if version is None:
+            raise NotFound(f"no collection {self.table!r} in Qdrant store {self.location}")
+        return version
+
+    def read_info(self) -> dict:
+        version = self._version()
+        try:
+            return json.loads((version / "hubless.json").read_text())
+        except (OSError, ValueError):
+            raise InvalidInput(
+                f"collection {self.table!r} in {self.location} was not written by hubless export (no hubless.json)"
+            ) from None
+
+    def write_info(self, info: dict) -> None:
+        from hubless._io import write_json
+
+        write_json(self._version() / "hubless.json", info)
+
+    def _shard(self, version: Path | None = None):
+        """The loaded shard of the current version (kept for later searches)."""
+        qd = _qdrant()
+        version = version or self._version()
+        key = str(version / "shard")
+        if key not in _OPEN:  # a re-export is a new version: a new key
+            for stale in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
+                del _OPEN[stale]  # not closed here: a search in another thread may still use it (freed with its last use)
+            try:
+                _OPEN[key] = qd.EdgeShard.load(key)
+            except Exception as exc:
+                if _is_locked(exc):
+                    raise StoreUnavailable(
+                        f"{self.uri} is open in another process: Qdrant's in-process engine serves one process at a time "
+                        "(close it there, or serve the collection from a Qdrant server, qdrant+http://)"
+                    ) from None
+                raise
+        return _OPEN[key]
+
+    def native_knobs(self, knob: str, value: int, k: int, options: dict) -> dict:
+        return {"hnsw_ef": max(value, k)}
+
+    def query(self, vectors: np.ndarray, k: int, *, column: str, exact: bool, knobs: dict):
+        qd = _qdrant()
+        shard = self._shard()
+        using = "corrected" if column == "vector" else "plain"
+        params = qd.SearchParams(exact=True) if exact or not knobs else qd.SearchParams(hnsw_ef=int(knobs["hnsw_ef"]))
+        requests = [
+            qd.QueryRequest(limit=k, query=qd.Query.Nearest(v, using=using), with_payload=True, params=params) for v in vectors.tolist()
+        ]
+        return collect_hits(shard.query_batch(qd.QueryBatchRequest(requests)), k)
+
+    def read_rows(self):
+        qd = _qdrant()
+        shard = self._shard()
+        return collect_rows(
+            lambda offset: shard.scroll(qd.ScrollRequest(offset=offset, limit=4096, with_vector=["corrected"], with_payload=True))
+        )
+
+    @contextlib.contextmanager
+    def changing(self):
+        """A sync changes the current version in place, or, when another process holds it open,
+        a copy of it that becomes current once the changes are written."""
+        from hubless._io import write_text
+
+        version = self._version()
+        try:
+            self._shard(version)
+        except StoreUnavailable:
+            pass
+        else:
+            yield
+            return
+        target = self.folder / f"v-{uuid.uuid4().hex[:12]}"
+        shutil.copytree(version, target)  # the holder only reads it; writers take turns (the writer lock)
+        self._pinned = target
+        try:
+            yield
+            _OPEN.pop(str(target / "shard")).close()
+            write_text(self.folder / "CURRENT", target.name)
+        except BaseException:
+            kept = _OPEN.pop(str(target / "shard"), None)
+            if kept is not None:
+                kept.close()
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        finally:
+            self._pinned = None
+
+    def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
+        """Upsert ``rows``, delete ``removed`` and rewrite hubless.json, through Qdrant's
+        write-ahead log (an interrupted sync is completed by running it again)."""
+        from hubless._io import write_json
+
+        qd = _qdrant()
+        check_point_ids(rows.ids, "Qdrant")
+        shard = self._shard()
+        if len(rows):
+            shard.update(qd.UpdateOperation.upsert_points(_points(qd, rows)))
+        if len(removed):
+            shard.update(qd.UpdateOperation.delete_points([int(i) for i in removed]))
+        shard.flush()
+        write_json(self._version() / "hubless.json", info)
+
+    def release(self) -> None:
+        for key in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
+            _OPEN.pop(key).close()
+
+    def drop_table(self) -> bool:
+        if not self.folder.is_dir():
+            return False
+        for key in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
+            _OPEN.pop(key).close()
+        existed = self.exists()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return existed
+
+
+def _points(qd, rows: Rows) -> list:
+    aug, pl = rows.augmented.tolist(), rows.plain.tolist()
+    meta = rows.metadata
+    ids = rows.ids.tolist()
+    return [qd.Point(ids[i], {"corrected": aug[i], "plain": pl[i]}, None if meta is None else meta[i]) for i in range(len(ids))]

@@ -1,162 +1,87 @@
-"""Export an Index to a store and search it with [q, -W(q)] (the Index's own ranking hook)."""
+"""Export an Index to a store and search it with [q, -W(q)] (the Index's own ranking hook).
+
+The functions here are the library's entry points; each opens the store a URI names (see
+:mod:`hubless.export.base` for the contract and the registry) and calls its operation.
+"""
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 
-from hubless.errors import InvalidInput, InvalidType
-from hubless.export.base import FORMAT_VERSION, parse_uri
+from hubless.errors import InvalidInput
+from hubless.export.base import open_store
 
-#: scheme -> the module that writes, opens and queries that store.
-BACKENDS = {
-    "lancedb": "hubless.export.lancedb_store",
-    "postgresql": "hubless.export.pgvector_store",
-    "postgres": "hubless.export.pgvector_store",
-    "qdrant": "hubless.export.qdrant_store",
-    "qdrant+http": "hubless.export.qdrant_server",
-    "qdrant+https": "hubless.export.qdrant_server",
-}
+__all__ = ["check_servable", "describe", "drop", "export", "query_vectors", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
 
 
-def _backend(scheme: str):
-    return importlib.import_module(BACKENDS[scheme])
-
-
-def _info(index) -> dict:
-    corr = index.correction
-    return {
-        "format_version": FORMAT_VERSION,
-        "spec": corr.spec,
-        "model": index.model,
-        "metric": "dot",
-        "dim": int(corr.dim_),
-        "bias_columns": int(corr.bias_columns_.shape[1]),
-        "n_items": int(index.ntotal),
-        "query_state": corr.query_state(),  # what W(q) and the method's scores read (DN's means, IS's bank size)
-    }
-
-
-def _write(scheme: str, index, location: str, table: str, *, overwrite: bool, batch: int, ann: str | None):
-    from hubless.index.index import augmented_rows
-
-    corr = index.correction
-    backend = _backend(scheme)
-    with backend.writer_lock(location, table):  # one export or sync of a table at a time
-        return backend.write(
-            location, table, augmented_rows(corr), corr.gallery_, index.metadata, _info(index), overwrite=overwrite, batch=batch, ann=ann
-        )
-
-
-def to_lancedb(index, location: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
-    """Write [r, bias(r)], plain r and metadata into LanceDB table ``table`` at ``location``;
-    ``ann`` ("IVF_PQ", "IVF_FLAT") adds a LanceDB ANN index (dot metric) on [r, bias]."""
-    return _write("lancedb", index, location, table, overwrite=overwrite, batch=batch, ann=ann)
-
-
-def to_pgvector(index, dsn: str, table: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
-    """Write [r, bias(r)] (column ``vector``), plain r and metadata (jsonb) into PostgreSQL table
-    ``table`` of the database at ``dsn`` (a libpq URI); ``ann="HNSW"`` adds an HNSW index with
-    ``vector_ip_ops``."""
-    return _write("postgresql", index, dsn, table, overwrite=overwrite, batch=batch, ann=ann)
-
-
-def to_qdrant(index, location: str, collection: str, *, overwrite: bool = False, batch: int = 8192, ann: str | None = None):
-    """Write the points (named vectors ``corrected`` and ``plain``, Dot distance, metadata as
-    payload) into Qdrant collection ``collection`` under the directory ``location``, with the
-    in-process engine; ``ann="HNSW"`` builds Qdrant's HNSW index."""
-    return _write("qdrant", index, location, collection, overwrite=overwrite, batch=batch, ann=ann)
-
-
-def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None):
+def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None, target_recall=None, **options):
     """Export ``index`` to a store URI (``lancedb://path/table``, ``postgresql://.../db/table``,
-    ``qdrant://path/collection``)."""
-    u = parse_uri(uri)
-    return _write(u.scheme, index, u.location, u.table, overwrite=overwrite, batch=batch, ann=ann)
+    ``qdrant://path/collection``, ``qdrant+http://host:port/collection``, ``milvus://path/collection``,
+    ``chroma://path/collection``): [r, bias(r)], plain r and metadata of every item.
+
+    ``ann`` adds the store's ANN index; ``target_recall`` makes the smallest search knob
+    measured to reach it on the index's query bank the default; ``options`` are the store's
+    typed export options (e.g. LanceDB ``partitions=``, ``sub_vectors=``; unknown names are
+    refused naming the valid ones). Returns the store (:class:`~hubless.export.base.VectorStore`).
+    """
+    return open_store(uri).export(index, overwrite=overwrite, batch=batch, ann=ann, target_recall=target_recall, **options)
+
+
+def to_lancedb(index, location: str, table: str, **kwargs):
+    """``export(index, f"lancedb://{location}/{table}", ...)``."""
+    return export(index, f"lancedb://{location}/{table}", **kwargs)
+
+
+def to_pgvector(index, dsn: str, table: str, **kwargs):
+    """``export`` into PostgreSQL table ``table`` of the database at ``dsn`` (a libpq URI)."""
+    base, _, opts = dsn.partition("?")
+    return export(index, f"{base.rstrip('/')}/{table}" + (f"?{opts}" if opts else ""), **kwargs)
+
+
+def to_qdrant(index, location: str, collection: str, **kwargs):
+    """``export(index, f"qdrant://{location}/{collection}", ...)`` (Qdrant's engine in-process)."""
+    return export(index, f"qdrant://{location}/{collection}", **kwargs)
 
 
 def sync(index, uri: str) -> dict:
     """Bring a store exported from ``index`` up to date after ``index.add/remove`` or grown
-    banks: rows whose [r, bias(r)] changed or are new are written, rows past the index's end are
-    deleted, nothing else is touched. Ids are gallery positions, so a removal changes the rows
-    after it. Returns the counts ``{"written": ..., "removed": ..., "unchanged": ...}``; the
-    result equals a fresh export (tested). A store of another correction or dimension is refused.
-    """
-    u = parse_uri(uri)
-    backend = _backend(u.scheme)
-    with backend.writer_lock(u.location, u.table):  # one export or sync of a table at a time
-        return _sync(index, uri, backend, *backend.open_table(u.location, u.table))
-
-
-def _sync(index, uri: str, backend, handle, info: dict) -> dict:
-    from hubless.index.index import augmented_rows
-
-    corr = index.correction
-    new_info = _info(index)
-    if (info.get("spec"), info.get("dim"), info.get("bias_columns")) != (corr.spec, new_info["dim"], new_info["bias_columns"]):
-        raise InvalidInput(
-            f"{uri} holds {info.get('spec')} ({info.get('dim')}-d); the index is {corr.spec} ({new_info['dim']}-d): "
-            "export it again with overwrite=True (--overwrite) instead of syncing"
-        )
-    stored_ids, stored = backend.read_rows(handle)
-    rows = augmented_rows(corr)
-    n = rows.shape[0]
-    current = np.zeros(n, dtype=bool)
-    keep = stored_ids < n
-    same = np.all(stored[keep] == rows[stored_ids[keep]], axis=1) if stored.size else np.zeros(0, bool)
-    current[stored_ids[keep][same]] = True
-    changed = np.flatnonzero(~current)
-    removed = stored_ids[~keep]
-    meta = None if not index.metadata else [index.metadata[i] for i in changed]
-    backend.apply_changes(handle, changed, rows[changed], corr.gallery_[changed], meta, removed, new_info)
-    return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(n - changed.size)}
+    banks (see :meth:`~hubless.export.base.VectorStore.sync`); returns the counts
+    ``{"written": ..., "removed": ..., "unchanged": ...}``."""
+    return open_store(uri).sync(index)
 
 
 def describe(store_uri: str) -> dict:
     """What a store written by :func:`export` holds: the hubless info kept with its table
-    (format version, spec, model, metric, dimension, number of items, query state)."""
-    u = parse_uri(store_uri)
-    return dict(_backend(u.scheme).open_table(u.location, u.table)[1])
+    (format version, spec, model, metric, dimension, items, query state, metadata columns,
+    ANN index and its measured recall curve)."""
+    return open_store(store_uri).describe()
 
 
-def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, **options):
+def drop(store_uri: str) -> bool:
+    """Remove a store's table and everything hubless wrote for it; False if there was none."""
+    return open_store(store_uri).drop()
+
+
+def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, target_recall=None, **options):
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
-    ``options``: the method's query-time weight (``weight=``, or its own name: ``alpha=``), and the store's search knobs
-    (LanceDB ``nprobes``, ``refine_factor``; pgvector ``ef_search``; Qdrant ``hnsw_ef``).
-    The correction is rebuilt from the stored spec and query state (DN's bank means, IS's bank
-    size) to compute W(q) and the method's scores, so NNN, DN, IS, DualIS and the baseline answer
-    as ``Index.search`` does; methods whose W(q) needs each query's raw neighbours (DIS and
-    DualDIS gates, CSLS's r_q) are refused.
+    ``options``: the method's query-time weight (``weight=``, or its own name: ``alpha=`` for NNN, ``lam=`` for DN), the
+    search knob (``nprobe`` for IVF indexes, ``ef_search`` for HNSW) and the store's own
+    search options (LanceDB ``refine_factor``); ``target_recall`` picks the knob from the
+    curve measured at export. The correction is rebuilt from the stored spec and query state
+    (DN's bank means, IS's bank size), so NNN, DN, IS, DualIS and the baseline answer as
+    ``Index.search`` does; DIS, DualDIS and CSLS are refused at export.
     """
-    from hubless.corrections import make_correction
-
-    u = parse_uri(store_uri)
-    backend = _backend(u.scheme)
-    handle, info = backend.open_table(u.location, u.table)
-    if info.get("metric") != "dot":
-        raise InvalidInput(f"store {store_uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
-    corr = make_correction(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
-    q = np.asarray(queries)
-    if q.ndim == 2 and q.shape[1] != info["dim"]:
-        raise InvalidInput(f"queries have dimension {q.shape[1]} but store {store_uri} holds {info['dim']}-d items")
-    top_k = int(top_k)  # a store with fewer items fills the rest with id -1, score -inf
-    knobs = {k: v for k, v in options.items() if k not in (corr.weight_param, "weight")}
-    weight = {k: v for k, v in options.items() if k in (corr.weight_param, "weight")}
-    unknown = set(knobs) - {"nprobes", "refine_factor", "ef_search", "hnsw_ef"}
-    if unknown:
-        raise InvalidType(f"unknown search option(s) {', '.join(sorted(unknown))} for {info['spec']}")
-    check_servable(corr)
-    batch = corr.queries(q, **weight)
-    if not corrected:
-        return backend.query(handle, batch.vectors, top_k, column="plain", exact=exact, **knobs)
-    ranking, ids, rows = backend.query(handle, _augmented(corr, batch), top_k, exact=exact, **knobs)
-    return corr.method_scores(batch, ranking), ids, rows
+    return open_store(store_uri).search(queries, top_k, corrected=corrected, exact=exact, target_recall=target_recall, **options)
 
 
-def _augmented(corr, batch) -> np.ndarray:
-    return np.hstack([batch.vectors, -corr.weights(batch)]).astype(np.float32)
+def augmented_queries(corr, batch, layout: dict | None = None) -> np.ndarray:
+    """[q, -W(q)] (and the store layout's zero padding) of a query batch."""
+    parts = [batch.vectors, -corr.weights(batch)]
+    pad = int((layout or {}).get("pad", 0))
+    if pad:
+        parts.append(np.zeros((len(batch.vectors), pad), np.float32))
+    return np.hstack(parts).astype(np.float32)
 
 
 def query_vectors(corr, queries, **weight) -> np.ndarray:
@@ -164,7 +89,7 @@ def query_vectors(corr, queries, **weight) -> np.ndarray:
     store, parts written on Ray): ``xq . row = s(q, r) - W(q) . bias(r)``, the ranking score.
     ``corr`` is fitted, or set up with :meth:`~hubless.corrections.base.AdditiveCorrection.for_queries`."""
     check_servable(corr)
-    return _augmented(corr, corr.queries(queries, **weight))
+    return augmented_queries(corr, corr.queries(queries, **weight))
 
 
 def check_servable(corr) -> None:
