@@ -152,6 +152,7 @@ class MilvusLiteStore(VectorStore):
             for part in rows.batches(batch):
                 client.insert(new, _entities(part))
             client.flush(new)
+            _wait_for_index(client, new)
             client.alter_collection_properties(new, properties={"hubless": json.dumps(info)})
             if old is not None and old != self.table:
                 client.alter_alias(new, self.table)  # one step: readers see the old or the new collection
@@ -249,6 +250,7 @@ class MilvusLiteStore(VectorStore):
         if len(removed):
             self.client.delete(name, ids=[int(i) for i in removed])
         self.client.flush(name)
+        _wait_for_index(self.client, name)
         self.write_info(info)
 
     def release(self) -> None:
@@ -277,6 +279,19 @@ class MilvusLiteStore(VectorStore):
             if self._own().fullmatch(name):
                 self.client.drop_collection(name)
         return existed
+
+
+def _wait_for_index(client, name: str, timeout: float = 3600.0) -> None:
+    """Until every row of ``vector`` is indexed (Milvus builds indexes of flushed segments in the
+    background; until then it scans them, and a recall measured meanwhile would be the scan's)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = client.describe_index(name, "vector")
+        if int(state.get("pending_index_rows", 0)) == 0 and int(state.get("indexed_rows", 0)) >= int(state.get("total_rows", 0)):
+            return
+        time.sleep(0.1)
 
 
 def _entities(rows: Rows) -> list[dict]:
