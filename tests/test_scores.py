@@ -325,6 +325,9 @@ def test_cli_eval_correct_and_tune_on_score_files(tmp_path, video_data):
     expected = evaluate_scores(d["S"], "t2i:5", d["SB"], ["dis", "dualis"], gallery_bank_scores=d["SG"], ties="average",
                                query_mask=d["mask"], bootstrap=20)  # fmt: skip
     assert [r["metrics"] for r in saved["results"]] == [r.metrics for r in expected.results]
+    from_files = evaluate_scores(paths["S"], "t2i:5", tmp_path / "SB.pkl", ["dis", "dualis"], gallery_bank_scores=str(paths["SG"]),
+                                 ties="average", query_mask=tmp_path / "mask.pkl", bootstrap=20)  # fmt: skip
+    assert [r.metrics for r in from_files.results] == [r.metrics for r in expected.results]
     assert saved["inputs"]["ties"] == "average" and saved["inputs"]["n_masked"] == 2
     run = _cli("correct", "--scores", paths["S"], "--query-bank-scores", paths["SB"], "-m", "dis:beta=20", "--out", tmp_path / "C.npy")
     assert run.returncode == 0, run.stderr

@@ -6,7 +6,7 @@
 
 S is queries x gallery (e.g. the 59,800 x 2,990 text -> video scores of MSR-VTT's full split),
 SB the query bank x gallery scores, SG (DualIS / DualDIS) gallery bank x gallery. Each may be an
-array or a memory map (:func:`hubless.scores.load_scores`); the banks are read in one streamed
+array, a memory map or a file path (.npy / .npz / .pkl, see :func:`hubless.scores.load_scores`); the banks are read in one streamed
 pass each (:func:`hubless.corrections.scores.fit_on_scores`), S in blocks of rows
 (:func:`hubless.scores.rank.rank_score_rows`), so memory stays bounded whatever the sizes.
 
@@ -25,6 +25,7 @@ Protocol options of the papers (Bogolin et al. 2022, with the collaborative-expe
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,7 @@ from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import Truth, load_truth
+from hubless.scores.files import load_mask, load_scores
 from hubless.scores.rank import rank_score_rows
 
 __all__ = ["Columns", "ScoreInputs", "evaluate_scores", "prepare_scores"]
@@ -78,6 +80,8 @@ class ScoreInputs:
 def _oriented(matrix, name: str, transpose: bool):
     if matrix is None:
         return None
+    if isinstance(matrix, (str, os.PathLike)):  # a file: memory-mapped where the format allows
+        matrix = load_scores(matrix, name)
     matrix = check_score_matrix(matrix, name)
     return matrix.T if transpose else matrix
 
@@ -97,8 +101,10 @@ def prepare_scores(
     truth = load_truth(truth, n_queries, n_gallery)
     rows, n_masked = np.arange(n_queries), 0
     if query_mask is not None:
-        mask = np.asarray(query_mask).reshape(-1)
         stored = n_gallery if transpose else n_queries
+        if isinstance(query_mask, (str, os.PathLike)):
+            query_mask = load_mask(query_mask, stored)
+        mask = np.asarray(query_mask).reshape(-1)
         if mask.dtype.kind not in "biuf" or mask.size != stored:
             raise InvalidInput(f"query_mask must hold one boolean per stored row of scores ({stored}); got {mask.size}")
         mask = mask != 0

@@ -11,6 +11,7 @@ validation rows is read once and ranked by every grid point.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from hubless.engine.score_statistics import check_score_matrix, read_rows, row_b
 from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.scores.evaluate import prepare_scores
+from hubless.scores.files import load_scores
 from hubless.scores.rank import rank_score_rows
 from hubless.tuning import DEFAULT_GRIDS, TuneResult, grid_edges
 
@@ -95,7 +97,8 @@ def tune_scores(
     if objective not in valid:
         raise InvalidInput(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
     if test_scores is not None:
-        test = check_score_matrix(test_scores, "test_scores")
+        test = load_scores(test_scores, "test_scores") if isinstance(test_scores, (str, os.PathLike)) else test_scores
+        test = check_score_matrix(test, "test_scores")
         _check_disjoint(data.scores, test.T if transpose else test, "validation scores", "test queries")
     if data.query_bank_scores is not None:
         _check_disjoint(data.scores, data.query_bank_scores, "validation scores", "query bank")
