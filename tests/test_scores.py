@@ -105,8 +105,8 @@ def ref_metrics(cols):
     }  # fmt: skip
 
 
-def ref_t2v(sims, mask):
-    cols = np.array([ref_positions(sims[q], sims[q, q // PER]) for q in range(sims.shape[0])])
+def ref_t2v(sims, mask, per=PER):
+    cols = np.array([ref_positions(sims[q], sims[q, q // per]) for q in range(sims.shape[0])])
     return ref_metrics(cols[mask])
 
 
@@ -355,3 +355,60 @@ def test_cli_eval_correct_and_tune_on_score_files(tmp_path, video_data):
 def _cli(*args):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "HUBLESS_PROGRESS": "0"}
     return subprocess.run([sys.executable, "-m", "hubless", *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "score-matrices.md"
+
+
+def doc_commands() -> list[str]:
+    """The `hubless ...` commands of docs/score-matrices.md, continuation lines joined."""
+    import re
+
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), re.S)
+    lines = [" ".join(line.split()) for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [line for line in lines if line.startswith("hubless ")]
+
+
+def test_the_docs_commands_run_as_written(tmp_path, monkeypatch):
+    """Every command of the how-to page runs on small synthetic files under its own file names
+    (the authors' .pkl names for MSR-VTT: 20 caption slots per video, two of them padding)."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    commands = doc_commands()
+    assert len(commands) >= 5
+    rng = np.random.default_rng(5)
+    n_videos, per = 120, 20
+    videos = _expert_inputs(rng, n_videos)
+    rep = lambda x, n: np.repeat(x, n, axis=0)  # noqa: E731
+    gate = rng.standard_normal(16)
+
+    def captions(centre_ids):
+        return _expert_inputs(rng, centre_ids.size, (videos[0][centre_ids], videos[1][centre_ids]), noise=1.0)
+
+    test = two_expert_scores(captions(np.arange(n_videos * per) // per), videos, gate)
+    train = two_expert_scores(captions(rng.integers(0, n_videos, 600)), videos, gate)
+    val = two_expert_scores(captions(rep(np.arange(n_videos), 3)), videos, gate)
+    mask = np.ones((n_videos, per), np.float32)
+    mask[[4, 17], per - 1] = 0
+    (tmp_path / "msrvtt").mkdir()
+    for name, array in (("tt-ce-test-captions-test-videos-seed0", test), ("tt-ce-train-captions-test-videos-seed0", train),
+                        ("tt-ce-test-query_masks", mask)):  # fmt: skip
+        (tmp_path / "msrvtt" / f"{name}.pkl").write_bytes(pickle.dumps(array))
+    for name, array in (("S", test), ("SB", train), ("val-captions-test-videos", val), ("train-captions-test-videos", train),
+                        ("test-captions-test-videos", test), ("val-truth", rep(np.arange(n_videos), 3))):  # fmt: skip
+        np.save(tmp_path / f"{name}.npy", array)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HUBLESS_PROGRESS", "0")
+    for command in commands:
+        result = CliRunner().invoke(app, shlex.split(command)[1:])
+        assert result.exit_code == 0, f"{command}\n{result.output}"
+    # the first command's numbers: the reference procedure's, with the padding captions masked
+    expected = ref_t2v(ref_qbnorm(test, train, 20.0, 1), mask.reshape(-1) != 0, per)
+    import json
+
+    saved = json.loads((tmp_path / "msrvtt-tt-ce.json").read_text())
+    _close(saved["results"][1]["metrics"], {k: v for k, v in expected.items()})
