@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hubless
 from hubless.corrections.scores import fit_on_scores
@@ -412,3 +414,33 @@ def test_the_docs_commands_run_as_written(tmp_path, monkeypatch):
 
     saved = json.loads((tmp_path / "msrvtt-tt-ce.json").read_text())
     _close(saved["results"][1]["metrics"], {k: v for k, v in expected.items()})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n_queries=st.integers(1, 6),
+    n_gallery=st.integers(1, 12),
+    levels=st.integers(1, 4),
+    per=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+)
+def test_tie_conventions_against_a_sort(n_queries, n_gallery, levels, per, seed):
+    """relevant_ranks under each tie rule equals the rank read off a stable sort (index), the
+    first / mean position of the relevant item's tie group (optimistic / average)."""
+    from hubless.metrics import Truth, relevant_ranks
+
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, levels, (n_queries, n_gallery)).astype(np.float32)  # few values: many ties
+    lists = [sorted(rng.choice(n_gallery, min(per, n_gallery), replace=False).tolist()) for _ in range(n_queries)]
+    truth = Truth.from_lists(lists, n_gallery)
+    got = {ties: relevant_ranks(scores, truth, ties) for ties in ("index", "average", "optimistic")}
+    expected = {"index": [], "average": [], "optimistic": []}
+    for q, items in enumerate(lists):
+        order = np.argsort(-scores[q], kind="stable")
+        for j in items:
+            tied = np.flatnonzero(scores[q][order] == scores[q, j])  # 0-based positions of j's tie group
+            expected["index"].append(int(np.flatnonzero(order == j)[0]) + 1)
+            expected["optimistic"].append(int(tied[0]) + 1)
+            expected["average"].append(tied.mean() + 1)
+    for ties, values in expected.items():
+        np.testing.assert_array_equal(got[ties], values, err_msg=ties)
