@@ -189,7 +189,7 @@ def correct_command(
     out: Path = typer.Option(..., help="Where to write: the corrected matrix (.npy, float32), or with --top-k the best ids and scores (.npz)."),
     top_k: int = typer.Option(None, help="Write only each query's best K (ids and scores, best first) instead of the whole matrix."),
     values: str = typer.Option("method", help="method: each method's own scores (QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)), as the authors' qb_norm returns); ranking: the scores it ranks by (s - bias, never overflows)."),
-    transpose: bool = typer.Option(False, "--transpose", help=TRANSPOSE_HELP),
+    transpose: bool = typer.Option(False, "--transpose", help=TRANSPOSE_HELP.rsplit(" Truth", 1)[0] + " The output is queries x gallery."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:  # fmt: skip
