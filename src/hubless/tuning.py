@@ -6,10 +6,11 @@
 
 Parameters are chosen on a validation split that the caller passes explicitly; it must share
 no row with the test queries or with the query bank (checked by exact row equality, refused
-otherwise), so nothing about the test queries leaks into the choice. Every grid point of a
+otherwise), so nothing about the test queries leaks into the choice. Every grid point of every
 method is fitted from one streamed pass per bank (:func:`hubless.fit_many` merges their
-statistics: NNN's whole (alpha, k) grid costs one top-512 pass), and each block of validation
-similarities is computed once and shared by every grid point.
+statistics: NNN's whole (alpha, k) grid costs one top-512 pass, shared with IS's betas), and
+each block of validation similarities is computed once and shared by every grid point and by
+the uncorrected baseline (``TuneResult.baseline``), so a choice can be compared with doing nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.corrections import METHODS, fit_many, make_correction
+from hubless.banks import BankReport, coverage_report
+from hubless.corrections import METHODS, Correction, fit_shared, make_correction
+from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
@@ -44,18 +47,33 @@ class TuneResult:
 
     ``best[method]`` holds ``spec``, ``params``, the objective's value, every validation metric
     and ``at_edge``: the parameters chosen at the border of their grid (see :func:`grid_edges`).
+    ``baseline``: the uncorrected ranking's validation metrics. ``fitted[method]``: the chosen
+    correction, fitted (on the gallery given to :func:`tune`; not written to JSON). ``bank``: the
+    query bank's coverage report, with ``coverage=True``.
     """
 
     objective: str
     best: dict[str, dict[str, Any]] = field(default_factory=dict)
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    fitted: dict[str, Correction] = field(default_factory=dict, repr=False)
+    bank: BankReport | None = None
 
     @property
     def best_specs(self) -> list[str]:
         return [b["spec"] for b in self.best.values()]
 
+    def losses(self) -> list[str]:
+        """Chosen specs whose validation objective is worse than the baseline's."""
+        sign = -1.0 if self.objective in _LOWER_IS_BETTER else 1.0
+        base = self.baseline.get(self.objective)
+        return [b["spec"] for b in self.best.values() if base is not None and sign * (b[self.objective] - base) < 0]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"objective": self.objective, "best": self.best, "validation": self.tables}
+        out = {"objective": self.objective, "best": self.best, "validation": self.tables, "baseline": self.baseline}
+        if self.bank is not None:
+            out["query_bank_coverage"] = self.bank.to_dict()
+        return out
 
 
 def shared_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -123,6 +141,7 @@ def tune(
     normalize: bool = True,
     progress: bool | None = None,
     ties: str = "index",
+    coverage: bool = False,
 ) -> TuneResult:
     """Grid-search each method's parameters on the validation queries; returns the best per method.
 
@@ -130,7 +149,8 @@ def tune(
     ``objective`` is a metric name (R@K for a K in ``ks``, MRR, mAP@R: higher is better; MdR,
     MnR: lower is better); ties go to the first grid point. ``test_queries`` (recommended) are
     only used to check that no validation query is also a test query. ``ties``: the tie
-    convention of the ranks (see :func:`hubless.metrics.relevant_ranks`).
+    convention of the ranks (see :func:`hubless.metrics.relevant_ranks`). ``coverage``: also
+    measure the query bank's coverage of the gallery in the fitting pass (``TuneResult.bank``).
     """
     check_ties(ties)
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
@@ -149,30 +169,38 @@ def tune(
         check_disjoint(val, bank, "validation queries", "query bank")
         query_bank = bank
     sign = -1.0 if objective in _LOWER_IS_BETTER else 1.0
-    result = TuneResult(objective)
+    grid: dict[str, tuple[list[dict[str, Any]], list[Correction]]] = {}
     for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
         candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
         candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
         if not candidates:
             raise InvalidInput(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
-        points, corrections = [p for p, _ in candidates], [c for _, c in candidates]
-        fit_many(corrections, gallery, query_bank, gallery_bank, progress=progress)
-        metrics = _validate_all(corrections, val, truth, ks, progress, ties)
-        rows = [{**p, **m} for p, m in zip(points, metrics)]
-        scores = np.array([sign * m[objective] for m in metrics])
+        grid[method] = ([p for p, _ in candidates], [c for _, c in candidates])
+    # every grid point of every method (and the baseline) from one pass per bank
+    everything = [make_correction("baseline").set_params(normalize=normalize)] + [c for _, cs in grid.values() for c in cs]
+    also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
+    stats = fit_shared(everything, gallery, query_bank, gallery_bank, also=also, progress=progress)[1]
+    metrics = _validate_all(everything, val, truth, ks, progress, ties)
+    result = TuneResult(objective, baseline=metrics[0])
+    if also is not None:
+        result.bank = coverage_report(stats)
+    start = 1
+    for method, (points, corrections) in grid.items():
+        found = metrics[start : start + len(corrections)]
+        start += len(corrections)
+        scores = np.array([sign * m[objective] for m in found])
         best = int(np.argmax(scores))
-        result.tables[method] = rows
+        result.tables[method] = [{**p, **m} for p, m in zip(points, found)]
         result.best[method] = {
-            "spec": corrections[best].spec, "params": points[best], objective: metrics[best][objective],
-            "metrics": metrics[best], "at_edge": grid_edges(points, points[best]),
+            "spec": corrections[best].spec, "params": points[best], objective: found[best][objective],
+            "metrics": found[best], "at_edge": grid_edges(points, points[best]),
         }  # fmt: skip
+        result.fitted[method] = corrections[best]
     return result
 
 
 def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: str = "index") -> list[dict[str, float]]:
     """Metrics of every fitted correction on the validation queries (one streamed pass: each
     block of raw similarities is shared by every grid point)."""
-    ranked = rank_queries(
-        corrections, queries, truth, progress=progress, desc=f"tune {corrections[0].name} ({len(corrections)} points)", ties=ties
-    )
+    ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {len(corrections) - 1} grid points", ties=ties)
     return [summarize(per_query_metrics(PerQuery(r.ranks, truth), ks)) for r in ranked]

@@ -187,12 +187,15 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
                 raise InvalidInput(f"{flag} {path} exists and was not written by hubless; pass --overwrite to replace it")
 
 
-def warn_low_coverage(gallery, query_bank) -> None:
-    """Print the QB-Norm paper's warning when the query bank covers little of the gallery."""
-    if query_bank is None:
+def warn_coverage(report, losses=None, metric: str = "R@1") -> None:
+    """Print the low-coverage warning a bank deserves (see :func:`hubless.banks.coverage_warning`):
+    before anything is measured (``losses`` None), or once the corrections were measured with the
+    bank, only when some of them (``losses``) did worse than the baseline. ``report`` comes from
+    the pass that fits the corrections (None: no query bank)."""
+    if report is None:
         return
-    from hubless.banks import bank_report
+    from hubless.banks import coverage_warning
 
-    warning = bank_report(gallery, query_bank, normalize=False).warning  # inputs are loaded (and normalised) already
+    warning = coverage_warning(report, losses, metric)
     if warning:
         print_note(warning, "warning")

@@ -18,7 +18,7 @@ from hubless.cli._common import (
     load,
     parse_ints,
     print_note,
-    warn_low_coverage,
+    warn_coverage,
     wide_console,
 )
 from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP, eval_scores, refuse_embeddings, refuse_scores
@@ -93,7 +93,6 @@ def eval_command(
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
     bootstrap CIs, the change vs the baseline and hubness. The baseline is always included.
     With --scores, the same from score matrices (docs/score-matrices.md)."""
-    import numpy as np
 
     if scores is not None:
         refuse_embeddings({"--gallery": gallery, "--queries": queries, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
@@ -153,7 +152,6 @@ def eval_command(
     qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
     gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
     extra = load(distractors, "distractors", normalize=normalize, dim=g.shape[1])
-    warn_low_coverage(g if extra is None else np.concatenate([g, extra]), qb)
     inputs = {
         name: describe_file(path, arr)
         for name, path, arr in (
@@ -181,9 +179,11 @@ def eval_command(
         inputs={"files": inputs},
         distractors=extra,
         ties=ties,
+        coverage=True,
     )
     size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
     print_results(ev, f"{q.shape[0]} queries over {size}")
+    warn_coverage(ev.bank, ev.losses(), f"R@{ev.ks[0]}")
     if eccv:
         _eccv(ev, q, qb, gb, progress)
     if rerank:
@@ -284,8 +284,9 @@ def print_banks(result, out: Path | None) -> None:
     for name, ev in result.evaluations.items():
         report = result.reports[name]
         print_results(ev, f"bank {name}: {report.n_bank} queries, coverage {report.coverage:.1%} (relative {report.relative_coverage:.0%})")
-        if report.warning:
-            print_note(f"bank {name}: {report.warning}", "warning")
+        warning = report.warning_after(ev.losses(), f"R@{ev.ks[0]}")
+        if warning:
+            print_note(f"bank {name}: {warning}", "warning")
     table = Table(title=f"overall: geometric mean over {len(result.evaluations)} banks")
     metrics = list(next(iter(result.overall.values())))
     for col in ("method", *metrics):

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, warn_low_coverage, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, warn_coverage, wide_console
 from hubless.errors import AlreadyExists, InvalidInput
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
@@ -64,10 +64,9 @@ def build_command(
         g = load(gallery, "gallery", normalize=normalize)
         qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
         gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
-        warn_low_coverage(g, qb)
-        index = Index.build(
-            g, qb, method, factory, gallery_bank=gb, normalize=normalize, metadata=_read_metadata(metadata), model=model, progress=progress
-        )
+        corr, statistics = _fit_with_coverage(g, qb, gb, method, factory, normalize, progress)
+        index = Index.build(g, qb, corr, factory, gallery_bank=gb, metadata=_read_metadata(metadata), model=model, progress=progress,
+                            statistics=statistics)  # fmt: skip
     if target_recall is not None:
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
@@ -77,6 +76,25 @@ def build_command(
 def _empty_dir(path: Path) -> bool:
     """An empty directory (e.g. made for the index beforehand): the build may write into it."""
     return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def _fit_with_coverage(g, qb, gb, method, factory, normalize, progress):
+    """The correction and its bank statistics from one pass that also gives the bank's coverage
+    (warned about when low, before anything is measured). Cheap checks first: a bad factory or a
+    method an index cannot serve fails in a second (Index.build refuses the latter)."""
+    from hubless.banks import coverage_report
+    from hubless.corrections import fit_shared, make_correction
+    from hubless.engine import StatisticsRequest
+    from hubless.index.factory import check_factory
+
+    corr = make_correction(method).set_params(normalize=normalize)
+    if factory is not None:
+        check_factory(factory, g.shape[0], g.shape[1] + 1)
+    if qb is None or not corr.additive:
+        return corr, None
+    _, statistics = fit_shared([corr], g, qb, gb, also=StatisticsRequest(query_nearest=True), progress=progress)
+    warn_coverage(coverage_report(statistics))
+    return corr, statistics
 
 
 def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress):

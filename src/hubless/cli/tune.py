@@ -16,7 +16,7 @@ from hubless.cli._common import (
     load,
     parse_ints,
     print_note,
-    warn_low_coverage,
+    warn_coverage,
     wide_console,
 )
 from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP
@@ -126,9 +126,8 @@ def tune_command(
         raise typer.BadParameter("--truth needs --queries")
     if extra is not None and truth is None:
         raise typer.BadParameter("--distractors enlarge the test gallery: they need --queries and --truth")
-    warn_low_coverage(vg if vg is not None else g, qb)
     tuned = tune(vg if vg is not None else g, vq, validation_truth, qb, method, gallery_bank=gb, test_queries=q,
-                 objective=objective, ks=k_list, normalize=normalize, progress=progress, ties=ties)  # fmt: skip
+                 objective=objective, ks=k_list, normalize=normalize, progress=progress, ties=ties, coverage=True)  # fmt: skip
     console = wide_console()
     table = Table(title=f"chosen on {vq.shape[0]} validation queries ({objective})")
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
@@ -143,10 +142,14 @@ def tune_command(
     if truth is not None:
         from hubless.cli.eval import print_results
 
-        ev = evaluate(g, q, truth, qb, tuned.best_specs, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize,
-                      progress=progress, distractors=extra, ties=ties)  # fmt: skip
+        # tuned on the test gallery itself: the chosen corrections are used as fitted (the bank is not read again)
+        chosen = list(tuned.fitted.values()) if vg is None and extra is None else tuned.best_specs
+        ev = evaluate(g, q, truth, qb, chosen, gallery_bank=gb, ks=k_list, bootstrap=bootstrap, normalize=normalize,
+                      progress=progress, distractors=extra, ties=ties, refit=False)  # fmt: skip
         size = f"{g.shape[0]} items" if extra is None else f"{g.shape[0]} items + {extra.shape[0]} distractors"
         print_results(ev, f"test: {q.shape[0]} queries over {size}, chosen parameters")
+    # measured: on the test queries when given, else on the validation split
+    warn_coverage(tuned.bank, ev.losses() if ev is not None else tuned.losses(), f"R@{ev.ks[0]}" if ev is not None else objective)
     if out is not None:
         data = tuned.to_dict()
         if ev is not None:

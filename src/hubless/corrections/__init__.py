@@ -18,7 +18,8 @@ from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.spec import METHODS, make_correction, method_help
-from hubless.engine import StatisticsRequest, compute_statistics, use_device
+from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
+from hubless.errors import InvalidInput
 
 __all__ = [
     "AdditiveCorrection",
@@ -37,6 +38,7 @@ __all__ = [
     "QueryRequest",
     "QueryStatistics",
     "fit_many",
+    "fit_shared",
     "make_correction",
     "method_help",
     "statistics_request",
@@ -69,13 +71,36 @@ def fit_many(
     from them. Accepts correction objects or specs such as ``"nnn:alpha=0.5,k=16"``; returns the
     fitted corrections in order. Corrections with different ``normalize`` settings are grouped.
     """
+    return fit_shared(corrections, gallery, query_bank, gallery_bank, progress=progress, device=device)[0]
+
+
+def fit_shared(
+    corrections: Iterable[Correction | str],
+    gallery,
+    query_bank=None,
+    gallery_bank=None,
+    *,
+    also: StatisticsRequest | None = None,
+    progress: bool | None = None,
+    device: str | None = None,
+) -> tuple[list[Correction], BankStatistics]:
+    """:func:`fit_many`, also returning the bank statistics of the pass, with ``also`` computed
+    in it (e.g. ``StatisticsRequest(query_nearest=True)``: the bank's coverage, from the very
+    blocks that fit the corrections). With several ``normalize`` groups, the statistics are the
+    first group's (``also`` is computed there)."""
     items: Sequence[Correction] = [make_correction(c) for c in corrections]
-    for flag in sorted({bool(c.normalize) for c in items}):
+    if not items:
+        raise InvalidInput("no correction to fit")
+    first = None
+    for flag in dict.fromkeys(bool(c.normalize) for c in items):
         group = [c for c in items if bool(c.normalize) == flag]
         request = statistics_request(group)
-        g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank)
+        if first is None and also is not None:
+            request = request.merge(also)
+        g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank, use_query_bank=first is None and also is not None)
         with use_device(device):  # where the block products run (see hubless.engine.device)
             stats = compute_statistics(g, b, gb, request, progress=progress)
         for c in group:
             c._fit_arrays(g, stats)
-    return list(items)
+        first = stats if first is None else first
+    return list(items), first

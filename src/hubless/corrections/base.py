@@ -622,20 +622,21 @@ class QuerySide:
         return f"QuerySide({self.spec!r}, dim={self.dim_})"
 
 
-def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank):
+def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank, *, use_query_bank: bool = False):
     """Validate the arrays of ``fit`` for corrections sharing one ``normalize`` setting.
 
     Returns float32 (gallery, query_bank, gallery_bank); a bank is None when no correction uses
-    it. Raises when a correction needs a bank that is missing or a parameter exceeds a size.
+    it (the query bank is kept with ``use_query_bank``). Raises when a correction needs a bank
+    that is missing or a parameter exceeds a size.
     """
     normalize = corrections[0].normalize
     g = as_embeddings(gallery, "gallery", normalize=normalize)
     dim = g.shape[1]
     b = gb = None
     needing = [c for c in corrections if c.needs_query_bank]
-    if needing:
-        if query_bank is None:
-            raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+    if needing and query_bank is None:
+        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+    if query_bank is not None and (needing or use_query_bank):
         b = as_embeddings(query_bank, "query_bank", normalize=normalize, dim=dim)
     requiring = [c for c in corrections if c.gallery_bank_use == "required"]
     if requiring and gallery_bank is None:

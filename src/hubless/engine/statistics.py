@@ -5,8 +5,9 @@ corrections merge, so fitting many corrections (an evaluation, a hyper-parameter
 one streamed pass per bank, not one per method or per parameter value:
 
 * gallery x query bank: the top-K similarities of each gallery item (NNN, CSLS: every k <= K
-  comes from the same pass), log-sum-exp at any number of betas (IS, DIS, DualIS, DualDIS), and
-  the sorted probe rows (GC);
+  comes from the same pass), log-sum-exp at any number of betas (IS, DIS, DualIS, DualDIS), the
+  sorted probe rows (GC) and, when asked, the nearest gallery item of every bank item (the bank's
+  coverage, :func:`hubless.banks.coverage_report`) from the same blocks;
 * gallery x gallery bank: log-sum-exp at the gallery betas (DualIS, DualDIS);
 * query bank x gallery (and gallery bank x gallery): the top-k_a gallery items of every bank
   item, whose union is the activation set of the dynamic variants (DIS, DualDIS).
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
-from hubless.engine.stream import LogSumExp, SortedRows, TopK, stream_reduce
+from hubless.engine.stream import ColumnNearest, LogSumExp, SortedRows, TopK, stream_reduce
 from hubless.errors import InvalidInput
 
-__all__ = ["StatisticsRequest", "BankStatistics", "compute_statistics", "row_statistics"]
+__all__ = ["StatisticsRequest", "BankStatistics", "RowStatistics", "compute_statistics", "row_statistics"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class StatisticsRequest:
     query_activation_k: int = 0
     gallery_activation_k: int = 0
     query_probes: bool = False
+    #: the nearest gallery item of every query-bank item (a diagnostic: no correction needs it)
+    query_nearest: bool = False
 
     def merge(self, other: StatisticsRequest) -> StatisticsRequest:
         """The request that satisfies both ``self`` and ``other``."""
@@ -49,6 +53,7 @@ class StatisticsRequest:
             query_activation_k=max(self.query_activation_k, other.query_activation_k),
             gallery_activation_k=max(self.gallery_activation_k, other.gallery_activation_k),
             query_probes=self.query_probes or other.query_probes,
+            query_nearest=self.query_nearest or other.query_nearest,
         )
 
     @property
@@ -66,8 +71,9 @@ class BankStatistics:
     (ties by lower index); ``gallery_activation`` likewise for gallery-bank items.
     ``query_activation_scores`` (``gallery_activation_scores``) hold the similarities of those
     nearest items, so the sets can be kept current as the gallery changes (see
-    :mod:`hubless.engine.updates`). ``query_probes[i]``: all s(b, r_i), sorted ascending. Means
-    are float64 vectors.
+    :mod:`hubless.engine.updates`). ``query_probes[i]``: all s(b, r_i), sorted ascending.
+    ``query_nearest[j]``: the gallery item nearest to query-bank item j (ties by lower index),
+    ``query_nearest_scores[j]`` its similarity. Means are float64 vectors.
     """
 
     n_gallery: int
@@ -84,6 +90,8 @@ class BankStatistics:
     query_activation_scores: np.ndarray | None = None
     gallery_activation_scores: np.ndarray | None = None
     query_probes: np.ndarray | None = None
+    query_nearest: np.ndarray | None = None
+    query_nearest_scores: np.ndarray | None = None
 
     @property
     def request(self) -> StatisticsRequest:
@@ -95,6 +103,7 @@ class BankStatistics:
             query_activation_k=0 if self.query_activation is None else self.query_activation.shape[1],
             gallery_activation_k=0 if self.gallery_activation is None else self.gallery_activation.shape[1],
             query_probes=self.query_probes is not None,
+            query_nearest=self.query_nearest is not None,
         )
 
     def restricted(self, request: StatisticsRequest) -> BankStatistics:
@@ -113,6 +122,8 @@ class BankStatistics:
             gallery_activation=self.gallery_activation[:, :ga] if ga else None,
             gallery_activation_scores=self.gallery_activation_scores[:, :ga] if ga else None,
             query_probes=self.query_probes if request.query_probes else None,
+            query_nearest=self.query_nearest if request.query_nearest else None,
+            query_nearest_scores=self.query_nearest_scores if request.query_nearest else None,
         )
 
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -160,6 +171,8 @@ class BankStatistics:
                 lacks.append(f"{name} activation sets at k_activation={need}")
         if request.query_probes and self.query_probes is None:
             lacks.append("sorted query-bank probes")
+        if request.query_nearest and self.query_nearest is None:
+            lacks.append("the nearest gallery item of every query-bank item")
         return lacks
 
     def activation_mask(self, which: str, k_activation: int) -> np.ndarray:
@@ -184,6 +197,8 @@ _OPTIONAL_ARRAYS = (
     "query_activation_scores",
     "gallery_activation_scores",
     "query_probes",
+    "query_nearest",
+    "query_nearest_scores",
 )
 
 
@@ -215,18 +230,22 @@ def compute_statistics(
         gallery_mean=_mean(gallery),
         gallery_bank_mean=None if gallery_bank is None else _mean(gallery_bank),
     )
-    stats.query_topk, stats.query_lse, stats.query_probes = row_statistics(
+    by_query_bank = row_statistics(
         gallery,
         query_bank,
         k=request.query_topk,
         betas=request.query_betas,
         probes=request.query_probes,
+        nearest=request.query_nearest and len(query_bank) > 0,
         progress=progress,
         desc="query bank",
     )
+    stats.query_topk, stats.query_lse, stats.query_probes = by_query_bank.topk, by_query_bank.lse, by_query_bank.probes
+    if by_query_bank.nearest is not None:
+        stats.query_nearest_scores, stats.query_nearest = by_query_bank.nearest
     if request.needs_gallery_bank and gallery_bank is None:
         raise InvalidInput("these statistics need a gallery bank; pass gallery_bank=")
-    _, stats.gallery_lse, _ = row_statistics(gallery, gallery_bank, betas=request.gallery_betas, progress=progress, desc="gallery bank")
+    stats.gallery_lse = row_statistics(gallery, gallery_bank, betas=request.gallery_betas, progress=progress, desc="gallery bank").lse
     if request.query_activation_k:
         stats.query_activation_scores, stats.query_activation = nearest_gallery_items(
             query_bank, gallery, min(request.query_activation_k, n_gallery), progress=progress
@@ -238,6 +257,16 @@ def compute_statistics(
     return stats
 
 
+class RowStatistics(NamedTuple):
+    """What :func:`row_statistics` computes; each part is None / empty when not asked for."""
+
+    topk: np.ndarray | None
+    lse: dict[float, np.ndarray]
+    probes: np.ndarray | None
+    #: (scores, ids) of the gallery item nearest to each bank item
+    nearest: tuple[np.ndarray, np.ndarray] | None = None
+
+
 def row_statistics(
     gallery: np.ndarray,
     bank: np.ndarray | None,
@@ -245,25 +274,29 @@ def row_statistics(
     k: int = 0,
     betas: Iterable[float] = (),
     probes: bool = False,
+    nearest: bool = False,
     initial_topk: np.ndarray | None = None,
     progress: bool | None = None,
     desc: str = "bank",
-) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None]:
-    """(top-k, {beta: log-sum-exp}, sorted probes) of each gallery item's similarities to
-    ``bank``, in one streamed pass; each is None / empty when not asked for (no pass at all when
-    nothing is). ``initial_topk``: an earlier top-k of the same items to merge the bank into."""
+) -> RowStatistics:
+    """Top-k, {beta: log-sum-exp} and sorted probes of each gallery item's similarities to
+    ``bank`` and (``nearest``) the nearest gallery item of each bank item, all in one streamed
+    pass (none at all when nothing is asked for). ``initial_topk``: an earlier top-k of the same
+    items to merge the bank into."""
     n = gallery.shape[0]
     betas = sorted(betas)
     topk = TopK(n, k, initial=None if initial_topk is None else (initial_topk, None)) if k else None
     lse = LogSumExp(n, betas) if betas else None
     rows = SortedRows(n, bank.shape[0]) if probes else None
-    reducers = [r for r in (topk, lse, rows) if r is not None]
+    columns = ColumnNearest(bank.shape[0]) if nearest else None
+    reducers = [r for r in (topk, lse, rows, columns) if r is not None]
     if reducers:
         stream_reduce(gallery, bank, reducers, progress=progress, desc=desc, fixed_blocks=True)
-    return (
+    return RowStatistics(
         None if topk is None else topk.values,
         {} if lse is None else {b: lse.values[:, t] for t, b in enumerate(betas)},
         None if rows is None else rows.values,
+        None if columns is None else (columns.values, columns.ids),
     )
 
 

@@ -2,7 +2,9 @@
 
 Every statistic hubless needs has the same shape: for each row vector (a gallery item, a query),
 stream the similarities to every column vector (a bank, the gallery) and reduce them to a few
-numbers (the top-k, a log-sum-exp, sorted probes). :func:`stream_reduce` computes one block of
+numbers (the top-k, a log-sum-exp, sorted probes). A reducer may also reduce each column over all
+rows (:class:`ColumnNearest`: the nearest row of every column) from the same blocks, so one pass
+gives both sides' statistics. :func:`stream_reduce` computes one block of
 similarities at a time with a single GEMM, hands it to each reducer, and never holds more than
 ``row_block x col_block`` similarities per thread, however large either side is.
 
@@ -13,13 +15,14 @@ as a scored one.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from hubless.engine.device import block_product
 from hubless.engine.parallel import num_threads, run_blocks
-from hubless.engine.topk import RunningTopK
+from hubless.engine.topk import NO_ID, RunningTopK
 
 __all__ = [
     "ROW_BLOCK",
@@ -29,6 +32,7 @@ __all__ = [
     "TopK",
     "LogSumExp",
     "SortedRows",
+    "ColumnNearest",
     "Dense",
     "stream_reduce",
 ]
@@ -110,16 +114,41 @@ class _TopKState(ReducerState):
             self.parent.ids[self.start : self.stop] = ids
 
 
+#: Below this inverse temperature the log-sum-exp sums expm1 (see :class:`LogSumExp`); from it
+#: on, exp. Measured (``tests/test_numerics.py``): the exp form's bias error, about
+#: 1e-7 / beta, is then below the float32 resolution of a similarity.
+EXP_MIN_BETA = 2.0
+#: Rows of a block reduced at a time by :class:`LogSumExp`, so that its scratch rows (2 x 16 x
+#: 16384 float32 = 2 MiB at most) stay in the core's cache across its few elementwise passes.
+LSE_CHUNK_ROWS = 16
+#: Exponents are clamped at this value: exp and expm1 take a slow path (about 30 ns an element,
+#: 80 times a normal one) below float32's smallest normal (about -87.3), and a term of exp(-80) =
+#: 1.8e-35 next to the largest (1) changes no digit of the sum.
+LOWEST_EXPONENT = -80.0
+#: Betas above this get the clamp (one more cached pass): with unit vectors s - m >= -2, so
+#: smaller betas never reach it (with raw vectors they may: slower then, never less exact).
+CLAMP_FROM_BETA = -LOWEST_EXPONENT / 2
+
+
 class LogSumExp(Reducer):
     """``log sum_j exp(beta * s_ij)`` of each row for several ``betas`` (>= 0), in float64.
 
-    Streamed in a centred form that stays exact for every beta in [1e-6, 1e6]: with m the running
-    row maximum of s and c the number of columns seen, it accumulates the deviation
-    D = sum_j expm1(beta (s_ij - m)) and returns beta m + log(c + D). Every exponent is <= 0 (no
-    overflow); s_ij - m is formed before scaling by beta (a large beta does not magnify the
-    rounding of beta * s); and expm1 keeps the digits of exp(beta (s - m)) - 1 that a tiny beta
-    puts far below float32's resolution of exp near 1. ``values[:, t]`` belongs to ``betas[t]``;
-    beta = 0 gives log(n_cols).
+    Streamed around the running row maximum m of s (every exponent <= 0: no overflow), with
+    s_ij - m formed before scaling by beta (a large beta does not magnify the rounding of
+    beta * s). Two exact forms, chosen per beta:
+
+    * beta >= :data:`EXP_MIN_BETA`: S = sum_j exp(beta (s_ij - m)) with float32 exp (vectorised
+      on every CPU numpy supports) and float32 pairwise sums per block row, accumulated in
+      float64; log-sum-exp = beta m + log S. S >= 1 (the maximum's own term), so its relative
+      error, a few float32 ulps, is the log-sum-exp's absolute error: the bias (log-mean-exp over
+      beta) is off by about 1e-7 / beta.
+    * smaller beta: the deviation D = sum_j expm1(beta (s_ij - m)), summed in float64, and
+      beta m + log(c + D) (c: the number of columns). expm1 keeps the digits of exp(beta (s - m))
+      - 1 that a tiny beta puts far below float32's resolution of exp near 1 (where the exp form
+      would lose the bias entirely at beta = 1e-6).
+
+    Each block is reduced :data:`LSE_CHUNK_ROWS` rows at a time (its temporaries stay in cache),
+    s - m once for every beta. ``values[:, t]`` belongs to ``betas[t]``; beta = 0 gives log(n_cols).
     """
 
     def __init__(self, n_rows: int, betas: Sequence[float]) -> None:
@@ -133,34 +162,56 @@ class LogSumExp(Reducer):
 class _LogSumExpState(ReducerState):
     def __init__(self, parent: LogSumExp, start: int, stop: int) -> None:
         self.parent, self.start, self.stop = parent, start, stop
-        self.peak = np.full(stop - start, -np.inf)  # running max m of s
-        self.deviation = np.zeros((stop - start, len(parent.betas)))  # D = sum expm1(beta (s - m))
+        n = stop - start
+        self.terms = [(t, beta, beta >= EXP_MIN_BETA) for t, beta in enumerate(parent.betas) if beta != 0.0]
+        self.peak = np.full(n, -np.inf)  # running max m of s
+        # per beta: S = sum exp(beta (s - m)) (exp form) or D = sum expm1(beta (s - m)) (expm1 form)
+        self.sums = np.zeros((n, len(parent.betas)))
         self.count = 0
-        self.scratch: np.ndarray | None = None
+        self.scratch: tuple[np.ndarray, np.ndarray] | None = None
 
     def update(self, block: np.ndarray, col_offset: int) -> None:
-        if self.scratch is None or self.scratch.shape != block.shape:
-            self.scratch = np.empty_like(block)
-        tmp = self.scratch
-        new_peak = np.maximum(self.peak, block.max(axis=1).astype(np.float64))
-        peak32 = new_peak.astype(np.float32)[:, None]
-        for t, beta in enumerate(self.parent.betas):
-            if beta == 0.0:
-                continue
-            if self.count:  # re-centre what was summed so far on the new maximum
-                shift = beta * (self.peak - new_peak)
-                self.deviation[:, t] = self.count * np.expm1(shift) + self.deviation[:, t] * np.exp(shift)
-            np.subtract(block, peak32, out=tmp)  # s - m <= 0, formed before scaling by beta
-            tmp *= np.float32(beta)
-            np.expm1(tmp, out=tmp)
-            self.deviation[:, t] += tmp.sum(axis=1, dtype=np.float64)
-        self.peak = new_peak
-        self.count += block.shape[1]
+        if not self.terms:
+            self.count += block.shape[1]
+            return
+        width = block.shape[1]
+        if self.scratch is None or self.scratch[0].shape[1] != width:
+            rows = min(LSE_CHUNK_ROWS, block.shape[0])
+            self.scratch = (np.empty((rows, width), np.float32), np.empty((rows, width), np.float32))
+        for r0 in range(0, block.shape[0], LSE_CHUNK_ROWS):
+            r1 = min(r0 + LSE_CHUNK_ROWS, block.shape[0])
+            self._update_rows(block[r0:r1], r0, r1)
+        self.count += width
+
+    def _update_rows(self, rows: np.ndarray, r0: int, r1: int) -> None:
+        diff, x = (a[: r1 - r0] for a in self.scratch)
+        old = self.peak[r0:r1]
+        new = np.maximum(old, rows.max(axis=1).astype(np.float64))
+        np.subtract(rows, new.astype(np.float32)[:, None], out=diff)  # s - m <= 0, formed before scaling
+        sums = self.sums[r0:r1]
+        for t, beta, use_exp in self.terms:
+            np.multiply(diff, np.float32(beta), out=x)
+            if beta > CLAMP_FROM_BETA:
+                np.maximum(x, np.float32(LOWEST_EXPONENT), out=x)
+            shift = beta * (old - new)  # re-centre what was summed so far on the new maximum (<= 0)
+            if use_exp:
+                np.exp(x, out=x)
+                sums[:, t] = sums[:, t] * np.exp(shift) + x.sum(axis=1)
+            else:
+                np.expm1(x, out=x)
+                recentred = self.count * np.expm1(shift) + sums[:, t] * np.exp(shift) if self.count else sums[:, t]
+                sums[:, t] = recentred + x.sum(axis=1, dtype=np.float64)
+        self.peak[r0:r1] = new
 
     def finish(self) -> None:
         out = self.parent.values[self.start : self.stop]
         for t, beta in enumerate(self.parent.betas):
-            out[:, t] = np.log(self.count) if beta == 0.0 else beta * self.peak + np.log(self.count + self.deviation[:, t])
+            if beta == 0.0:
+                out[:, t] = np.log(self.count)
+            elif beta >= EXP_MIN_BETA:
+                out[:, t] = beta * self.peak + np.log(self.sums[:, t])
+            else:
+                out[:, t] = beta * self.peak + np.log(self.count + self.sums[:, t])
 
 
 class SortedRows(Reducer):
@@ -185,6 +236,59 @@ class _SortedRowsState(ReducerState):
 
     def finish(self) -> None:
         self.rows.sort(axis=1)
+
+
+class ColumnNearest(Reducer):
+    """The nearest row of every column: ``values`` (n_cols,) float32, its similarity, and ``ids``
+    (n_cols,) int64, its row (ties: the lower row), reduced over the rows of the same blocks the
+    row reducers see (a gallery x bank pass gives every bank item's nearest gallery item).
+
+    Each block gives the maxima of groups of :data:`COLUMN_GROUP` rows per column (one pass; the
+    column maxima follow from them). Only columns whose maximum reaches the best seen so far (by
+    any thread) look for the row, in the first group holding it, so after the first row blocks
+    little is left to search. numpy's ``argmax(axis=0)`` is avoided: it walks a C-ordered block
+    column by column, an order of magnitude slower than a pass. Merges take a lock and compare
+    (value, then lower row): the result does not depend on the order the row blocks run in.
+    """
+
+    def __init__(self, n_cols: int) -> None:
+        self.values = np.full(n_cols, -np.inf, dtype=np.float32)
+        self.ids = np.full(n_cols, NO_ID, dtype=np.int64)
+        self._lock = threading.Lock()
+
+    def start(self, start: int, stop: int) -> ReducerState:
+        return _ColumnNearestState(self, start)
+
+
+#: Rows per group in :class:`ColumnNearest` (the search for a column's row reads one group).
+COLUMN_GROUP = 32
+
+
+class _ColumnNearestState(ReducerState):
+    def __init__(self, parent: ColumnNearest, start: int) -> None:
+        self.parent, self.start = parent, start
+
+    def update(self, block: np.ndarray, col_offset: int) -> None:
+        parent, (n, width) = self.parent, block.shape
+        if n % COLUMN_GROUP:  # pad to whole groups (only a last, partial row block)
+            block = np.concatenate([block, np.full((COLUMN_GROUP - n % COLUMN_GROUP, width), -np.inf, dtype=block.dtype)])
+        groups = block.reshape(-1, COLUMN_GROUP, width)
+        group_max = groups.max(axis=1)  # (n_groups, width)
+        best = group_max.max(axis=0)
+        cand = np.flatnonzero(best >= parent.values[col_offset : col_offset + width])  # unlocked read: stale lets more through
+        if not cand.size:
+            return
+        first = group_max[:, cand].argmax(axis=0)  # the first group holding the maximum: the lower rows
+        rows = self.start + first * COLUMN_GROUP + groups[first, :, cand].argmax(axis=1)
+        cols, best = cand + col_offset, best[cand]
+        with parent._lock:
+            have, have_ids = parent.values[cols], parent.ids[cols]
+            better = (best > have) | ((best == have) & (rows < have_ids))
+            parent.values[cols[better]] = best[better]
+            parent.ids[cols[better]] = rows[better]
+
+    def finish(self) -> None:
+        pass
 
 
 class Dense(Reducer):

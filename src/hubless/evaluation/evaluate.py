@@ -4,9 +4,11 @@
                               methods=["baseline", "nnn:alpha=0.75,k=16", "is:beta=20"])
     result.to_dict()      # the results.json schema of ``hubless eval``
 
-Each method is fitted on the banks only (never on ``queries``), then the queries are ranked in
-blocks of rows by :func:`hubless.evaluation.core.rank_queries` (the same ranking hook its
-``search`` uses), so memory stays at one block whatever the sizes. From the ranks of every
+Every method is fitted on the banks only (never on ``queries``), all of them from one streamed
+pass per bank (:func:`hubless.corrections.fit_shared`, which also gives the bank's coverage when
+asked), then the queries are ranked in blocks of rows by
+:func:`hubless.evaluation.core.rank_queries` (the same ranking hook its ``search`` uses), so
+memory stays at one block whatever the sizes. From the ranks of every
 relevant item come R@K, MdR, MnR, MRR and mAP@R (see :mod:`hubless.metrics.retrieval`), and from
 the top 10 the hubness statistics. Bootstrap intervals resample queries with one seed for every
 method, so the intervals of the differences to the baseline are paired.
@@ -23,7 +25,9 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.corrections import Correction
+from hubless.banks import BankReport, coverage_report
+from hubless.corrections import Correction, fit_shared
+from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.metrics.bootstrap import bootstrap_ci
@@ -41,7 +45,9 @@ HUBNESS_DEPTH = 10
 class MethodResult:
     """One method's numbers. ``per_query`` holds the per-query values behind each metric,
     ``n1`` the N_1 occurrence of every gallery item (for plots) and ``correction`` the fitted
-    correction (reused by reranking and ECCV evaluation); none of them goes to JSON."""
+    correction (reused by reranking and ECCV evaluation); none of them goes to JSON.
+    ``seconds["fit"]`` is the shared pass that fitted every method at once (each method's own
+    would cost about as much), ``seconds["search"]`` this method's ranking of the queries."""
 
     method: str
     params: dict[str, Any]
@@ -75,14 +81,31 @@ class MethodResult:
 
 @dataclass
 class Evaluation:
-    """Results of :func:`evaluate`: ``results`` (baseline first) and a description of the inputs."""
+    """Results of :func:`evaluate`: ``results`` (baseline first), a description of the inputs
+    and, with ``coverage=True``, the query bank's coverage report (``bank``)."""
 
     inputs: dict[str, Any]
     results: list[MethodResult]
     ks: tuple[int, ...]
+    bank: BankReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"inputs": self.inputs, "results": [r.to_dict() for r in self.results]}
+        out: dict[str, Any] = {"inputs": self.inputs, "results": [r.to_dict() for r in self.results]}
+        if self.bank is not None:
+            out["query_bank_coverage"] = self.bank.to_dict()
+        return out
+
+    def losses(self, metric: str | None = None) -> list[str]:
+        """Specs of the methods that did worse than the baseline on ``metric`` (default: R@K at
+        the first K): their paired 95% interval of the change lies below 0 (without bootstrap
+        intervals: their change is below 0)."""
+        metric = metric or f"R@{self.ks[0]}"
+        worse = []
+        for r in self.results[1:]:
+            ci = r.delta_ci95.get(metric)
+            if (ci[1] < 0) if ci is not None else r.delta.get(metric, 0.0) < 0:
+                worse.append(r.spec)
+        return worse
 
     def __getitem__(self, spec: str) -> MethodResult:
         for r in self.results:
@@ -107,6 +130,8 @@ def evaluate(
     inputs: dict[str, Any] | None = None,
     distractors=None,
     ties: str = "index",
+    coverage: bool = False,
+    refit: bool = True,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -120,7 +145,11 @@ def evaluate(
     of Geigle et al.): ``truth`` keeps referring to the gallery's own positions. ``ties``: how
     tied scores rank ("index": the lower gallery index first; "average": the mean of the tied
     positions, the collaborative-experts metric of the QB-Norm tables; "optimistic"; see
-    :func:`hubless.metrics.relevant_ranks`).
+    :func:`hubless.metrics.relevant_ranks`). ``coverage``: also measure the query bank's
+    coverage of the gallery searched (``Evaluation.bank``, see
+    :func:`hubless.banks.coverage_report`) in the pass that fits the methods. ``refit=False``
+    uses corrections already fitted on this very gallery array as they are (e.g. the ones
+    :func:`hubless.tune` chose), so their bank is not read again.
     """
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
@@ -135,16 +164,18 @@ def evaluate(
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
     corrections = prepare_methods(methods, normalize)
-    fit_seconds = []
-    for corr in corrections:
-        t0 = time.perf_counter()
-        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
-        fit_seconds.append(time.perf_counter() - t0)
     check_ties(ties)
+    reuse = [not refit and getattr(c, "gallery_", None) is gallery for c in corrections]
+    also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
+    to_fit = [c for c, kept in zip(corrections, reuse) if not kept]
+    t0 = time.perf_counter()
+    stats = fit_shared(to_fit, gallery, query_bank, gallery_bank, also=also, progress=progress)[1] if to_fit else None
+    fit_seconds = time.perf_counter() - t0
+    bank = coverage_report(stats, queries=queries) if also is not None and stats is not None and stats.query_nearest is not None else None
     ranked = rank_queries(
         corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
     )
-    results = [_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
+    results = [_result(c, r, 0.0 if kept else fit_seconds, truth, ks, bootstrap, seed) for c, r, kept in zip(corrections, ranked, reuse)]
     base = results[0]
     for r in results[1:]:
         diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
@@ -166,7 +197,7 @@ def evaluate(
         "ties": ties,
     }
     described.update(inputs or {})
-    return Evaluation(described, results, ks)
+    return Evaluation(described, results, ks, bank)
 
 
 def _result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:

@@ -5,7 +5,8 @@ several query banks in one run, one row per method x bank, and the geometric mea
 
 Each bank gets a full :func:`~hubless.evaluation.evaluate` (the baseline first, every method's
 change vs the baseline with a paired bootstrap interval) and its coverage report
-(:func:`hubless.banks.bank_report`); :attr:`BankEvaluation.overall` is each method's geometric
+(:func:`hubless.banks.coverage_report`, from the pass that fits the methods with that bank);
+:attr:`BankEvaluation.overall` is each method's geometric
 mean of every metric over the banks (the paper's "Overall" block).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.banks import BankReport, bank_report
+from hubless.banks import BankReport
 from hubless.corrections import Correction
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
@@ -93,7 +94,7 @@ def evaluate_banks(
 ) -> BankEvaluation:
     """:func:`~hubless.evaluation.evaluate` with each query bank of ``banks`` (name -> array),
     the same queries, truth, methods, bootstrap seed and gallery; see the module docstring."""
-    g, checked, reports = _checked_banks(gallery, banks, distractors, normalize)
+    g, checked = _checked_banks(gallery, banks, normalize)
     evaluations = {
         name: evaluate(
             g,
@@ -109,21 +110,25 @@ def evaluate_banks(
             distractors=distractors,
             progress=progress,
             ties=ties,
+            coverage=True,
         )  # fmt: skip
         for name, b in checked.items()
     }
-    return BankEvaluation(evaluations, reports)
+    return BankEvaluation(evaluations, _reports(evaluations))
 
 
-def _checked_banks(gallery, banks: Mapping[str, Any], distractors, normalize: bool):
-    """The validated gallery, each validated bank and its coverage report over the gallery as
-    searched (distractors included)."""
+def _checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
+    """The validated gallery and each validated bank (every bank is checked before any work)."""
     if not banks:
         raise InvalidInput("banks is empty: give at least one name -> query bank")
     g = as_embeddings(gallery, "gallery", normalize=normalize)
-    full = g if distractors is None else np.concatenate([g, as_embeddings(distractors, "distractors", normalize=normalize, dim=g.shape[1])])
-    checked = {name: as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1]) for name, bank in banks.items()}
-    return g, checked, {name: bank_report(full, b, normalize=False) for name, b in checked.items()}
+    return g, {name: as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1]) for name, bank in banks.items()}
+
+
+def _reports(evaluations: Mapping[str, Evaluation]) -> dict[str, BankReport]:
+    """Each bank's coverage of the gallery as searched (distractors included), measured in its
+    evaluation's fitting pass."""
+    return {name: ev.bank for name, ev in evaluations.items() if ev.bank is not None}
 
 
 def tune_banks(
@@ -150,12 +155,17 @@ def tune_banks(
     (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
     from hubless.tuning import tune
 
-    g, checked, reports = _checked_banks(gallery, banks, distractors, normalize)
+    g, checked = _checked_banks(gallery, banks, normalize)
+    same = val_gallery is None and distractors is None  # tuned on the very gallery tested: one pass per bank in all
     vg = g if val_gallery is None else val_gallery
-    evaluations, tuned = {}, {}
+    evaluations, tuned, reports = {}, {}, {}
     for name, b in checked.items():
         tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
-                           ks=ks, normalize=normalize, progress=progress, ties=ties)  # fmt: skip
-        evaluations[name] = evaluate(g, queries, truth, b, tuned[name].best_specs, gallery_bank=gallery_bank, ks=ks, bootstrap=bootstrap,
-                                     seed=seed, normalize=normalize, distractors=distractors, progress=progress, ties=ties)  # fmt: skip
-    return BankEvaluation(evaluations, reports, tuned)
+                           ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip
+        # the chosen corrections are used as fitted when the gallery is the same array (refit otherwise)
+        chosen = list(tuned[name].fitted.values()) if same else tuned[name].best_specs
+        evaluations[name] = evaluate(g, queries, truth, b, chosen, gallery_bank=gallery_bank, ks=ks,
+                                     bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=distractors, progress=progress,
+                                     ties=ties, coverage=not same, refit=False)  # fmt: skip
+        reports[name] = tuned[name].bank if same else evaluations[name].bank
+    return BankEvaluation(evaluations, {k: v for k, v in reports.items() if v is not None}, tuned)

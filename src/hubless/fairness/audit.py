@@ -5,7 +5,8 @@ gender bias@n), per query and overall, for the baseline and each correction.
                    query_bank, methods=["baseline", "nnn"])
 
 ``relevant`` says which gallery items answer each query (e.g. SISPI: the images of the queried
-profession). For each method the queries are ranked over the whole gallery in streamed blocks
+profession). Every method is fitted from one streamed pass per bank (:func:`hubless.fit_many`);
+for each method the queries are ranked over the whole gallery in streamed blocks
 (the ranking form its ``search`` uses); the relevant items, in rank order, give the attribute
 sequence whose NDKL is measured (SISPI protocol); NDCG and AP use their ranks.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
-from hubless.corrections import Correction
+from hubless.corrections import Correction, fit_many
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
@@ -120,9 +121,7 @@ def audit(
     if query_names is not None and len(query_names) != queries.shape[0]:
         raise InvalidInput(f"query_names has {len(query_names)} names for {queries.shape[0]} queries")
     names = list(query_names) if query_names is not None else [str(i) for i in range(queries.shape[0])]
-    corrections = prepare_methods(methods, normalize)
-    for corr in corrections:
-        corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+    corrections = fit_many(prepare_methods(methods, normalize), gallery, query_bank, gallery_bank, progress=progress)  # one pass per bank
     ranked = rank_queries(corrections, queries, relevant, depth=top_n, progress=progress, desc=f"audit {len(corrections)} methods")
     results = [_audit_one(c, r, relevant, encoded, top_n) for c, r in zip(corrections, ranked)]
     base = results[0]

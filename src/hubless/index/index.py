@@ -28,7 +28,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
-from hubless.engine import exact_search
+from hubless.engine import BankStatistics, exact_search
 from hubless.errors import InvalidInput, InvalidType, NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
@@ -121,6 +121,7 @@ class Index:
         bias_search: str = "exact",
         bias_nprobe: int = 32,
         progress: bool | None = None,
+        statistics: BankStatistics | None = None,
         **kwargs,
     ) -> Index:
         """Fit ``method`` (a spec such as ``"nnn:alpha=0.75,k=16"``) on the banks and index the
@@ -129,7 +130,10 @@ class Index:
         ``bias_search``: "exact" (streamed, every similarity) or "ann" / a FAISS factory string
         for the bank ("IVF2048,Flat", "HNSW32"): sublinear top-k statistics (NNN, CSLS, DN only),
         with ``bias_nprobe`` lists visited; the error on a 1,000-item sample is then in
-        ``index.bias_error`` (see :mod:`hubless.index.ann_bias`).
+        ``index.bias_error`` (see :mod:`hubless.index.ann_bias`). ``statistics``: bank
+        statistics of these very arrays computed already (e.g. by
+        :func:`hubless.corrections.fit_shared` with the bank's coverage), so the banks are not
+        read again.
         """
         corr = make_correction(method)
         if isinstance(method, str):
@@ -140,7 +144,7 @@ class Index:
             check_factory(factory, shape[0], shape[1] + 1)
         bias_error = None
         if bias_search == "exact":
-            corr.fit(gallery, query_bank, gallery_bank, progress=progress)
+            corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)
         else:
             from hubless.index.ann_bias import fit_ann_bias
 
