@@ -117,7 +117,7 @@ class ChromaStore(VectorStore):
             for column in ("vector", "plain"):
                 made.append(client.create_collection(f"{stem}_{column}", configuration={"hnsw": dict(hnsw)}, embedding_function=None))
             vec, plain = made
-            for part in rows.batches(batch):
+            for part in rows.batches(min(batch, client.get_max_batch_size())):
                 ids = [str(i) for i in part.ids.tolist()]
                 meta = _chroma_meta(part.metadata, info["metadata_columns"])
                 vec.add(ids=ids, embeddings=part.augmented, metadatas=meta)
@@ -213,8 +213,9 @@ class ChromaStore(VectorStore):
         state = self._current()
         vec = self.client.get_collection(state["vector"], embedding_function=None)
         plain = self.client.get_collection(state["plain"], embedding_function=None)
-        for lo in range(0, len(rows), 4096):
-            part = rows.slice(lo, lo + 4096)
+        step = min(4096, self.client.get_max_batch_size())
+        for lo in range(0, len(rows), step):
+            part = rows.slice(lo, lo + step)
             ids = [str(i) for i in part.ids.tolist()]
             vec.delete(ids=ids)  # an upsert would keep metadata keys the new record leaves out
             vec.add(ids=ids, embeddings=part.augmented, metadatas=_chroma_meta(part.metadata, info["metadata_columns"]))
