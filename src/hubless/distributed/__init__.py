@@ -11,8 +11,9 @@ Install with ``pip install "hubless[distributed]"``. Ray is imported only when w
 """
 
 from hubless.distributed.augment import augmented_queries, write_augmented
+from hubless.distributed.cluster import connect
 from hubless.distributed.embed import embed
-from hubless.distributed.fit import connect, fit, fit_many, fit_statistics
+from hubless.distributed.fit import fit, fit_many, fit_statistics
 from hubless.distributed.index import build_index
 from hubless.distributed.sources import EmbeddingSource, open_source
 

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from hubless.corrections import Correction, make_correction
-from hubless.distributed.fit import _banks_for, _get, connect, fit_statistics, open_sources
+from hubless.distributed.cluster import check_address, connect
+from hubless.distributed.fit import _banks_for, _get, fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource
 from hubless.distributed.workfiles import describe, file_problem, job_id, read_record, recomputing, write_record
@@ -88,6 +89,7 @@ def write_augmented(
     from hubless._io import write_json
     from hubless.progress import progress_bar
 
+    check_address(address)
     corr = make_correction(method)
     check_servable(corr)
     sources = open_sources(gallery, *_banks_for([corr], query_bank, gallery_bank))  # headers read and checked once

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from hubless.distributed.fit import connect
+from hubless.distributed.cluster import check_address, connect
 
 __all__ = ["embed"]
 
@@ -71,6 +71,7 @@ def embed(
     from hubless.errors import check_available
 
     check_available("ray", "embedding on Ray (--ray)", "distributed")  # before the model is loaded
+    check_address(address)
     encoder = load_encoder(model, kind=kind, device="cpu" if device is None else device)  # name and dim for the job key
     ray = connect(address)
     gpus = int(ray.cluster_resources().get("GPU", 0))

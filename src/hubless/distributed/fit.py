@@ -20,43 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from hubless.corrections import Correction, make_correction, statistics_request
+from hubless.distributed.cluster import check_address, connect
 from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles, tile_span
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import InvalidInput, MissingDependencyError, MissingInputError
+from hubless.errors import InvalidInput, MissingInputError
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
 #: Version of the work directory's layout (plan.json + tiles/*.npz, each tile with its key and sha256).
 WORK_FORMAT = 2
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError("distributed fitting and index building", "ray", "distributed") from None
-    return ray
-
-
-def connect(address: str | None = None, *, num_cpus: int | None = None):
-    """The Ray module, connected: to the cluster at ``address`` (``ray://host:10001`` or
-    ``auto``), else to a local Ray started here (``num_cpus``, no dashboard). An existing
-    connection is reused."""
-    ray = _ray()
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:  # a private Ray for this process: its start-up notices are noise here
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    return ray
 
 
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
@@ -151,6 +130,7 @@ def fit_statistics(
     """
     from hubless.progress import progress_bar
 
+    check_address(address)
     sources = open_sources(gallery, query_bank, gallery_bank)
     g, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]
     tiles = plan_tiles(

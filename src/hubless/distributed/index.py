@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from hubless.corrections import Correction
-from hubless.distributed.fit import _get, connect, fit
+from hubless.distributed.cluster import check_address, connect
+from hubless.distributed.fit import _get, fit
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.errors import InvalidInput
@@ -69,6 +70,7 @@ def build_index(
     from hubless.progress import progress_bar
 
     t0 = time.perf_counter()
+    check_address(address)
     source = open_source(gallery, label="gallery")
     # the cheap checks first: a bad factory or metadata fails now, not after the distributed fit
     factory = factory or default_factory(source.n_rows)
