@@ -194,7 +194,7 @@ def test_stale_answers_are_dropped(servers, browser):
     page.fill("#query", "9")
     page.press("#query", "Enter")
     page.wait_for_function(
-        "document.querySelector('#uncorrected .card') && document.querySelector('#uncorrected .card').dataset.id === '9'"
+        "() => document.querySelector('#uncorrected .card') && document.querySelector('#uncorrected .card').dataset.id === '9'"
     )
     try:
         held[0].continue_()  # the stale answer comes now

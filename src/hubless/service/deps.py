@@ -12,7 +12,8 @@ from hubless.service.state import Served, ServiceState
 __all__ = ["ServiceDep", "audit", "check_id", "get_served", "get_service", "only_index", "writable"]
 
 
-def get_service(request: Request) -> ServiceState:
+async def get_service(request: Request) -> ServiceState:
+    """The service state (async: FastAPI runs it inline, not in a worker thread)."""
     return request.app.state.service
 
 

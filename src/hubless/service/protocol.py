@@ -1,32 +1,58 @@
-"""Read timeouts for ``hubless serve`` (uvicorn's h11 protocol, plus two timers): a client has
-``header_timeout`` seconds from its first byte (or from connecting) to send a request's
-headers, and ``body_timeout`` seconds to send its body; otherwise the connection is closed. So
-idle or trickling connections (slow-loris) are dropped instead of held; uvicorn's own
-keep-alive timeout closes idle connections between requests.
+"""Read timeouts for ``hubless serve``: uvicorn's HTTP protocol (httptools, the C parser, when
+installed, else h11) plus two timers. A client has ``header_timeout`` seconds from connecting,
+or from a request's first byte, to send that request's headers, and ``body_timeout`` seconds
+to send its body; otherwise the connection is closed. So idle or trickling connections
+(slow-loris) are dropped instead of held; uvicorn's own keep-alive timeout closes idle
+connections between requests.
 
     uvicorn.run(app, http=hubless.service.protocol.protocol_class(10.0, 30.0))
 """
 
 from __future__ import annotations
 
-import h11
+import json
+import os
+
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = ["GuardedH11Protocol", "ServeProtocol", "protocol_class"]
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header and a body read timeout (see the module docstring)."""
+class _ReadTimers:
+    """The two timers; the parser-specific subclasses say when a request starts, when its
+    headers and its body are complete."""
 
     header_timeout = 10.0
     body_timeout = 30.0
+    _read_timer = None
+    _reading = None
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._reading = what
+        self._read_timer = self.loop.call_later(seconds, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+        self._read_timer, self._reading = None, None
+
+    def _timed_out(self) -> None:
+        self._read_timer, self._reading = None, None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+class GuardedH11Protocol(_ReadTimers, H11Protocol):
+    """uvicorn's h11 protocol with the read timeouts (see the module docstring)."""
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._read_timer = None
-        self._arm(self.header_timeout)  # the first request's headers must come in time
+        self._arm(self.header_timeout, "headers")  # the first request's headers must come in time
 
     def data_received(self, data: bytes) -> None:
+        import h11
+
         super().data_received(data)
         state = self.conn.their_state
         if state is h11.SEND_BODY:
@@ -46,43 +72,57 @@ class GuardedH11Protocol(H11Protocol):
         self._disarm()
         super().connection_lost(exc)
 
-    _reading = None
 
-    def _arm(self, seconds: float, what: str = "headers") -> None:
-        self._disarm()
-        self._reading = what
-        self._read_timer = self.loop.call_later(seconds, self._timed_out)
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is missing: h11 only
+    HttpToolsProtocol = None
 
-    def _disarm(self) -> None:
-        timer = getattr(self, "_read_timer", None)
-        if timer is not None:
-            timer.cancel()
-        self._read_timer, self._reading = None, None
+if HttpToolsProtocol is not None:
 
-    def _timed_out(self) -> None:
-        self._read_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
+    class GuardedHttpToolsProtocol(_ReadTimers, HttpToolsProtocol):
+        """uvicorn's httptools protocol with the read timeouts (see the module docstring)."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm(self.header_timeout, "headers")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm(self.header_timeout, "headers")
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._arm(self.body_timeout, "body")
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    BASE = GuardedHttpToolsProtocol
+else:  # pragma: no cover
+    BASE = GuardedH11Protocol
 
 
-def protocol_class(header_timeout: float, body_timeout: float) -> type[GuardedH11Protocol]:
+def protocol_class(header_timeout: float, body_timeout: float) -> type:
     """The protocol class with these timeouts (for ``uvicorn.run(..., http=...)``)."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout": float(header_timeout), "body_timeout": float(body_timeout)})
+    return type("GuardedProtocol", (BASE,), {"header_timeout": float(header_timeout), "body_timeout": float(body_timeout)})
 
 
-class ServeProtocol(GuardedH11Protocol):
+class ServeProtocol(BASE):
     """The protocol of ``hubless serve`` (``http="hubless.service.protocol:ServeProtocol"``):
     its timeouts come from the serve configuration each worker process reads."""
 
-    def connection_made(self, transport) -> None:
-        if ServeProtocol._configured is None:
-            import json
-            import os
+    _configured = False
 
+    def connection_made(self, transport) -> None:
+        if not ServeProtocol._configured:
             config = json.loads(os.environ.get("HUBLESS_SERVE_CONFIG", "{}"))
-            ServeProtocol.header_timeout = float(config.get("header_timeout", GuardedH11Protocol.header_timeout))
-            ServeProtocol.body_timeout = float(config.get("body_timeout", GuardedH11Protocol.body_timeout))
+            ServeProtocol.header_timeout = float(config.get("header_timeout", BASE.header_timeout))
+            ServeProtocol.body_timeout = float(config.get("body_timeout", BASE.body_timeout))
             ServeProtocol._configured = True
         super().connection_made(transport)
-
-    _configured = None

@@ -13,7 +13,7 @@ router = APIRouter()
 
 
 @router.get("/health")
-def health(service: ServiceDep) -> dict:
+async def health(service: ServiceDep) -> dict:
     keys = service.settings.keys
     return {
         "status": "ok",

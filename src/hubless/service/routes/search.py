@@ -37,7 +37,15 @@ class FastJSON(Response):
 
 
 @router.post("/search", response_class=FastJSON)
-def search(request: SearchRequest, service: ServiceDep) -> FastJSON:
+async def search(request: SearchRequest, service: ServiceDep) -> FastJSON:
+    """Checks run inline; the search (and any encoding) in one worker thread, where concurrent
+    requests meet in the batcher."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(_search, request, service)
+
+
+def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
     s = get_served(service, request.index if request.index is not None else only_index(service))
     limits = service.limits
     given = [k for k in ("embeddings", "embeddings_b64", "texts", "images", "item") if getattr(request, k) is not None]
