@@ -163,3 +163,27 @@ def test_the_service_encodes_with_the_recorded_model_without_model_option(clip_i
     expected = hubless.Index.load(root / "idx").search(encoder.encode_texts(texts), 4)[1]
     assert [h["id"] for h in body["results"][0]["hits"]] == expected[0].tolist()
     assert body["results"][0]["text"] == texts[0]
+
+
+def test_image_queries_over_http_equal_in_process(clip_index, tmp_path):
+    """An image query (base64 of a PNG) is encoded with the index's model, as in process."""
+    pytest.importorskip("fastapi")
+    import base64
+    import io
+
+    from starlette.testclient import TestClient
+
+    from hubless.service import create_app
+    from tests.models import random_images
+
+    root, _, encoder = clip_index
+    image = random_images(1)[0]
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    with TestClient(base_url="http://localhost", app=create_app({"idx": root / "idx"})) as c:
+        assert "images" in c.get("/indexes").json()[0]["queries"]
+        body = c.post("/search", json={"images": [base64.b64encode(buffer.getvalue()).decode()], "top_k": 4}).json()
+        broken = c.post("/search", json={"images": [base64.b64encode(b"not an image").decode()]})
+    expected = hubless.Index.load(root / "idx").search(encoder.encode_images([image]), 4)[1]
+    assert [h["id"] for h in body["results"][0]["hits"]] == expected[0].tolist()
+    assert broken.status_code == 422 and "images[0]" in broken.json()["detail"]

@@ -276,3 +276,26 @@ def test_hubness_endpoint_matches_a_direct_count(client, saved):
     assert top["n1_before"] == before.max() and top["n1_after"] == after[top["id"]] and top["metadata"] == index.metadata[top["id"]]
     assert body["histogram"]["before"] == np.bincount(before).tolist()
     assert client.get("/hubness/nope").status_code == 404
+
+
+def test_served_hubness_matches_a_direct_count(saved):
+    """/hubness's `served` figures and /metrics's served gauges against counts made here from
+    the answers themselves (scipy's skewness)."""
+    from scipy.stats import skew
+
+    root, _ = saved
+    rng = np.random.default_rng(11)
+    queries = unit_rows(rng, 60, 16)
+    with TestClient(base_url="http://localhost", app=create_app({"coco": root / "coco"})) as c:
+        answers = [c.post("/search", json={"embeddings": queries[i : i + 3].tolist(), "top_k": 5}).json() for i in range(0, 60, 3)]
+        served = c.get("/hubness/coco").json()["served"]
+        metrics = c.get("/metrics").text
+    ids = np.array([[h["id"] for h in r["hits"]] for a in answers for r in a["results"]])
+    n1 = np.bincount(ids[:, 0], minlength=400)
+    nk = np.bincount(ids.ravel(), minlength=400)
+    assert served["queries"] == 60 and served["n1_max"] == n1.max()
+    assert served["n1_skewness"] == pytest.approx(skew(n1), rel=1e-9)
+    assert served["top1pct_share"] == pytest.approx(np.sort(nk)[::-1][:4].sum() / nk.sum())
+    assert served["hubs"][0]["n1"] == n1.max() and served["hubs"][0]["nk"] == nk[served["hubs"][0]["id"]]
+    line = next(x for x in metrics.splitlines() if x.startswith('hubless_served_n1_skewness{index="coco"}'))
+    assert float(line.split()[-1]) == pytest.approx(skew(n1), rel=1e-9)

@@ -276,3 +276,36 @@ def test_the_key_field_and_the_docs_offline(servers, browser):
     icon = urllib.request.urlopen(servers["keyed"] + "/favicon.ico", timeout=5)
     assert icon.status == 200 and icon.headers["content-type"] == "image/svg+xml"
     page.close()
+
+
+def test_query_by_image_upload(tmp_path, browser):
+    """With an image encoder (the index's recorded model, a tiny CLIP), the page offers an
+    image upload, and its answer equals the in-process search of that image."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from hubless.encoders import load_encoder
+    from tests.models import random_images, save_tiny
+
+    model = save_tiny("clip", tmp_path / "clip")
+    encoder = load_encoder(model, device="cpu")
+    images = random_images(30)
+    rng = np.random.default_rng(2)
+    bank = encoder.encode_texts([" ".join(rng.choice(["a", "dog", "cat", "red", "car", "on", "grass"], 4)) for _ in range(60)])
+    index = hubless.Index.build(encoder.encode_images(images), bank, "nnn:alpha=0.5,k=4", "Flat",
+                                metadata=[{"caption": f"picture {i}"} for i in range(30)], model=str(model))  # fmt: skip
+    index.save(tmp_path / "idx")
+    images[5].save(tmp_path / "query.png")
+    base, proc = start([str(tmp_path / "idx")], tmp_path)
+    try:
+        page = browser.new_page()
+        page.goto(base + "/")
+        page.wait_for_selector("#image-label:not([hidden])")
+        page.set_input_files("#image", str(tmp_path / "query.png"))
+        page.wait_for_selector("#corrected .card")
+        expected = index.search(encoder.encode_images([tmp_path / "query.png"]), 12)[1][0]
+        shown = [int(x) for x in page.locator("#corrected .card").evaluate_all("(cards) => cards.map((c) => c.dataset.id)")]
+        assert shown == expected.tolist()
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
