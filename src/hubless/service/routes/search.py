@@ -16,6 +16,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
+from hubless.service.batching import omp_threads_for
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
@@ -110,6 +111,7 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
             422,
             f"{n_queries} queries x top_k {top_k}{' x 2 (compare)' if compare else ''} = {hits} results exceed the limit max_result_hits={limits.max_result_hits}",
         )
+    omp_threads_for(n_queries)  # this worker thread's FAISS team (compare's search runs here)
     result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=s.run, **options)
     body = {"index": s.name, "method": result.method}
     if result.reranked:
