@@ -84,5 +84,8 @@ def _serve(data, port: int) -> None:
 
     meta = [{"caption": f"synthetic image {i} (its captions are queries {5 * i}-{5 * i + 4})"} for i in range(data.gallery.shape[0])]
     index = Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", "Flat", metadata=meta)
-    typer.echo(f"serving the demo index on http://127.0.0.1:{port}/ (search an item id, e.g. 7; Ctrl-C stops)")
-    uvicorn.run(create_app({"demo": index}), host="127.0.0.1", port=port, log_level="warning")
+    typer.echo(
+        f"serving the demo index on http://127.0.0.1:{port}/ (search an item id, e.g. 7: the synthetic index has no model for text; Ctrl-C stops)"
+    )
+    uvicorn.run(create_app({"demo": index}), host="127.0.0.1", port=port, log_level="warning",
+                http="hubless.service.protocol:ServeProtocol", server_header=False)  # fmt: skip
