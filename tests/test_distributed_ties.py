@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubless.corrections import make_correction
-from hubless.distributed.plan import TileMerger, compute_tile, plan_tiles, tile_span
+from hubless.distributed.plan import TileMerger, compute_tile, compute_tile_streamed, plan_tiles, tile_span
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from tests.conftest import unit_rows
 
@@ -30,7 +30,7 @@ def _with_duplicates(rng, n: int, d: int, n_unique: int) -> np.ndarray:
     return unit_rows(rng, n_unique, d)[rng.integers(0, n_unique, n)]
 
 
-def _tiled_fit(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, order_seed):
+def _tiled_fit(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, order_seed, bank_read=None):
     corr = make_correction(spec)
     request = corr.statistics_request()
     n_gb = None if corr.gallery_bank_use == "ignored" else len(gallery_bank)
@@ -39,8 +39,13 @@ def _tiled_fit(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols,
     merger = TileMerger(tiles, request, len(gallery), gallery.shape[1])
     for t in tiles:
         bank = query_bank if t.side == "query" else gallery_bank
-        (g0, g1), (b0, b1) = tile_span(t, len(gallery), len(bank))  # what a Ray task reads
-        merger.add(t, compute_tile(t, gallery[g0:g1], bank[b0:b1], request, gallery_from=g0, bank_from=b0))
+        if bank_read:  # as a Ray task computes it: the bank a piece at a time
+            part = compute_tile_streamed(t, lambda a, b: gallery[a:b], lambda a, b, x=bank: x[a:b],
+                                         request, len(gallery), len(bank), bank_read=bank_read)  # fmt: skip
+        else:
+            (g0, g1), (b0, b1) = tile_span(t, len(gallery), len(bank))  # what the task reads
+            part = compute_tile(t, gallery[g0:g1], bank[b0:b1], request, gallery_from=g0, bank_from=b0)
+        merger.add(t, part)
     return corr.fit_from_statistics(gallery, merger.result())
 
 
@@ -91,10 +96,17 @@ def _cuts():
 
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None)
-@given(shape=st.sampled_from(sorted(SHAPES)), spec=st.sampled_from(SPECS), g_cuts=_cuts(), b_cuts=_cuts(), order=st.integers(0, 10_000))
-def test_any_tiles_and_cuts_with_duplicated_rows_give_the_single_machine_top_k(shape, spec, g_cuts, b_cuts, order):
+@given(
+    shape=st.sampled_from(sorted(SHAPES)),
+    spec=st.sampled_from(SPECS),
+    g_cuts=_cuts(),
+    b_cuts=_cuts(),
+    order=st.integers(0, 10_000),
+    bank_read=st.sampled_from([None, COL_BLOCK]),
+)
+def test_any_tiles_and_cuts_with_duplicated_rows_give_the_single_machine_top_k(shape, spec, g_cuts, b_cuts, order, bank_read):
     d = _data(shape, spec)
-    got = _tiled_fit(spec, d["gallery"], d["query_bank"], d["gallery_bank"], g_cuts, b_cuts, order)
+    got = _tiled_fit(spec, d["gallery"], d["query_bank"], d["gallery_bank"], g_cuts, b_cuts, order, bank_read)
     _assert_identical_ranking(got, d[spec], d["queries"])
 
 
@@ -148,3 +160,29 @@ def test_ray_with_duplicated_rows_and_uneven_cuts_gives_the_single_machine_top_k
         want = make_correction(spec).fit(gallery, bank)
         got = hd.fit(spec, tmp_path / "g", tmp_path / "b", gallery_rows=[3, 511, 1000], bank_cols=[1, 1300], progress=False)
         _assert_identical_ranking(got, want, queries)
+
+
+def test_a_wide_tile_read_a_piece_at_a_time_equals_narrow_tiles_merged():
+    """A Ray task folds the pieces of a wide tile in bank order, as the merger folds narrow
+    tiles: the statistics are bitwise the same, and the task never holds more than one piece."""
+    rng = np.random.default_rng(6)
+    gallery, bank = _with_duplicates(rng, 700, 4, 90), unit_rows(rng, 2 * COL_BLOCK + 300, 4)
+    request = make_correction("dis:k_activation=2").statistics_request().merge(make_correction("nnn:k=3").statistics_request())
+    read = []
+
+    def read_bank(a, b):
+        read.append(b - a)
+        return bank[a:b]
+
+    wide = plan_tiles(request, 700, len(bank), None, gallery_rows=[250], bank_cols=len(bank))
+    merger = TileMerger(wide, request, 700, 4)
+    for t in wide:
+        merger.add(t, compute_tile_streamed(t, lambda a, b: gallery[a:b], read_bank, request, 700, len(bank), bank_read=COL_BLOCK))
+    assert max(read) == COL_BLOCK and len(read) == 3 * len(wide)
+    narrow = plan_tiles(request, 700, len(bank), None, gallery_rows=[250], bank_cols=COL_BLOCK)
+    reference = TileMerger(narrow, request, 700, 4)
+    for t in narrow:
+        reference.add(t, compute_tile(t, gallery, bank, request))
+    want = reference.result().to_arrays()
+    for name, values in merger.result().to_arrays().items():
+        np.testing.assert_array_equal(values, want[name], err_msg=name)

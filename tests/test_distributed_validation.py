@@ -134,3 +134,23 @@ def test_the_metadata_of_a_distributed_build_is_checked_as_index_build_checks_it
     with pytest.raises(InvalidInput) as distributed:
         hd.build_index("nnn:k=5", _write(tmp_path / "g", g), _write(tmp_path / "b", b), "Flat", metadata=bad, progress=False)
     assert str(local.value) == str(distributed.value)
+
+
+@pytest.mark.parametrize("kind", ["npy", "parquet"])
+def test_shards_are_normalised_as_arrays_are_and_left_untouched(tmp_path, kind):
+    from hubless._validation import as_embeddings
+    from hubless.distributed.sources import open_source
+
+    x = np.random.default_rng(0).standard_normal((300, 6)).astype(np.float32) * 3
+    if kind == "npy":
+        np.save(tmp_path / "a.npy", x[:120])
+        np.save(tmp_path / "b.npy", x[120:])
+    else:
+        for name, piece in (("a", x[:120]), ("b", x[120:])):
+            col = pa.FixedSizeListArray.from_arrays(pa.array(piece.ravel()), 6)
+            pq.write_table(pa.table({"embedding": col}), tmp_path / f"{name}.parquet", row_group_size=50)
+    src = open_source(tmp_path)
+    want = as_embeddings(x, "gallery", normalize=True)
+    for lo, hi in [(0, 300), (100, 130), (120, 121), (7, 119)]:
+        np.testing.assert_array_equal(src.read(lo, hi, normalize=True), want[lo:hi])
+        np.testing.assert_array_equal(src.read(lo, hi), x[lo:hi])  # the files were not written into

@@ -74,6 +74,7 @@ def as_embeddings(
     dim_of: str = "the gallery",
     first_row: int = 0,
     shard: tuple[str, int] | None = None,
+    owned: bool = False,
 ) -> np.ndarray:
     """Return ``x`` as a C-contiguous float32 (n, d) array, validated and optionally L2-normalised.
 
@@ -87,7 +88,8 @@ def as_embeddings(
     The same checks run on each piece of a sharded source read by a distributed task
     (:meth:`hubless.distributed.EmbeddingSource.read`): ``first_row`` is the piece's first row in
     the whole set and ``shard`` its (file, row in that file), so a message names a bad row as a
-    single-machine check would, and its shard.
+    single-machine check would, and its shard. ``owned``: ``x`` is a float32 array nobody else
+    holds (just read from disk), normalised in place instead of copied.
     """
     if isinstance(x, np.ndarray):
         arr = x
@@ -135,9 +137,9 @@ def as_embeddings(
                     f"{name} has {zero.size} all-zero row(s) (first: {_row(int(zero[0]), first_row, shard)}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
-            if np.may_share_memory(arr, given):  # never write into the caller's memory
+            if np.may_share_memory(arr, given) and not owned:  # never write into the caller's memory
                 arr = arr.copy()
-            arr[off] = arr[off] / norms[off, None]
+            np.divide(arr, norms[:, None], out=arr, where=off[:, None])  # in float64, rounded to float32; no temporaries
     elif not unit.all() and name not in _warned_names and _warned_arrays.get(id(given)) is not given:
         _warned_names.add(name)
         _warned_arrays[id(arr)] = arr

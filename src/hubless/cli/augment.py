@@ -24,6 +24,11 @@ def augment_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     address: str = typer.Option(None, help="Ray cluster to run on (ray://host:10001, auto). Default: a local Ray."),
     work_dir: Path = typer.Option(None, help="Keep finished statistics tiles here; a rerun computes only the missing ones."),
+    gallery_rows: int = typer.Option(32768, help="Gallery rows per statistics tile (one Ray task each)."),
+    bank_cols: int = typer.Option(
+        65536, help="Bank items per tile; a task reads them 65,536 at a time, so a tile may span the whole bank (fewer tiles)."
+    ),
+    workers: int = typer.Option(None, help="Tiles computed at once, each task taking an equal share of the CPUs (default: 1 CPU each)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
     """Fit a correction on Ray and write the gallery as \\[r, bias(r)] parts for any inner-product engine.
@@ -36,8 +41,9 @@ def augment_command(
 
     corr = make_correction(method).set_params(normalize=normalize)
     folder = hd.write_augmented(
-        corr, gallery, query_bank, gallery_bank, out, shard_rows=shard_rows, address=address, work_dir=work_dir, progress=progress
-    )
+        corr, gallery, query_bank, gallery_bank, out, shard_rows=shard_rows, address=address, work_dir=work_dir, progress=progress,
+        gallery_rows=gallery_rows, bank_cols=bank_cols, workers=workers,
+    )  # fmt: skip
     info = json.loads((folder / "hubless.json").read_text())
     typer.echo(
         f"wrote {info['n_items']} items ({info['spec']}) as {len(info['parts'])} part(s) of {info['dim']} + {info['bias_columns']} columns -> {folder}"

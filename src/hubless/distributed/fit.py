@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hubless.corrections import Correction, make_correction, statistics_request
 from hubless.distributed.cluster import check_address, connect
-from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile, plan_tiles, tile_span
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile_streamed, plan_tiles
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
@@ -39,13 +39,19 @@ WORK_FORMAT = 2
 
 
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
-    """One Ray task: read the tile's gallery rows and bank items (padded to the engine's blocks,
-    :func:`~hubless.distributed.plan.tile_span`), return its partial statistics."""
+    """One Ray task: the tile's partial statistics, its gallery rows read once and its bank
+    items a piece at a time (padded to the engine's blocks,
+    :func:`~hubless.distributed.plan.compute_tile_streamed`), each checked as in-memory arrays
+    are."""
     os.environ["HUBLESS_NUM_THREADS"] = str(threads)  # the engine's threads = the task's CPUs
-    (g0, g1), (b0, b1) = tile_span(tile, gallery.n_rows, bank.n_rows)
-    rows = gallery.read(g0, g1, normalize=normalize)  # checked as in-memory arrays are, rows named globally
-    items = bank.read(b0, b1, normalize=normalize)
-    return compute_tile(tile, rows, items, request, gallery_from=g0, bank_from=b0).to_arrays()
+    return compute_tile_streamed(
+        tile,
+        lambda a, b: gallery.read(a, b, normalize=normalize),
+        lambda a, b: bank.read(a, b, normalize=normalize),
+        request,
+        gallery.n_rows,
+        bank.n_rows,
+    ).to_arrays()
 
 
 def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, tiles: Sequence[Tile]) -> dict:

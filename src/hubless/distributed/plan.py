@@ -17,7 +17,9 @@ Partials merge with :mod:`hubless.engine.merge`, arriving in any order:
 * a bank shard's activation lists over the gallery shards:
   :func:`~hubless.engine.merge.merge_topk_ids` (value descending, lower gallery id first: exact
   in any order);
-* then the gallery shards in order: :func:`~hubless.engine.merge.merge_gallery_parts`.
+* each gallery shard, once complete, copied into the result's arrays (no pairwise stacking: a
+  gallery of 30,000 shards is merged in linear time and memory), the gallery mean combined in
+  gallery order as :func:`~hubless.engine.merge.merge_gallery_parts` combines it.
 
 The result equals :func:`~hubless.engine.compute_statistics` on the whole arrays: top-k values,
 activation ids and scores bitwise for any tile sizes and cuts, log-sum-exps and means to float
@@ -31,23 +33,26 @@ n_gallery x n_bank numbers: the plan refuses them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hubless.engine.merge import merge_bank_parts, merge_gallery_parts, merge_topk_ids, offset_ids
+from hubless.engine.merge import merge_bank_parts, merge_mean, merge_topk_ids, offset_ids
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK, LogSumExp, Reducer, ReducerState, TopK, stream_reduce
 from hubless.engine.updates import side_request
 from hubless.errors import InvalidInput
 
-__all__ = ["Tile", "TileMerger", "compute_tile", "cut_points", "plan_tiles", "tile_span"]
+__all__ = ["Tile", "TileMerger", "compute_tile", "compute_tile_streamed", "cut_points", "plan_tiles", "tile_span"]
 
 #: Default gallery rows per tile (a multiple of the engine's row block).
 GALLERY_ROWS = 64 * ROW_BLOCK
 #: Default bank items per tile (a multiple of the engine's column block).
 BANK_COLS = 4 * COL_BLOCK
+#: Bank items a tile reads and computes at a time (:func:`compute_tile_streamed`): a tile of
+#: any width holds only this many bank items (128 MiB at d = 512).
+BANK_READ = 4 * COL_BLOCK
 SIDES = ("query", "gallery")
 
 
@@ -201,6 +206,37 @@ def compute_tile(
     return part
 
 
+def compute_tile_streamed(
+    tile: Tile,
+    read_gallery: Callable[[int, int], np.ndarray],
+    read_bank: Callable[[int, int], np.ndarray],
+    request: StatisticsRequest,
+    n_gallery: int,
+    n_bank: int,
+    *,
+    bank_read: int = BANK_READ,
+) -> BankStatistics:
+    """:func:`compute_tile` with bounded memory however wide the tile: the gallery rows are read
+    once (``read_gallery(start, stop)``, validated float32) and the tile's bank items
+    ``bank_read`` at a time (cut on multiples of ``bank_read``, a multiple of the engine's column
+    block), each piece's partial folded in bank order into the tile's, as the merger folds
+    tiles. So a tile may span the whole bank (one tile per gallery shard: few tiles, one small
+    partial per gallery row kept in the work dir) while a task holds its gallery shard and one
+    piece of the bank."""
+    if bank_read < 1 or bank_read % COL_BLOCK:
+        raise InvalidInput(f"bank_read must be a positive multiple of {COL_BLOCK}; got {bank_read}")
+    (g0, g1), _ = tile_span(tile, n_gallery, n_bank)
+    rows = read_gallery(g0, g1)
+    cuts = sorted({tile.b0, tile.b1} | set(range(tile.b0 - tile.b0 % bank_read + bank_read, tile.b1, bank_read)))
+    out = None
+    for c0, c1 in zip(cuts, cuts[1:]):
+        piece = Tile(tile.side, tile.g0, tile.g1, c0, c1)
+        _, (b0, b1) = tile_span(piece, n_gallery, n_bank)
+        part = compute_tile(piece, rows, read_bank(b0, b1), request, gallery_from=g0, bank_from=b0)
+        out = part if out is None else merge_bank_parts(out, part, tile.side)
+    return out
+
+
 def _without_activation(stats: BankStatistics, side: str) -> BankStatistics:
     return replace(stats, **{f"{side}_activation": None, f"{side}_activation_scores": None})
 
@@ -211,8 +247,12 @@ class TileMerger:
     shard's partials are folded in bank order (a partial that arrives early waits for the ones
     before it), so every item's log-sum-exp is rounded the same way whichever tile finishes
     first, and items that tie in one run tie in every run; activation lists merge exactly (value
-    descending, lower gallery id first). Holds one running partial per gallery shard and side
-    (plus those waiting), and one activation list per bank shard."""
+    descending, lower gallery id first); means are combined in gallery and bank order.
+
+    Memory: once a gallery shard has all its partials on a side, its per-item arrays are copied
+    into the result's arrays (allocated once, n_gallery rows) and the partials dropped, so the
+    merger holds the result (4 k + 8 x betas bytes per gallery item), the shards still being
+    folded, one activation list per bank shard and one mean per shard."""
 
     def __init__(self, tiles: Sequence[Tile], request: StatisticsRequest, n_gallery: int, dim: int) -> None:
         self.request, self.n_gallery, self.dim = request, n_gallery, dim
@@ -224,9 +264,10 @@ class TileMerger:
         self.waiting: dict[tuple[str, int], dict[int, BankStatistics]] = {}  # (side, g0) -> {b0: partial}
         self.rows: dict[tuple[str, int], BankStatistics] = {}  # (side, g0) -> rows merged over a prefix of bank shards
         self.merged: dict[tuple[str, int], int] = {}  # (side, g0) -> bank shards merged into rows
+        self.items: dict[str, np.ndarray] = {}  # "query_topk", "query_lse@beta", ... -> (n_gallery, ...) result arrays
+        self.gallery_means: dict[int, tuple[np.ndarray, int]] = {}  # g0 -> (mean of the shard's rows, rows)
         self.activation: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # (side, b0) -> (scores, ids)
         self.bank_means: dict[tuple[str, int], tuple[np.ndarray, int]] = {}  # (side, b0) -> (mean, rows)
-        self.gallery_shards: dict[int, int] = {}  # g0 -> g1
 
     def add(self, tile: Tile, part: BankStatistics) -> None:
         if tile.key not in self.expected:
@@ -235,7 +276,6 @@ class TileMerger:
             raise InvalidInput(f"tile {tile.key} was merged twice")
         self.seen.add(tile.key)
         side = tile.side
-        self.gallery_shards[tile.g0] = tile.g1
         self.bank_means.setdefault((side, tile.b0), (getattr(part, f"{side}_bank_mean"), tile.b1 - tile.b0))
         ids = getattr(part, f"{side}_activation")
         if ids is not None:
@@ -253,6 +293,21 @@ class TileMerger:
             self.rows[key] = nxt if have is None else merge_bank_parts(have, nxt, side)
             done += 1
         self.merged[key] = done
+        if done == len(order):  # the shard is complete on this side: into the result
+            del self.waiting[key]
+            self._store(side, tile.g0, tile.g1, self.rows.pop(key))
+
+    def _store(self, side: str, g0: int, g1: int, part: BankStatistics) -> None:
+        self.gallery_means.setdefault(g0, (part.gallery_mean, g1 - g0))
+        arrays = {"query_topk": part.query_topk} if side == "query" else {}
+        arrays.update({f"{side}_lse@{beta!r}": v for beta, v in getattr(part, f"{side}_lse").items()})
+        for name, values in arrays.items():
+            if values is None:
+                continue
+            out = self.items.get(name)
+            if out is None:
+                out = self.items[name] = np.empty((self.n_gallery, *values.shape[1:]), dtype=values.dtype)
+            out[g0:g1] = values
 
     @property
     def missing(self) -> set[str]:
@@ -262,17 +317,28 @@ class TileMerger:
         """The merged statistics (every tile must have been added)."""
         if self.missing:
             raise InvalidInput(f"{len(self.missing)} tile(s) were not merged, e.g. {sorted(self.missing)[0]}")
-        req = self.request
-        shards = sorted(self.gallery_shards.items())
-        out = None
-        for g0, g1 in shards:
-            part = self._gallery_shard(g0, g1)
-            out = part if out is None else merge_gallery_parts(out, part)
-        if out is None:  # no bank at all (the baseline): only the gallery's size matters
-            zeros = np.zeros(self.dim)
+        zeros = np.zeros(self.dim)
+        if not self.gallery_means:  # no bank at all (the baseline): only the gallery's size matters
             return BankStatistics(self.n_gallery, 0, None, zeros, zeros)
+        mean, rows = None, 0
+        for _, (m, n) in sorted(self.gallery_means.items()):  # in gallery order, as merge_gallery_parts combines them
+            mean, rows = (m, n) if mean is None else (merge_mean(mean, rows, m, n), rows + n)
+        banks = {}
+        for side in SIDES:  # merged over every bank shard, in bank order
+            means = sorted((b0, m, n) for (s, b0), (m, n) in self.bank_means.items() if s == side)
+            if means:
+                total = sum(n for _, _, n in means)
+                banks[side] = (total, sum(np.asarray(m, np.float64) * n for _, m, n in means) / total)
+        n_query, query_mean = banks.get("query", (0, zeros))
+        n_gallery_bank, gallery_bank_mean = banks.get("gallery", (None, None))
+        out = BankStatistics(self.n_gallery, n_query, n_gallery_bank, query_mean, np.asarray(mean, np.float64), gallery_bank_mean)
+        out.query_topk = self.items.get("query_topk")
+        for name, values in self.items.items():
+            if "@" in name:
+                field_name, beta = name.split("@")
+                getattr(out, field_name)[float(beta)] = values
         for side in SIDES:
-            k = getattr(req, f"{side}_activation_k")
+            k = getattr(self.request, f"{side}_activation_k")
             if not k or not any(s == side for s, _ in self.activation):
                 continue
             lists = [self.activation[key] for key in sorted(key for key in self.activation if key[0] == side)]
@@ -280,25 +346,3 @@ class TileMerger:
             setattr(out, f"{side}_activation_scores", np.concatenate([s for s, _ in lists])[:, :width])
             setattr(out, f"{side}_activation", np.concatenate([i for _, i in lists])[:, :width])
         return out
-
-    def _gallery_shard(self, g0: int, g1: int) -> BankStatistics:
-        """One gallery shard's statistics against both banks (gallery means from its tiles)."""
-        query, gallery = self.rows.get(("query", g0)), self.rows.get(("gallery", g0))
-        base = query if query is not None else gallery
-        if query is None:
-            base = replace(base, n_query_bank=0, query_bank_mean=np.zeros(self.dim))
-        if gallery is not None and query is not None:
-            base = replace(
-                base,
-                n_gallery_bank=gallery.n_gallery_bank,
-                gallery_bank_mean=gallery.gallery_bank_mean,
-                gallery_lse=gallery.gallery_lse,
-            )
-        # the bank means: merged over every bank shard, the same for all gallery shards
-        for side in SIDES:
-            means = sorted((b0, m, n) for (s, b0), (m, n) in self.bank_means.items() if s == side)
-            if means:
-                total = sum(n for _, _, n in means)
-                mean = sum(np.asarray(m, np.float64) * n for _, m, n in means) / total
-                base = replace(base, **{f"n_{side}_bank": total, f"{side}_bank_mean": mean})
-        return base

@@ -83,7 +83,7 @@ class EmbeddingSource:
         :func:`~hubless._validation.as_embeddings` (True: L2-normalised, all-zero rows refused)."""
         if not 0 <= start <= stop <= self.n_rows:
             raise InvalidInput(f"rows [{start}, {stop}) are outside {self.name} ({self.n_rows} rows)")
-        out = np.empty((stop - start, self.dim), dtype=np.float32)
+        pieces = []
         for shard in self.shards:
             lo, hi = max(start, shard.start), min(stop, shard.start + shard.rows)
             if lo >= hi:
@@ -97,9 +97,11 @@ class EmbeddingSource:
                 if bad.any():  # the same message as the full check's
                     as_embeddings(part[bad][:1], self.label, normalize=False, **{**where, "first_row": lo + int(np.argmax(bad))})
             else:
-                part = as_embeddings(part, self.label, normalize=normalize, **where)
-            out[lo - start : hi - start] = part
-        return out
+                part = as_embeddings(part, self.label, normalize=normalize, owned=True, **where)
+            pieces.append(part)
+        if len(pieces) == 1:  # rows of one shard: no copy
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty((0, self.dim), dtype=np.float32)
 
 
 def _natural_key(path: str):
@@ -223,7 +225,7 @@ def _parquet_dim(arrow_type, path, values) -> int:
 
 def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int, label: str, first_row: int) -> np.ndarray:
     if kind == "npy":
-        return np.asarray(np.load(path, mmap_mode="r")[lo:hi], dtype=np.float32)
+        return np.array(np.load(path, mmap_mode="r")[lo:hi], dtype=np.float32)  # a copy the caller owns (normalised in place)
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -240,4 +242,4 @@ def _read_rows(path: str, kind: str, column: str, lo: int, hi: int, dim: int, la
             f"{label} row {first_row + bad} (row {lo + bad} of shard {path}): column {column!r} {what}; every row needs {dim}"
         )
     values = col.flatten().to_numpy(zero_copy_only=False)
-    return np.asarray(values, dtype=np.float32).reshape(hi - lo, -1)
+    return np.array(values, dtype=np.float32).reshape(hi - lo, -1)  # owned (arrow memory is read-only)
