@@ -7,7 +7,9 @@ gallery from one GEMM, shared by every correction, which ranks them with its own
 :meth:`~hubless.corrections.Correction.rank` (the form its ``search`` orders by). From each
 block come the rank of every relevant item (counted, never sorted; see
 :func:`hubless.metrics.relevant_ranks`) and, when asked, the top ``depth`` ids (hubness, bias@n).
-Memory stays at one block whatever the number of queries. :func:`hubless.evaluate`,
+Blocks run on every core (:func:`hubless.engine.parallel.run_blocks`, single-threaded BLAS in
+each), and every correction ranks a block into one reused buffer. Memory stays at one block
+(and its buffer) per thread whatever the number of queries. :func:`hubless.evaluate`,
 :func:`hubless.tune` and :func:`hubless.fairness.audit` are built on these two functions.
 """
 
@@ -20,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.corrections import Correction, make_correction
+from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
 from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import relevant_ranks
 from hubless.metrics.truth import Truth
-from hubless.progress import progress_bar
 
 __all__ = ["BLOCK_ELEMENTS", "Ranked", "prepare_methods", "query_block_rows", "rank_queries"]
 
@@ -94,23 +96,26 @@ def rank_queries(
     depth = min(depth, n_gallery)
     ranks = [np.empty(truth.indices.size, dtype=np.float64 if ties == "average" else np.int64) for _ in corrections]
     tops = [np.empty((n_queries, depth), dtype=np.int64) if depth else None for _ in corrections]
-    seconds = [0.0] * len(corrections)
     rows = query_block_rows(n_gallery)
-    starts = progress_bar(range(0, n_queries, rows), progress, desc=desc, unit="block")
-    for start in starts:
-        stop = min(start + rows, n_queries)
+    seconds = np.zeros((-(-n_queries // rows), len(corrections)))  # per block (each thread writes its own), summed at the end
+
+    def work(start: int, stop: int) -> None:
         t0 = time.perf_counter()
         sims = batches[0].vectors[start:stop] @ gallery.T
         shared = time.perf_counter() - t0
         sub = truth.subset(np.arange(start, stop))
         lo, hi = truth.indptr[start], truth.indptr[stop]
+        buffer = np.empty_like(sims)  # every correction ranks into it: no fresh block per method
         for i, corr in enumerate(corrections):
             t0 = time.perf_counter()
-            scores = corr.rank(batches[i].rows(start, stop), sims)
+            scores = corr.rank(batches[i].rows(start, stop), sims, out=buffer)
             ranks[i][lo:hi] = relevant_ranks(scores, sub, ties)
             if depth:
                 best = RunningTopK(scores.shape[0], depth, with_ids=True)
                 best.update(scores)
                 tops[i][start:stop] = best.sorted()[1]
-            seconds[i] += shared + time.perf_counter() - t0
+            seconds[start // rows, i] = shared + time.perf_counter() - t0
+
+    run_blocks(work, [(s, min(s + rows, n_queries)) for s in range(0, n_queries, rows)], progress=progress, desc=desc, unit="queries")
+    seconds = seconds.sum(axis=0).tolist()
     return [Ranked(r, t, s) for r, t, s in zip(ranks, tops, seconds)]
