@@ -40,24 +40,25 @@ def resolve_device(device: str | None) -> str:
     return str(device)
 
 
-def ensure_model_available(name_or_path: str, marker: str = "config.json") -> None:
-    """Fail in one line, before any work, when a model can be neither read locally nor fetched.
+def ensure_model_available(name_or_path: str, marker: str = "config.json") -> bool:
+    """Fail in one line, before any work, when a model can be neither read locally nor fetched;
+    return whether it loads without the network (``local_files_only=`` for the loaders).
 
-    A local folder is used as it is. A hub name is fine when its ``marker`` file is in the
-    Hugging Face cache; otherwise, with ``HF_HUB_OFFLINE=1`` or when the hub does not answer
-    within a few seconds, this raises a ValueError saying so (instead of the hub client's
-    retries and tracebacks). When the model is cached, loading is switched to the cache only.
+    A local folder is used as it is (True). A hub name is fine when its ``marker`` file is in the
+    Hugging Face cache (True: the loaders then read the cache only, no network round trip);
+    otherwise, with ``HF_HUB_OFFLINE=1`` or when the hub does not answer within a few seconds,
+    this raises an InvalidInput saying so (instead of the hub client's retries and tracebacks).
+    The process environment is never changed.
     """
     if Path(name_or_path).exists():
-        return
+        return True
     hub = require("huggingface_hub")
     try:
         cached = hub.try_to_load_from_cache(str(name_or_path), marker)
     except Exception:  # not a valid repo id: let the loader say what is wrong
-        return
+        return False
     if isinstance(cached, str):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # cached: no network round trips
-        return
+        return True
     where = f"{name_or_path!r} is not a local folder and not in the Hugging Face cache"
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}:
         raise InvalidInput(f"model {where}, and HF_HUB_OFFLINE is set: download it first or pass a local folder")
@@ -68,6 +69,7 @@ def ensure_model_available(name_or_path: str, marker: str = "config.json") -> No
         raise InvalidInput(
             f"model {where}, and the hub ({host}) cannot be reached: download it where there is network, or pass a local folder"
         ) from None
+    return False
 
 
 @contextlib.contextmanager

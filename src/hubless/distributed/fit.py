@@ -29,6 +29,7 @@ from hubless.distributed.cluster import check_address, connect
 from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile_streamed, plan_tiles
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
+from hubless.engine.parallel import use_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingInputError
 
@@ -43,15 +44,15 @@ def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, reque
     items a piece at a time (padded to the engine's blocks,
     :func:`~hubless.distributed.plan.compute_tile_streamed`), each checked as in-memory arrays
     are."""
-    os.environ["HUBLESS_NUM_THREADS"] = str(threads)  # the engine's threads = the task's CPUs
-    return compute_tile_streamed(
-        tile,
-        lambda a, b: gallery.read(a, b, normalize=normalize),
-        lambda a, b: bank.read(a, b, normalize=normalize),
-        request,
-        gallery.n_rows,
-        bank.n_rows,
-    ).to_arrays()
+    with use_threads(threads):  # the engine's threads = the task's CPUs (the environment is left alone)
+        return compute_tile_streamed(
+            tile,
+            lambda a, b: gallery.read(a, b, normalize=normalize),
+            lambda a, b: bank.read(a, b, normalize=normalize),
+            request,
+            gallery.n_rows,
+            bank.n_rows,
+        ).to_arrays()
 
 
 def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, tiles: Sequence[Tile]) -> dict:

@@ -34,10 +34,10 @@ class HFEncoder(Encoder):
     modalities = frozenset({"text", "image"})
 
     def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
-        ensure_model_available(str(name_or_path))  # before the slow imports
+        local = ensure_model_available(str(name_or_path))  # before the slow imports
         transformers = require("transformers")
         require("torch")
-        config = transformers.AutoConfig.from_pretrained(name_or_path)
+        config = transformers.AutoConfig.from_pretrained(name_or_path, local_files_only=local)
         kind = kind or config.model_type
         if kind not in KINDS:
             raise InvalidInput(f"{name_or_path}: model type {config.model_type!r} is not supported; expected one of {', '.join(KINDS)}")
@@ -45,9 +45,9 @@ class HFEncoder(Encoder):
         self.kind = kind
         cls = {"clip": transformers.CLIPModel, "siglip": transformers.SiglipModel, "blip": transformers.BlipForImageTextRetrieval}[kind]
         with quiet_loading():
-            self.model = cls.from_pretrained(name_or_path).to(self.device).eval()
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
-            self.image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path)
+            self.model = cls.from_pretrained(name_or_path, local_files_only=local).to(self.device).eval()
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path, local_files_only=local)
         if kind == "blip":
             self._dim = self.model.config.image_text_hidden_size
         elif kind == "clip":

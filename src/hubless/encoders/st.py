@@ -31,11 +31,11 @@ class SentenceTransformerEncoder(Encoder):
 
     def __init__(self, name_or_path: str, device: str | None = None) -> None:
         path = offline_minilm_path() if str(name_or_path).lower() in OFFLINE_MINILM else str(name_or_path)
-        ensure_model_available(path, "modules.json")  # before the slow imports
+        local = ensure_model_available(path, "modules.json")  # before the slow imports
         st = require("sentence_transformers")
         super().__init__(str(name_or_path), resolve_device(device))
         with quiet_loading():
-            self.model = st.SentenceTransformer(path, device=self.device)
+            self.model = st.SentenceTransformer(path, device=self.device, local_files_only=local)
         self.model.eval()
 
     @property

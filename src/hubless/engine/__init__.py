@@ -1,6 +1,7 @@
 """The streamed block engine: bank statistics and exact search in bounded memory."""
 
 from hubless.engine.device import use_device
+from hubless.engine.parallel import use_threads
 from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
 from hubless.engine.stream import Dense, LogSumExp, SortedRows, TopK, stream_reduce
@@ -16,4 +17,5 @@ __all__ = [
     "exact_search",
     "stream_reduce",
     "use_device",
+    "use_threads",
 ]

@@ -9,20 +9,44 @@ blocks run one after another with BLAS using every core instead.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from threadpoolctl import threadpool_limits
 
+from hubless._validation import check_positive_int
 from hubless.errors import InvalidInput
 from hubless.progress import progress_bar
 
-__all__ = ["num_threads", "run_blocks"]
+__all__ = ["num_threads", "run_blocks", "use_threads"]
+
+
+_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("hubless_threads", default=None)
+
+
+@contextlib.contextmanager
+def use_threads(threads: int | None) -> Iterator[None]:
+    """Run the engine's blocks on ``threads`` worker threads inside the block (None keeps the
+    surrounding setting): an explicit setting, so the process environment is never changed
+    (e.g. a Ray task uses as many threads as it has CPUs)."""
+    if threads is None:
+        yield
+        return
+    token = _THREADS.set(check_positive_int(threads, "threads"))
+    try:
+        yield
+    finally:
+        _THREADS.reset(token)
 
 
 def num_threads() -> int:
-    """Worker threads: ``HUBLESS_NUM_THREADS`` if set, else the number of usable cores."""
+    """Worker threads: :func:`use_threads`'s, else ``HUBLESS_NUM_THREADS`` if set, else the
+    number of usable cores."""
+    chosen = _THREADS.get()
+    if chosen is not None:
+        return chosen
     env = os.environ.get("HUBLESS_NUM_THREADS")
     if env:
         try:

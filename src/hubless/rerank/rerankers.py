@@ -44,13 +44,13 @@ class CrossEncoderReranker(Reranker):
     """A sentence-transformers ``CrossEncoder`` (text->text), by hub name or folder."""
 
     def __init__(self, name_or_path: str, device: str | None = None, batch_size: int = 64) -> None:
-        ensure_model_available(str(name_or_path))  # before the slow imports
+        local = ensure_model_available(str(name_or_path))  # before the slow imports
         st = require("sentence_transformers")
         self.name = str(name_or_path)
         self.device = resolve_device(device)
         self.batch_size = batch_size
         with quiet_loading():
-            self.model = st.CrossEncoder(self.name, device=self.device)
+            self.model = st.CrossEncoder(self.name, device=self.device, local_files_only=local)
 
     def score_pairs(self, queries, candidates) -> np.ndarray:
         pairs = [(str(q), str(c)) for q, c in zip(queries, candidates)]
@@ -76,16 +76,16 @@ class BlipITMReranker(Reranker):
                  batch_size: int = 32, cache_size: int = 4096) -> None:  # fmt: skip
         if direction not in ("text->image", "image->text"):
             raise InvalidInput("BLIP ITM reranks text->image or image->text")
-        ensure_model_available(str(name_or_path))  # before the slow imports
+        local = ensure_model_available(str(name_or_path))  # before the slow imports
         transformers = require("transformers")
         self.torch = require("torch")
         self.name, self.direction = str(name_or_path), direction
         self.device = resolve_device(device)
         self.batch_size, self.cache_size = batch_size, cache_size
         with quiet_loading():
-            self.model = transformers.BlipForImageTextRetrieval.from_pretrained(self.name).to(self.device).eval()
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.name)
-            self.image_processor = transformers.AutoImageProcessor.from_pretrained(self.name)
+            self.model = transformers.BlipForImageTextRetrieval.from_pretrained(self.name, local_files_only=local).to(self.device).eval()
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.name, local_files_only=local)
+            self.image_processor = transformers.AutoImageProcessor.from_pretrained(self.name, local_files_only=local)
         self._cache: OrderedDict = OrderedDict()
 
     def _image_states(self, images: list):
