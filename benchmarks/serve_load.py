@@ -21,6 +21,7 @@ import argparse
 import base64
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -124,6 +125,9 @@ def interleaved_overhead(port: int, name: str, index, queries: np.ndarray, kind:
     """Median over ``n`` queries of (HTTP time - in-process time) measured pairwise: each query
     is searched in process and then over one keep-alive connection, one right after the other,
     so a machine whose load drifts affects both sides alike (ms)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # as the server does for single queries: no spinning team beside it
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     diffs = []
     for i in range(n):
@@ -146,6 +150,7 @@ def interleaved_overhead(port: int, name: str, index, queries: np.ndarray, kind:
             raise RuntimeError(f"HTTP {response.status}")
         diffs.append(((t2 - t1) - (t1 - t0)) * 1000)
     conn.close()
+    faiss.omp_set_num_threads(os.cpu_count() or 1)
     return statistics.median(diffs[30:])
 
 
