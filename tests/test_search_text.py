@@ -94,14 +94,15 @@ def test_encode_queries_library(setup):
 
 def test_a_store_is_searched_by_text_with_the_model_it_records(setup, tmp_path):
     """`hubless search lancedb://... --text`: the store keeps the index's model name, so text
-    queries are encoded as for the index and give its results; the IVF knob reaches LanceDB."""
+    queries are encoded as for the index and give its results (an exact store: an ANN knob
+    such as --nprobe is refused there, see tests/test_store_contract.py)."""
     pytest.importorskip("lancedb")
     root, model, enc, _ = setup
     uri = f"lancedb://{tmp_path}/stores/g"
     exported = runner.invoke(app, ["export", str(root / "idx"), "--to", uri])
     assert exported.exit_code == 0, exported.output
     queries = ["a red dog on grass", "two cats"]
-    args = ["search", uri, "--text", queries[0], "--text", queries[1], "--top-k", "5", "--json", "--nprobe", "4"]
+    args = ["search", uri, "--text", queries[0], "--text", queries[1], "--top-k", "5", "--json"]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     _, ids = Index.load(root / "idx").search(enc.encode_texts(queries), 5)
