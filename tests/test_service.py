@@ -299,3 +299,24 @@ def test_served_hubness_matches_a_direct_count(saved):
     assert served["hubs"][0]["n1"] == n1.max() and served["hubs"][0]["nk"] == nk[served["hubs"][0]["id"]]
     line = next(x for x in metrics.splitlines() if x.startswith('hubless_served_n1_skewness{index="coco"}'))
     assert float(line.split()[-1]) == pytest.approx(skew(n1), rel=1e-9)
+
+
+def test_serve_refuses_bad_security_settings_before_starting(saved, tmp_path):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    root, _ = saved
+    (tmp_path / "short.key").write_text("abc")
+    (tmp_path / "good.key").write_text("g" * 32)
+    cases = [
+        (["--api-key-file", str(tmp_path / "short.key")], "at least 16"),
+        (["--read-key-file", str(tmp_path / "good.key")], "needs a write key"),
+        (["--api-key-file", str(tmp_path / "good.key"), "--read-key-file", str(tmp_path / "good.key")], "must differ"),
+        (["--image-root", str(tmp_path / "nowhere")], "not a folder"),
+        (["--max-top-k", "0"], "max_top_k"),
+        (["--lock-timeout", "0"], "lock_timeout"),
+    ]
+    for extra, message in cases:
+        result = CliRunner().invoke(app, ["serve", str(root / "coco"), *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)

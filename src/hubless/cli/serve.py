@@ -78,6 +78,11 @@ def serve_command(
     limits = Limits(max_body_bytes=max_body_bytes, max_batch=max_batch, max_top_k=max_top_k, max_text_chars=max_text_chars,
                     max_result_hits=max_result_hits)  # fmt: skip
     hosts = tuple(allowed_host) if allowed_host else (*DEFAULT_HOSTS, *([] if host in ("0.0.0.0", "::") else [host]))
+    if not allowed_host and host in ("0.0.0.0", "::"):
+        from hubless.cli._common import print_note
+
+        print_note(f"bound to {host} without --allowed-host: only requests for localhost names are answered (400 otherwise); "
+                   "pass --allowed-host with the names clients use")  # fmt: skip
     Keys.from_files(api_key_file, read_key_file)  # checked here, read again by each worker: keys never go into the environment
     Settings(limits=limits, image_root=image_root, allowed_hosts=hosts, cors_origins=tuple(cors_origin or ()), audit_log=audit_log,
              lock_timeout=lock_timeout, header_timeout=header_timeout, body_timeout=body_timeout)  # fmt: skip
