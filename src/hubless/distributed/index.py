@@ -29,16 +29,17 @@ from hubless.errors import InvalidInput
 __all__ = ["build_index"]
 
 
-def _add_shard(empty: np.ndarray, gallery: EmbeddingSource, start: int, stop: int, bias: np.ndarray, normalize: bool) -> np.ndarray:
+def _add_shard(empty: np.ndarray, gallery: EmbeddingSource, start: int, stop: int, bias: np.ndarray, normalize: bool, layout) -> np.ndarray:
     """One Ray task: rows [start, stop) of the gallery as [r, bias(r)] in a copy of the trained
-    empty index; returns the filled copy, serialised."""
+    empty index (laid out and spilled as ``layout`` says, ids = gallery positions); returns the
+    filled copy, serialised."""
     import faiss
 
     from hubless.index.faiss_build import add_rows
 
     index = faiss.deserialize_index(empty)
     unit = gallery.read(start, stop, normalize=normalize)
-    add_rows(index, unit, np.hstack([unit, bias]).astype(np.float32))
+    add_rows(index, unit, np.hstack([unit, bias]).astype(np.float32), layout, start=start)
     return faiss.serialize_index(index)
 
 
@@ -53,6 +54,7 @@ def build_index(
     address: str | None = None,
     train_size: int = 100_000,
     seed: int = 0,
+    spill: float | None = None,
     metadata=None,
     model: str | None = None,
     progress: bool | None = None,
@@ -65,7 +67,7 @@ def build_index(
 
     from hubless.index import Index
     from hubless.index.factory import check_factory
-    from hubless.index.faiss_build import default_factory, train_empty, training_sample
+    from hubless.index.faiss_build import default_factory, train_empty, training_sample, with_spill
     from hubless.index.index import _as_records, augmented_rows
     from hubless.progress import progress_bar
 
@@ -83,13 +85,13 @@ def build_index(
     corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
     augmented = augmented_rows(corr)
     sample = training_sample(source.n_rows, train_size, seed)
-    empty, dim = train_empty(factory, source.n_rows, corr.gallery_[sample], augmented[sample], seed=seed)
+    empty, layout = train_empty(factory, source.n_rows, corr.gallery_[sample], augmented[sample], seed=seed)
+    layout = with_spill(empty, layout, corr.bias_columns_, spill)
     ray = connect(address)
     empty_ref = ray.put(faiss.serialize_index(empty))
     cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
     job = ray.remote(_add_shard).options(max_retries=3)
-    refs = [job.remote(empty_ref, source, a, b, corr.bias_columns_[a:b], corr.normalize) for a, b in zip(cuts, cuts[1:])]
-    offset_ids = _is_ivf(empty)  # IVF lists store ids (moved by the rows before); flat storage is positional
+    refs = [job.remote(empty_ref, source, a, b, corr.bias_columns_[a:b], corr.normalize, layout) for a, b in zip(cuts, cuts[1:])]
     merged = None
     for ref in progress_bar(refs, progress, desc="index shards", unit="shards"):  # merged in gallery order
         part = faiss.deserialize_index(_get(ray, ref))
@@ -97,21 +99,11 @@ def build_index(
             merged = part
         else:
             try:
-                merged.merge_from(part, merged.ntotal if offset_ids else 0)
+                merged.merge_from(part, 0)  # IVF lists hold gallery positions as ids; flat storage is positional
             except RuntimeError as exc:
                 raise InvalidInput(
                     f"FAISS cannot merge {factory!r} indexes built apart ({str(exc).splitlines()[-1]}); use Flat or IVF"
                 ) from None
-    index = Index.from_faiss(corr, merged, factory, metadata=metadata, model=model)
+    index = Index.from_faiss(corr, merged, factory, spill=layout.spill, metadata=metadata, model=model)
     index.config.build_seconds = time.perf_counter() - t0
     return index
-
-
-def _is_ivf(index) -> bool:
-    import faiss
-
-    try:
-        faiss.extract_index_ivf(index)
-    except RuntimeError:
-        return False
-    return True

@@ -26,6 +26,15 @@ class IndexConfig:
     rescore_factor: int = 4
     build_seconds: float = 0.0
     bias_error: dict[str, float] | None = None
+    #: IVF: share of items (lowest bias) also stored in their second list, and the summed bias at
+    #: or below which an item is (see hubless.index.faiss_build); None/0 for other indexes.
+    spill: float = 0.0
+    spill_below: float | None = None
+    #: The column the bias starts at in the FAISS rows (None: right after the unit part, as
+    #: indexes built before PQ codes got a bias sub-vector of their own).
+    bias_offset: int | None = None
+    #: What `hubless index build --target-recall` chose and measured (hubless.index.tuner).
+    tuning: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, str) or not self.factory.strip():
@@ -46,6 +55,15 @@ class IndexConfig:
             or not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in self.bias_error.items())
         ):
             raise InvalidInput(f"bias_error must be None or a mapping of names to numbers; got {self.bias_error!r}")
+        if isinstance(self.spill, bool) or not isinstance(self.spill, (int, float)) or not 0.0 <= self.spill < 1.0:
+            raise InvalidInput(f"spill must be a share in [0, 1); got {self.spill!r}")
+        self.spill = float(self.spill)
+        if self.spill_below is not None and (isinstance(self.spill_below, bool) or not isinstance(self.spill_below, (int, float))):
+            raise InvalidInput(f"spill_below must be None or a number; got {self.spill_below!r}")
+        if self.bias_offset is not None:
+            self.bias_offset = check_positive_int(self.bias_offset, "bias_offset")
+        if self.tuning is not None and not isinstance(self.tuning, dict):
+            raise InvalidInput(f"tuning must be None or a mapping; got {self.tuning!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

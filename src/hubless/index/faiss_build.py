@@ -1,29 +1,37 @@
-"""FAISS structures over the augmented gallery [r, bias(r)] without letting the bias distort them.
+"""FAISS structures over the augmented gallery [r, bias(r)] that lose no recall to the bias.
 
 The corrected score is an inner product of augmented vectors, [q, -w] . [r, bias(r)], so any
-inner-product index can serve it. But an ANN structure built on the augmented vectors would
-cluster (IVF) or link (HNSW) items partly by their bias, which is not how queries see them. So
-the geometry is built on the unit part only and the bias is carried exactly:
+inner-product index serves it, exactly, for every additive correction. What an ANN structure
+must not do is let the bias distort its geometry, or hide the items the correction promotes
+(the causes, the options tried and their measurements: docs/corrected-ann.md):
 
-* IVF: the coarse centroids are k-means centroids of the unit vectors r, padded with zeros in
-  the extra dimensions. An item's list is then chosen by r . c alone, and a query's probed lists
-  by q . c alone, whatever w is; within a list the full augmented product is used (exactly for
-  ``Flat`` lists; for ``PQ`` the residual codebooks are trained on the augmented vectors, and
-  the exact re-scoring of :class:`~hubless.index.Index` removes the code error from the final
-  ranking).
+* IVF: the coarse centroids are k-means centroids of the unit vectors r, and every item joins
+  its list by r . c alone. Each centroid also carries, in the bias coordinates,
+  :data:`PROBE_BIAS_SHARE` of its training members' mean bias, so a query [q, -w] probes lists
+  by q . c - w * bias_L / 2 (lists of promoted, low-bias items move up, lists of hubs down; at
+  w = 0 exactly the plain IVF probe). Since the corrected top k reaches further from the query
+  than the plain one (on MiniLM COCO its 90th-percentile item is the 32nd raw neighbour), the
+  ``spill`` share of items with the lowest bias (:data:`DEFAULT_SPILL`), the ones a correction
+  promotes, is also stored in its second-nearest list; a search fetches twice the depth and
+  keeps each item once. Within a list the full augmented product is used: exact for ``Flat``
+  lists; ``PQ`` gives the bias columns codes of their own (``PQ<m>`` is built as ``PQ<m+1>``,
+  see :func:`plan_layout`) and the exact re-scoring of :class:`~hubless.index.Index` removes
+  the code error from the final ranking.
 * HNSW: the graph is built from [r, 0] (pure cosine neighbourhoods), then its storage is
   replaced by [r, bias(r)] in the same order, so the search walks the cosine graph while
-  scoring with the corrected product.
+  scoring with the exact corrected product.
 * Flat: exact, nothing to protect.
 
-Dimensions are zero-padded when a quantiser needs a multiple (PQ64 on 512 + 1 dims); zeros do
-not change inner products. Updates keep the training: :func:`append_rows` inserts new items
-(HNSW links them over [r, 0] too) and :func:`replace_rows` refills a trained index.
+Rows are laid out as a :class:`Layout` says: the unit part, zero padding, the bias columns at
+``bias_offset``, zero padding to ``dim``; zeros do not change inner products. Updates keep the
+training: :func:`append_rows` inserts new items (HNSW links them over [r, 0] too; IVF spills
+them by the same threshold) and :func:`replace_rows` refills a trained index.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 
 import faiss
 import numpy as np
@@ -32,17 +40,46 @@ from hubless.errors import InvalidInput
 from hubless.index.factory import POINTS_PER_CENTROID, check_factory
 
 __all__ = [
+    "DEFAULT_SPILL",
+    "PROBE_BIAS_SHARE",
+    "Layout",
     "add_rows",
     "append_rows",
     "build_faiss",
-    "train_empty",
-    "training_sample",
     "default_factory",
+    "is_ivf",
     "padded_dim",
+    "plan_layout",
     "replace_rows",
     "search_knob",
     "search_parameters",
+    "search_rows",
+    "spill_threshold",
+    "stored_rows",
+    "train_empty",
+    "training_sample",
+    "with_spill",
 ]
+
+#: Share of the items, those with the lowest bias (the ones a correction promotes), that an IVF
+#: index also stores in their second-nearest list (measured in docs/corrected-ann.md).
+DEFAULT_SPILL = 0.3
+#: Share of a list's mean training bias its centroid carries in the bias coordinates: lists are
+#: probed by q . c - PROBE_BIAS_SHARE * w * mean bias (measured: 0.5 finds what 0 finds with
+#: ~6% fewer items scanned; 1.0 loses recall).
+PROBE_BIAS_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things are in the rows of a FAISS index: its (padded) dimension ``dim``, the column
+    the bias columns start at, the spill share asked for and the summed bias at or below which
+    an IVF item is also stored in its second list (None: no item is)."""
+
+    dim: int
+    bias_offset: int
+    spill: float = 0.0
+    spill_below: float | None = None
 
 
 def default_factory(n_gallery: int) -> str:
@@ -55,30 +92,92 @@ def default_factory(n_gallery: int) -> str:
     return "HNSW32"
 
 
+def plan_layout(factory: str, unit_dim: int, n_bias: int) -> tuple[str, int, int]:
+    """``(faiss_factory, dim, bias_offset)`` for ``factory`` over ``unit_dim`` + ``n_bias``
+    columns. A product quantiser gives the bias columns sub-vectors of their own: the unit part
+    is padded to m sub-vectors and ``PQ<m>`` is built as ``PQ<m + extra>``, so no code mixes the
+    bias with unit dimensions (its code error drops ~30x, measured); other forms keep [r, bias]."""
+    match = re.search(r"PQ(\d+)", factory)
+    if match is None:
+        return factory, unit_dim + n_bias, unit_dim
+    m = int(match.group(1))
+    sub = -(-unit_dim // m)
+    extra = -(-n_bias // sub)
+    faiss_factory = factory[: match.start()] + f"PQ{m + extra}" + factory[match.end() :]
+    return faiss_factory, sub * (m + extra), sub * m
+
+
 def padded_dim(factory: str, dim: int) -> int:
-    """Smallest dimension >= ``dim`` that every quantiser of ``factory`` accepts."""
+    """The dimension of indexes built before :func:`plan_layout` (the augmented rows padded to
+    a multiple of every PQ's m, bias right after the unit part); kept to read such indexes."""
     multiples = [int(m) for m in re.findall(r"PQ(\d+)", factory)]
     step = int(np.lcm.reduce(multiples)) if multiples else 1
     return -(-dim // step) * step
 
 
-def _pad(x: np.ndarray, dim: int) -> np.ndarray:
-    if x.shape[1] == dim:
-        return np.ascontiguousarray(x, dtype=np.float32)
-    out = np.zeros((x.shape[0], dim), dtype=np.float32)
-    out[:, : x.shape[1]] = x
+def spill_threshold(bias_columns: np.ndarray, spill: float) -> float | None:
+    """The summed bias at or below which an item is spilled: the ``spill`` quantile, or None when
+    nothing is to be spilled (``spill`` = 0, or every item has the same bias: none is promoted)."""
+    if isinstance(spill, bool) or not isinstance(spill, (int, float)) or not 0.0 <= float(spill) < 1.0:
+        raise InvalidInput(f"spill must be in [0, 1): the share of items also stored in a second IVF list; got {spill!r}")
+    score = _promotion(bias_columns)
+    if spill == 0 or score.size == 0 or float(score.max() - score.min()) == 0.0:
+        return None
+    return float(np.quantile(score, float(spill)))
+
+
+def _promotion(bias_columns: np.ndarray) -> np.ndarray:
+    """The summed bias columns: the lower, the more a correction promotes the item."""
+    bias = np.asarray(bias_columns, dtype=np.float32)
+    return bias.reshape(bias.shape[0], -1).sum(axis=1)
+
+
+def stored_rows(bias_columns: np.ndarray, spill_below: float | None) -> int:
+    """How many rows a FAISS index over these items holds: one per item plus the spilled copies."""
+    n = len(bias_columns)
+    return n if spill_below is None else n + int(np.count_nonzero(_promotion(bias_columns) <= spill_below))
+
+
+def _rows(unit: np.ndarray, augmented: np.ndarray | None, layout: Layout) -> np.ndarray:
+    """Rows laid out for an index: [r, 0, bias, 0] from ``augmented`` = [r, bias] (None: [r, 0])."""
+    u = unit.shape[1]
+    if augmented is not None and layout.bias_offset == u and augmented.shape[1] == layout.dim:
+        return np.ascontiguousarray(augmented, dtype=np.float32)
+    out = np.zeros((unit.shape[0], layout.dim), dtype=np.float32)
+    out[:, :u] = unit
+    if augmented is not None:
+        bias = augmented[:, u:]
+        out[:, layout.bias_offset : layout.bias_offset + bias.shape[1]] = bias
     return out
 
 
-def build_faiss(factory: str, unit: np.ndarray, augmented: np.ndarray, *, train_size: int = 100_000, seed: int = 0):
-    """Build ``factory`` (inner product) over ``augmented`` rows, with geometry from ``unit``.
+def query_rows(q: np.ndarray, extra: np.ndarray, layout: Layout) -> np.ndarray:
+    """Queries [q, 0, extra, 0] (extra = -W(q)) laid out like the index's rows."""
+    return _rows(q, np.hstack([q, extra]), layout)
 
-    Returns ``(index, dim)`` where ``dim`` is the (possibly padded) dimension queries must have.
+
+def build_faiss(
+    factory: str, unit: np.ndarray, augmented: np.ndarray, *, spill: float | None = None, train_size: int = 100_000, seed: int = 0
+):
+    """Build ``factory`` (inner product) over ``augmented`` rows [r, bias], with geometry from ``unit``.
+
+    ``spill``: share of the items (lowest bias) an IVF index also stores in their second list
+    (default :data:`DEFAULT_SPILL`; ignored by other indexes). Returns ``(index, layout)``.
     """
     sample = training_sample(unit.shape[0], train_size, seed)
-    index, dim = train_empty(factory, unit.shape[0], unit[sample], augmented[sample], seed=seed)
-    _fill(index, _pad(unit, dim), _pad(augmented, dim))
-    return index, dim
+    index, layout = train_empty(factory, unit.shape[0], unit[sample], augmented[sample], seed=seed)
+    layout = with_spill(index, layout, augmented[:, unit.shape[1] :], spill)
+    _fill(index, unit, augmented, layout)
+    return index, layout
+
+
+def with_spill(index, layout: Layout, bias_columns: np.ndarray, spill: float | None) -> Layout:
+    """``layout`` with a spill share (default :data:`DEFAULT_SPILL`; always 0 for indexes that
+    are not IVF) and its threshold for these biases."""
+    if not is_ivf(index):
+        return replace(layout, spill=0.0, spill_below=None)
+    spill = DEFAULT_SPILL if spill is None else spill
+    return replace(layout, spill=float(spill), spill_below=spill_threshold(bias_columns, spill))
 
 
 def training_sample(n: int, train_size: int = 100_000, seed: int = 0):
@@ -89,17 +188,21 @@ def training_sample(n: int, train_size: int = 100_000, seed: int = 0):
 
 
 def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented_sample: np.ndarray, *, seed: int = 0):
-    """An empty ``factory`` index trained on a sample (IVF centroids from the unit rows, codebooks
-    from the augmented rows), ready for items to be added: ``(index, dim)``. The distributed
-    build trains it once and adds gallery shards to copies of it."""
+    """An empty ``factory`` index trained on a sample, ready for items to be added:
+    ``(index, layout)`` (no spill yet: see :func:`with_spill`). IVF centroids are k-means
+    centroids of the unit rows, each carrying :data:`PROBE_BIAS_SHARE` of its members' mean
+    bias; codebooks are trained on the augmented rows (residuals to the list each joins by
+    r . c). The distributed build trains it once and adds gallery shards to copies of it."""
     factory = check_factory(factory, n_gallery, augmented_sample.shape[1])
-    dim = padded_dim(factory, augmented_sample.shape[1])
+    u = unit_sample.shape[1]
+    faiss_factory, dim, offset = plan_layout(factory, u, augmented_sample.shape[1] - u)
+    layout = Layout(dim, offset)
     try:
-        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.index_factory(dim, faiss_factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         raise InvalidInput(f"FAISS cannot build {factory!r} for dimension {dim}: {str(exc).splitlines()[-1]}") from None
     ivf = _ivf(index)
-    if ivf is not None and not ivf.is_trained:
+    if ivf is not None and ivf.quantizer.ntotal == 0:
         if n_gallery < ivf.nlist:
             raise InvalidInput(
                 f"{factory}: {ivf.nlist} lists need at least as many gallery items (have {n_gallery}); use fewer lists or Flat"
@@ -107,12 +210,33 @@ def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented
         _warn_few_training_items(factory, unit_sample.shape[0], ivf.nlist)
         # min_points_per_centroid=1: FAISS would print its own "WARNING clustering ..." line to
         # stderr (past any Python handler); the warning above says it once, in hubless's words.
-        km = faiss.Kmeans(unit_sample.shape[1], ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False, min_points_per_centroid=1)
+        km = faiss.Kmeans(u, ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False, min_points_per_centroid=1)
         km.train(np.ascontiguousarray(unit_sample, dtype=np.float32))
-        ivf.quantizer.add(_pad(km.centroids, dim))
+        rows = _rows(unit_sample, augmented_sample, layout)
+        assign = _nearest_lists(km.centroids, unit_sample, 1)[:, 0]
+        centroids = _rows(km.centroids, None, layout)
+        bias = rows[:, offset:].astype(np.float64)
+        sizes = np.bincount(assign, minlength=ivf.nlist)[:, None]
+        sums = np.zeros((ivf.nlist, bias.shape[1]))
+        np.add.at(sums, assign, bias)
+        means = np.where(sizes > 0, sums / np.maximum(sizes, 1), bias.mean(axis=0))
+        centroids[:, offset:] = PROBE_BIAS_SHARE * means
+        ivf.quantizer.add(centroids)
+        if not ivf.is_trained:  # codebooks from residuals to the list each row joins by r . c
+            x = np.ascontiguousarray(rows - centroids[assign] if ivf.by_residual else rows, dtype=np.float32)
+            ivf.train_encoder(x.shape[0], faiss.swig_ptr(x), faiss.swig_ptr(np.ascontiguousarray(assign, dtype=np.int64)))
+        ivf.is_trained = True
     if not index.is_trained:
-        index.train(_pad(augmented_sample, dim))
-    return index, dim
+        index.train(_rows(unit_sample, augmented_sample, layout))
+    return index, layout
+
+
+def _nearest_lists(centroids: np.ndarray, unit: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` lists whose centroids' unit parts are nearest each row by r . c, best first."""
+    from hubless.engine import exact_search
+
+    c = np.ascontiguousarray(centroids[:, : unit.shape[1]], dtype=np.float32)
+    return exact_search(np.ascontiguousarray(unit, dtype=np.float32), c, k)[1]
 
 
 def _warn_few_training_items(factory: str, n_train: int, nlist: int) -> None:
@@ -128,19 +252,43 @@ def _warn_few_training_items(factory: str, n_train: int, nlist: int) -> None:
         )
 
 
-def add_rows(index, unit: np.ndarray, augmented: np.ndarray) -> None:
-    """Add rows to an empty trained index (padded to its dimension; HNSW links them by ``unit``)."""
-    _fill(index, _pad(unit, index.d), _pad(augmented, index.d))
+def add_rows(index, unit: np.ndarray, augmented: np.ndarray, layout: Layout | None = None, *, start: int = 0) -> None:
+    """Add items ``start, start + 1, ...`` to a trained index, laid out as ``layout`` (default:
+    [r, bias] padded, no spill): HNSW links them by ``unit``, IVF lists are chosen by r . c."""
+    _fill(index, unit, augmented, layout or Layout(index.d, unit.shape[1]), start=start)
 
 
-def _fill(index, geometry: np.ndarray, aug: np.ndarray) -> None:
-    """Add padded rows to an empty trained index; HNSW links them by ``geometry``."""
+def _fill(index, unit: np.ndarray, augmented: np.ndarray, layout: Layout, *, start: int = 0) -> None:
+    """Add items: HNSW links them over [r, 0]; IVF puts each in its nearest list by r . c (whatever
+    the centroids' bias coordinates say) and the spilled ones in their second list as well, with
+    gallery positions as ids; other indexes append them in order."""
+    rows = _rows(unit, augmented, layout)
+    ivf = _ivf(index)
+    if ivf is not None:
+        spill = layout.spill_below is not None and ivf.nlist > 1
+        lists = _nearest_lists(ivf.quantizer.reconstruct_n(0, ivf.nlist), unit, 2 if spill else 1)
+        ids = np.arange(start, start + rows.shape[0], dtype=np.int64)
+        _add_preassigned(ivf, rows, lists[:, 0], ids)
+        if spill:
+            chosen = np.flatnonzero(_promotion(rows[:, layout.bias_offset :]) <= layout.spill_below)
+            if chosen.size:
+                _add_preassigned(ivf, rows[chosen], lists[chosen, 1], ids[chosen])
+        return
     hnsw = _hnsw(index)
     if hnsw is None:
-        index.add(aug)
+        index.add(rows)
         return
-    index.add(geometry)
-    _set_storage(hnsw, aug)
+    index.add(_rows(unit, None, layout))
+    _set_storage(hnsw, rows)
+
+
+def _add_preassigned(ivf, rows: np.ndarray, lists: np.ndarray, ids: np.ndarray) -> None:
+    """``ivf.add_core`` with the lists chosen here. (faiss.contrib's add_preassigned drops its
+    reference to the ids array before the call: a temporary array is freed under FAISS.)"""
+    x = np.ascontiguousarray(rows, dtype=np.float32)
+    a = np.ascontiguousarray(lists, dtype=np.int64)
+    i = np.ascontiguousarray(ids, dtype=np.int64)
+    ivf.add_core(x.shape[0], faiss.swig_ptr(x), faiss.swig_ptr(i), faiss.swig_ptr(a))
 
 
 def _set_storage(hnsw, rows: np.ndarray) -> None:
@@ -149,29 +297,70 @@ def _set_storage(hnsw, rows: np.ndarray) -> None:
     storage.add(rows)
 
 
-def append_rows(index, unit: np.ndarray, augmented: np.ndarray, start: int) -> None:
+def append_rows(index, unit: np.ndarray, augmented: np.ndarray, start: int, layout: Layout | None = None) -> None:
     """Add rows ``start:`` of ``unit``/``augmented`` (all rows, old and new) to a built index
-    that holds rows ``:start``. Training is kept: new items join the existing IVF lists."""
-    dim = index.d
+    that holds rows ``:start``. Training is kept: new items join the existing IVF lists (and
+    are spilled by the layout's threshold)."""
+    layout = layout or Layout(index.d, unit.shape[1])
     hnsw = _hnsw(index)
     if hnsw is None:
-        index.add(_pad(augmented[start:], dim))
+        _fill(index, unit[start:], augmented[start:], layout, start=start)
         return
-    _set_storage(hnsw, _pad(unit[:start], dim))  # the graph grows over [r, 0], as when built
-    index.add(_pad(unit[start:], dim))
-    _set_storage(hnsw, _pad(augmented, dim))
+    _set_storage(hnsw, _rows(unit[:start], None, layout))  # the graph grows over [r, 0], as when built
+    index.add(_rows(unit[start:], None, layout))
+    _set_storage(hnsw, _rows(unit, augmented, layout))
 
 
-def replace_rows(index, unit: np.ndarray, augmented: np.ndarray, *, same_items: bool = False) -> None:
+def replace_rows(index, unit: np.ndarray, augmented: np.ndarray, layout: Layout | None = None, *, same_items: bool = False) -> Layout:
     """Make a built index hold exactly these rows, keeping its training (IVF centroids, PQ
-    codebooks). ``same_items``: only the biases changed, so an HNSW graph is kept as it is."""
-    dim = index.d
+    codebooks). ``same_items``: only the biases changed, so an HNSW graph is kept as it is.
+    Returns the layout with the spill threshold of the new biases."""
+    layout = layout or Layout(index.d, unit.shape[1])
+    if layout.spill and is_ivf(index):
+        layout = replace(layout, spill_below=spill_threshold(augmented[:, unit.shape[1] :], layout.spill))
     hnsw = _hnsw(index)
     if hnsw is not None and same_items:
-        _set_storage(hnsw, _pad(augmented, dim))
-        return
+        _set_storage(hnsw, _rows(unit, augmented, layout))
+        return layout
     index.reset()
-    _fill(index, _pad(unit, dim), _pad(augmented, dim))
+    _fill(index, unit, augmented, layout)
+    return layout
+
+
+def search_rows(index, q: np.ndarray, extra: np.ndarray, k: int, params, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """The FAISS top ``k`` of the queries [q, extra] (extra = -W(q), one column per bias column):
+    ``(scores, ids)``, int64 ids, -1 in unfilled slots. An index with spilled items is searched
+    twice as deep and each item kept once (its first, best-scored copy)."""
+    xq = query_rows(q, extra, layout)
+    if layout.spill_below is None:
+        scores, ids = index.search(xq, k, params=params)
+        return scores, ids.astype(np.int64)
+    scores, ids = index.search(xq, min(2 * k, index.ntotal), params=params)
+    return _first_copies(scores, ids.astype(np.int64), k)
+
+
+def _first_copies(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of results, best first, in which ids may repeat: each id's first slot, the top ``k``."""
+    order = np.argsort(ids, axis=1, kind="stable")  # the copies of an id side by side, best first
+    sorted_ids = np.take_along_axis(ids, order, axis=1)
+    repeat = np.zeros(ids.shape, dtype=bool)
+    repeat[:, 1:] = (sorted_ids[:, 1:] == sorted_ids[:, :-1]) & (sorted_ids[:, 1:] != -1)
+    dropped = np.empty_like(repeat)
+    np.put_along_axis(dropped, order, repeat, axis=1)
+    keep = np.argsort(dropped, axis=1, kind="stable")[:, :k]  # the kept slots first, in their order
+    scores, ids = np.take_along_axis(scores, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
+    gone = np.take_along_axis(dropped, keep, axis=1)
+    scores[gone], ids[gone] = -np.inf, -1
+    if ids.shape[1] < k:
+        pad = k - ids.shape[1]
+        scores = np.hstack([scores, np.full((len(ids), pad), -np.inf, np.float32)])
+        ids = np.hstack([ids, np.full((len(ids), pad), -1, np.int64)])
+    return scores, ids
+
+
+def is_ivf(index) -> bool:
+    """Whether ``index`` is (or wraps) an inverted file."""
+    return _ivf(index) is not None
 
 
 def _ivf(index):

@@ -33,7 +33,19 @@ from hubless.errors import InvalidInput, InvalidType, NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
-from hubless.index.faiss_build import append_rows, build_faiss, default_factory, padded_dim, replace_rows, search_knob, search_parameters
+from hubless.index.faiss_build import (
+    Layout,
+    append_rows,
+    build_faiss,
+    default_factory,
+    plan_layout,
+    replace_rows,
+    search_knob,
+    search_parameters,
+    search_rows,
+    stored_rows,
+    with_spill,
+)
 from hubless.index.lock import write_lock
 
 __all__ = ["Index", "IndexConfig", "augmented_rows"]
@@ -51,6 +63,9 @@ class Index:
     fitted correction. ``metadata``: optional per-item records (a list of dicts, or a dict of
     columns), kept aligned with the gallery through add/remove and saved as parquet.
     ``config`` holds the factory, model name and search defaults (:class:`IndexConfig`).
+    ``spill``: IVF only, the share of items with the lowest bias also stored in their second
+    list (default 0.3; 0 turns it off), so corrected IVF finds what plain IVF finds at the same
+    ``nprobe`` (see :mod:`hubless.index.faiss_build` and docs/corrected-ann.md).
     """
 
     def __init__(
@@ -66,6 +81,7 @@ class Index:
         ef_search: int = 64,
         rescore: bool | None = None,
         rescore_factor: int = 4,
+        spill: float | None = None,
         _built=None,
     ) -> None:
         _check_servable(correction)
@@ -76,26 +92,34 @@ class Index:
         config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
         t0 = time.perf_counter()
         if _built is None:
-            faiss_index, dim = build_faiss(config.factory, correction.gallery_, augmented_rows(correction))
+            faiss_index, layout = build_faiss(config.factory, correction.gallery_, augmented_rows(correction), spill=spill)
         else:  # built elsewhere (see from_faiss)
-            faiss_index, dim = _built, _built.d
+            faiss_index, layout = _built
+        config.spill, config.spill_below, config.bias_offset = layout.spill, layout.spill_below, layout.bias_offset
+        dim = layout.dim
         config.build_seconds = time.perf_counter() - t0
         self._setup(
             correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False
         )
 
     @classmethod
-    def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, **options) -> Index:
+    def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, *, spill: float = 0.0, **options) -> Index:
         """An index over a FAISS index built elsewhere (by :func:`hubless.distributed.build_index`,
-        say) that holds ``[r, bias(r)]`` of the fitted ``correction``'s gallery, in order.
+        say) that holds the rows of the fitted ``correction``'s gallery, in order, laid out by
+        :func:`~hubless.index.faiss_build.train_empty` (IVF items spilled with ``spill``).
         ``options``: as the constructor's (banks, metadata, model, search defaults)."""
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted")
-        if faiss_index.ntotal != correction.n_gallery_:
-            raise InvalidInput(f"the FAISS index holds {faiss_index.ntotal} items but the correction's gallery has {correction.n_gallery_}")
-        if faiss_index.d != padded_dim(factory, augmented_rows(correction).shape[1]):
-            raise InvalidInput(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs another")
-        return cls(correction, factory, _built=faiss_index, **options)
+        bias = correction.bias_columns_
+        _, dim, offset = plan_layout(factory, correction.dim_, bias.shape[1])
+        layout = with_spill(faiss_index, Layout(dim, offset), bias, spill)
+        if faiss_index.ntotal != stored_rows(bias, layout.spill_below):
+            raise InvalidInput(
+                f"the FAISS index holds {faiss_index.ntotal} rows but the correction's gallery has {correction.n_gallery_} items"
+            )
+        if faiss_index.d != dim:
+            raise InvalidInput(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs {dim}")
+        return cls(correction, factory, _built=(faiss_index, layout), **options)
 
     def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
         """The one place an index's state is set (by the constructor and by :meth:`load`)."""
@@ -105,6 +129,12 @@ class Index:
         self.gallery_bank = gallery_bank
         self.metadata = metadata
         self._faiss, self._dim, self._mmap = faiss_index, dim, mmap
+
+    @property
+    def _layout(self) -> Layout:
+        """How the FAISS rows are laid out (see :class:`~hubless.index.faiss_build.Layout`)."""
+        offset = self.correction.dim_ if self.config.bias_offset is None else self.config.bias_offset
+        return Layout(self._dim, offset, self.config.spill, self.config.spill_below)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -287,11 +317,7 @@ class Index:
         batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
 
     def _faiss_search(self, q: np.ndarray, extra: np.ndarray, k: int, params):
-        xq = np.zeros((q.shape[0], self._dim), dtype=np.float32)
-        xq[:, : q.shape[1]] = q
-        xq[:, q.shape[1] : q.shape[1] + extra.shape[1]] = extra
-        scores, ids = self._faiss.search(xq, k, params=params)
-        return scores, ids.astype(np.int64)
+        return search_rows(self._faiss, q, extra, k, params, self._layout)
 
     def _rescore(self, batch: QueryBatch, ids: np.ndarray, top_k: int):
         """Exact ranking scores of the candidates by the correction's ranking hook, sorted (ties
@@ -383,13 +409,15 @@ class Index:
     def _update_faiss(self, updated: AdditiveCorrection, *, append_from: int | None = None, same_items: bool = False) -> None:
         """Bring the FAISS structure in line with ``updated``, then make it the correction."""
         augmented = augmented_rows(updated)
+        layout = self._layout
         if self._mmap:  # memory-mapped inverted lists are read-only: build in memory instead
-            self._faiss, self._dim = build_faiss(self.factory, updated.gallery_, augmented)
-            self._mmap = False
+            self._faiss, layout = build_faiss(self.factory, updated.gallery_, augmented, spill=layout.spill)
+            self._dim, self._mmap, self.config.bias_offset = layout.dim, False, layout.bias_offset
         elif append_from is not None:
-            append_rows(self._faiss, updated.gallery_, augmented, append_from)
+            append_rows(self._faiss, updated.gallery_, augmented, append_from, layout)
         else:
-            replace_rows(self._faiss, updated.gallery_, augmented, same_items=same_items)
+            layout = replace_rows(self._faiss, updated.gallery_, augmented, layout, same_items=same_items)
+        self.config.spill_below = layout.spill_below
         self.correction = updated
 
     # ------------------------------------------------------------------ persistence

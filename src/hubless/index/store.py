@@ -49,6 +49,7 @@ from hubless.corrections import Correction, make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import AlreadyExists, Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile
 from hubless.index.config import IndexConfig
+from hubless.index.faiss_build import plan_layout, stored_rows
 from hubless.index.lock import write_lock
 
 __all__ = ["FORMAT", "VERSION", "SavedIndex", "current_dir", "is_index", "load_index", "save_index"]
@@ -305,10 +306,13 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
     flags = faiss.IO_FLAG_MMAP if mmap else 0
     with _reading(root, "index.faiss"):
         faiss_index = faiss.read_index(str(folder / "index.faiss"), flags)
-    if faiss_index.d != m["faiss_dim"] or faiss_index.ntotal != corr.n_gallery_:
-        raise Corrupt(
-            f"{root}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} items; manifest says {m['faiss_dim']}, {corr.n_gallery_}"
-        )
+    config, n_bias = m["config"], corr.bias_columns_.shape[1]
+    rows = stored_rows(corr.bias_columns_, config.spill_below)  # IVF items spilled to a second list count twice
+    if faiss_index.d != m["faiss_dim"] or faiss_index.ntotal != rows:
+        raise Corrupt(f"{root}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} rows; manifest says {m['faiss_dim']}, {rows}")
+    offsets = {corr.dim_, plan_layout(config.factory, corr.dim_, n_bias)[2]}  # before / since PQ's own bias codes
+    if config.bias_offset is not None and (config.bias_offset not in offsets or config.bias_offset + n_bias > faiss_index.d):
+        raise Corrupt(f"{root}: the manifest puts the bias at column {config.bias_offset} of {faiss_index.d}; {config.factory} cannot")
     metadata = None
     if "metadata.parquet" in m["files"]:
         with _reading(root, "metadata.parquet"):
