@@ -85,8 +85,8 @@ def main() -> None:
     w = np.full((queries.shape[0], 1), -0.75, np.float32)
     corrected_q = np.hstack([queries, w])
     for factory in ("Flat", default_ivf(n_gallery), "HNSW32"):
-        plain, _ = build_faiss(factory, data.gallery, data.gallery)
-        corrected, _ = build_faiss(factory, data.gallery, np.hstack([data.gallery, exact.bias_columns_]))
+        plain, _ = build_faiss(factory, data.gallery, data.gallery, spill=0.0)
+        corrected, _ = build_faiss(factory, data.gallery, np.hstack([data.gallery, exact.bias_columns_]), spill=0.0)
         params = [search_parameters(index, nprobe=32, ef_search=64) for index in (plain, corrected)]
         t_plain = median_time(lambda plain=plain, p=params[0]: plain.search(queries, 10, params=p), args.repeats)
         t_corr = median_time(lambda corrected=corrected, p=params[1]: corrected.search(corrected_q, 10, params=p), args.repeats)
