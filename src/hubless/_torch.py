@@ -4,26 +4,22 @@ extra to install."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-from hubless.errors import InvalidInput, MissingDependencyError
+from hubless.errors import InvalidInput, optional_import
 
 #: Seconds to wait for the Hugging Face hub before saying a model cannot be fetched.
 HUB_PROBE_SECONDS = 3.0
 
 
 def require(module: str):
-    """Import ``module`` or raise :class:`~hubless.errors.MissingDependencyError` naming the
-    ``models`` extra that provides it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependencyError("encoders and rerankers", module, "models") from exc
+    """Import ``module`` or raise :class:`~hubless.errors.MissingDependency` naming the
+    ``models`` extra that provides it (:func:`hubless.errors.optional_import`)."""
+    return optional_import(module, "encoders and rerankers", "models")
 
 
 def resolve_device(device: str | None) -> str:

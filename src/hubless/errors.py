@@ -47,6 +47,7 @@ __all__ = [
     "NotFound",
     "check_available",
     "message",
+    "optional_import",
 ]
 
 
@@ -122,10 +123,10 @@ class Incomplete(HublessError, RuntimeError):
 class MissingDependency(HublessError, ImportError):
     """An optional package is needed: the message names the extra that installs it."""
 
-    def __init__(self, what: str, package: str, extra: str) -> None:
+    def __init__(self, what: str, package: str, extra: str, detail: str = "") -> None:
         self.package, self.extra = package, extra
         self.install = f"pip install 'hubless[{extra}]'"
-        super().__init__(f"{what} needs {package}: {self.install}")
+        super().__init__(f"{what} needs {package}: {self.install}" + (f" ({detail})" if detail else ""))
 
 
 #: The name used before the error kinds existed (kept: it is part of the public API).
@@ -155,3 +156,18 @@ def check_available(module: str, what: str, extra: str, package: str | None = No
             found = False
     if not found:
         raise MissingDependency(what, package or module, extra)
+
+
+def optional_import(module: str, what: str, extra: str, package: str | None = None):
+    """The one way hubless imports an optional package: ``module`` (e.g. ``"pyarrow.parquet"``)
+    imported, or :class:`MissingDependency` saying that ``what`` needs ``package`` (default: the
+    module's top-level name) and which extra installs it. A package that is installed but fails
+    to import says so too (the original error is chained)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and module.startswith(exc.name)
+        detail = "" if missing else f"it is installed but importing {module} failed: {exc}"  # a missing library, a version clash
+        raise MissingDependency(what, package or module.partition(".")[0], extra, detail) from exc

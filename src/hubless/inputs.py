@@ -207,12 +207,9 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     path = _existing_file(path, "table")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            from hubless.errors import MissingDependencyError
+        from hubless.errors import optional_import
 
-            raise MissingDependencyError("reading .parquet tables", "pyarrow", "index") from exc
+        pq = optional_import("pyarrow.parquet", "reading .parquet tables", "index", "pyarrow")
         try:
             return pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow raises its own error types for corrupt files

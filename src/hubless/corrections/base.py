@@ -52,6 +52,8 @@ class Correction:
 
     #: Registry name used in method specs such as ``"nnn:alpha=0.5,k=16"``.
     name: ClassVar[str] = ""
+    #: Position in listings (``hubless methods``, the demo): lower first.
+    order: ClassVar[int] = 100
     #: One line for help texts: what the method is and where it comes from.
     summary: ClassVar[str] = ""
     #: The papers' hyper-parameter grid, used by :func:`hubless.tune` (empty: nothing to tune).

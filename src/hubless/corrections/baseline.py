@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.spec import METHODS
 
 __all__ = ["Baseline"]
 
 
+@METHODS.register
 class Baseline(AdditiveCorrection):
     """No correction: score(q, r) = s(q, r) (bias 0, weight 0). Needs no bank; banks are ignored."""
 
     name = "baseline"
+    order = 0
     summary = "no correction: rank by s(q, r)"
     needs_query_bank = False
 

@@ -7,10 +7,12 @@ import numpy as np
 from hubless._validation import check_k
 from hubless.corrections.nnn import POWERS_OF_TWO, TopKMeanBias
 from hubless.corrections.queries import QueryRequest
+from hubless.corrections.spec import METHODS
 
 __all__ = ["CSLS"]
 
 
+@METHODS.register
 class CSLS(TopKMeanBias):
     """CSLS (Conneau et al. 2018; as cast in QB-Norm, Bogolin et al. 2022, section 3.4).
 
@@ -24,6 +26,7 @@ class CSLS(TopKMeanBias):
     """
 
     name = "csls"
+    order = 30
     summary = "CSLS (Conneau et al. 2018): 2s - r_q - r_r, ranks as NNN with alpha 1/2"
     default_grid = {"k": POWERS_OF_TWO}
 

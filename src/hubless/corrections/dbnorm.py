@@ -6,12 +6,14 @@ import numpy as np
 
 from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta, log_mean_exp_bias
+from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 
 __all__ = ["DualIS", "DualDIS"]
 
 
+@METHODS.register
 class DualIS(AdditiveCorrection):
     """DBNorm dual inverted softmax (Wang et al. 2023; NNN paper appendix A1, eqs. 3-5).
 
@@ -29,6 +31,7 @@ class DualIS(AdditiveCorrection):
     """
 
     name = "dualis"
+    order = 60
     query_state_attrs = ("log_bank_sizes_",)
     summary = "DBNorm dual inverted softmax (Wang et al. 2023): normalised over the query and gallery banks"
     default_grid = {"beta_query": LOG_BETAS, "beta_gallery": LOG_BETAS}
@@ -84,6 +87,7 @@ class DualIS(AdditiveCorrection):
         return np.full(len(batch), self.log_bank_sizes_.sum())
 
 
+@METHODS.register
 class DualDIS(ActivationGated, DualIS):
     """DBNorm DualDIS: DualIS with each factor gated by its own activation set.
 
@@ -108,6 +112,7 @@ class DualDIS(ActivationGated, DualIS):
     """
 
     name = "dualdis"
+    order = 70
     summary = "DBNorm DualDIS: DualIS with each bank's factor gated by its activation set (raw score when a gate does not fire)"
 
     def __init__(

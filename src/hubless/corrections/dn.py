@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.spec import METHODS
 
 __all__ = ["DN"]
 
 
+@METHODS.register
 class DN(AdditiveCorrection):
     """Distribution Normalization (Zhou et al. 2023), a first-order approximation of DualIS.
 
@@ -21,6 +23,7 @@ class DN(AdditiveCorrection):
     """
 
     name = "dn"
+    order = 20
     query_state_attrs = ("query_bank_mean_", "gallery_mean_")
     summary = "Distribution Normalization (Zhou et al. 2023): (q - lam mu_B).(r - lam mu_G)"
     default_grid = {"lam": tuple(round(0.1 * i, 1) for i in range(11))}

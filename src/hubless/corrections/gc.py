@@ -6,12 +6,14 @@ import numpy as np
 
 from hubless._validation import check_positive_int
 from hubless.corrections.base import Correction
+from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 
 __all__ = ["GlobalCorrection"]
 
 
+@METHODS.register
 class GlobalCorrection(Correction):
     """Globally-corrected (GC) retrieval (Dinu et al. 2015; QB-Norm section 3.4).
 
@@ -25,6 +27,7 @@ class GlobalCorrection(Correction):
     """
 
     name = "gc"
+    order = 80
     summary = "globally-corrected retrieval (Dinu et al. 2015): s minus its rank among the bank probes; exact search only"
     resource_params = ("max_probe_bytes",)
 

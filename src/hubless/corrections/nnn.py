@@ -6,6 +6,7 @@ import numpy as np
 
 from hubless._validation import check_k, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 
 __all__ = ["NNN", "TopKMeanBias", "topk_mean"]
@@ -38,6 +39,7 @@ class TopKMeanBias(AdditiveCorrection):
         return topk_mean(statistics, self.k)
 
 
+@METHODS.register
 class NNN(TopKMeanBias):
     """Nearest Neighbor Normalization (Chowdhury et al. 2024, eqs. 1-2).
 
@@ -50,6 +52,7 @@ class NNN(TopKMeanBias):
     """
 
     name = "nnn"
+    order = 10
     summary = "Nearest Neighbor Normalization (Chowdhury et al. 2024): s - alpha x mean top-k bank similarity"
     default_grid = {"alpha": tuple(0.25 + 0.125 * i for i in range(11)), "k": POWERS_OF_TWO}
     weight_param = "alpha"

@@ -10,6 +10,7 @@ import numpy as np
 from hubless._validation import check_k, check_nonnegative_float, check_positive_int
 from hubless.corrections.base import AdditiveCorrection
 from hubless.corrections.queries import QueryRequest
+from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 
@@ -19,6 +20,7 @@ __all__ = ["ActivationGated", "BETA_RANGE", "InvertedSoftmax", "DynamicInvertedS
 LOG_BETAS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
+@METHODS.register
 class InvertedSoftmax(AdditiveCorrection):
     """QB-Norm inverted softmax (IS), Bogolin et al. 2022, eq. 1.
 
@@ -38,6 +40,7 @@ class InvertedSoftmax(AdditiveCorrection):
     """
 
     name = "is"
+    order = 40
     query_state_attrs = ("log_bank_size_",)
     summary = "QB-Norm inverted softmax (Bogolin et al. 2022): exp(beta s) / sum over the query bank"
     default_grid = {"beta": LOG_BETAS}
@@ -108,6 +111,7 @@ class ActivationGated:
         return masks[self.query_statistics(batch).top1].astype(np.float32)
 
 
+@METHODS.register
 class DynamicInvertedSoftmax(ActivationGated, InvertedSoftmax):
     """QB-Norm dynamic inverted softmax (DIS), Bogolin et al. 2022, eq. 2.
 
@@ -122,6 +126,7 @@ class DynamicInvertedSoftmax(ActivationGated, InvertedSoftmax):
     """
 
     name = "dis"
+    order = 50
     summary = "QB-Norm dynamic inverted softmax: IS only for queries whose raw top-1 is a likely hub"
     default_grid = {"beta": LOG_BETAS, "k_activation": (1, 5)}
 

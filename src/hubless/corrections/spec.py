@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import re
 
+from hubless._registry import Registry
 from hubless.corrections.base import Correction
-from hubless.corrections.baseline import Baseline
-from hubless.corrections.csls import CSLS
-from hubless.corrections.dbnorm import DualDIS, DualIS
-from hubless.corrections.dn import DN
-from hubless.corrections.gc import GlobalCorrection
-from hubless.corrections.nnn import NNN
-from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.errors import InvalidInput
 
 __all__ = ["METHODS", "make_correction", "method_help"]
 
-#: Registry: spec name -> correction class.
-METHODS: dict[str, type[Correction]] = {
-    cls.name: cls
-    for cls in (
-        Baseline,
-        NNN,
-        DN,
-        CSLS,
-        InvertedSoftmax,
-        DynamicInvertedSoftmax,
-        DualIS,
-        DualDIS,
-        GlobalCorrection,
-    )
-}
+#: Registry: spec name -> correction class, in :attr:`Correction.order`. A correction registers
+#: itself with ``@METHODS.register`` in its own module of this package (every module is imported
+#: on the first lookup), so a new method is added in one file; it then works in specs, tuning,
+#: the CLI and the contract tests (``tests/test_contract.py``).
+METHODS: Registry[type[Correction]] = Registry("method", "hubless.corrections", sort_key=lambda cls: cls.order)
 
 _INT = re.compile(r"[+-]?\d+")
 
@@ -59,9 +43,7 @@ def make_correction(spec: str | Correction) -> Correction:
     if not isinstance(spec, str) or not spec.strip():
         raise InvalidInput(f"a method spec must be a non-empty string like 'nnn:alpha=0.5,k=16'; got {spec!r}")
     name, _, body = spec.strip().partition(":")
-    cls = METHODS.get(name.strip().lower())
-    if cls is None:
-        raise InvalidInput(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    cls = METHODS.get_class(name.strip())
     params = {}
     for item in body.split(","):
         if not item.strip():

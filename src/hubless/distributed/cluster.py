@@ -15,7 +15,7 @@ import logging
 import socket
 import sys
 
-from hubless.errors import Conflict, MissingDependencyError
+from hubless.errors import Conflict, optional_import
 
 __all__ = ["check_address", "connect"]
 
@@ -24,11 +24,7 @@ _CONNECTED: dict[str, str | None] = {}
 
 
 def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError("distributed fitting and index building", "ray", "distributed") from None
-    return ray
+    return optional_import("ray", "distributed fitting and index building", "distributed")
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None):

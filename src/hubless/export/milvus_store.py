@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
 
 DB_FILE = "milvus.db"
@@ -52,11 +52,7 @@ def _close_kept() -> None:
 
 
 def _pymilvus():
-    try:
-        import pymilvus
-    except ImportError:
-        raise MissingDependencyError("exporting to Milvus Lite", "pymilvus", "milvus") from None
-    return pymilvus
+    return optional_import("pymilvus", "exporting to Milvus Lite", "milvus", "pymilvus")
 
 
 @dataclass(frozen=True)

@@ -22,16 +22,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StoreUnavailable, StoreURI, VectorStore, check_name, positive_int_or_none, register
 
 
 def _psycopg():
-    try:
-        import psycopg
-    except ImportError:
-        raise MissingDependencyError("exporting to PostgreSQL", "psycopg", "pgvector") from None
-    return psycopg
+    return optional_import("psycopg", "exporting to PostgreSQL", "pgvector", "psycopg")
 
 
 def _ident(name: str) -> str:

@@ -23,7 +23,7 @@ import uuid
 
 import numpy as np
 
-from hubless.errors import HublessError, InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import HublessError, InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, StoreUnavailable, StoreURI, VectorStore, register, split_location
 from hubless.export.qdrant_store import QdrantOptions, check_point_ids, collect_hits, collect_rows
 
@@ -34,11 +34,7 @@ _CLIENTS: dict[str, object] = {}  # url -> client, kept for searches
 
 
 def _models():
-    try:
-        from qdrant_client import models
-    except ImportError:
-        raise MissingDependencyError("exporting to a Qdrant server", "qdrant_client", "qdrant-server") from None
-    return models
+    return optional_import("qdrant_client.models", "exporting to a Qdrant server", "qdrant-server", "qdrant_client")
 
 
 def _connect(url: str):

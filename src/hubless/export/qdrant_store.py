@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.errors import InvalidInput, MissingDependencyError, NotFound
+from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
 
 #: Segments larger than this many KB get an HNSW index; "never" for exact-only collections.
@@ -46,11 +46,7 @@ def _close_kept() -> None:
 
 
 def _qdrant():
-    try:
-        import qdrant_edge
-    except ImportError:
-        raise MissingDependencyError("exporting to Qdrant", "qdrant_edge", "qdrant") from None
-    return qdrant_edge
+    return optional_import("qdrant_edge", "exporting to Qdrant", "qdrant", "qdrant_edge")
 
 
 def _current(folder: Path) -> Path | None:

@@ -47,7 +47,7 @@ import numpy as np
 from hubless._io import file_sha256, umask_mode, write_json
 from hubless.corrections import Correction, make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import AlreadyExists, Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile
+from hubless.errors import AlreadyExists, Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
 from hubless.index.lock import write_lock
@@ -396,17 +396,11 @@ def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
 
 
 def _write_parquet(records: list[dict], file: Path) -> None:
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise MissingDependencyError("saving item metadata", "pyarrow", "index") from exc
+    pa = optional_import("pyarrow", "saving item metadata", "index")
+    pq = optional_import("pyarrow.parquet", "saving item metadata", "index", "pyarrow")
     pq.write_table(pa.Table.from_pylist(records), file)
 
 
 def _read_parquet(file: Path) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise MissingDependencyError("reading item metadata", "pyarrow", "index") from exc
+    pq = optional_import("pyarrow.parquet", "reading item metadata", "index", "pyarrow")
     return pq.read_table(file).to_pylist()

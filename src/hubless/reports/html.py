@@ -31,12 +31,9 @@ img { max-width: 100%; } .note { color: #555; font-size: 0.9rem; }
 
 def require_matplotlib():
     """Import matplotlib with the Agg backend, or explain which extra to install."""
-    try:
-        import matplotlib
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        from hubless.errors import MissingDependencyError
+    from hubless.errors import optional_import
 
-        raise MissingDependencyError("HTML reports", "matplotlib", "report") from exc
+    matplotlib = optional_import("matplotlib", "HTML reports", "report")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -6,10 +6,11 @@ Model adapters need the ``models`` extra; importing this package does not import
 from hubless.rerank.evaluate import rerank_eval
 from hubless.rerank.loader import load_reranker
 from hubless.rerank.pipeline import Pipeline, RerankResult, fuse
-from hubless.rerank.rerankers import BlipITMReranker, CallableReranker, CrossEncoderReranker, Reranker
+from hubless.rerank.rerankers import RERANKERS, BlipITMReranker, CallableReranker, CrossEncoderReranker, Reranker
 
 __all__ = [
     "BlipITMReranker",
+    "RERANKERS",
     "CallableReranker",
     "CrossEncoderReranker",
     "Pipeline",

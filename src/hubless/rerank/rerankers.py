@@ -4,16 +4,20 @@ better match; sigmoid(logit) is the match probability for the two model-based on
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
+from hubless._registry import Registry
 from hubless._torch import ensure_model_available, quiet_loading, require, resolve_device
 from hubless.encoders.base import open_image
-from hubless.errors import InvalidInput
+from hubless.errors import Corrupt, InvalidInput
 
-__all__ = ["BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]
+__all__ = ["RERANKERS", "BlipITMReranker", "CallableReranker", "CrossEncoderReranker", "Reranker"]
 
 
 class Reranker:
@@ -21,6 +25,41 @@ class Reranker:
 
     #: What the queries and candidates are: "text->image", "image->text" or "text->text".
     direction = "text->text"
+    #: The ``kind`` names a model-based reranker registers under (``load_reranker(name, kind=...)``).
+    kinds: ClassVar[tuple[str, ...]] = ()
+    #: Order in which :func:`~hubless.rerank.load_reranker` asks the registered rerankers whether
+    #: a model is theirs (:meth:`claims`): lower first; the catch-all comes last.
+    priority: ClassVar[int] = 100
+
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        """Whether this reranker reads ``name_or_path`` when no kind is given (hook)."""
+        return False
+
+    @classmethod
+    def from_name(cls, name_or_path: str, *, device: str | None = None, direction: str = "text->image", **kwargs) -> Reranker:
+        """Load the model (hook of the registered rerankers; ``direction`` matters to cross-modal ones)."""
+        raise NotImplementedError
+
+
+#: Registry: kind -> reranker class. A model-based reranker registers itself with
+#: ``@RERANKERS.register`` in its own module of this package (every module is imported on the
+#: first lookup): a new one is added in one file, with its ``kinds``, ``priority``,
+#: :meth:`Reranker.claims` and :meth:`Reranker.from_name`.
+RERANKERS: Registry[type[Reranker]] = Registry(
+    "reranker kind", "hubless.rerank", names_of=lambda cls: cls.__dict__.get("kinds", ()), sort_key=lambda cls: cls.priority
+)
+
+
+def _model_type(name_or_path: str) -> str | None:
+    """The ``model_type`` of a local transformers folder (None when it has no config.json)."""
+    config = Path(name_or_path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except ValueError:
+        raise Corrupt(f"{config} is not valid JSON") from None
 
     def score_pairs(self, queries: Sequence, candidates: Sequence) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -40,8 +79,20 @@ class CallableReranker(Reranker):
         return out
 
 
+@RERANKERS.register
 class CrossEncoderReranker(Reranker):
     """A sentence-transformers ``CrossEncoder`` (text->text), by hub name or folder."""
+
+    kinds = ("cross-encoder",)
+    priority = 1000  # the catch-all
+
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        return True
+
+    @classmethod
+    def from_name(cls, name_or_path, *, device=None, direction="text->image", **kwargs) -> CrossEncoderReranker:
+        return cls(name_or_path, device=device, **kwargs)  # text->text whatever the direction asked
 
     def __init__(self, name_or_path: str, device: str | None = None, batch_size: int = 64) -> None:
         local = ensure_model_available(str(name_or_path))  # before the slow imports
@@ -62,6 +113,7 @@ class CrossEncoderReranker(Reranker):
         return np.asarray(scores, dtype=np.float32).reshape(len(pairs), -1)[:, -1]
 
 
+@RERANKERS.register
 class BlipITMReranker(Reranker):
     """BLIP's image-text matching head (``BlipForImageTextRetrieval``, Li et al. 2022): the text
     encoder cross-attends to the image and a linear head gives (no-match, match) logits; the
@@ -71,6 +123,20 @@ class BlipITMReranker(Reranker):
     "image->text". Each image is preprocessed and run through the vision tower once and cached
     (``cache_size`` images), since the same candidates recur across queries.
     """
+
+    kinds = ("blip",)
+    priority = 10
+
+    @classmethod
+    def claims(cls, name_or_path: str) -> bool:
+        """A folder whose config says ``blip``, or (no config) a name containing "blip"."""
+        if (Path(name_or_path) / "config.json").is_file():
+            return _model_type(str(name_or_path)) == "blip"
+        return "blip" in str(name_or_path).lower()
+
+    @classmethod
+    def from_name(cls, name_or_path, *, device=None, direction="text->image", **kwargs) -> BlipITMReranker:
+        return cls(name_or_path, direction=direction, device=device, **kwargs)
 
     def __init__(self, name_or_path: str, direction: str = "text->image", device: str | None = None,
                  batch_size: int = 32, cache_size: int = 4096) -> None:  # fmt: skip

@@ -38,12 +38,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hubless.errors import InvalidInput, MissingDependencyError
+from hubless.errors import InvalidInput, optional_import
 
 try:
     from fastapi import FastAPI
-except ImportError as exc:  # pragma: no cover - the serve extra is missing
-    raise MissingDependencyError("the HTTP service", "fastapi", "serve") from exc
+except ImportError:  # pragma: no cover - the serve extra is missing: say which one, before the routes import it
+    FastAPI = optional_import("fastapi", "the HTTP service", "serve").FastAPI
 
 from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers
