@@ -14,8 +14,8 @@ Conventions a page follows (CONTRIBUTING.md, "Documentation"):
   or ``$HUBLESS_DATA_DIR/FOLDER``, what ``hubless data fetch`` writes) is present; otherwise the
   page's test says it skipped it.
 * ``<!-- background -->`` before a one-command bash block: a server, started in the background,
-  awaited on ``/health`` and stopped at the end of the page; its port 8000 is replaced by a free
-  one, in that block and in the page's later blocks.
+  awaited on ``/health`` and stopped at the end of the page; the port it names (``--port 8000``)
+  is replaced by a free one, in that block and in the page's later blocks.
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def _page_id(page: Path) -> str:
 def test_every_block_is_runnable_or_says_why_not(page):
     for block in code_blocks(page):
         where = f"{_page_id(page)}:{block['line']}"
-        assert block["lang"] in RUN | SHOWN, f"{where}: say what the block is: bash or python (run), text or json (shown); got {block['lang']!r}"
+        assert block["lang"] in RUN | SHOWN, (
+            f"{where}: say what the block is: bash or python (run), text or json (shown); got {block['lang']!r}"
+        )
         if block["mark"] == "not-run":
             assert block["why"] and len(block["why"]) > 10, f"{where}: a not-run block says why"
         if block["mark"] == "needs-data":
@@ -178,7 +180,7 @@ class PageRun:
         self.env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "HUBLESS_PROGRESS": "0", "COLUMNS": "160"}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
         self.worker: subprocess.Popen | None = None
-        self.port: int | None = None
+        self.ports: dict[int, int] = {}  # the port a page's server names -> the free port it runs on
         self.servers: list[subprocess.Popen] = []
         self.state = cwd / ".docs-cwd"
 
@@ -186,7 +188,9 @@ class PageRun:
         return f"{_page_id(self.page)}:{block['line']}"
 
     def substitute(self, code: str) -> str:
-        return code if self.port is None else re.sub(r"\b8000\b", str(self.port), code)
+        for port, free in self.ports.items():
+            code = re.sub(rf"\b{port}\b", str(free), code)
+        return code
 
     def bash(self, block) -> None:
         code = self.substitute(block["code"])
@@ -214,7 +218,9 @@ class PageRun:
         assert reply["ok"], f"{self.where(block)} failed:\n{request['code']}\n{reply['error']}"
 
     def background(self, block) -> None:
-        self.port = self.port or _free_port()
+        named = re.search(r"--port (\d+)", block["code"])
+        assert named, f"{self.where(block)}: a background server names its --port"
+        port = self.ports.setdefault(int(named.group(1)), _free_port())
         command = self.substitute(block["code"]).strip()
         log = open(self.cwd / f".server-{len(self.servers)}.log", "w")  # noqa: SIM115 - kept open while it runs
         server = subprocess.Popen(
@@ -225,7 +231,7 @@ class PageRun:
         while time.monotonic() < deadline:
             assert server.poll() is None, f"{self.where(block)}: the server stopped:\n{(self.cwd / log.name).read_text()[-3000:]}"
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2).read()
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
                 return
             time.sleep(0.3)
         raise AssertionError(f"{self.where(block)}: the server did not answer /health within 120 s")
