@@ -275,10 +275,12 @@ def test_the_encoder_registry_picks_the_adapter_by_folder(tmp_path):
 # ---------------------------------------------------------------------- optional imports
 def test_optional_import_names_the_extra(monkeypatch):
     assert optional_import("json", "reading", "core") is __import__("json")
-    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)  # as if not installed
-    with pytest.raises(MissingDependency, match=r"saving metadata needs pyarrow: pip install 'hubless\[index\]'") as err:
-        optional_import("pyarrow.parquet", "saving metadata", "index")
+    with pytest.raises(MissingDependency, match=r"saving metadata needs no_such_pkg: pip install 'hubless\[index\]'$") as err:
+        optional_import("no_such_pkg.parquet", "saving metadata", "index")
     assert isinstance(err.value, ImportError) and err.value.extra == "index"
+    monkeypatch.setitem(__import__("sys").modules, "json_blocked_here", None)  # as if uninstalled
+    with pytest.raises(MissingDependency, match=r"reports needs json-blocked: pip install 'hubless\[report\]'$"):
+        optional_import("json_blocked_here", "reports", "report", "json-blocked")
 
 
 def test_optional_import_says_when_an_installed_package_is_broken(tmp_path, monkeypatch):
