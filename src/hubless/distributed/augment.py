@@ -129,9 +129,10 @@ def write_augmented(
     if todo:
         ray = connect(address)
         task = ray.remote(_write_part).options(max_retries=3)
+        source_ref = ray.put(source)  # once in the object store, not in every task's arguments
         refs = {
             task.remote(
-                corr.spec, source, p["start"], p["stop"], gallery_rows(stats, p["start"], p["stop"]).to_arrays(),
+                corr.spec, source_ref, p["start"], p["stop"], gallery_rows(stats, p["start"], p["stop"]).to_arrays(),
                 str(folder / p["file"]), _part_key(p, job),
             ): p["file"]
             for _, p in todo

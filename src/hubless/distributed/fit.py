@@ -162,8 +162,9 @@ def fit_statistics(
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         per_task = max(1, cpus // workers) if workers else 1
         job = ray.remote(_tile_job).options(num_cpus=per_task, max_retries=max_retries)
-        bank_of = {"query": qb, "gallery": gb}
-        refs = {job.remote(t, g, bank_of[t.side], request, normalize, per_task): t for t in todo}
+        # the sources once in the object store (a 10^9-item source lists thousands of shards), not in every task's arguments
+        g_ref, bank_of = ray.put(g), {"query": None if qb is None else ray.put(qb), "gallery": None if gb is None else ray.put(gb)}
+        refs = {job.remote(t, g_ref, bank_of[t.side], request, normalize, per_task): t for t in todo}
         bar = progress_bar(None, progress, total=len(tiles), initial=len(tiles) - len(todo), desc="tiles", unit="tiles")
         try:
             pending = list(refs)

@@ -91,7 +91,8 @@ def build_index(
     empty_ref = ray.put(faiss.serialize_index(empty))
     cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
     job = ray.remote(_add_shard).options(max_retries=3)
-    refs = [job.remote(empty_ref, source, a, b, corr.bias_columns_[a:b], corr.normalize, layout) for a, b in zip(cuts, cuts[1:])]
+    source_ref = ray.put(source)  # once in the object store, not in every task's arguments
+    refs = [job.remote(empty_ref, source_ref, a, b, corr.bias_columns_[a:b], corr.normalize, layout) for a, b in zip(cuts, cuts[1:])]
     merged = None
     for ref in progress_bar(refs, progress, desc="index shards", unit="shards"):  # merged in gallery order
         part = faiss.deserialize_index(_get(ray, ref))
