@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from hubless.corrections import Correction, make_correction
-from hubless.distributed.cluster import check_address, connect
-from hubless.distributed.fit import _banks_for, _get, fit_statistics, open_sources
+from hubless.distributed.cluster import check_address, connect, run_tasks
+from hubless.distributed.fit import _banks_for, fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource
 from hubless.distributed.workfiles import describe, file_problem, job_id, read_record, recomputing, write_record
@@ -130,15 +130,19 @@ def write_augmented(
         ray = connect(address)
         task = ray.remote(_write_part).options(max_retries=3)
         source_ref = ray.put(source)  # once in the object store, not in every task's arguments
-        refs = {
-            task.remote(
-                corr.spec, source_ref, p["start"], p["stop"], gallery_rows(stats, p["start"], p["stop"]).to_arrays(),
-                str(folder / p["file"]), _part_key(p, job),
-            ): p["file"]
-            for _, p in todo
-        }  # fmt: skip
-        for ref in progress_bar(list(refs), progress, desc="augmented parts", unit="parts"):
-            digests[refs[ref]] = _get(ray, ref)
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+        def submit(part: dict):
+            rows = gallery_rows(stats, part["start"], part["stop"]).to_arrays()
+            return task.remote(corr.spec, source_ref, part["start"], part["stop"], rows, str(folder / part["file"]), _part_key(part, job))
+
+        bar = progress_bar(None, progress, total=len(todo), desc="augmented parts", unit="parts")
+        try:  # a part's statistics go to the object store only when its task is submitted
+            run_tasks(
+                ray, submit, [p for _, p in todo], lambda part, digest: digests.__setitem__(part["file"], digest), window=2 * cpus, bar=bar
+            )
+        finally:
+            bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
     first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), gallery_rows(stats, 0, 1))
     columns = int(first.bias_columns_.shape[1])

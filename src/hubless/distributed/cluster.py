@@ -108,3 +108,43 @@ def _names(ray, address: str, current: str) -> bool:
             return False
         return resolved is not None and _same(resolved, current)
     return _same(address, current)
+
+
+def run_tasks(ray, submit, items, on_done, *, window: int, bar=None, finish_running: bool = False) -> None:
+    """Run ``submit(item)`` (a Ray task's ObjectRef) for every item, at most ``window`` at once,
+    and ``on_done(item, result)`` as each finishes, in any order. A result is dropped once
+    handled and later tasks are submitted only as earlier ones finish, so neither the driver nor
+    the object store holds more than ``window`` results (or task arguments) at a time. A task's
+    error stops the run and is raised as the task raised it; the tasks in flight are cancelled,
+    or, with ``finish_running`` (short tasks that keep their own output), left to finish first
+    (their errors ignored) so a rerun finds their work done."""
+    queue = list(items)
+    queue.reverse()
+    running: dict = {}
+    try:
+        while queue or running:
+            while queue and len(running) < window:
+                item = queue.pop()
+                running[submit(item)] = item
+            done, _ = ray.wait(list(running), num_returns=1)
+            item = running.pop(done[0])
+            on_done(item, _get(ray, done[0]))
+            if bar is not None:
+                bar.update(1)
+    except BaseException:
+        if finish_running and running:
+            ray.wait(list(running), num_returns=len(running))
+        for ref in running:
+            ray.cancel(ref, force=False)
+        raise
+
+
+def _get(ray, ref):
+    """``ray.get`` that re-raises a task's own error (not Ray's wrapper with its traceback)."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise

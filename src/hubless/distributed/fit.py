@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hubless.corrections import Correction, make_correction, statistics_request
-from hubless.distributed.cluster import check_address, connect
+from hubless.distributed.cluster import check_address, connect, run_tasks
 from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile_streamed, plan_tiles
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
@@ -164,22 +164,22 @@ def fit_statistics(
         job = ray.remote(_tile_job).options(num_cpus=per_task, max_retries=max_retries)
         # the sources once in the object store (a 10^9-item source lists thousands of shards), not in every task's arguments
         g_ref, bank_of = ray.put(g), {"query": None if qb is None else ray.put(qb), "gallery": None if gb is None else ray.put(gb)}
-        refs = {job.remote(t, g_ref, bank_of[t.side], request, normalize, per_task): t for t in todo}
         bar = progress_bar(None, progress, total=len(tiles), initial=len(tiles) - len(todo), desc="tiles", unit="tiles")
+
+        def merge(tile: Tile, arrays: dict) -> None:
+            if state is not None:
+                _save_tile(state, tile, arrays)
+            merger.add(tile, BankStatistics.from_arrays(arrays))
+
         try:
-            pending = list(refs)
-            while pending:
-                done, pending = ray.wait(pending, num_returns=1)
-                tile = refs[done[0]]
-                arrays = _get(ray, done[0])
-                if state is not None:
-                    _save_tile(state, tile, arrays)
-                merger.add(tile, BankStatistics.from_arrays(arrays))
-                bar.update(1)
-        except BaseException:
-            for ref in refs:
-                ray.cancel(ref, force=False)
-            raise
+            run_tasks(
+                ray,
+                lambda t: job.remote(t, g_ref, bank_of[t.side], request, normalize, per_task),
+                todo,
+                merge,
+                window=2 * max(1, cpus // per_task),  # every CPU busy, a result waiting for each
+                bar=bar,
+            )
         finally:
             bar.close()
     return merger.result()
@@ -199,17 +199,6 @@ def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, Embed
                 f"({src.shards[0].path} and {g.shards[0].path})"
             )
     return out
-
-
-def _get(ray, ref):
-    """``ray.get`` that re-raises a task's own error (not Ray's wrapper with its traceback)."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, Exception):
-            raise cause from None
-        raise
 
 
 def _banks_for(corrections: Sequence[Correction], query_bank, gallery_bank):

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from hubless.corrections import Correction
-from hubless.distributed.cluster import check_address, connect
-from hubless.distributed.fit import _get, fit
+from hubless.distributed.cluster import _get, check_address, connect
+from hubless.distributed.fit import fit
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.errors import InvalidInput
