@@ -71,8 +71,7 @@ def test_ray_embedding_writes_the_same_files_as_the_single_machine_job(ray_local
 
 def test_ray_resume_keeps_finished_chunks_and_encodes_only_the_missing_one(ray_local, clip_dir, tmp_path):
     """Chunks 0 and 2 of 3 are on disk (marked: their embeddings negated); only chunk 1 is encoded."""
-    from hubless._io import save_npy
-    from hubless.encoders.job import _job_key, embed_chunk
+    from hubless.encoders.job import _job_key, embed_chunk, write_chunk
 
     encoder = load_encoder(clip_dir, device="cpu")
     want = np.load(embed_to_file(encoder, tmp_path / "one.npy", texts=TEXTS, chunk_size=8, progress=False).out)
@@ -80,9 +79,10 @@ def test_ray_resume_keeps_finished_chunks_and_encodes_only_the_missing_one(ray_l
     parts = out.with_name(out.name + ".parts")
     parts.mkdir()
     (parts / "job.json").write_text(json.dumps({"key": _job_key(encoder, "text", TEXTS, 8)}))
-    for chunk in (0, 2):
+    for chunk in (0, 2):  # written (and recorded) by an earlier run: kept whatever they hold
         embed_chunk(encoder, parts, chunk, TEXTS, "text", 8, 32)
-        save_npy(parts / f"chunk-{chunk:06d}.npy", -np.load(parts / f"chunk-{chunk:06d}.npy"))
+        ok = json.loads((parts / f"chunk-{chunk:06d}.json").read_text())["ok"]
+        write_chunk(parts, chunk, -np.load(parts / f"chunk-{chunk:06d}.npy"), ok, [])
     got = hd.embed(clip_dir, out, texts=TEXTS, chunk_size=8, workers=2, device="cpu", progress=False)
     assert got.reused_chunks == 2
     emb = np.load(got.out)

@@ -84,6 +84,53 @@ def test_interrupted_job_resumes_without_redoing_chunks(clip_dir, tmp_path):
     assert [item["text"] for item in meta["items"]] == texts
 
 
+def test_damaged_or_swapped_chunks_are_redone_saying_so(clip_dir, tmp_path):
+    """Chunks say what they hold: a truncated, altered, record-less or swapped chunk of an
+    interrupted job is re-encoded with one warning line each; intact ones are kept."""
+    import shutil
+    import warnings
+
+    from hubless.distributed.workfiles import RecomputedWarning
+
+    enc = load_encoder(clip_dir, device="cpu")
+    texts = [f"a photo of {n} dog" for n in range(12)]
+    real = enc.encode_texts
+    calls = []
+
+    def stops_at_the_last_chunk(batch, **kwargs):
+        calls.append(len(batch))
+        if len(calls) == 6:
+            raise KeyboardInterrupt
+        return real(batch, **kwargs)
+
+    enc.encode_texts = stops_at_the_last_chunk
+    out = tmp_path / "t.npy"
+    with pytest.raises(KeyboardInterrupt):
+        embed_to_file(enc, out, texts=texts, chunk_size=2)
+    parts = tmp_path / "t.npy.parts"
+    chunk = [parts / f"chunk-{i:06d}.npy" for i in range(6)]
+    chunk[0].write_bytes(chunk[0].read_bytes()[:-8])  # truncated
+    raw = bytearray(chunk[1].read_bytes())
+    raw[-5] ^= 0x40  # a value altered
+    chunk[1].write_bytes(bytes(raw))
+    (parts / "chunk-000002.json").unlink()  # written, but not its record
+    shutil.copy(chunk[4], chunk[3])  # another chunk's embeddings and record
+    shutil.copy(parts / "chunk-000004.json", parts / "chunk-000003.json")
+    calls.clear()
+    enc.encode_texts = lambda batch, **kwargs: calls.append(len(batch)) or real(batch, **kwargs)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        result = embed_to_file(enc, out, texts=texts, chunk_size=2)
+    lines = sorted(str(w.message) for w in record if issubclass(w.category, RecomputedWarning))
+    assert len(lines) == 4 and all(line.endswith("recomputing it") for line in lines), lines
+    assert "chunk-000000.npy does not match its recorded checksum" in lines[0]
+    assert "chunk-000001.npy does not match its recorded checksum" in lines[1]
+    assert "chunk-000002.npy has no readable record" in lines[2]
+    assert "chunk-000003.npy is recorded as chunk 4" in lines[3]
+    assert result.reused_chunks == 1 and calls == [2, 2, 2, 2, 2]  # chunk 4 kept; 0-3 and 5 encoded
+    np.testing.assert_allclose(np.load(out), real(texts), atol=1e-6)
+
+
 def test_embed_texts_cli_and_errors(clip_dir, tmp_path):
     (tmp_path / "caps.txt").write_text("a dog\n\ntwo cats\n")
     out = tmp_path / "caps.npy"

@@ -3,8 +3,9 @@
     embed_to_file(encoder, out="emb.npy", images=paths)        # or texts=[...]
 
 Items are encoded ``chunk_size`` at a time; each finished chunk is written atomically to
-``emb.npy.parts/`` together with which items it holds, so an interrupted job started again
-with the same inputs and model skips the finished chunks. Unreadable or corrupt images are
+``emb.npy.parts/`` together with its record (which items it holds, its chunk and job, the
+sha256 of its embeddings), so an interrupted job started again with the same inputs and model
+skips the finished chunks, and redoes, saying so, a chunk that is damaged or not its own. Unreadable or corrupt images are
 skipped and listed (never crash the job); when none can be read, nothing is written and
 :class:`NothingEmbeddedError` lists them. At the end ``emb.npy`` holds one row per embedded
 item and ``emb.meta.json`` the matching metadata, row for row: the item's index in the input,
@@ -34,6 +35,7 @@ __all__ = [
     "embed_chunk",
     "embed_to_file",
     "list_images",
+    "write_chunk",
     "meta_path",
     "IMAGE_SUFFIXES",
 ]
@@ -175,16 +177,44 @@ def embed_to_file(
 
 
 def chunk_is_done(parts: Path, chunk: int) -> bool:
-    """Whether chunk ``chunk`` of a job is on disk and readable (a damaged chunk is redone)."""
+    """Whether chunk ``chunk`` of a job is on disk, intact and this job's: its record (the
+    ``.json``) names the chunk and the job and holds the sha256 of its embeddings, and the rows
+    match its item list. A chunk that fails is redone, with one warning line saying why
+    (:class:`hubless.distributed.workfiles.RecomputedWarning`); a missing one silently."""
+    from hubless.distributed.workfiles import describe, file_problem, recomputing
+
     emb_file, ids_file = parts / f"chunk-{chunk:06d}.npy", parts / f"chunk-{chunk:06d}.json"
-    if not (emb_file.exists() and ids_file.exists()):
+    if not (emb_file.exists() or ids_file.exists()):
         return False
     try:
-        json.loads(ids_file.read_text())
-        np.load(emb_file, mmap_mode="r")
-    except (OSError, ValueError):
+        record = json.loads(ids_file.read_text())
+        ok, key, digest = record["ok"], record["key"], record["sha256"]
+        job = json.loads((parts / "job.json").read_text())["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recomputing(emb_file, "has no readable record of what it holds")
         return False
-    return True
+    want = {"chunk": chunk, "job": job}
+    why = f"is recorded as {describe(key)}, not {describe(want)}" if key != want else file_problem(emb_file, digest)
+    if why is None:
+        try:
+            rows = np.load(emb_file, mmap_mode="r").shape[0]
+        except (OSError, ValueError) as exc:  # pragma: no cover - the checksum matched: the file is as written
+            why = f"cannot be read ({exc})"
+        else:
+            why = None if rows == len(ok) else f"holds {rows} rows for {len(ok)} items"
+    if why:
+        recomputing(emb_file, why)
+    return why is None
+
+
+def write_chunk(parts: Path, chunk: int, embeddings: np.ndarray, ok: list[int], skipped: list[dict]) -> None:
+    """Write chunk ``chunk``'s embeddings, then its record (which items they are, the chunk and
+    the job it belongs to, their sha256), each atomically: a chunk counts as done once both are."""
+    emb_file = parts / f"chunk-{chunk:06d}.npy"
+    save_npy(emb_file, np.asarray(embeddings, dtype=np.float32))
+    job = json.loads((parts / "job.json").read_text())["key"]
+    record = {"ok": ok, "skipped": skipped, "key": {"chunk": chunk, "job": job}, "sha256": file_sha256(emb_file)}
+    write_json(parts / f"chunk-{chunk:06d}.json", record)
 
 
 def embed_chunk(encoder: Encoder, parts: Path, chunk: int, items: list[str], modality: str, chunk_size: int, batch_size: int) -> None:
@@ -203,5 +233,4 @@ def embed_chunk(encoder: Encoder, parts: Path, chunk: int, items: list[str], mod
             except Exception as exc:  # noqa: BLE001 - any unreadable file is reported, not fatal
                 skipped.append({"index": start + i, "path": path, "error": f"{type(exc).__name__}: {exc}"})
         emb = encoder.encode_images(loaded, batch_size=batch_size, progress=False) if loaded else np.empty((0, encoder.dim), np.float32)
-    save_npy(parts / f"chunk-{chunk:06d}.npy", emb.astype(np.float32))
-    write_json(parts / f"chunk-{chunk:06d}.json", {"ok": [start + i for i in ok], "skipped": skipped})
+    write_chunk(parts, chunk, emb, [start + i for i in ok], skipped)
