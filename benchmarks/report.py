@@ -2,6 +2,7 @@
 
     python benchmarks/report.py                      # every benchmark at its default size (1-2 hours on 2 cores)
     python benchmarks/report.py --quick              # smaller sizes where a benchmark has them (floors then do not apply)
+    python benchmarks/report.py --quick index_speed  # ... for some of them
     python benchmarks/report.py --only accuracy,serve_load
     python benchmarks/report.py --from-saved         # rebuild the page from the last saved outputs, run nothing
 
@@ -56,6 +57,13 @@ BENCHMARKS: dict[str, tuple[str, str, list[str], list[str], str | None]] = {
         [],
         [],
         "coco_karpathy",
+    ),
+    "one_pass": (
+        "One pass for many methods",
+        "evaluate with six methods against evaluate with NNN alone, and an IS fit against an NNN fit, on shared bank passes",
+        [],
+        [],
+        None,
     ),
     "bias_speed": (
         "Speed of the exact bias",
@@ -324,6 +332,8 @@ def plot(name: str, found: list[list[list[str]]], path: Path) -> bool:
             ax.axvline(0, color="#555", linewidth=1)
             ax.invert_yaxis()
             ax.set_xlabel("change in R@1 vs uncorrected (points, 95% CI)")
+            if name == "coco_text":
+                ax.set_title(["text -> item", "item -> text"][list(axes).index(ax)])
     elif name == "bank_robustness":
         table = found[0]
         import numpy as np
@@ -363,14 +373,19 @@ def write_page(notes: dict[str, str]) -> Path:
         "The latest run of every benchmark in `benchmarks/`, written by `python benchmarks/report.py` (see its",
         "docstring for `--quick`, `--only` and `--from-saved`). Each section says the command, the date,",
         "the machine and the time it took; ratios measured in one run are what to compare across machines.",
-        "A floor is the target an issue set for that benchmark at its default size.",
+        "A floor is the target an issue set for that benchmark at its default size. Earlier runs, with",
+        "the analysis made when they were measured, are in [measured runs](measured.md).",
         "",
     ]
     for name, (title, what, *_rest) in BENCHMARKS.items():
         saved = RESULTS / f"{name}.txt"
         lines += [f"## {title}", "", what[0].upper() + what[1:] + ".", ""]
         if not saved.is_file():
-            lines += [f"Not run yet{': ' + notes[name] if name in notes else ''}.", ""]
+            why = f" ({notes[name]})" if name in notes else ""
+            lines += [
+                f"Not run by `report.py` yet{why}: `python benchmarks/report.py --only {name}`. Earlier runs, if any: [measured runs](measured.md).",
+                "",
+            ]
             continue
         header, _, body = saved.read_text().partition("---\n")
         meta = dict(line.split(": ", 1) for line in header.strip().splitlines())
@@ -414,7 +429,9 @@ def _as_markdown(body: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated benchmark names (default: all): " + ", ".join(BENCHMARKS))
-    parser.add_argument("--quick", action="store_true", help="smaller sizes where a benchmark has them")
+    parser.add_argument(
+        "--quick", nargs="?", const="all", default="", help="smaller sizes where a benchmark has them (all, or a comma-separated list)"
+    )
     parser.add_argument("--from-saved", action="store_true", help="write the page from the saved outputs; run nothing")
     parser.add_argument("--accuracy-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -438,7 +455,8 @@ def main() -> None:
                 print(f"skipping {name}: {notes[name]}")
                 continue
             try:
-                (RESULTS / f"{name}.txt").write_text(run_one(name, args.quick))
+                quick = args.quick == "all" or name in args.quick.split(",")
+                (RESULTS / f"{name}.txt").write_text(run_one(name, quick))
             except RuntimeError as exc:
                 notes[name] = str(exc).splitlines()[0]
                 print(f"{name}: {exc}", file=sys.stderr)

@@ -39,7 +39,7 @@ from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted(
-    [ROOT / "CONTRIBUTING.md", *(p for p in (ROOT / "docs").rglob("*.md") if "_hooks" not in p.parts)],
+    [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(p for p in (ROOT / "docs").rglob("*.md") if "_hooks" not in p.parts)],
     key=lambda p: str(p.relative_to(ROOT)),
 )
 RUN = {"bash", "sh", "shell", "python", "py"}
@@ -98,7 +98,7 @@ def test_every_block_is_runnable_or_says_why_not(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_hubless_commands_of_not_run_blocks_parse(page):
-    from tests.test_readme import parse
+    from tests.test_readme import parse  # imported here: test_readme imports this module
 
     for block in code_blocks(page):
         if block["mark"] != "not-run" or block["lang"] not in ("bash", "sh", "shell"):
@@ -362,3 +362,14 @@ def test_the_site_in_chromium(site):
         assert not errors, errors
     finally:
         server.shutdown()
+
+
+def test_every_environment_variable_is_documented():
+    """docs/reference/environment.md names every HUBLESS_* variable the code reads."""
+    used = set()
+    for path in (ROOT / "src").rglob("*.py"):
+        used |= set(re.findall(r"\bHUBLESS_[A-Z_]+\b", path.read_text(encoding="utf-8")))
+    internal = {"HUBLESS_SERVE_CONFIG"}  # hubless serve -> its worker processes
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text(encoding="utf-8")
+    missing = sorted(v for v in used - internal if f"`{v}`" not in page)
+    assert not missing, f"document these in docs/reference/environment.md: {missing}"
