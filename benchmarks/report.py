@@ -87,6 +87,20 @@ BENCHMARKS: dict[str, tuple[str, str, list[str], list[str], str | None]] = {
         None,
     ),
     "distributed_fit": ("Ray", "the distributed fit against the single-machine fit, and the tile cost model", [], ["--scale", "0.2"], None),
+    "driver_memory": (
+        "The Ray driver's memory",
+        "peak memory growth of the driver of a distributed build, fit and augment, at two gallery sizes",
+        [],
+        ["--sizes", "20000", "40000"],
+        None,
+    ),
+    "scale_plan": (
+        "A gallery of 10^9 items",
+        "per-tile, per-part and driver costs measured here, multiplied out to 10^9 items (see the plan page)",
+        [],
+        [],
+        None,
+    ),
     "rerank_cost": (
         "Retrieve and rerank",
         "latency of the first stage and of a cross-encoder over the corrected top k, by gallery size and k",
