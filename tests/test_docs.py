@@ -309,7 +309,8 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    hint = "\nA new page under docs/? Add it to the nav in mkdocs.yml." if "not included in the" in result.stderr else ""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:] + hint
     return out
 
 
