@@ -9,7 +9,7 @@
 * Items, one string per row (texts to embed, what a reranker reads, query texts):
   :func:`read_items` reads .txt (one per line), a .json list of strings, an ``OUT.meta.json``
   (its paths or texts), or one column of a table.
-* Gallery positions: :func:`read_ids` reads "3,17,42", a .npy of integers or a .txt of them.
+* Item ids: :func:`read_ids` reads "3,17,42", a .npy of integers or a .txt of them.
 """
 
 from __future__ import annotations
@@ -255,29 +255,35 @@ def read_items(path: str | os.PathLike, column: str | None = None) -> list[str]:
 
 
 def read_ids(spec: str) -> np.ndarray:
-    """Gallery positions from "3,17,42", a .npy of integers or a .txt (one per line), as int64."""
+    """Item ids from "3,17,42", a .npy of integers or a .txt (one per line), as int64."""
     text = str(spec).strip()
     if text.lower().endswith((".npy", ".txt")):
         path = _existing_file(text, "ids file")
         if path.suffix.lower() == ".npy":
             values = load_array(path, mmap=False)
         else:
+            lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
             try:
-                values = np.loadtxt(path, ndmin=1)
-            except ValueError as exc:
-                raise InvalidInput(f"{path} must hold one integer per line: {exc}") from None
+                values = [int(v) for v in lines]
+            except ValueError:
+                raise InvalidInput(f"{path} must hold one integer per line") from None
     else:
         try:
             values = [int(v) for v in text.split(",") if v.strip()]
         except ValueError:
             raise InvalidInput(f"ids must be comma-separated integers or a .npy/.txt file; got {text!r}") from None
-    values = np.asarray(values)
+    try:
+        values = np.asarray(values)
+    except OverflowError:
+        raise InvalidInput("ids must be int64 item ids (below 2**63)") from None
     if values.size == 0:
-        raise InvalidInput("ids: name at least one integer position")
+        raise InvalidInput("ids: name at least one item id")
     if values.dtype.kind not in "iuf" or not np.all(np.isfinite(values)) or not np.all(np.mod(values, 1) == 0):
         raise InvalidInput("ids must be integers")
-    if np.abs(values).max() >= 2**62:
-        raise InvalidInput("ids are far larger than any gallery")
+    if values.dtype.kind == "f" and np.abs(values).max() >= 2**53:
+        raise InvalidInput("ids given as floating-point numbers lose digits beyond 2**53; give them as integers")
+    if values.dtype == np.uint64 and values.max() >= 2**63:
+        raise InvalidInput("ids must be int64 item ids (below 2**63)")
     return values.astype(np.int64).ravel()
 
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,8 @@ def choose_model(recorded: str | None, given: str | None, *, allow_mismatch: boo
 
 @dataclass
 class SearchResult:
-    """What :meth:`Searcher.search` returns, each array (n_queries, top_k): ``ids`` (gallery
-    positions; -1 for a slot an ANN index could not fill) and ``scores`` (the method's own, or
+    """What :meth:`Searcher.search` returns, each array (n_queries, top_k): ``ids`` (the items'
+    ids; -1 for a slot that could not be filled) and ``scores`` (the method's own, or
     the reranker's with ``reranked``); ``uncorrected`` = (scores, ids) of the plain inner-product
     ranking when compared; ``first_stage_scores`` when reranked; ``queries``: the texts or image
     names given (else None)."""
@@ -78,7 +77,7 @@ class SearchResult:
     method: str
     ids: np.ndarray
     scores: np.ndarray
-    metadata: list[dict] | None = None
+    metadata: dict[int, dict] | None = None  # the records of the items in the results, by id
     uncorrected: tuple[np.ndarray, np.ndarray] | None = None
     first_stage_scores: np.ndarray | None = None
     reranked: bool = False
@@ -190,7 +189,6 @@ class Searcher:
         self.reranker, self.rerank_k, self.fusion, self.fusion_weight = reranker, int(rerank_k), fusion, float(fusion_weight)
         self.rerank_column = rerank_column
         self._encoders: dict[str, Any] = {} if encoder is None else {encoder.name: encoder}
-        self._specs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._loading = threading.Lock()
 
     # ------------------------------------------------------------------ the indexes
@@ -265,10 +263,9 @@ class Searcher:
         for name in self._indexes:
             try:
                 encoder = self.encoder_for(name)
-                if encoder.dim != self._indexes[name].correction.dim_:
-                    raise InvalidInput(
-                        f"{encoder.name} gives {encoder.dim}-dimensional embeddings; the index holds {self._indexes[name].correction.dim_}-dimensional ones"
-                    )
+                dim = self._indexes[name].info()["dim"]
+                if encoder.dim != dim:
+                    raise InvalidInput(f"{encoder.name} gives {encoder.dim}-dimensional embeddings; the index holds {dim}-dimensional ones")
                 problems[name] = None
             except (HublessError, OSError) as exc:
                 problems[name] = message(exc)
@@ -278,26 +275,26 @@ class Searcher:
     def queries(self, name: str | None = None, *, embeddings=None, texts=None, images=None, item: int | None = None) -> np.ndarray:
         """(m, d) float32 query vectors for index ``name`` from exactly one of ``embeddings``,
         ``texts``, ``images`` (files or PIL images, encoded with the index's model) or ``item``
-        (a gallery position: "more like this")."""
+        (an item's id: "more like this")."""
         from hubless._validation import as_embeddings
 
         given = [k for k, v in zip(QUERY_KINDS, (embeddings, texts, images, item)) if v is not None]
         if len(given) != 1:
             raise InvalidInput(f"give exactly one of embeddings, texts, images or item (got {', '.join(given) or 'none'})")
         index = self.index(name)
-        corr = index.correction
+        info = index.info()
         if item is not None:
-            if not 0 <= int(item) < index.ntotal:
-                raise NotFound(f"index {self.name(name)!r} has no item {item} (ids are 0 .. {index.ntotal - 1})")
-            return corr.gallery_[int(item) : int(item) + 1]
+            if int(item) not in index:
+                raise NotFound(f"index {self.name(name)!r} has no item {item}")
+            return index.get([int(item)]).embeddings
         if embeddings is not None:
-            return as_embeddings(embeddings, "queries", normalize=corr.normalize, dim=corr.dim_)
+            return as_embeddings(embeddings, "queries", normalize=info["normalize"], dim=info["dim"])
         from hubless.encoders import encode_queries
 
         encoder = self.encoder_for(name)
         if texts is not None:
-            return encode_queries(encoder, texts=list(texts), expected_dim=corr.dim_)
-        return encode_queries(encoder, images=list(images), expected_dim=corr.dim_)
+            return encode_queries(encoder, texts=list(texts), expected_dim=info["dim"])
+        return encode_queries(encoder, images=list(images), expected_dim=info["dim"])
 
     # ------------------------------------------------------------------ search
     def search(
@@ -332,15 +329,12 @@ class Searcher:
         ``index.search``; the service passes its batcher).
         """
         name = self.name(index)
-        if compare and where is not None:
-            raise InvalidInput("compare cannot be combined with a where= filter yet: search without compare")
         current = self._indexes[name]  # one consistent version for the whole call
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
         top_k = _top_k(top_k, current.ntotal)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
-        result = SearchResult(name, self._spec(current), np.empty((0, 0), np.int64), np.empty((0, 0), np.float32),
-                              current.metadata, queries=shown)  # fmt: skip
+        result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
         if rerank:
             items = (
                 list(query_items)
@@ -356,29 +350,22 @@ class Searcher:
             run = runner or (lambda idx, q, k, **kw: idx.search(q, k, **kw))
             result.scores, result.ids = run(current, vectors, top_k, **options)
         if compare:
-            knobs = {k: v for k, v in options.items() if k in ("nprobe", "ef_search", "rescore")}
+            knobs = {k: v for k, v in options.items() if k in ("nprobe", "ef_search", "rescore", "where")}
             result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+        if current.metadata_schema is not None:  # the records of the items shown, looked up by id
+            shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
+            found = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
+            found = found[found >= 0]
+            result.metadata = dict(zip(found.tolist(), current.records(found)))
         return result
-
-    def _spec(self, index) -> str:
-        """The index's method spec, computed once per index version (it reads the parameters'
-        signatures: ~80 us, a quarter of a single-query IVF search)."""
-        spec = self._specs.get(index)
-        if spec is None:
-            spec = self._specs[index] = index.correction.spec
-        return spec
 
     def _options(self, index, weight, where, nprobe, ef_search, rescore) -> dict:
         options: dict[str, Any] = {}
         if weight is not None:
-            if index.correction.weight_param is None:
-                raise InvalidInput(f"{index.correction.spec} has no query-time weight to set")
+            if index.weight_param is None:
+                raise InvalidInput(f"{index.info()['method']} has no query-time weight to set")
             options["weight"] = weight
         if where is not None:
-            import inspect
-
-            if "where" not in inspect.signature(index.search).parameters:
-                raise InvalidInput("metadata filters (where=) need an index version that supports them; search without where")
             options["where"] = where
         for key, value in (("nprobe", nprobe), ("ef_search", ef_search), ("rescore", rescore)):
             if value is not None:
@@ -386,6 +373,7 @@ class Searcher:
         return options
 
     def _rerank(self, result: SearchResult, index, vectors, items, top_k: int, options: dict) -> None:
+        from hubless.index import ItemColumn
         from hubless.rerank import Pipeline
 
         if self.reranker is None:
@@ -394,9 +382,9 @@ class Searcher:
             raise InvalidInput(
                 "reranking needs the query texts or images (the cross-encoder reads them): give texts, images or query_items"
             )
-        meta = index.metadata
-        column = self.rerank_column or next((c for c in RERANK_COLUMNS if meta and c in meta[0]), None)
-        if not meta or column not in meta[0]:
+        columns = [] if index.metadata_schema is None else index.metadata_schema.names
+        column = self.rerank_column or next((c for c in RERANK_COLUMNS if c in columns), None)
+        if column not in columns:
             wanted = self.rerank_column or "/".join(RERANK_COLUMNS)
             raise InvalidInput(
                 f"index {result.index!r} has no {wanted} column in its metadata: nothing for the reranker to read for an item"
@@ -408,7 +396,7 @@ class Searcher:
             k=k,
             fusion=self.fusion,
             fusion_weight=self.fusion_weight,
-            gallery_items=[str(m.get(column, "")) for m in meta],
+            gallery_items=_Text(ItemColumn(index, column)),
         )
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores
@@ -423,3 +411,20 @@ def _top_k(top_k, n: int) -> int:
 
 def _image_name(image) -> str:
     return os.fspath(image) if isinstance(image, (str, os.PathLike)) else "(image)"
+
+
+class _Text(Mapping):
+    """A metadata column read as text (an item without a value reads as "")."""
+
+    def __init__(self, column) -> None:
+        self.column = column
+
+    def __getitem__(self, item_id) -> str:
+        value = self.column[item_id]
+        return "" if value is None else str(value)
+
+    def __iter__(self):
+        return iter(self.column)
+
+    def __len__(self) -> int:
+        return len(self.column)

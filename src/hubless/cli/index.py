@@ -1,4 +1,5 @@
-"""``hubless index build|info|add|remove|calibrate`` and ``hubless search``: serve a correction from FAISS."""
+"""``hubless index build|info|add|remove|get|compact|verify|calibrate`` and ``hubless search``: serve a
+correction from FAISS, write to it live (stable ids, one segment per write), filter by metadata."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def build_command(
         None, help="FAISS factory string: Flat, IVF1024,Flat, HNSW32, IVF1024,PQ64 ... (default from the gallery size)."
     ),
     metadata: Path = typer.Option(None, help="Per-item metadata: .parquet, .csv, .json (or an embed .meta.json), .txt."),
+    ids: str = typer.Option(None, help="Item ids (int64 >= 0, e.g. database keys): 3,17,42 or a .npy/.txt file. Default 0, 1, ..."),
     model: str = typer.Option(None, help="Name of the model that made the embeddings (recorded)."),
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     overwrite: bool = typer.Option(False, help="Replace an existing index directory."),
@@ -54,7 +56,14 @@ def build_command(
         raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
     if metadata is not None:  # saved as parquet: say so before the work, not after it
         check_available("pyarrow", "saving item metadata (--metadata)", "index")
+    item_ids = None
+    if ids is not None:
+        from hubless.inputs import read_ids
+
+        item_ids = read_ids(ids)
     if ray or address:
+        if item_ids is not None:
+            raise InvalidInput("--ids with --ray is not supported: build, then add the items with their ids (hubless index add --upsert)")
         index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
     else:
         if metadata is not None:
@@ -66,7 +75,7 @@ def build_command(
         gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
         corr, statistics = _fit_with_coverage(g, qb, gb, method, factory, normalize, progress)
         index = Index.build(g, qb, corr, factory, gallery_bank=gb, metadata=_read_metadata(metadata), model=model, progress=progress,
-                            statistics=statistics)  # fmt: skip
+                            statistics=statistics, ids=item_ids)  # fmt: skip
     if target_recall is not None:
         _print_calibration(index.calibrate(target_recall=target_recall))
     index.save(out, overwrite=overwrite)
@@ -120,42 +129,56 @@ def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize,
 @app.command("info")
 @friendly_errors
 def info_command(path: Path = typer.Argument(..., help="Index directory.")) -> None:
-    """Describe a saved index (verifies its checksums)."""
+    """Describe a saved index: method, sizes, config, and how it is stored (base, segments)."""
     from hubless.index import Index
 
+    index = Index.load(path, mmap=True)
     table = Table(title=str(path), show_header=False)
-    for key, value in Index.load(path).info().items():
+    for key, value in {**index.info(), **index.storage()}.items():
         table.add_row(key, str(value))
     wide_console().print(table)
+
+
+def _shown_ids(ids) -> str:
+    ids = [int(i) for i in ids]
+    return ", ".join(map(str, ids[:10])) + (f", ... ({len(ids) - 10} more)" if len(ids) > 10 else "")
 
 
 @app.command("add")
 @friendly_errors
 def add_command(
-    path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
+    path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
     embeddings: Path = typer.Option(None, help="New gallery items (.npy/.npz)."),
     metadata: Path = typer.Option(None, help="Their metadata (same formats as build)."),
+    ids: str = typer.Option(None, help="Their ids (3,17,42 or a .npy/.txt file); default: assigned from the index's next id."),
+    upsert: bool = typer.Option(False, "--upsert", help="Replace the items whose ids are present instead of refusing them."),
     query_bank: Path = typer.Option(None, help="New reference queries for the query bank (.npy/.npz): every bias is updated."),
     gallery_bank: Path = typer.Option(None, help="New reference items for the gallery bank (DualIS/DualDIS, DN)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
 ) -> None:
-    """Add items (biases from the stored banks) and/or bank items (every bias updated); saved atomically."""
+    """Add items (biases from the stored banks; prints their ids) and/or bank items (every bias updated)."""
     from hubless.index import Index
+    from hubless.inputs import read_ids
 
     if embeddings is None and query_bank is None and gallery_bank is None:
         raise typer.BadParameter("pass --embeddings (new items), --query-bank and/or --gallery-bank (new bank items)")
+    if (ids is not None or upsert) and embeddings is None:
+        raise typer.BadParameter("--ids and --upsert go with --embeddings")
+    if upsert and ids is None:
+        raise typer.BadParameter("--upsert needs --ids (the items to replace or add)")
     if metadata is not None:
         from hubless.errors import check_available
 
         check_available("pyarrow", "saving item metadata (--metadata)", "index")
-    with Index.update(path) as index:  # locked from load to save: concurrent adds never lose a batch
-        corr = index.correction
+    item_ids = None if ids is None else read_ids(ids)
+    with Index.update(path, mmap=True) as index:  # locked from load to commit: concurrent adds never lose a batch
+        normalize, dim = index.info()["normalize"], index.info()["dim"]
         if query_bank is not None:
-            new_bank = load(query_bank, "query bank", normalize=corr.normalize, dim=corr.dim_)
+            new_bank = load(query_bank, "query bank", normalize=normalize, dim=dim)
             index.add_query_bank(new_bank, progress=progress)
             typer.echo(f"added {new_bank.shape[0]} bank queries")
         if gallery_bank is not None:
-            new_bank = load(gallery_bank, "gallery bank", normalize=corr.normalize, dim=corr.dim_)
+            new_bank = load(gallery_bank, "gallery bank", normalize=normalize, dim=dim)
             index.add_gallery_bank(new_bank, progress=progress)
             typer.echo(f"added {new_bank.shape[0]} gallery-bank items")
         if embeddings is not None:
@@ -163,9 +186,14 @@ def add_command(
                 from hubless.inputs import check_embedding_meta
 
                 check_embedding_meta(metadata, embeddings)
-            new = load(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
-            index.add(new, _read_metadata(metadata), progress=progress)
-            typer.echo(f"added {new.shape[0]} items")
+            new = load(embeddings, "embeddings", normalize=normalize, dim=dim)
+            records = _read_metadata(metadata)
+            if upsert:
+                added = index.upsert(item_ids, new, records, progress=progress)
+                typer.echo(f"upserted {new.shape[0]} items: ids {_shown_ids(added)}")
+            else:
+                added = index.add(new, records, ids=item_ids, progress=progress)
+                typer.echo(f"added {new.shape[0]} items: ids {_shown_ids(added)}")
     typer.echo(f"saved {index!r}")
 
 
@@ -204,17 +232,67 @@ def _print_calibration(result: dict) -> None:
 @app.command("remove")
 @friendly_errors
 def remove_command(
-    path: Path = typer.Argument(..., help="Index directory (updated in place, atomically)."),
-    ids: str = typer.Option(..., help="Item positions to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
+    ids: str = typer.Option(..., help="Ids of the items to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
 ) -> None:
-    """Remove items by position (later items move up); the other items' biases are kept."""
+    """Remove items by id (all or nothing: an unknown id removes none); the other items' biases are kept."""
     from hubless.index import Index
     from hubless.inputs import read_ids
 
-    positions = read_ids(ids)
-    with Index.update(path) as index:
-        index.remove(positions)
-    typer.echo(f"removed {len(set(positions.tolist()))} items: {index!r}")
+    item_ids = read_ids(ids)
+    with Index.update(path, mmap=True) as index:
+        removed = index.remove(item_ids)
+    typer.echo(f"removed {removed.size} items: {index!r}")
+
+
+@app.command("get")
+@friendly_errors
+def get_command(
+    path: Path = typer.Argument(..., help="Index directory."),
+    ids: str = typer.Option(..., help="Item ids: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    embeddings: bool = typer.Option(False, "--embeddings", help="Also print each item's embedding."),
+) -> None:
+    """Print items by id as JSON lines: id, metadata (and embedding)."""
+    from hubless._io import to_json
+    from hubless.index import Index
+    from hubless.inputs import read_ids
+
+    items = Index.load(path, mmap=True).get(read_ids(ids))
+    for i, item_id in enumerate(items.ids):
+        line = {"id": int(item_id), "metadata": None if items.metadata is None else items.metadata[i]}
+        if embeddings:
+            line["embedding"] = items.embeddings[i].tolist()
+        typer.echo(to_json(line))
+
+
+@app.command("compact")
+@friendly_errors
+def compact_command(path: Path = typer.Argument(..., help="Index directory (rewritten as a new base, atomically).")) -> None:
+    """Fold every write into a new base of the live items (writes also do it past a threshold)."""
+    from hubless.index import Index
+
+    with Index.update(path, mmap=True) as index:
+        before = index.storage()
+        index.compact()
+    after = index.storage()
+    typer.echo(
+        f"compacted {path}: {before['base_rows']} + {before['rows_since_base']} rows in {before['segments']} segments, "
+        f"{before['removed_rows']} removed -> {after['base_rows']} rows"
+    )
+
+
+@app.command("verify")
+@friendly_errors
+def verify_command(path: Path = typer.Argument(..., help="Index directory.")) -> None:
+    """Check every file of the index against the sha256 and size recorded when it was written (a
+    plain load checks every file it reads; a memory-mapped load skips the mapped ones)."""
+    from hubless.index.store import verify
+
+    result = verify(path)
+    if result["files"] is None:
+        typer.echo(f"ok: {path} (format {result['format']}: every file verified by the load), {result['items']} items")
+    else:
+        typer.echo(f"ok: {path}: {result['files']} files, {result['bytes']:,} bytes verified; {result['items']} items")
 
 
 @friendly_errors
@@ -242,6 +320,9 @@ def search_command(
     ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a store with an HNSW index, its ef)."),
     rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
     target_recall: float = typer.Option(None, help="On a store with an ANN index: the knob measured at export to reach this recall@10."),
+    where: str = typer.Option(
+        None, help='Metadata filter as JSON: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (docs/live-index.md).'
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
     rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
@@ -253,7 +334,7 @@ def search_command(
         None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text, caption or item)."
     ),
 ) -> None:
-    """Search a saved index (or a store it was exported to); scores are the method's own, ids are gallery positions."""
+    """Search a saved index (or a store it was exported to); scores are the method's own, ids the items' ids."""
     from hubless.cli._common import deprecated_flag
     from hubless.export.base import is_store_uri
 
@@ -266,7 +347,10 @@ def search_command(
     if queries is not None and model is not None:
         raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
     items = _query_items(text, texts, image)
+    condition = _parse_where(where)
     if is_store_uri(path):
+        if condition is not None:
+            raise InvalidInput("--where filters an index; a store is filtered with its own query language")
         if rerank or rescore is not None:
             raise InvalidInput("--rerank and --rescore need the index itself; a store is searched with its own engine")
         import hubless.export
@@ -285,7 +369,8 @@ def search_command(
     searcher = Searcher({Path(path).name: Path(path)}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
                         reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
     index = searcher.index()
-    embeddings = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
+    info = index.info()
+    embeddings = None if queries is None else load(queries, "queries", normalize=info["normalize"], dim=info["dim"])
     reranked_items = None
     if rerank:
         from hubless.inputs import read_items
@@ -304,10 +389,24 @@ def search_command(
         nprobe=nprobe,
         ef_search=ef_search,
         rescore=rescore,
+        where=condition,
     )
-    title = f"{path} ({index.correction.spec}, {index.config.factory}, {index.ntotal} items): top {top_k}"
-    meta = index.metadata
-    _print_results(title, result.scores, result.ids, None if not meta else lambda i, rank, j: meta[j], items, as_json)
+    title = f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
+    records = result.metadata_by_id()
+    _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
+
+
+def _parse_where(text: str | None):
+    """``--where`` JSON as a dict (None when not given)."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f'--where must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
+    if not isinstance(value, dict):
+        raise InvalidInput("--where must be a JSON object of metadata conditions")
+    return value
 
 
 def _query_items(text, texts, image) -> list[str] | None:

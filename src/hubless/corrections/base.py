@@ -20,6 +20,7 @@ an order. ``score``, ``search``, the evaluation, tuning, the fairness audit and
 
 from __future__ import annotations
 
+import copy
 import inspect
 import numbers
 from typing import Any, ClassVar
@@ -577,15 +578,53 @@ class AdditiveCorrection(Correction):
         return QuerySide(self)
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
-        cols = np.asarray(self._bias_columns(statistics), dtype=np.float32)
+        self._fit_gates(statistics)
+        self.bias_columns_ = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
+
+    def _checked_columns(self, cols, n_rows: int) -> np.ndarray:
+        cols = np.asarray(cols, dtype=np.float32)
         if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
-            bad = int((~np.isfinite(cols)).any(axis=1).sum())
+            bad = int((~np.isfinite(cols)).reshape(n_rows, -1).any(axis=1).sum())
             raise InvalidInput(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
-        self.bias_columns_ = np.ascontiguousarray(cols.reshape(self.n_gallery_, -1))
+        return np.ascontiguousarray(cols.reshape(n_rows, -1))
 
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
-        """Hook: the bias column(s) of the gallery from the bank statistics."""
+        """Hook: the bias column(s) of the gallery from the bank statistics. Row-local: each
+        row's bias reads only that row's statistics (and the gallery row itself) and the banks'
+        global values (sizes, means), so rows can be computed part by part (:meth:`row_bias`)."""
         raise NotImplementedError
+
+    def _fit_gates(self, statistics: BankStatistics) -> None:
+        """Hook: per-item gates read from the activation sets (DIS, DualDIS); none by default."""
+
+    def row_bias(self, rows: np.ndarray, statistics: BankStatistics) -> np.ndarray:
+        """The bias columns (n_rows, n_columns) float32 of gallery ``rows`` (validated float32)
+        from their own bank statistics: the per-row arrays of these rows with the banks' global
+        values (sizes, means), as :func:`hubless.engine.updates.gallery_rows` or
+        :func:`hubless.engine.compute_statistics` on the rows give them. Every bias is row-local
+        (see :meth:`_bias_columns`), so this equals those rows of a fit over any gallery holding
+        them; this correction is not changed. A live index computes new items' biases this way."""
+        part = copy.copy(self)
+        part.gallery_ = rows
+        part.n_gallery_, part.dim_ = rows.shape
+        return part._checked_columns(part._bias_columns(statistics), rows.shape[0])
+
+    def for_rows(self, bias_columns: np.ndarray, statistics: BankStatistics) -> AdditiveCorrection:
+        """Set this (unfitted) correction up to rank ``len(bias_columns)`` gallery rows whose
+        bias columns were computed elsewhere, part by part (:meth:`row_bias`): the query state
+        (bank sizes and means) and the gates (activation sets over these rows) are read from
+        ``statistics``, whose per-row arrays may be empty. The rows themselves are not kept
+        (``gallery_`` is empty): the caller passes similarities to :meth:`rank` and fills each
+        batch's raw-neighbour statistics itself. Returns ``self``."""
+        self._validate_params()
+        dim = int(np.shape(statistics.query_bank_mean)[0])
+        self.gallery_ = np.zeros((0, dim), np.float32)
+        self.n_gallery_, self.dim_ = 0, dim
+        self._bias_columns(statistics)  # sets the query state; its output (for no rows) is not used
+        self.n_gallery_ = int(bias_columns.shape[0])
+        self._fit_gates(statistics)
+        self.bias_columns_ = bias_columns
+        return self
 
 
 class QuerySide:

@@ -144,7 +144,7 @@ class DualDIS(ActivationGated, DualIS):
             .merge(StatisticsRequest(query_activation_k=self.k_activation, gallery_activation_k=self.k_activation))
         )
 
-    def _bias_columns(self, statistics) -> np.ndarray:
+    def _fit_gates(self, statistics) -> None:
         self.activation_masks_ = np.stack(
             [
                 statistics.activation_mask("query", self.k_activation),
@@ -152,6 +152,8 @@ class DualDIS(ActivationGated, DualIS):
             ],
             axis=1,
         )
+
+    def _bias_columns(self, statistics) -> np.ndarray:
         return self._centred_columns(statistics)
 
     def weights(self, batch):

@@ -137,9 +137,8 @@ class DynamicInvertedSoftmax(ActivationGated, InvertedSoftmax):
     def statistics_request(self) -> StatisticsRequest:
         return super().statistics_request().merge(StatisticsRequest(query_activation_k=self.k_activation))
 
-    def _bias_columns(self, statistics) -> np.ndarray:
+    def _fit_gates(self, statistics) -> None:
         self.activation_mask_ = statistics.activation_mask("query", self.k_activation)
-        return super()._bias_columns(statistics)
 
     def weights(self, batch):
         return self.gates(batch, self.activation_mask_[:, None])

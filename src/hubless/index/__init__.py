@@ -1,6 +1,6 @@
 """Serving corrections from FAISS indexes: :class:`Index` (build, search, add, remove, save, load)."""
 
 from hubless.index.config import IndexConfig
-from hubless.index.index import Index
+from hubless.index.index import Index, ItemColumn, Items
 
-__all__ = ["Index", "IndexConfig"]
+__all__ = ["Index", "IndexConfig", "ItemColumn", "Items"]

@@ -43,7 +43,7 @@ def calibrate(index, queries=None, *, target_recall: float = 0.95, top_k: int = 
         return {"param": None, "value": None, "recall": 1.0, "reached": True, "curve": []}
     param, limit = knob
     values = _powers_of_two(limit, start=1 if param == "nprobe" else 16)
-    exact = corr.search(q, top_k)[1]
+    exact = index.ids[corr.search(q, top_k)[1]]  # the correction ranks positions; the index returns item ids
     curve = []
     for value in values:
         ids = index.search(q, top_k, **{param: value})[1]

@@ -44,6 +44,8 @@ __all__ = [
     "PROBE_BIAS_SHARE",
     "Layout",
     "add_rows",
+    "refill_faiss",
+    "with_selection",
     "append_rows",
     "build_faiss",
     "default_factory",
@@ -415,3 +417,33 @@ def search_parameters(index, *, nprobe: int, ef_search: int):
         params.efSearch = int(ef_search)
         return params
     return None
+
+
+# ---------------------------------------------------------------------------------- live indexes
+def refill_faiss(index, factory: str, unit: np.ndarray, augmented: np.ndarray, layout: Layout, *, same_items: bool = False):
+    """A new index holding exactly these rows with the training of ``index`` (IVF centroids,
+    PQ codebooks), which is left unchanged (searches may still be reading it): a compaction.
+    An HNSW graph is rebuilt unless ``same_items`` (only the biases changed). Returns
+    ``(index, layout)`` (the spill threshold of the new biases)."""
+    if _hnsw(index) is not None and not same_items:
+        return build_faiss(factory, unit, augmented, spill=layout.spill)
+    try:
+        fresh = faiss.clone_index(index)
+    except RuntimeError:  # e.g. memory-mapped inverted lists: build anew
+        return build_faiss(factory, unit, augmented, spill=layout.spill)
+    return fresh, replace_rows(fresh, unit, augmented, layout, same_items=same_items)
+
+
+def with_selection(index, params, allowed: np.ndarray):
+    """``params`` (from :func:`search_parameters`, or None) restricted to the stored rows where
+    ``allowed`` (bool, one per row) is True, through a FAISS ``IDSelectorBitmap``: returns the
+    parameters and the objects to keep alive during the search, or None when this index cannot
+    select (a plain PQ index: search those rows exactly instead)."""
+    if isinstance(faiss.downcast_index(index), faiss.IndexPQ):
+        return None
+    bits = np.packbits(np.ascontiguousarray(allowed, dtype=bool), bitorder="little")
+    selector = faiss.IDSelectorBitmap(int(allowed.size), faiss.swig_ptr(bits))
+    if params is None:
+        params = faiss.SearchParameters()
+    params.sel = selector
+    return params, (bits, selector)

@@ -1,26 +1,39 @@
-"""``hubless.Index``: serve an additive correction from a FAISS index at no query-time cost.
+"""``hubless.Index``: serve an additive correction at no query-time cost, and write to it live.
 
     index = hubless.Index.build(gallery, query_bank, method="nnn:alpha=0.75,k=16", factory="IVF1024,Flat")
     scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
-    index.save("idx/");  index = hubless.Index.load("idx/")
+    scores, ids = index.search(queries, where={"split": "test", "year": {"gte": 2020}})
+    index.save("idx/")
+    live = hubless.Index.open("idx/")                              # every write is committed at once
+    new_ids = live.add(rows, metadata=[...]); live.remove([3, 17]); live.upsert([5], row, [{...}])
 
-The FAISS index holds [r, bias(r)] and is queried with [q, -W(q)] (see
-:mod:`hubless.index.faiss_build` for how ANN structures are kept free of the bias). With
-``rescore=True`` (default for every non-Flat index) the ANN returns ``rescore_factor x top_k``
-candidates, which are re-scored exactly by the correction's ranking hook from the stored
-gallery and biases, so approximation only affects which items become candidates. Raw-neighbour
-statistics a correction asks for (the DIS/DualDIS gates' raw top-1, CSLS's r_q) come from one
-extra search of the same index with w = 0.
+Items have stable int64 ids (:mod:`hubless.index.ids`): given or assigned, never reused; search
+results, :meth:`Index.get`, metadata and removals use them. A write costs O(batch): new items'
+biases come from the stored banks, their rows are appended, removed items are marked dead
+(:mod:`hubless.index.live`), and on disk one segment file is added per write, committed by an
+atomic ``CURRENT`` switch (:mod:`hubless.index.store`). After any sequence of writes a search
+equals a fresh build over the live items (DIS/DualDIS activation sets included).
+
+Search: the FAISS structure (none for Flat, which is searched exactly by the streamed engine)
+holds the base's [r, bias(r)] and is queried with [q, -W(q)]; rows written since the base are
+searched exactly and merged in; dead rows and rows a ``where`` filter excludes are left out
+(FAISS ``IDSelector``; a selective filter is searched exactly over its rows). With
+``rescore=True`` (default for every ANN index) ``rescore_factor x top_k`` candidates are
+re-scored exactly by the correction's ranking hook, so approximation only decides which items
+become candidates. Raw-neighbour statistics (the DIS/DualDIS gates' raw top-1, CSLS's r_q)
+come from one extra search of the same index with w = 0, over every live item.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import os
+import shutil
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,44 +41,94 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
-from hubless.engine import BankStatistics, exact_search
-from hubless.errors import InvalidInput, InvalidType, NotFittedError
+from hubless.engine import BankStatistics
+from hubless.errors import AlreadyExists, Conflict, InvalidInput, InvalidType, NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
     Layout,
-    append_rows,
     build_faiss,
     default_factory,
     plan_layout,
-    replace_rows,
     search_knob,
     search_parameters,
     search_rows,
     stored_rows,
+    with_selection,
     with_spill,
 )
+from hubless.index.ids import check_ids
+from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
 from hubless.index.lock import write_lock
+from hubless.index.metadata import Metadata
 
-__all__ = ["Index", "IndexConfig", "augmented_rows"]
+__all__ = [
+    "COMPACT_FRACTION",
+    "COMPACT_MIN_ROWS",
+    "Index",
+    "IndexConfig",
+    "ItemColumn",
+    "Items",
+    "MAX_SEGMENTS",
+    "MISSING",
+    "augmented_rows",
+]
 
-#: Id FAISS returns for a slot it could not fill (e.g. probed IVF lists ran dry).
-MISSING = -1
-#: From this many queries on, a Flat index searches with hubless's engine instead of FAISS's scan.
-FLAT_ENGINE_BATCH = 8
+#: A write folds every segment into one when the index would otherwise hold more than this many.
+MAX_SEGMENTS = 64
+#: A write compacts the index (a new base of the live items) once the rows written since the
+#: base, or the removed rows, exceed COMPACT_MIN_ROWS + COMPACT_FRACTION x the base's rows.
+COMPACT_MIN_ROWS = 1000
+COMPACT_FRACTION = 0.1
+#: A filter leaving at most this many rows is searched exactly over them, on any index.
+SUBSET_ROWS = 4096
+
+
+@dataclass
+class Items:
+    """What :meth:`Index.get` returns: ``ids`` (int64), their ``embeddings`` (float32, as
+    stored: normalised when the index normalises) and ``metadata`` (one dict per item with every
+    key of the schema, or None for an index without metadata)."""
+
+    ids: np.ndarray
+    embeddings: np.ndarray
+    metadata: list[dict] | None
+
+
+class ItemColumn(Mapping):
+    """One metadata column of an index's items, looked up by id (``column[id]``): what a
+    reranker reads for each candidate (e.g. the ``path`` or ``text`` of an item). Reads the
+    version the index had when this was made."""
+
+    def __init__(self, index: Index, column: str) -> None:
+        snap = index._snap
+        if snap.metadata is None or column not in snap.metadata.schema.names:
+            raise InvalidInput(f"the index's metadata has no column {column!r}")
+        self._snap, self.column = snap, column
+
+    def __getitem__(self, item_id):
+        rows = self._snap.rows_of([int(item_id)])
+        return self._snap.metadata.table.column(self.column)[int(rows[0])].as_py()
+
+    def __iter__(self):
+        return iter(self._snap.live_ids.tolist())
+
+    def __len__(self) -> int:
+        return self._snap.n_alive
 
 
 class Index:
-    """A searchable gallery corrected by one additive correction (see module docstring).
+    """A searchable gallery corrected by one additive correction (see the module docstring).
 
     Build with :meth:`build` (fits the correction) or ``Index(correction, factory)`` from a
-    fitted correction. ``metadata``: optional per-item records (a list of dicts, or a dict of
-    columns), kept aligned with the gallery through add/remove and saved as parquet.
-    ``config`` holds the factory, model name and search defaults (:class:`IndexConfig`).
-    ``spill``: IVF only, the share of items with the lowest bias also stored in their second
-    list (default 0.3; 0 turns it off), so corrected IVF finds what plain IVF finds at the same
-    ``nprobe`` (see :mod:`hubless.index.faiss_build` and docs/corrected-ann.md).
+    fitted correction. ``ids``: one int64 id >= 0 per gallery item (default 0, 1, ...).
+    ``metadata``: per-item records (a list of dicts, a dict of columns, or a pyarrow Table),
+    typed by ``metadata_schema`` (a pyarrow Schema) where it names a key and inferred otherwise
+    (see :mod:`hubless.index.metadata`). ``config`` holds the factory, model name and search
+    defaults (:class:`IndexConfig`). ``spill``: IVF only, the share of items with the lowest bias
+    also stored in their second list (default 0.3; 0 turns it off), so corrected IVF finds what
+    plain IVF finds at the same ``nprobe`` (see :mod:`hubless.index.faiss_build`).
     """
 
     def __init__(
@@ -76,6 +139,8 @@ class Index:
         query_bank: np.ndarray | None = None,
         gallery_bank: np.ndarray | None = None,
         metadata=None,
+        metadata_schema=None,
+        ids=None,
         model: str | None = None,
         nprobe: int = 16,
         ef_search: int = 64,
@@ -87,27 +152,49 @@ class Index:
         _check_servable(correction)
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
-        factory = factory or default_factory(correction.n_gallery_)
+        n = correction.n_gallery_
+        factory = factory or default_factory(n)
         rescore = not _is_flat(factory) if rescore is None else rescore
         config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
+        ids = np.arange(n, dtype=np.int64) if ids is None else check_ids(ids, n)
+        meta = None
+        if metadata is not None or metadata_schema is not None:
+            meta = Metadata.from_records(metadata, n, metadata_schema) if metadata is not None else Metadata.empty(n, metadata_schema)
         t0 = time.perf_counter()
-        if _built is None:
-            faiss_index, layout = build_faiss(config.factory, correction.gallery_, augmented_rows(correction), spill=spill)
-        else:  # built elsewhere (see from_faiss)
-            faiss_index, layout = _built
-        config.spill, config.spill_below, config.bias_offset = layout.spill, layout.spill_below, layout.bias_offset
-        dim = layout.dim
+        faiss_index, dim = None, 0
+        if not _is_flat(config.factory):  # Flat needs no FAISS structure: it is searched exactly
+            if _built is not None:  # built elsewhere (see from_faiss)
+                faiss_index, layout = _built
+            else:
+                faiss_index, layout = build_faiss(config.factory, correction.gallery_, augmented_rows(correction), spill=spill)
+            config.spill, config.spill_below, config.bias_offset = layout.spill, layout.spill_below, layout.bias_offset
+            dim = layout.dim
         config.build_seconds = time.perf_counter() - t0
-        self._setup(
-            correction, config, faiss_index, dim, query_bank, gallery_bank, _as_records(metadata, correction.n_gallery_), mmap=False
-        )
+        banks = {"query_bank": query_bank, "gallery_bank": gallery_bank}
+        snap = Snapshot.from_correction(correction, config, ids=ids, faiss=faiss_index, faiss_dim=dim, banks=banks, metadata=meta)
+        self._setup(snap)
+
+    def _setup(
+        self, snap: Snapshot, *, path: Path | None = None, loaded: store.Loaded | None = None, live: bool = False, mmap: bool = False
+    ):
+        """The one place an index's state is set."""
+        self._snap = snap
+        self._path = path
+        self._live = live
+        self._mmap = mmap
+        self._lock = threading.RLock()  # writers of this object, one at a time
+        self._committed = snap if loaded is not None else None  # what the directory holds
+        self._base = getattr(loaded, "base", None)  # the base alone, for folding segments
+        self._manifest = None if loaded is None else loaded.manifest
+        self._stamp = () if loaded is None else loaded.stamp
+        self._locked = False  # inside update(): the file lock is held, commit at the end
 
     @classmethod
     def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, *, spill: float = 0.0, **options) -> Index:
         """An index over a FAISS index built elsewhere (by :func:`hubless.distributed.build_index`,
         say) that holds the rows of the fitted ``correction``'s gallery, in order, laid out by
         :func:`~hubless.index.faiss_build.train_empty` (IVF items spilled with ``spill``).
-        ``options``: as the constructor's (banks, metadata, model, search defaults)."""
+        ``options``: as the constructor's (banks, metadata, ids, model, search defaults)."""
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted")
         bias = correction.bias_columns_
@@ -120,21 +207,6 @@ class Index:
         if faiss_index.d != dim:
             raise InvalidInput(f"the FAISS index has dimension {faiss_index.d}; {factory!r} over this correction needs {dim}")
         return cls(correction, factory, _built=(faiss_index, layout), **options)
-
-    def _setup(self, correction, config: IndexConfig, faiss_index, dim: int, query_bank, gallery_bank, metadata, *, mmap: bool) -> None:
-        """The one place an index's state is set (by the constructor and by :meth:`load`)."""
-        self.correction = correction
-        self.config = config
-        self.query_bank = query_bank
-        self.gallery_bank = gallery_bank
-        self.metadata = metadata
-        self._faiss, self._dim, self._mmap = faiss_index, dim, mmap
-
-    @property
-    def _layout(self) -> Layout:
-        """How the FAISS rows are laid out (see :class:`~hubless.index.faiss_build.Layout`)."""
-        offset = self.correction.dim_ if self.config.bias_offset is None else self.config.bias_offset
-        return Layout(self._dim, offset, self.config.spill, self.config.spill_below)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -156,6 +228,8 @@ class Index:
     ) -> Index:
         """Fit ``method`` (a spec such as ``"nnn:alpha=0.75,k=16"``) on the banks and index the
         gallery. ``keep_banks`` stores the banks so :meth:`add` can compute new items' biases.
+        ``kwargs``: the constructor's (``ids``, ``metadata``, ``metadata_schema``, ``model``,
+        search defaults).
 
         ``bias_search``: "exact" (streamed, every similarity) or "ann" / a FAISS factory string
         for the bank ("IVF2048,Flat", "HNSW32"): sublinear top-k statistics (NNN, CSLS, DN only),
@@ -172,6 +246,8 @@ class Index:
         shape = np.shape(gallery)
         if factory is not None and len(shape) == 2:  # before the fit: a bad factory fails in a second, not after it
             check_factory(factory, shape[0], shape[1] + 1)
+        if kwargs.get("ids") is not None and len(shape) == 2:
+            check_ids(kwargs["ids"], shape[0])
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)
@@ -193,7 +269,29 @@ class Index:
     # ------------------------------------------------------------------ description
     @property
     def ntotal(self) -> int:
-        return self.correction.n_gallery_
+        """The number of items."""
+        return self._snap.n_alive
+
+    @property
+    def method(self) -> str:
+        """The correction's spec, e.g. ``"nnn:alpha=0.75,k=16"``."""
+        return self._snap.spec
+
+    @property
+    def ids(self) -> np.ndarray:
+        """The items' ids, in the index's order (the order of :attr:`correction`'s gallery)."""
+        return self._snap.live_ids
+
+    @property
+    def correction(self) -> AdditiveCorrection:
+        """The correction fitted on the items, as a fresh fit on them would be (gallery row ``i``
+        is item :attr:`ids` ``[i]``). After writes it is derived from the kept statistics on
+        first use (O(n), once per version)."""
+        return self._snap.correction
+
+    @property
+    def config(self) -> IndexConfig:
+        return self._snap.config
 
     @property
     def factory(self) -> str:
@@ -204,28 +302,107 @@ class Index:
         return self.config.model
 
     @property
+    def query_bank(self) -> np.ndarray | None:
+        return self._snap.banks.get("query_bank")
+
+    @property
+    def gallery_bank(self) -> np.ndarray | None:
+        return self._snap.banks.get("gallery_bank")
+
+    @property
+    def weight_param(self) -> str | None:
+        """The name of the correction's query-time weight (``alpha`` for NNN, ``lam`` for DN;
+        None when it has none); any search takes it as ``weight=`` too."""
+        return self._snap.serving.weight_param
+
+    @property
     def bias_error(self) -> dict[str, float] | None:
         """Mean and max |bias_ann - bias_exact| on a sample when biases came from an ANN search."""
         return self.config.bias_error
 
+    @property
+    def metadata_schema(self):
+        """The pyarrow schema of the item metadata (None: the index has no metadata)."""
+        meta = self._snap.metadata
+        return None if meta is None else meta.schema
+
+    @property
+    def metadata(self) -> list[dict] | None:
+        """Every item's metadata record, in the index's order (None without metadata). For a
+        few items use :meth:`records` or :meth:`get`; for all of them as a typed table,
+        :meth:`metadata_table`."""
+        snap = self._snap
+        if snap.metadata is None:
+            return None
+        if "records" not in snap.extra:
+            snap.extra["records"] = snap.metadata.take(snap.live_rows)
+        return snap.extra["records"]
+
+    def metadata_table(self):
+        """The items' metadata as a pyarrow Table (one row per item, in the index's order), with
+        their ids as the first column ``id``; None for an index without metadata."""
+        snap = self._snap
+        if snap.metadata is None:
+            return None
+        import pyarrow as pa
+
+        table = snap.metadata.table.take(snap.live_rows) if snap.metadata.schema.names else pa.table({})
+        return table.add_column(0, pa.field("id", pa.int64(), nullable=False), pa.array(snap.live_ids))
+
+    def records(self, ids) -> list[dict]:
+        """The metadata records of items ``ids`` (every schema key, None where unset; ``{}``
+        for an index without metadata); an unknown id is a NotFound."""
+        snap = self._snap
+        rows = snap.rows_of(ids)
+        return [{} for _ in rows] if snap.metadata is None else snap.metadata.take(rows)
+
+    def get(self, ids) -> Items:
+        """Items ``ids``: their embeddings and metadata (:class:`Items`); an unknown id is a NotFound."""
+        snap = self._snap
+        rows = snap.rows_of(ids)
+        meta = None if snap.metadata is None else snap.metadata.take(rows)
+        return Items(snap.ids[rows].copy(), snap.gather(rows), meta)
+
+    def __contains__(self, item_id) -> bool:
+        snap = self._snap
+        row = snap.id_map.rows(np.asarray([item_id], dtype=np.int64), snap.n_rows)[0]
+        return bool(row >= 0 and snap.alive[row])
+
     def info(self) -> dict[str, Any]:
-        corr = self.correction
-        stats = corr.statistics_  # the bank sizes the biases come from (kept banks or not: a distributed fit keeps none)
+        snap = self._snap
+        corr = snap.serving
+        bank = snap.bank
         return {
-            "method": corr.spec,
-            "n_items": self.ntotal,
-            "dim": corr.dim_,
-            "bias_columns": int(corr.bias_columns_.shape[1]),
-            "normalize": bool(corr.normalize),
-            "n_query_bank": int(stats.n_query_bank) if corr.needs_query_bank else None,
-            "n_gallery_bank": None if stats.n_gallery_bank is None else int(stats.n_gallery_bank),
-            "banks_kept": self.query_bank is not None or self.gallery_bank is not None,
-            "metadata_columns": sorted({k for r in self.metadata for k in r}) if self.metadata else [],
+            "method": snap.spec,
+            "n_items": snap.n_alive,
+            "dim": snap.dim,
+            "bias_columns": int(snap.bias.shape[1]),
+            "normalize": bool(snap.normalize),
+            "n_query_bank": int(bank.n_query_bank) if corr.needs_query_bank else None,
+            "n_gallery_bank": None if bank.n_gallery_bank is None else int(bank.n_gallery_bank),
+            "banks_kept": any(v is not None for v in snap.banks.values()),
+            "metadata_columns": [] if snap.metadata is None else list(snap.metadata.schema.names),
+            "next_id": int(snap.next_id),
             **self.config.to_dict(),
         }
 
+    def storage(self) -> dict[str, Any]:
+        """How the index is held: rows in its base and written since, removed rows not yet
+        compacted, and (for a saved index) its version and segments."""
+        snap, manifest = self._snap, self._manifest
+        return {
+            "path": None if self._path is None else str(self._path),
+            "format_version": store.VERSION if manifest is not None or self._path is None else "legacy (converted at the next write)",
+            "version": None if manifest is None else manifest["version"],
+            "base_rows": snap.n_base,
+            "rows_since_base": snap.n_tail,
+            "removed_rows": snap.n_dead,
+            "segments": 0 if manifest is None else len(manifest["segments"]),
+            "memory_mapped": self._mmap,
+        }
+
     def __repr__(self) -> str:
-        return f"Index({self.correction.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
+        return f"Index({self._snap.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
 
     # ------------------------------------------------------------------ search
     def search(
@@ -233,162 +410,231 @@ class Index:
         queries,
         top_k: int = 10,
         *,
+        where: dict | None = None,
         nprobe: int | None = None,
         ef_search: int | None = None,
         rescore: bool | None = None,
         **weight,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first.
+        """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first;
+        ids are the items' ids.
 
-        An ANN index can find fewer than ``top_k`` items for a query (the IVF lists it probed ran
-        dry): the unfilled slots come last, with id ``-1`` (``hubless.index.index.MISSING``)
-        and score ``-inf``; the CLI and the service leave them out.
+        ``where``: a metadata filter (``{"split": "test", "year": {"gte": 2020}}``; see
+        :mod:`hubless.index.metadata`): the results are the corrected ranking restricted to the
+        items that match (the correction itself, its gates included, is the index's). Slots that
+        cannot be filled (fewer matching items than ``top_k``, or IVF lists probed that ran dry)
+        come last, with id ``-1`` (``MISSING``) and score ``-inf``; the CLI and the service
+        leave them out.
 
         ``weight`` overrides the correction's weight per call (``weight=`` for every method, or
         its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
         defaults for this call only (other threads searching meanwhile are not affected).
         """
-        corr = self.correction
-        nprobe = self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-        ef_search = self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        if _is_flat(self.factory) and (not corr.exactly_additive or np.shape(queries)[0] >= FLAT_ENGINE_BATCH):
-            # exact either way; hubless's streamed GEMM engine is ~4x faster than FAISS's flat scan for
-            # batches (measured: 32 queries over 100k x 512 in 45 ms vs 203 ms), and it alone ranks
-            # scores that are only partly a bias (published DualDIS)
-            return corr.search(queries, check_top_k(top_k, self.ntotal), **weight)
+        snap = self._snap  # one version for the whole call, whatever writes happen meanwhile
+        corr = snap.serving
+        config = snap.config
+        nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
+        ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
         batch = corr.queries(queries, **weight)
-        top_k = check_top_k(top_k, self.ntotal)
-        params = search_parameters(self._faiss, nprobe=nprobe, ef_search=ef_search)
-        self._raw_statistics(batch, params)
-        weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
-        # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
-        do_rescore = (self.config.rescore if rescore is None else bool(rescore)) or not corr.exactly_additive
-        depth = min(self.ntotal, top_k * self.config.rescore_factor) if do_rescore else top_k
-        ranking, ids = self._faiss_search(batch.vectors, -weights, depth, params)
-        if do_rescore:
-            ranking, ids = self._rescore(batch, ids, top_k)
-        found = ids != MISSING
+        allowed = snap.allowed(where)
+        n_allowed = snap.n_alive if allowed is None else int(np.count_nonzero(allowed))
+        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
+        params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
+        self._raw_statistics(snap, batch, params)
+        selection = None
+        if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
+            selection = with_selection(snap.faiss, params, allowed[: snap.n_base])
+        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
+            ranking, rows = self._exact(snap, batch, top_k, allowed, n_allowed)
+        else:
+            ranking, rows = self._ann(snap, batch, top_k, allowed, n_allowed, params if selection is None else selection[0], rescore)
+        found = rows != MISSING
+        ids = np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
         if found.all():
             return corr.method_scores(batch, ranking), ids
         scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
         return np.where(found, scores, -np.inf).astype(np.float32), ids
 
     def search_uncorrected(
-        self, queries, top_k: int = 10, *, nprobe: int | None = None, ef_search: int | None = None, rescore: bool | None = None
+        self,
+        queries,
+        top_k: int = 10,
+        *,
+        where: dict | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        rescore: bool | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The uncorrected top ``top_k``, ``(scores, ids)``: plain inner products <q, r> of the
         (normalised) queries, through the same structure as :meth:`search` (the weight-0 query
-        [q, 0] on the FAISS index; a Flat index is searched exactly), so comparing costs about
-        one more search of the same kind, not an exact scan of the gallery. ANN candidates are
-        re-scored exactly as in :meth:`search`; unfilled slots have id -1 and score -inf."""
-        corr = self.correction
-        vectors = corr.queries(queries).vectors
-        top_k = check_top_k(top_k, self.ntotal)
-        if _is_flat(self.factory):
-            return exact_search(vectors, corr.gallery_, top_k)
-        nprobe = self.config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-        ef_search = self.config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        params = search_parameters(self._faiss, nprobe=nprobe, ef_search=ef_search)
-        do_rescore = self.config.rescore if rescore is None else bool(rescore)
-        depth = min(self.ntotal, top_k * self.config.rescore_factor) if do_rescore else top_k
-        zeros = np.zeros((vectors.shape[0], corr.bias_columns_.shape[1]), np.float32)
-        scores, ids = self._faiss_search(vectors, zeros, depth, params)
-        if not do_rescore:
-            return np.where(ids != MISSING, scores, -np.inf).astype(np.float32), ids
-        found = ids != MISSING
-        sims = np.einsum("qd,qkd->qk", vectors, corr.gallery_[np.where(found, ids, 0)])
-        sims = np.where(found, sims, -np.inf).astype(np.float32)
-        order = np.lexsort((np.where(found, ids, np.iinfo(np.int64).max), -sims), axis=1)[:, :top_k]
-        return np.take_along_axis(sims, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        [q, 0] on the FAISS index, the rows written since the base exactly; a Flat index is
+        searched exactly), so comparing costs about one more search of the same kind. ANN
+        candidates are re-scored exactly as in :meth:`search`; ``where`` filters as there;
+        unfilled slots have id -1 and score -inf."""
+        snap = self._snap
+        config = snap.config
+        vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
+        allowed = snap.allowed(where)
+        n_allowed = snap.n_alive if allowed is None else int(np.count_nonzero(allowed))
+        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
+        selection = None
+        if snap.faiss is not None:
+            nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
+            ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
+            params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
+            if allowed is not None:
+                selection = with_selection(snap.faiss, params, allowed[: snap.n_base])
+        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
+            scores, rows = snap.stream_topk(vectors, top_k, allowed)
+        else:
+            params = params if selection is None else selection[0]
+            do_rescore = config.rescore if rescore is None else bool(rescore)
+            depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
+            zeros = np.zeros((vectors.shape[0], snap.bias.shape[1]), np.float32)
+            scores, rows = _faiss_search(snap, vectors, zeros, min(depth, snap.n_base), params)
+            if snap.n_tail:
+                tail = snap.stream_topk(vectors, depth, allowed, rows="tail")
+                scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
+            if do_rescore:
+                found = rows != MISSING
+                sims = np.einsum("qd,qkd->qk", vectors, snap.gather(np.where(found, rows, 0)))
+                scores, rows = _best(np.where(found, sims, -np.inf), rows, top_k)
+            else:
+                scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
+        found = rows != MISSING
+        return scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
 
-    def _raw_statistics(self, batch: QueryBatch, params) -> None:
-        """Fill the raw-neighbour statistics the correction asks for from this index (w = 0);
-        queries the index found too few raw neighbours for get them by exact search."""
-        corr = self.correction
+    def _transform(self, snap: Snapshot, batch: QueryBatch):
+        corr = snap.serving
+
+        def transform(sims, r0, r1, c0, c1):
+            corr._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
+
+        return transform
+
+    def _exact(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int):
+        """Exact corrected top-k over the allowed rows (the streamed engine, or the gathered
+        rows of a selective filter)."""
+        if allowed is not None and n_allowed <= max(SUBSET_ROWS, snap.n_rows // 4):
+            return snap.subset_topk(batch, top_k, np.flatnonzero(allowed))
+        ranking, rows = snap.stream_topk(batch.vectors, top_k, allowed, self._transform(snap, batch))
+        short = (rows == MISSING).sum(axis=1) > max(0, top_k - n_allowed)
+        if short.any():  # rows ranked -inf (published DualDIS, s <= 0) tied with left-out rows: redo exactly
+            sub = snap.subset_topk(_rows_of_batch(batch, short), top_k, np.flatnonzero(snap.alive if allowed is None else allowed))
+            ranking[short], rows[short] = sub
+        return ranking, rows
+
+    def _ann(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int, params, rescore):
+        """FAISS over the base (dead and filtered rows left out) + the rows written since the
+        base exactly; then exact re-scoring of the candidates."""
+        corr = snap.serving
+        config = snap.config
+        weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
+        # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
+        do_rescore = (config.rescore if rescore is None else bool(rescore)) or not corr.exactly_additive
+        depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
+        if allowed is None and snap.n_dead == 0:
+            selection = None
+        else:
+            selection = with_selection(snap.faiss, params, (snap.alive if allowed is None else allowed)[: snap.n_base])
+            if selection is None:  # this FAISS index cannot leave rows out: exact over the allowed rows
+                return self._exact(snap, batch, top_k, snap.alive if allowed is None else allowed, n_allowed)
+            params = selection[0]
+        ranking, rows = _faiss_search(snap, batch.vectors, -weights, min(depth, snap.n_base), params)
+        if snap.n_tail:
+            tail = snap.stream_topk(
+                batch.vectors, depth, snap.alive if allowed is None else allowed, self._transform(snap, batch), rows="tail"
+            )
+            ranking, rows = _best(np.concatenate([ranking, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
+        if do_rescore:
+            return self._rescore(snap, batch, rows, top_k)
+        return _pad(ranking[:, :top_k], rows[:, :top_k], top_k)
+
+    def _raw_statistics(self, snap: Snapshot, batch: QueryBatch, params) -> None:
+        """Fill the raw-neighbour statistics the correction asks for, over every live item
+        (w = 0); queries the index found too few raw neighbours for get them exactly."""
+        corr = snap.serving
         request = corr.query_request
         if not request.depth:
             return
-        depth = min(request.depth, self.ntotal)
-        zeros = np.zeros((len(batch), corr.bias_columns_.shape[1]), np.float32)
-        scores, ids = self._faiss_search(batch.vectors, zeros, depth, params)
-        short = np.flatnonzero((ids == MISSING).any(axis=1))
-        if short.size:
-            scores[short], ids[short] = exact_search(batch.vectors[short], corr.gallery_, depth)
-        batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
+        depth = min(request.depth, snap.n_alive)
+        if snap.faiss is None:
+            scores, rows = snap.nearest_live(batch.vectors, depth)
+        else:
+            live_params = params
+            if snap.n_dead:
+                selection = with_selection(snap.faiss, params, snap.alive[: snap.n_base])
+                live_params = None if selection is None else selection[0]
+            if snap.n_dead and live_params is None:
+                scores, rows = snap.stream_topk(batch.vectors, depth, snap.alive)
+            else:
+                zeros = np.zeros((len(batch), snap.bias.shape[1]), np.float32)
+                scores, rows = _faiss_search(snap, batch.vectors, zeros, min(depth, snap.n_base), live_params)
+                if snap.n_tail:
+                    tail = snap.stream_topk(batch.vectors, depth, snap.alive if snap.n_dead else None, rows="tail")
+                    scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
+            short = np.flatnonzero((rows[:, :depth] == MISSING).any(axis=1))
+            if short.size:
+                scores = np.array(scores[:, :depth])
+                rows = np.array(rows[:, :depth])
+                scores[short], rows[short] = snap.stream_topk(batch.vectors[short], depth, snap.alive if snap.n_dead else None)
+        batch.statistics = QueryStatistics.from_neighbours(request, scores[:, :depth], rows[:, :depth])
 
-    def _faiss_search(self, q: np.ndarray, extra: np.ndarray, k: int, params):
-        return search_rows(self._faiss, q, extra, k, params, self._layout)
-
-    def _rescore(self, batch: QueryBatch, ids: np.ndarray, top_k: int):
-        """Exact ranking scores of the candidates by the correction's ranking hook, sorted (ties
-        to the lower id); missing ids (lists that ran dry) sort last."""
-        corr = self.correction
-        found = ids != MISSING
-        safe = np.where(found, ids, 0)
-        sims = np.einsum("qd,qkd->qk", batch.vectors, corr.gallery_[safe])
-        ranking = corr.rank(batch, sims, columns=safe, out=sims)
-        ranking = np.where(found, ranking, -np.inf).astype(np.float32)
-        order = np.lexsort((np.where(found, ids, np.iinfo(np.int64).max), -ranking), axis=1)[:, :top_k]
-        return np.take_along_axis(ranking, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    def _rescore(self, snap: Snapshot, batch: QueryBatch, rows: np.ndarray, top_k: int):
+        """Exact ranking scores of the candidate rows by the correction's ranking hook, sorted
+        (ties to the lower row); missing candidates sort last."""
+        found = rows != MISSING
+        safe = np.where(found, rows, 0)
+        sims = np.einsum("qd,qkd->qk", batch.vectors, snap.gather(safe))
+        ranking = snap.serving.rank(batch, sims, columns=safe, out=sims)
+        return _best(np.where(found, ranking, -np.inf), np.where(found, rows, MISSING), top_k)
 
     def calibrate(self, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000) -> dict:
         """Set ``config.nprobe`` / ``config.ef_search`` to the smallest power of two reaching
         ``target_recall`` of the exact corrected top-k on a sample of ``queries`` (default: the
         stored query bank); see :mod:`hubless.index.calibrate`. Returns the choice and the
-        recall curve."""
+        recall curve (and, on an index opened live, saves the new setting)."""
         from hubless.index.calibrate import calibrate
 
-        return calibrate(self, queries, target_recall=target_recall, top_k=top_k, sample=sample)
+        result = calibrate(self, queries, target_recall=target_recall, top_k=top_k, sample=sample)
+        config = dataclasses.replace(self.config)
+        self._write(lambda snap: (snap.with_config(config), None))
+        return result
 
     def search_knob(self) -> tuple[str, int] | None:
         """("nprobe", n_lists) for IVF, ("ef_search", limit) for HNSW, None for Flat."""
-        return search_knob(self._faiss)
+        return None if self._snap.faiss is None else search_knob(self._snap.faiss)
 
-    # ------------------------------------------------------------------ updates
-    def copy(self) -> Index:
-        """An independent copy (the FAISS structure cloned, in memory), e.g. to update while
-        other threads keep searching this one (copy-on-write)."""
-        import faiss
+    # ------------------------------------------------------------------ writes
+    def add(self, embeddings, metadata=None, *, ids=None, progress: bool | None = None) -> np.ndarray:
+        """Add gallery items; returns their ids (``ids`` given, or assigned from ``next_id``).
+        Their biases come from the stored banks (n_new x n_bank similarities; no other item's
+        bias changes). All or nothing: an id already present (see :meth:`upsert`), a metadata
+        value of another type than its key's, a wrong dimension changes nothing."""
+        rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
+        return self._write(lambda snap: snap.added(rows, ids, metadata, progress=progress))
 
-        new = copy.copy(self)
-        new._faiss, new._mmap = faiss.clone_index(self._faiss), False
-        new.config = dataclasses.replace(self.config)
-        new.metadata = None if self.metadata is None else list(self.metadata)
-        return new
+    def remove(self, ids, *, progress: bool | None = None) -> np.ndarray:
+        """Remove items by id; returns the ids removed. An unknown id is a NotFound naming it,
+        and nothing is removed. The other items' biases do not change (DIS/DualDIS recompute
+        the activation lists of bank items that lose a nearest item)."""
+        ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
+        self._write(lambda snap: (snap.removed(ids, progress=progress), None))
+        return ids
 
-    def add(self, embeddings, metadata=None, *, progress: bool | None = None) -> Index:
-        """Add gallery items: their biases come from the stored banks (n_new x n_bank
-        similarities; the other items' biases do not change) and they are inserted into the
-        FAISS structure, whose training is kept (new items join the existing IVF lists)."""
-        corr = self.correction
-        new = as_embeddings(embeddings, "embeddings", normalize=corr.normalize, dim=corr.dim_)
-        if corr.needs_query_bank and self.query_bank is None:
-            raise InvalidInput("this index was saved without its banks (keep_banks=False): it cannot compute new biases")
-        records = None
-        if self.metadata is not None or metadata is not None:
-            old = self.metadata if self.metadata is not None else [{} for _ in range(self.ntotal)]
-            records = old + (_as_records(metadata, new.shape[0]) or [{} for _ in range(new.shape[0])])
-        updated = copy.copy(corr).add_items(new, self.query_bank, self.gallery_bank, progress=progress)
-        self._update_faiss(updated, append_from=corr.n_gallery_)
-        self.metadata = records
-        return self
-
-    def remove(self, ids: Sequence[int], *, progress: bool | None = None) -> Index:
-        """Remove gallery items by position; later items move up (positions stay 0..n-1). The
-        other items' biases do not change (DIS/DualDIS recompute the activation top-k of bank
-        items that lose a neighbour); the FAISS structure is refilled with its training kept."""
-        ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
-        updated = copy.copy(self.correction).remove_items(ids, self.query_bank, self.gallery_bank, progress=progress)
-        self._update_faiss(updated)
-        if self.metadata is not None:
-            gone = set(ids.tolist())
-            self.metadata = [r for i, r in enumerate(self.metadata) if i not in gone]
-        return self
+    def upsert(self, ids, embeddings, metadata=None, *, progress: bool | None = None) -> np.ndarray:
+        """Set items ``ids`` to ``embeddings`` (and ``metadata``): present ones are replaced,
+        new ones added; returns the ids. All or nothing."""
+        rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
+        ids = check_ids(ids, rows.shape[0])
+        self._write(lambda snap: (snap.upserted(rows, ids, metadata, progress=progress), None))
+        return ids
 
     def add_query_bank(self, queries, *, progress: bool | None = None) -> Index:
         """Add reference queries to the query bank: every item's bank statistics are merged
-        with its similarities to the new queries (n_gallery x n_new, no full refit), so every
-        bias changes; the FAISS structure keeps its training (an HNSW graph is kept as is)."""
+        with its similarities to the new queries (n_items x n_new, no full refit), so every
+        bias changes (a new base is written); the FAISS structure keeps its training (an HNSW
+        graph is kept as is)."""
         return self._add_bank_items(queries, "query", progress)
 
     def add_gallery_bank(self, items, *, progress: bool | None = None) -> Index:
@@ -396,79 +642,278 @@ class Index:
         return self._add_bank_items(items, "gallery", progress)
 
     def _add_bank_items(self, items, side: str, progress) -> Index:
-        corr = self.correction
-        new = as_embeddings(items, f"new {side}-bank items", normalize=corr.normalize, dim=corr.dim_)
-        updated = copy.copy(corr)
-        updated = updated.add_query_bank(new, progress=progress) if side == "query" else updated.add_gallery_bank(new, progress=progress)
-        self._update_faiss(updated, same_items=True)
-        bank = self.query_bank if side == "query" else self.gallery_bank
-        if bank is not None:
-            setattr(self, f"{side}_bank", np.concatenate([bank, new]))
+        snap = self._snap
+        new = as_embeddings(items, f"new {side}-bank items", normalize=snap.normalize, dim=snap.dim)
+        self._write(lambda s: (s.with_bank_items(new, side, progress=progress), None))
         return self
 
-    def _update_faiss(self, updated: AdditiveCorrection, *, append_from: int | None = None, same_items: bool = False) -> None:
-        """Bring the FAISS structure in line with ``updated``, then make it the correction."""
-        augmented = augmented_rows(updated)
-        layout = self._layout
-        if self._mmap:  # memory-mapped inverted lists are read-only: build in memory instead
-            self._faiss, layout = build_faiss(self.factory, updated.gallery_, augmented, spill=layout.spill)
-            self._dim, self._mmap, self.config.bias_offset = layout.dim, False, layout.bias_offset
-        elif append_from is not None:
-            append_rows(self._faiss, updated.gallery_, augmented, append_from, layout)
-        else:
-            layout = replace_rows(self._faiss, updated.gallery_, augmented, layout, same_items=same_items)
-        self.config.spill_below = layout.spill_below
-        self.correction = updated
+    def compact(self) -> Index:
+        """Fold the rows written since the base and drop removed rows: a new base of the live
+        items (saved, for an index opened from a directory). Writes do this by themselves past
+        the thresholds of :data:`COMPACT_MIN_ROWS` / :data:`COMPACT_FRACTION`."""
+        self._write(lambda snap: (snap.compacted() if snap.n_tail or snap.n_dead else snap, None), full=True)
+        return self
+
+    def copy(self) -> Index:
+        """An independent in-memory copy (cheap: versions are never changed in place)."""
+        new = object.__new__(Index)
+        new._setup(self._snap)
+        return new
+
+    def _write(self, change, *, full: bool = False):
+        """Apply ``change(snapshot) -> (new snapshot, result)``; an index opened live commits it
+        at once under its write lock, after catching up with versions written elsewhere."""
+        with self._lock:
+            if self._path is None or self._locked or not self._live:  # in memory (committed later, if at all)
+                new, result = change(self._snap)
+                self._snap = new
+                return result
+            with write_lock(self._path):
+                self._catch_up()
+                new, result = change(self._snap)
+                self._commit(new, full=full)
+            return result
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the index to the directory ``path`` as one atomic switch, under the index's
         write lock (see :mod:`hubless.index.store`). ``overwrite`` replaces an existing hubless
-        index only. To change a saved index, use :meth:`update` (it locks from load to save)."""
-        return self._save(path, overwrite=overwrite, locked=False)
+        index only. Saving an index back to the directory it was loaded from, unchanged there
+        since, writes only what changed (one segment)."""
+        path = Path(path)
+        with self._lock:
+            if self._path is not None and overwrite and _same_dir(self._path, path):
+                with write_lock(path):
+                    if store.pointer_stamp(path) == self._stamp and self._manifest is not None:
+                        self._commit(self._snap)
+                        return path
+                    self._save_fresh(path, locked=True)
+                return path
+            _check_target(path, overwrite)
+            with write_lock(path):
+                _check_target(path, overwrite)  # another writer may have created it meanwhile
+                self._save_fresh(path, locked=True)
+            return path
 
-    def _save(self, path, *, overwrite: bool, locked: bool) -> Path:
-        return store.save_index(
-            path,
-            faiss_index=self._faiss,
-            faiss_dim=self._dim,
-            correction=self.correction,
-            config=self.config,
-            banks={"query_bank": self.query_bank, "gallery_bank": self.gallery_bank},
-            metadata=self.metadata,
-            overwrite=overwrite,
-            locked=locked,
-        )
+    def _save_fresh(self, path: Path, *, locked: bool) -> None:
+        """``path`` made to hold this index as a new base (whatever it held before)."""
+        created = not path.exists()
+        path.mkdir(parents=True, exist_ok=True)
+        snap = self._snap.compacted() if self._snap.n_tail or self._snap.n_dead else self._snap
+        previous = None
+        try:
+            previous, _ = store.read_manifest(path) if store.is_index(path) else (None, None)
+        except ValueError:
+            previous = None
+        version = _next_number(path, previous)
+        try:
+            base = store.write_base(path, snap, version)
+            store.commit(path, store.manifest_for(snap, version, base, []), keep=store.names_in(previous))
+        except BaseException:
+            if created:  # a failed first save leaves no directory behind
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._snap = snap
+        if self._path is not None and _same_dir(self._path, path):
+            self._bind(path, store.Loaded(snap, store.manifest_for(snap, version, base, []), store.pointer_stamp(path)), snap)
+
+    def _bind(self, path: Path, loaded: store.Loaded, base: Snapshot) -> None:
+        self._path = path
+        self._committed = loaded.snapshot
+        self._manifest = loaded.manifest
+        self._stamp = loaded.stamp
+        self._base = base
+
+    def _commit(self, new: Snapshot, *, full: bool = False) -> None:
+        """Write what ``new`` changed since the committed version (the file lock is held): one
+        segment; all segments folded into one past :data:`MAX_SEGMENTS`; a new base when the
+        base changed, past the compaction thresholds, or for an index of an earlier format."""
+        path, old, manifest = self._path, self._committed, self._manifest
+        version = _next_number(path, manifest)
+        grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base
+        same_base = manifest is not None and old is not None and new.base_rows is old.base_rows and new.faiss is old.faiss
+        if full or grown or not same_base:
+            snap = new.compacted() if new.n_tail or new.n_dead else new
+            base_entry = store.write_base(path, snap, version)
+            segments, base = [], snap
+        else:
+            snap, base_entry, base = new, manifest["base"], self._base
+            changed = new.n_rows != old.n_rows or not np.array_equal(new.alive[: old.n_rows], old.alive) or _lists_changed(old, new)
+            segments = list(manifest["segments"])
+            if changed and len(segments) + 1 > MAX_SEGMENTS:
+                segments = [store.write_delta(path, base, new, version)]
+            elif changed:
+                segments.append(store.write_delta(path, old, new, version))
+            elif new.config.to_dict() == IndexConfig.from_dict(manifest["config"]).to_dict() and new.next_id == manifest["next_id"]:
+                self._snap = new
+                return  # nothing to write
+        body = store.manifest_for(snap, version, base_entry, segments)
+        store.commit(path, body, keep=store.names_in(manifest))
+        self._snap = snap
+        self._bind(path, store.Loaded(snap, body, store.pointer_stamp(path)), base)
+
+    def _catch_up(self) -> bool:
+        """Follow versions committed by other writers since ours: their segments are replayed
+        when they extend our version (O(what they wrote)), else the index is loaded anew."""
+        path = self._path
+        stamp = store.pointer_stamp(path)
+        if stamp == self._stamp and self._committed is not None:
+            return False
+        manifest, _ = store.read_manifest(path)
+        old = self._manifest
+        if manifest is not None and old is not None and self._committed is not None and manifest["base"] == old["base"]:
+            k = len(old["segments"])
+            try:
+                if manifest["segments"][:k] == old["segments"]:  # later writes appended segments: read those
+                    snap = store.replay(path, self._committed, manifest, manifest["segments"][k:])
+                else:  # segments were folded into one: replay them over our base
+                    snap = store.replay(path, self._base, manifest, manifest["segments"])
+            except store.Gone:
+                snap = None  # compacted again meanwhile: load anew
+            if snap is not None:
+                snap = snap.with_config(IndexConfig.from_dict(manifest["config"]))
+                self._snap = snap
+                self._bind(path, store.Loaded(snap, manifest, stamp), self._base)
+                return True
+        loaded, base = _load(path, self._mmap)
+        self._snap = loaded.snapshot
+        self._bind(path, loaded, base)
+        return True
+
+    def refresh(self) -> bool:
+        """Serve the latest version of the directory this index was loaded from, if another
+        process (or another index object) wrote one: a cheap check of ``CURRENT`` (one stat),
+        then only what was written since is read. Never waits for a writer (returns False when
+        one holds this object). Returns whether the index changed."""
+        if self._path is None or self._locked:
+            return False
+        if store.pointer_stamp(self._path) == self._stamp:
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._snap is not self._committed:
+                raise Conflict("this index has changes not saved yet: save them (or reload) before refreshing")
+            return self._catch_up()
+        finally:
+            self._lock.release()
 
     @classmethod
     @contextlib.contextmanager
-    def update(cls, path: str | os.PathLike, *, timeout: float | None = None) -> Iterator[Index]:
+    def update(cls, path: str | os.PathLike, *, timeout: float | None = None, mmap: bool = False) -> Iterator[Index]:
         """Change a saved index safely against other writers::
 
             with hubless.Index.update("idx/") as index:
                 index.add(new_items, metadata)
 
         Holds the index's write lock (:func:`hubless.index.lock.write_lock`; a second writer
-        waits up to ``timeout`` s) from loading to saving, so concurrent updates are applied one
-        after the other and none is lost; the new version is saved on leaving the block, and
-        nothing is saved if the block raises. Readers keep loading the previous version meanwhile.
-        """
+        waits up to ``timeout`` s) from loading to saving; the changes made in the block are
+        committed as one segment on leaving it, and nothing is written if the block raises.
+        Readers keep loading the previous version meanwhile."""
+        path = Path(path)
         with write_lock(path, timeout=timeout):
-            index = cls.load(path)
-            yield index
-            index._save(path, overwrite=True, locked=True)
+            index = cls._open_locked(path, mmap=mmap)
+            index._locked = True
+            try:
+                yield index
+                index._commit(index._snap)
+            finally:
+                index._locked = False
+
+    @classmethod
+    def _open_locked(cls, path: Path, *, mmap: bool = False) -> Index:
+        loaded, base = _load(path, mmap)
+        index = cls.__new__(cls)
+        index._setup(loaded.snapshot, path=path, loaded=loaded, live=True, mmap=mmap)
+        index._base = base
+        if loaded.manifest is None:  # an earlier format: the next commit writes a base
+            index._committed = None
+        return index
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
-        """Read an index saved by :meth:`save`, verifying format version and checksums."""
-        saved = store.load_index(path, mmap=mmap)
-        _check_servable(saved.correction)
+        """Read an index saved by :meth:`save` (any format; see :mod:`hubless.index.store` for
+        what is verified). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
+        instead of reading them. Writes to the loaded index stay in memory until :meth:`save`;
+        use :meth:`open` to commit each write at once."""
+        path = Path(path)
+        loaded, base = _load(path, mmap)
         index = cls.__new__(cls)
-        index._setup(
-            saved.correction, saved.config, saved.faiss_index, saved.faiss_dim,
-            saved.banks.get("query_bank"), saved.banks.get("gallery_bank"), saved.metadata, mmap=mmap,
-        )  # fmt: skip
+        index._setup(loaded.snapshot, path=path, loaded=loaded, live=False, mmap=mmap)
+        index._base = base
+        if loaded.manifest is None:
+            index._committed = None
         return index
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
+        """An index bound to its directory: every write (:meth:`add`, :meth:`remove`,
+        :meth:`upsert`, bank updates, :meth:`compact`, :meth:`calibrate`) is committed at once,
+        under the index's write lock (after catching up with what other processes wrote), at
+        a cost proportional to the batch; :meth:`refresh` picks up versions written elsewhere.
+        An index of an earlier format is converted at its first write."""
+        index = cls.load(path, mmap=mmap)
+        index._live = True
+        return index
+
+
+def _load(path: Path, mmap: bool) -> tuple[store.Loaded, Snapshot]:
+    """A loaded index and its base alone (before the segments were replayed)."""
+    loaded = store.load(path, mmap=mmap)
+    return loaded, loaded.base if getattr(loaded, "base", None) is not None else loaded.snapshot
+
+
+def _lists_changed(old: Snapshot, new: Snapshot) -> bool:
+    for side in ("query", "gallery"):
+        a, b = getattr(old.bank, f"{side}_activation"), getattr(new.bank, f"{side}_activation")
+        if a is not None and (a is not b) and not np.array_equal(a, b):
+            return True
+    return False
+
+
+def _next_number(path: Path, manifest: dict | None) -> int:
+    """The next version number: above the current one and every base or segment on disk (a
+    leftover of an interrupted write is never reused)."""
+    import re
+
+    numbers = [int(m.group(1)) for p in path.iterdir() if (m := re.fullmatch(r"[bs](\d{6})(?:\.seg)?", p.name))]
+    return max([0 if manifest is None else manifest["version"], *numbers]) + 1
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def _faiss_search(snap: Snapshot, q: np.ndarray, extra: np.ndarray, k: int, params):
+    """FAISS top-k of [q, extra] over the base rows: (scores, rows), MISSING where unfilled."""
+    nq = q.shape[0]
+    if k <= 0:
+        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), MISSING, np.int64)
+    scores, rows = search_rows(snap.faiss, q, extra, k, params, snap.layout)
+    return np.where(rows >= 0, scores, -np.inf).astype(np.float32), np.where(rows >= 0, rows, MISSING)
+
+
+def _pad(ranking: np.ndarray, rows: np.ndarray, k: int):
+    if ranking.shape[1] >= k:
+        return ranking, rows
+    pad = k - ranking.shape[1]
+    return np.pad(ranking, ((0, 0), (0, pad)), constant_values=-np.inf), np.pad(rows, ((0, 0), (0, pad)), constant_values=MISSING)
+
+
+def _rows_of_batch(batch: QueryBatch, which: np.ndarray) -> QueryBatch:
+    index = np.flatnonzero(which)
+    weight = batch.weight
+    if weight is not None and weight.ndim == 1:
+        weight = weight[index]
+    stats = batch.statistics
+    if stats is not None:
+        stats = QueryStatistics(
+            top1=None if stats.top1 is None else stats.top1[index], topk=None if stats.topk is None else stats.topk[index]
+        )
+    return QueryBatch(batch.vectors[index], weight, stats)
 
 
 def _is_flat(factory: str) -> bool:
@@ -484,22 +929,13 @@ def _check_servable(correction: Correction) -> None:
         )
 
 
-def augmented_rows(corr: AdditiveCorrection) -> np.ndarray:
-    """The rows a FAISS index holds: [r, bias(r)] for every gallery item r."""
-    return np.hstack([corr.gallery_, corr.bias_columns_]).astype(np.float32)
-
-
-def _as_records(metadata, n: int) -> list[dict] | None:
-    """Metadata as a list of n dicts (accepts a list of dicts or a dict of equal-length columns)."""
-    if metadata is None:
-        return None
-    if isinstance(metadata, dict):
-        columns = {k: list(v) for k, v in metadata.items()}
-        lengths = {len(v) for v in columns.values()}
-        if lengths and lengths != {n}:
-            raise InvalidInput(f"metadata columns must have one value per item ({n}); got lengths {sorted(lengths)}")
-        return [{k: v[i] for k, v in columns.items()} for i in range(n)]
-    records = list(metadata)
-    if len(records) != n or not all(isinstance(r, dict) for r in records):
-        raise InvalidInput(f"metadata must be {n} dicts (one per item) or a dict of columns")
-    return records
+def _check_target(path: Path, overwrite: bool) -> None:
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_dir():
+        raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
+    if store.is_index(path):
+        if not overwrite:
+            raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
+    elif any(path.iterdir()):
+        raise AlreadyExists(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")

@@ -1,200 +1,141 @@
-"""Saving and loading an :class:`~hubless.index.Index` as a directory: one atomic switch per save.
+"""A live index on disk: a base and one segment per write, committed by one atomic ``CURRENT``.
 
-Layout (format version 4)::
+Layout (format version 5)::
 
     idx/
-      CURRENT              {"format", "version": "v000007", "manifest_sha256"}: the one pointer
-      v000007/             the current version (the previous one is kept until the next save)
-        manifest.json      format, version, method spec, dims, the index config (FAISS factory,
-                           model, search defaults; see IndexConfig) and the sha256 + size of
-                           every other file
-        index.faiss        the FAISS index over [r, bias(r)]
-        correction.npz     the gallery and the bank statistics the correction keeps (top-k,
-                           log-sum-exps, activation top-k, means), from which its biases and
-                           gates are derived on load and kept current by add/remove
-        banks.npz          the reference banks, so ``add`` can compute new biases (optional)
-        metadata.parquet   per-item metadata (optional; needs pyarrow)
+      CURRENT            the current version: a header line {"format", "format_version",
+                         "manifest_sha256"} and the manifest (JSON): method, dimensions,
+                         config, next_id, the metadata schema, the base (its files' sizes
+                         and sha256) and the segments in order (with theirs)
+      b000003/           a base, written by a build, a save, a compaction or a bank update:
+        gallery.npy      (n, d) float32: a plain .npy, memory-mapped by ``load(mmap=True)``
+        ids.npy          (n,) int64 item ids
+        bias.npy         (n, c) float32 bias columns (derived from the statistics when written)
+        stat.NAME.npy    per-item bank statistics (top-k, log-sum-exps): what updates merge into
+        state.npz        the banks' global values: sizes, means, activation sets, gallery sum
+        index.faiss      the FAISS structure over [r, bias(r)] (none for Flat: searched exactly)
+        query_bank.npy   the reference banks, so new items get their biases (optional)
+        gallery_bank.npy
+        metadata.parquet item metadata (optional)
+      s000012.seg        one write (an uncompressed .npz): the new rows, their ids, bias,
+                         statistics and metadata (Arrow IPC), the rows it removed, and the
+                         activation lists it changed
 
-A save holds the index's write lock (:mod:`hubless.index.lock`), writes the new version into a
-temporary directory inside ``idx/``, fsyncs it, renames it to the next ``vNNNNNN`` and then
-atomically replaces ``CURRENT``. A crash at any point leaves ``CURRENT`` naming a complete
-version (the old one until the switch, the new one after it); leftovers of an interrupted save
-are removed by the next one. Readers take no lock: they follow ``CURRENT``, and the version it
-named a moment ago is kept for one more save, so a load never sees a half-written index.
+A write appends one segment file and replaces ``CURRENT`` (write, fsync, rename, fsync the
+directory): the file it adds is the only one written, no existing file is changed, and a crash
+or ``kill -9`` at any moment leaves ``CURRENT`` naming a complete version. Loading reads the
+base and replays the segments in order (:meth:`hubless.index.live.Snapshot.replayed`).
+Compaction (:func:`write_base`) writes the live items as a new base; what no version in use
+names any more (older bases and segments, leftovers of interrupted writes) is removed by the next
+commit, keeping the previous version's files for readers that loaded it a moment ago.
 
-A load checks the manifest against the checksum in ``CURRENT``, validates every manifest field,
-refuses file names other than the parts above, checks every part's size and checksum before
-reading it, and reports damage as a ValueError naming the damaged file. Indexes of format 3
-(the files directly in ``idx/``, no ``CURRENT``) are still read; the next save converts them.
+Checksums: every file's sha256 and size are recorded when it is written. A load checks the
+manifest's own sha256, every field, and the size of every file; it verifies the sha256 of every
+file it reads whole: all of them by default, and with ``mmap=True`` all but the memory-mapped
+ones (gallery, statistics, banks, IVF lists), which ``hubless index verify`` checks
+(:func:`verify`). Damage is a :class:`~hubless.errors.Corrupt` naming the file.
+
+Other writers (hubless.distributed) add items with :mod:`hubless.index.segments`.
+Indexes of formats 3 and 4 are read by :mod:`hubless.index.legacy` and converted at their next write.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
+import io
 import json
 import os
 import re
 import shutil
-import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256, umask_mode, write_json
-from hubless.corrections import Correction, make_correction
+from hubless._io import atomic_open, file_sha256, umask_mode
+from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import AlreadyExists, Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
+from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
-from hubless.index.lock import write_lock
+from hubless.index.live import SIDES, Snapshot, row_statistics_names
+from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
 
-__all__ = ["FORMAT", "VERSION", "SavedIndex", "current_dir", "is_index", "load_index", "save_index"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "Loaded",
+    "commit",
+    "is_index",
+    "load",
+    "read_manifest",
+    "verify",
+    "write_base",
+    "write_delta",
+]
 
 FORMAT = "hubless-index"
-VERSION = 4
-LEGACY_VERSION = 3
+VERSION = 5
 POINTER = "CURRENT"
-MANIFEST = "manifest.json"
-#: The only files a version may hold besides its manifest (nothing else is ever opened).
-PARTS = ("index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
-REQUIRED_PARTS = ("index.faiss", "correction.npz")
-_VERSION_NAME = re.compile(r"v\d{6}")
+_BASE_NAME = re.compile(r"b\d{6}")
+_SEGMENT_NAME = re.compile(r"s\d{6}\.seg")
+_PENDING = re.compile(r"\.pending-[0-9a-f]{32}\.seg")
+_STAT_FILE = re.compile(r"stat\.(query_topk|query_probes|(?:query|gallery)_lse@[0-9.e+-]+)\.npy")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_MAX_SMALL_FILE = 1 << 20  # CURRENT and manifest.json are a few hundred bytes
-
-
-@dataclass
-class SavedIndex:
-    """What :func:`load_index` reads: the parts an :class:`~hubless.index.Index` is made of."""
-
-    correction: Correction
-    config: IndexConfig
-    faiss_index: object
-    faiss_dim: int
-    banks: dict[str, np.ndarray]
-    metadata: list[dict] | None
+_FIXED_BASE_FILES = (
+    "gallery.npy",
+    "ids.npy",
+    "bias.npy",
+    "state.npz",
+    "index.faiss",
+    "query_bank.npy",
+    "gallery_bank.npy",
+    "metadata.parquet",
+)
+_REQUIRED_BASE_FILES = ("gallery.npy", "ids.npy", "bias.npy", "state.npz")
+#: Files ``load(mmap=True)`` maps instead of reading (size and header checked, sha256 by ``verify``).
+_MAPPED = ("gallery.npy", "index.faiss", "query_bank.npy", "gallery_bank.npy")
+_MAX_POINTER = 16 << 20
+#: Legacy (format 3/4) names a commit removes once the index is converted.
+_LEGACY_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
+_LEGACY_VERSION = re.compile(r"v\d{6}")
 
 
 def is_index(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory holding a hubless index (of this or the previous format)."""
+    """Whether ``path`` is a directory holding a hubless index (of this or an earlier format)."""
     path = Path(path)
-    return path.is_dir() and ((path / POINTER).is_file() or (path / MANIFEST).is_file())
+    return path.is_dir() and ((path / POINTER).is_file() or (path / "manifest.json").is_file())
 
 
-# ---------------------------------------------------------------------------------- saving
-def save_index(
-    path: str | os.PathLike,
-    *,
-    faiss_index,
-    faiss_dim: int,
-    correction: Correction,
-    config: IndexConfig,
-    banks: dict[str, np.ndarray | None],
-    metadata: list[dict] | None,
-    overwrite: bool = False,
-    locked: bool = False,
-) -> Path:
-    """Write an index's parts as a new version of the directory ``path`` (see the module
-    docstring). ``overwrite`` replaces an existing hubless index, never anything else; ``locked``
-    says the caller already holds the write lock (as :meth:`Index.update` does)."""
-    path = Path(path)
-    _check_target(path, overwrite)
-    if locked:
-        return _save(path, faiss_index, faiss_dim, correction, config, banks, metadata)
-    with write_lock(path):
-        _check_target(path, overwrite)  # another writer may have created it meanwhile
-        return _save(path, faiss_index, faiss_dim, correction, config, banks, metadata)
+# ---------------------------------------------------------------------------------- writing
+class _Hashing(io.RawIOBase):
+    """A write-only file that hashes what passes through (one pass writes and checksums)."""
+
+    def __init__(self, fh) -> None:
+        self.fh, self.sha, self.size = fh, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.fh.write(view)
+        self.size += view.nbytes
+        return view.nbytes
 
 
-def _check_target(path: Path, overwrite: bool) -> None:
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_dir():
-        raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
-    if is_index(path):
-        if not overwrite:
-            raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-    elif any(path.iterdir()):
-        raise AlreadyExists(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")
-
-
-def _save(path: Path, faiss_index, faiss_dim, corr: Correction, config: IndexConfig, banks, metadata) -> Path:
-    created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    previous = _pointed_version(path)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path))
-    try:
-        faiss.write_index(faiss_index, str(tmp / "index.faiss"))
-        arrays = {f"statistics.{k}": v for k, v in corr.statistics_.to_arrays().items()}
-        np.savez(tmp / "correction.npz", gallery=corr.gallery_, **arrays)
-        banks = {k: v for k, v in banks.items() if v is not None}
-        if banks:
-            np.savez(tmp / "banks.npz", **banks)
-        if metadata is not None:
-            _write_parquet(metadata, tmp / "metadata.parquet")
-        files = {f.name: {"sha256": file_sha256(f), "bytes": f.stat().st_size} for f in sorted(tmp.iterdir())}
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "method": corr.spec,
-            "normalize": bool(corr.normalize),
-            "dim": int(corr.dim_),
-            "faiss_dim": int(faiss_dim),
-            "n_items": int(corr.n_gallery_),
-            "config": config.to_dict(),
-            "files": files,
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, allow_nan=False))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, umask_mode(0o777))
-        version = _next_version(path)
-        os.replace(tmp, path / version)  # complete, but not current until CURRENT names it
-        _fsync_dir(path)
-        pointer = {"format": FORMAT, "version": version, "manifest_sha256": file_sha256(path / version / MANIFEST)}
-        write_json(path / POINTER, pointer)  # the switch: one atomic rename
-        _fsync_dir(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created:  # a failed first save leaves no empty directory behind
-            with contextlib.suppress(OSError):
-                path.rmdir()
-        raise
-    _clean(path, keep={version, previous})
-    return path
-
-
-def _next_version(path: Path) -> str:
-    numbers = [int(p.name[1:]) for p in path.iterdir() if _VERSION_NAME.fullmatch(p.name)]
-    return f"v{max(numbers, default=0) + 1:06d}"
-
-
-def _pointed_version(path: Path) -> str | None:
-    try:
-        return _read_pointer(path)[0]
-    except (OSError, ValueError):
-        return None
-
-
-def _clean(path: Path, keep: set) -> None:
-    """Remove what earlier saves left: versions older than the kept ones, temporary directories
-    of interrupted saves, and the files of a format-3 index. Nothing else is touched."""
-    for entry in path.iterdir():
-        stale = (
-            (_VERSION_NAME.fullmatch(entry.name) and entry.name not in keep)
-            or entry.name.startswith(".tmp-")
-            or entry.name in (MANIFEST, *PARTS)
-        )
-        if stale:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+def _write_file(file: Path, write) -> dict:
+    """Write ``file`` with ``write(fileobj)``, fsync it; its {"sha256", "bytes"}."""
+    with open(file, "wb") as fh:
+        sink = _Hashing(fh)
+        write(sink)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"sha256": sink.sha.hexdigest(), "bytes": sink.size}
 
 
 def _fsync_dir(path: Path) -> None:
@@ -205,33 +146,228 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# ---------------------------------------------------------------------------------- loading
-def current_dir(path: str | os.PathLike) -> Path:
-    """The directory holding the current version's files (``idx/vNNNNNN``, or ``idx`` itself
-    for a format-3 index)."""
+def _npy(array) -> Any:
+    return lambda fh: np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def write_base(path: Path, snap: Snapshot, version: int) -> dict:
+    """Write ``snap`` (compacted: no dead rows, no tail) as the base ``b{version}``; returns
+    its manifest entry. Nothing names it until :func:`commit`."""
+    if snap.n_tail or snap.n_dead:  # pragma: no cover - callers compact first
+        raise InvalidInput("only a compacted snapshot is written as a base")
+    name = f"b{version:06d}"
+    folder = path / name
+    shutil.rmtree(folder, ignore_errors=True)  # a leftover of an interrupted write of this version
+    folder.mkdir(mode=umask_mode(0o777))
+    files = {
+        "gallery.npy": _write_file(folder / "gallery.npy", _npy(snap.base_rows)),
+        "ids.npy": _write_file(folder / "ids.npy", _npy(snap.ids)),
+        "bias.npy": _write_file(folder / "bias.npy", _npy(snap.bias)),
+    }
+    for stat, values in snap.stats_base.items():
+        files[f"stat.{stat}.npy"] = _write_file(folder / f"stat.{stat}.npy", _npy(values))
+    files["state.npz"] = _write_file(folder / "state.npz", lambda fh: np.savez(fh, **_state_arrays(snap)))
+    if snap.faiss is not None:
+        faiss.write_index(snap.faiss, str(folder / "index.faiss"))
+        with open(folder / "index.faiss", "rb") as fh:
+            os.fsync(fh.fileno())
+        files["index.faiss"] = {"sha256": file_sha256(folder / "index.faiss"), "bytes": (folder / "index.faiss").stat().st_size}
+    for bank in ("query_bank", "gallery_bank"):
+        if snap.banks.get(bank) is not None:
+            files[f"{bank}.npy"] = _write_file(folder / f"{bank}.npy", _npy(snap.banks[bank]))
+    if snap.metadata is not None and snap.metadata.schema.names:
+        import pyarrow.parquet as pq
+
+        table = snap.metadata.table
+        files["metadata.parquet"] = _write_file(folder / "metadata.parquet", lambda fh: pq.write_table(table, fh))
+    _fsync_dir(folder)
+    return {"name": name, "rows": snap.n_rows, "files": files}
+
+
+def _state_arrays(snap: Snapshot) -> dict[str, np.ndarray]:
+    bank = snap.bank
+    out = {
+        "sizes": np.array([bank.n_query_bank, -1 if bank.n_gallery_bank is None else bank.n_gallery_bank], dtype=np.int64),
+        "query_bank_mean": np.asarray(bank.query_bank_mean, np.float64),
+        "gallery_sum": snap.gallery_sum,
+    }
+    if bank.gallery_bank_mean is not None:
+        out["gallery_bank_mean"] = np.asarray(bank.gallery_bank_mean, np.float64)
+    for side in SIDES:
+        if getattr(bank, f"{side}_activation") is not None:
+            out[f"{side}_activation"] = getattr(bank, f"{side}_activation")
+            out[f"{side}_activation_scores"] = getattr(bank, f"{side}_activation_scores")
+    return out
+
+
+def segment_arrays(old: Snapshot, new: Snapshot) -> dict[str, np.ndarray]:
+    """What ``new`` changed since ``old`` (same base), as the members of a segment file: rows
+    appended, rows marked dead, activation lists replaced."""
+    start = old.n_rows
+    out: dict[str, np.ndarray] = {
+        "rows": new.tail_rows[old.n_tail :],
+        "ids": new.ids[start:],
+        "bias": new.bias[start:],
+    }
+    for name in new.stats_base:
+        out[f"stat.{name}"] = new.row_statistics(name)[1][old.n_tail :]
+    dead = np.flatnonzero(old.alive & ~new.alive[:start])
+    out["dead"] = np.concatenate([dead, start + np.flatnonzero(~new.alive[start:])]).astype(np.int64)
+    for side in SIDES:
+        lists = getattr(new.bank, f"{side}_activation")
+        if lists is None:
+            continue
+        before = getattr(old.bank, f"{side}_activation")
+        changed = np.flatnonzero((lists != before).any(axis=1))
+        if changed.size:
+            out[f"act.{side}.replace.rows"] = changed.astype(np.int64)
+            out[f"act.{side}.replace.ids"] = lists[changed]
+            out[f"act.{side}.replace.scores"] = getattr(new.bank, f"{side}_activation_scores")[changed]
+    if new.metadata is not None and new.metadata.schema.names and new.n_rows > start:
+        out["metadata"] = np.frombuffer(table_bytes(new.metadata.table.slice(start)), dtype=np.uint8)
+    info = {"start": start, "next_id": int(new.next_id)}
+    out["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+    return out
+
+
+def _write_segment_file(file: Path, arrays: dict[str, np.ndarray]) -> dict:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    raw = buffer.getvalue()
+    with open(file, "wb") as fh:
+        fh.write(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {"name": file.name, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+
+
+def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int) -> dict:
+    """Write what ``new`` changed since ``old`` as the segment ``s{version}.seg``; its entry."""
+    arrays = segment_arrays(old, new)
+    entry = _write_segment_file(path / f"s{version:06d}.seg", arrays)
+    return {**entry, "rows": int(arrays["rows"].shape[0])}
+
+
+def manifest_for(snap: Snapshot, version: int, base: dict, segments: list[dict]) -> dict:
+    return {
+        "version": version,
+        "method": snap.spec,
+        "normalize": snap.normalize,
+        "dim": snap.dim,
+        "faiss_dim": int(snap.faiss_dim),
+        "bias_columns": int(snap.bias.shape[1]),
+        "config": snap.config.to_dict(),
+        "next_id": int(snap.next_id),
+        "n_items": snap.n_alive,
+        "n_rows": snap.n_rows,
+        "metadata_schema": None if snap.metadata is None else snap.metadata.schema_text(),
+        "base": base,
+        "segments": segments,
+    }
+
+
+def commit(path: Path, manifest: dict, keep: set[str] = frozenset()) -> None:
+    """Make ``manifest`` the current version: ``CURRENT`` replaced atomically (written,
+    fsynced, renamed, the directory fsynced). Then remove what neither it nor ``keep`` (the
+    names the previous version used) names."""
+    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+    header = {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}
+    with atomic_open(path / POINTER, "wb") as fh:
+        fh.write(json.dumps(header).encode() + b"\n" + text + b"\n")
+    _fsync_dir(path)
+    _clean(path, keep | names_in(manifest))
+
+
+def names_in(manifest: dict | None) -> set[str]:
+    """The directory entries a manifest uses (its base and segments)."""
+    if manifest is None:
+        return set()
+    return {manifest["base"]["name"], *(s["name"] for s in manifest["segments"])}
+
+
+def _clean(path: Path, keep: set[str]) -> None:
+    """Remove what earlier writes left and no kept version names: bases, segments, leftovers
+    of interrupted writes, a converted legacy index's files. Nothing else is touched."""
+    for entry in path.iterdir():
+        name = entry.name
+        stale = (
+            ((_BASE_NAME.fullmatch(name) or _SEGMENT_NAME.fullmatch(name)) and name not in keep)
+            or name.startswith(".tmp-")
+            or (name.startswith(f".{POINTER}.") and name.endswith(".tmp"))
+            or _LEGACY_VERSION.fullmatch(name)
+            or name in _LEGACY_FILES
+        )
+        if stale:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------- reading
+@dataclass
+class Loaded:
+    """A snapshot read from disk and the manifest it came from (None: a legacy index, which
+    the next write converts)."""
+
+    snapshot: Snapshot
+    manifest: dict | None
+    stamp: tuple = ()
+    legacy_version: int | None = None
+    base: Snapshot | None = None  # the base alone, before the segments
+
+
+def pointer_stamp(path: Path) -> tuple:
+    """What changes whenever ``CURRENT`` is replaced (inode, size, mtime): a cheap check for
+    versions written by others."""
+    try:
+        st = os.stat(path / POINTER)
+    except FileNotFoundError:
+        return ()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_manifest(path: str | os.PathLike) -> tuple[dict | None, Any]:
+    """(manifest, parsed CURRENT) of the index at ``path``; the manifest is None for a format-3
+    or format-4 index (the parsed pointer is then returned for :mod:`hubless.index.legacy`)."""
     path = _check_index_dir(Path(path))
-    if (path / POINTER).exists():
-        return path / _read_pointer(path)[0]
-    return path
+    file = path / POINTER
+    if not file.exists():
+        return None, None  # format 3
+    what = f"{path}: {POINTER}"
+    if not file.is_file() or file.stat().st_size > _MAX_POINTER:
+        raise Corrupt(f"{what} is not a hubless pointer file")
+    raw = file.read_bytes()
+    from hubless.index.legacy import is_legacy_pointer
+
+    if raw.count(b"\n") != 2:  # format 4 wrote one JSON object (indented)
+        whole = _json(raw, what)
+        if is_legacy_pointer(whole):
+            return None, whole
+    first, _, rest = raw.partition(b"\n")
+    header = _json(first, what)
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise Corrupt(f"{what} is corrupt (not a hubless index pointer)")
+    if header.get("format_version") != VERSION:
+        raise Corrupt(f"{what} has index format version {header.get('format_version')!r}; this hubless reads versions 3 to {VERSION}")
+    text = rest.removesuffix(b"\n")
+    if hashlib.sha256(text).hexdigest() != header.get("manifest_sha256"):
+        raise Corrupt(f"{what} is corrupt or was altered (its manifest does not match its checksum)")
+    manifest = _json(text, what)
+    if not isinstance(manifest, dict):
+        raise Corrupt(f"{what} is corrupt (the manifest is not a JSON object)")
+    return _validate_manifest(manifest, what), header
 
 
-def load_index(path: str | os.PathLike, *, mmap: bool = False) -> SavedIndex:
-    """Read the parts of an index saved by :func:`save_index`, verifying everything first."""
-    path = _check_index_dir(Path(path))
-    for _ in range(5):  # a save may switch versions while we read: follow CURRENT again
-        if not (path / POINTER).exists():
-            return _load_version(path, path, None, LEGACY_VERSION, mmap)
-        version, manifest_sha = _read_pointer(path)
-        try:
-            return _load_version(path, path / version, manifest_sha, VERSION, mmap)
-        except _VersionGone:
-            if _pointed_version(path) == version:
-                raise Corrupt(f"{path}: {version}, the version CURRENT names, is missing") from None
-    raise Busy(f"{path} changed under five consecutive loads; retry when writes settle")
+def _json(raw: bytes, what: str):
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise Corrupt(f"{what} is corrupt: {' '.join(str(exc).split())[:200]}") from None
 
 
-class _VersionGone(Exception):
-    """The version directory vanished while it was being read (a save removed it)."""
+def _no_constant(name: str):
+    raise Corrupt(f"{name} is not valid JSON")
 
 
 def _check_index_dir(path: Path) -> Path:
@@ -240,167 +376,378 @@ def _check_index_dir(path: Path) -> Path:
     if not path.is_dir():
         raise InvalidInput(f"{path} is not a directory; an index is a directory written by `hubless index build`")
     if not is_index(path):
-        raise MissingFile(f"{path} is not a hubless index (no {POINTER} or {MANIFEST})")
+        raise MissingFile(f"{path} is not a hubless index (no {POINTER})")
     return path
 
 
-def _read_small_json(file: Path, what: str):
-    if not file.is_file():
-        raise Corrupt(f"{what} is missing or not a regular file")
-    if file.stat().st_size > _MAX_SMALL_FILE:
-        raise Corrupt(f"{what} is too large to be a hubless {file.name}")
-    raw = file.read_bytes()
+def _validate_manifest(m: Any, what: str) -> dict:
+    """Every field of a manifest, type- and range-checked; a clear error for the first bad one."""
+
+    def field_(name, kind, check=lambda v: True, need="valid", source=m):
+        value = source.get(name) if isinstance(source, dict) else None
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind) or not check(value):
+            raise Corrupt(f"{what}: field {name!r} is missing or invalid (must be {need})")
+        return value
+
+    count = (lambda v: 0 <= v < 1 << 40), "a count"
+    field_("version", int, lambda v: 0 < v < 10**6, "a version number")
+    field_("method", str, lambda v: 0 < len(v) < 1000, "a correction spec")
+    field_("normalize", bool, need="true or false")
+    dim = field_("dim", int, lambda v: 0 < v < 1 << 20, "a positive dimension")
+    field_("faiss_dim", int, lambda v: v == 0 or dim <= v < 1 << 20, "0 or a dimension >= dim")
+    field_("bias_columns", int, lambda v: 0 < v < 16, "a number of bias columns")
+    field_("next_id", int, *count)
+    field_("n_items", int, *count)
+    field_("n_rows", int, *count)
     try:
-        return raw, json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise Corrupt(f"{what} is corrupt: {exc}") from None
+        corr = make_correction(m["method"])
+        IndexConfig.from_dict(m.get("config"))
+    except (ValueError, TypeError) as exc:
+        raise Corrupt(f"{what}: {' '.join(str(exc).split())}") from None
+    if not corr.additive:
+        raise Corrupt(f"{what}: {m['method']} cannot be served from an index")
+    schema = m.get("metadata_schema")
+    if schema is not None:
+        if not isinstance(schema, str):
+            raise Corrupt(f"{what}: field 'metadata_schema' is invalid")
+        try:
+            Metadata.schema_from_text(schema)
+        except MissingDependencyError:
+            raise
+        except Exception:  # noqa: BLE001 - any parse failure of a damaged schema
+            raise Corrupt(f"{what}: field 'metadata_schema' cannot be read") from None
+    base = m.get("base")
+    if not isinstance(base, dict) or not isinstance(base.get("name"), str) or not _BASE_NAME.fullmatch(base["name"]):
+        raise Corrupt(f"{what}: field 'base' is missing or invalid (must name a base like b000001)")
+    field_("rows", int, *count, source=base)
+    files = base.get("files")
+    if not isinstance(files, dict):
+        raise Corrupt(f"{what}: the base's 'files' is missing or invalid")
+    for name, entry in files.items():
+        if name not in _FIXED_BASE_FILES and not _STAT_FILE.fullmatch(name):  # never open a path the manifest makes up
+            raise Corrupt(f"{what}: unexpected file name {name!r} in the base")
+        _check_entry(entry, name, what)
+    for name in _REQUIRED_BASE_FILES:
+        if name not in files:
+            raise Corrupt(f"{what}: the base's {name} is not listed")
+    segments = m.get("segments")
+    if not isinstance(segments, list):
+        raise Corrupt(f"{what}: field 'segments' is missing or invalid")
+    for entry in segments:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not _SEGMENT_NAME.fullmatch(entry["name"]):
+            raise Corrupt(f"{what}: a segment entry is invalid (must name a segment like s000002.seg)")
+        _check_entry(entry, entry["name"], what)
+        field_("rows", int, *count, source=entry)
+        if "first_id" in entry:
+            field_("first_id", int, *count, source=entry)
+    return m
 
 
-def _no_constant(name: str):
-    raise Corrupt(f"{name} is not valid JSON")
+def _check_entry(entry: Any, name: str, what: str) -> None:
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("sha256"), str)
+        or not _SHA256.fullmatch(entry["sha256"])
+        or isinstance(entry.get("bytes"), bool)
+        or not isinstance(entry.get("bytes"), int)
+        or entry["bytes"] < 0
+    ):
+        raise Corrupt(f"{what}: the entry of {name} is invalid (needs sha256 and bytes)")
 
 
-def _read_pointer(path: Path) -> tuple[str, str]:
-    _, pointer = _read_small_json(path / POINTER, f"{path}: {POINTER}")
-    if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
-        raise Corrupt(f"{path}: {POINTER} is corrupt (not a hubless index pointer)")
-    version, sha = pointer.get("version"), pointer.get("manifest_sha256")
-    if not isinstance(version, str) or not _VERSION_NAME.fullmatch(version):
-        raise Corrupt(f"{path}: {POINTER} is corrupt (version {version!r} is not a version name like v000001)")
-    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-        raise Corrupt(f"{path}: {POINTER} is corrupt (manifest_sha256 is not a sha256 digest)")
-    return version, sha
+class Gone(Exception):
+    """A file vanished while it was read (a writer compacted meanwhile): follow CURRENT again."""
 
 
-def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: int, mmap: bool) -> SavedIndex:
-    if not folder.is_dir():
-        raise _VersionGone
-    what = f"{root}: {MANIFEST}"
-    if manifest_sha is not None and (folder / MANIFEST).is_file() and file_sha256(folder / MANIFEST) != manifest_sha:
-        raise Corrupt(f"{what} is corrupt or was altered (its checksum differs from the one in {POINTER})")
-    _, manifest = _read_small_json(folder / MANIFEST, what)
-    m = _validate_manifest(manifest, version, what)
-    for name, expected in m["files"].items():
-        f = folder / name
-        if not f.is_file():
-            if not folder.is_dir():
-                raise _VersionGone
-            raise Corrupt(f"{root}: {name} is missing")
-        if f.stat().st_size != expected["bytes"]:
-            raise Corrupt(f"{root}: {name} is truncated or altered (size differs from the manifest)")
-        if file_sha256(f) != expected["sha256"]:
-            raise Corrupt(f"{root}: {name} is corrupt (checksum mismatch)")
-    corr = make_correction(m["method"]).set_params(normalize=m["normalize"])
-    with _reading(root, "correction.npz"), np.load(folder / "correction.npz", allow_pickle=False) as data:
-        gallery = data["gallery"]
-        stats = BankStatistics.from_arrays({k.removeprefix("statistics."): data[k] for k in data.files if k != "gallery"})
-    expected = (m["n_items"], m["dim"])
-    if gallery.shape != expected or stats.n_gallery != expected[0]:
-        raise Corrupt(f"{root}: gallery is {gallery.shape} with statistics of {stats.n_gallery} items, manifest says {expected}")
-    with _reading(root, "correction.npz"):
-        corr.fit_from_statistics(gallery, stats)  # biases and gates are derived from the kept statistics
-    banks = {}
-    if "banks.npz" in m["files"]:
-        with _reading(root, "banks.npz"), np.load(folder / "banks.npz", allow_pickle=False) as data:
-            banks = {k: data[k] for k in data.files}
-    flags = faiss.IO_FLAG_MMAP if mmap else 0
-    with _reading(root, "index.faiss"):
-        faiss_index = faiss.read_index(str(folder / "index.faiss"), flags)
-    config, n_bias = m["config"], corr.bias_columns_.shape[1]
-    rows = stored_rows(corr.bias_columns_, config.spill_below)  # IVF items spilled to a second list count twice
-    if faiss_index.d != m["faiss_dim"] or faiss_index.ntotal != rows:
-        raise Corrupt(f"{root}: index.faiss has d={faiss_index.d}, {faiss_index.ntotal} rows; manifest says {m['faiss_dim']}, {rows}")
-    offsets = {corr.dim_, plan_layout(config.factory, corr.dim_, n_bias)[2]}  # before / since PQ's own bias codes
-    if config.bias_offset is not None and (config.bias_offset not in offsets or config.bias_offset + n_bias > faiss_index.d):
-        raise Corrupt(f"{root}: the manifest puts the bias at column {config.bias_offset} of {faiss_index.d}; {config.factory} cannot")
-    metadata = None
-    if "metadata.parquet" in m["files"]:
-        with _reading(root, "metadata.parquet"):
-            metadata = _read_parquet(folder / "metadata.parquet")
-        if len(metadata) != corr.n_gallery_:
-            raise Corrupt(f"{root}: metadata.parquet has {len(metadata)} rows for {corr.n_gallery_} items")
-    return SavedIndex(corr, m["config"], faiss_index, m["faiss_dim"], banks, metadata)
+class _Part:
+    """Read one file of a version: sizes always checked, sha256 when read whole."""
+
+    def __init__(self, root: Path, file: Path, entry: dict, label: str) -> None:
+        self.root, self.file, self.entry, self.label = root, file, entry, label
+
+    def check_size(self) -> None:
+        try:
+            size = self.file.stat().st_size
+        except FileNotFoundError:
+            raise Gone from None
+        if size != self.entry["bytes"]:
+            raise Corrupt(f"{self.root}: {self.label} is truncated or altered (size differs from the manifest)")
+
+    def read_bytes(self) -> bytes:
+        self.check_size()
+        try:
+            raw = self.file.read_bytes()
+        except FileNotFoundError:
+            raise Gone from None
+        if hashlib.sha256(raw).hexdigest() != self.entry["sha256"]:
+            raise Corrupt(f"{self.root}: {self.label} is corrupt (checksum mismatch)")
+        return raw
+
+    def array(self, *, mmap: bool) -> np.ndarray:
+        """A .npy part: memory-mapped (size checked) or read and verified."""
+        with self.parsing():
+            if mmap:
+                self.check_size()
+                return np.load(self.file, mmap_mode="r", allow_pickle=False)
+            return np.load(io.BytesIO(self.read_bytes()), allow_pickle=False)
+
+    def parsing(self):
+        return _parsing(self.root, self.label)
 
 
-class _reading:
-    """Turn a failure to parse one part into a ValueError naming it (a part whose checksum
-    matches can still be unreadable, e.g. written by a broken tool with a forged manifest)."""
+class _parsing:
+    """Turn a failure to parse one part into a Corrupt naming it (a part whose checksum matches
+    can still be unreadable, e.g. written by a broken tool with a forged manifest)."""
 
-    def __init__(self, root: Path, name: str) -> None:
-        self.root, self.name = root, name
+    def __init__(self, root: Path, label: str) -> None:
+        self.root, self.label = root, label
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, MissingDependencyError):
+        if exc is None or isinstance(exc, (MissingDependencyError, Corrupt, Gone)):
             return False
+        if isinstance(exc, FileNotFoundError):
+            raise Gone from None
         if isinstance(exc, (zipfile.BadZipFile, RuntimeError, OSError, ValueError, KeyError, TypeError, EOFError, IndexError)):
             detail = " ".join(str(exc).split())[:200]
-            raise Corrupt(f"{self.root}: {self.name} cannot be read ({type(exc).__name__}: {detail})") from None
+            raise Corrupt(f"{self.root}: {self.label} cannot be read ({type(exc).__name__}: {detail})") from None
         return False
 
 
-def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
-    """Every field of a manifest, type- and range-checked; a clear error for the first bad one."""
-    if not isinstance(manifest, dict):
-        raise Corrupt(f"{what} is corrupt (not a JSON object)")
-    if manifest.get("format") != FORMAT:
-        raise Corrupt(f"{what} is not a hubless manifest (format {manifest.get('format')!r})")
-    if manifest.get("version") != version:
-        raise Corrupt(
-            f"{what} has index format version {manifest.get('version')!r}; this hubless reads version {VERSION} (and {LEGACY_VERSION})"
-        )
+def load(path: str | os.PathLike, *, mmap: bool = False) -> Loaded:
+    """Read the index at ``path`` (any format), verifying as the module docstring says."""
+    path = _check_index_dir(Path(path))
+    for _ in range(5):  # a commit may switch versions while we read: follow CURRENT again
+        stamp = pointer_stamp(path)
+        manifest, pointer = read_manifest(path)
+        if manifest is None:
+            return _load_legacy(path, pointer, stamp)
+        try:
+            base = _read_base(path, manifest, mmap=mmap)
+            snap = replay(path, base, manifest, manifest["segments"])
+        except Gone:
+            if pointer_stamp(path) == stamp:
+                raise Corrupt(f"{path}: a file the current version names is missing") from None
+            continue
+        return Loaded(snap, manifest, stamp, base=base)
+    raise Busy(f"{path} changed under five consecutive loads; retry when writes settle")
 
-    def field(name, kind, check=lambda v: True, need="valid"):
-        value = manifest.get(name)
-        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind) or not check(value):
-            raise Corrupt(f"{what}: field {name!r} is missing or invalid (must be {need})")
-        return value
 
-    out = {
-        "method": field("method", str, lambda v: 0 < len(v) < 1000, "a correction spec"),
-        "normalize": field("normalize", bool, need="true or false"),
-        "dim": field("dim", int, lambda v: 0 < v < 1 << 20, "a positive dimension"),
-        "n_items": field("n_items", int, lambda v: 0 <= v < 1 << 40, "a number of items"),
-        "faiss_dim": field("faiss_dim", int, lambda v: 0 < v < 1 << 20, "a positive dimension"),
-    }
-    if out["faiss_dim"] < out["dim"]:
-        raise Corrupt(f"{what}: faiss_dim {out['faiss_dim']} is smaller than dim {out['dim']}")
+def _load_legacy(path: Path, pointer, stamp) -> Loaded:
+    from hubless.index.legacy import _Converted, load_legacy
+
     try:
-        make_correction(out["method"])
-        out["config"] = IndexConfig.from_dict(manifest.get("config"))
-    except (ValueError, TypeError) as exc:
-        raise Corrupt(f"{what}: {' '.join(str(exc).split())}") from None
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise Corrupt(f"{what}: field 'files' is missing or invalid")
-    for name in files:
-        if name not in PARTS:  # never open a path the manifest makes up (../../etc/passwd)
-            raise Corrupt(f"{what}: unexpected file name {name!r} (an index holds only {', '.join(PARTS)})")
-    for name in REQUIRED_PARTS:
-        if name not in files:
-            raise Corrupt(f"{what}: {name} is not listed")
-    for name, entry in files.items():
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("sha256"), str)
-            or not _SHA256.fullmatch(entry["sha256"])
-            or isinstance(entry.get("bytes"), bool)
-            or not isinstance(entry.get("bytes"), int)
-            or entry["bytes"] < 0
-        ):
-            raise Corrupt(f"{what}: the entry of {name} is invalid (needs sha256 and bytes)")
-    out["files"] = files
-    return out
+        old = load_legacy(path, pointer)
+    except _Converted:
+        return load(path)
+    meta = None if old.metadata is None else Metadata(old.metadata.schema, [(old.metadata.num_rows, old.metadata)])
+    n = old.correction.n_gallery_
+    flat = old.config.factory.replace(" ", "").lower() == "flat"
+    snap = Snapshot.from_correction(
+        old.correction, old.config, ids=np.arange(n, dtype=np.int64), faiss=None if flat else old.faiss_index,
+        faiss_dim=0 if flat else old.faiss_dim, banks=old.banks, metadata=meta,
+    )  # fmt: skip
+    return Loaded(snap, None, stamp, legacy_version=old.format_version, base=snap)
 
 
-def _write_parquet(records: list[dict], file: Path) -> None:
-    pa = optional_import("pyarrow", "saving item metadata", "index")
-    pq = optional_import("pyarrow.parquet", "saving item metadata", "index", "pyarrow")
-    pq.write_table(pa.Table.from_pylist(records), file)
+def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
+    base = m["base"]
+    folder = path / base["name"]
+    files = base["files"]
+    corr = make_correction(m["method"])
+    request = corr.statistics_request()
+
+    def part(name: str) -> _Part:
+        return _Part(path, folder / name, files[name], f"{base['name']}/{name}")
+
+    n, dim, columns = base["rows"], m["dim"], m["bias_columns"]
+    gallery = part("gallery.npy").array(mmap=mmap)
+    ids = part("ids.npy").array(mmap=False)
+    bias = part("bias.npy").array(mmap=False)
+    expect = {"gallery.npy": ((n, dim), np.float32), "ids.npy": ((n,), np.int64), "bias.npy": ((n, columns), np.float32)}
+    for name, array in (("gallery.npy", gallery), ("ids.npy", ids), ("bias.npy", bias)):
+        shape, dtype = expect[name]
+        if array.shape != shape or array.dtype != dtype:
+            raise Corrupt(f"{path}: {base['name']}/{name} holds {array.dtype} {array.shape}; the manifest says {np.dtype(dtype)} {shape}")
+    names = row_statistics_names(request)
+    listed = sorted(name[5:-4] for name in files if _STAT_FILE.fullmatch(name))
+    if listed != sorted(names):
+        raise Corrupt(f"{path}: the base holds statistics {listed}; {m['method']} needs {sorted(names)}")
+    stats = {}
+    for name in names:
+        stats[name] = part(f"stat.{name}.npy").array(mmap=mmap)
+        if stats[name].shape[0] != n:
+            raise Corrupt(f"{path}: {base['name']}/stat.{name}.npy has {stats[name].shape[0]} rows for {n} items")
+    state = part("state.npz")
+    with state.parsing(), np.load(io.BytesIO(state.read_bytes()), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    with state.parsing():
+        bank, gallery_sum = _bank_from_state(arrays, n, dim, request)
+    banks = {}
+    for name in ("query_bank", "gallery_bank"):
+        if f"{name}.npy" in files:
+            banks[name] = part(f"{name}.npy").array(mmap=mmap)
+            if banks[name].ndim != 2 or banks[name].shape[1] != dim or banks[name].dtype != np.float32:
+                raise Corrupt(f"{path}: {base['name']}/{name}.npy is not a ({dim}-d) float32 bank")
+    faiss_index = None
+    if "index.faiss" in files:
+        faiss_part = part("index.faiss")
+        with faiss_part.parsing():
+            if mmap:
+                faiss_part.check_size()
+                faiss_index = faiss.read_index(str(faiss_part.file), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+            else:
+                raw = faiss_part.read_bytes()
+                faiss_index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+        config = IndexConfig.from_dict(m["config"])
+        rows = stored_rows(bias, config.spill_below)  # IVF items spilled to a second list count twice
+        if faiss_index.d != m["faiss_dim"] or faiss_index.ntotal != rows:
+            raise Corrupt(
+                f"{path}: {base['name']}/index.faiss has d={faiss_index.d}, {faiss_index.ntotal} rows; the manifest says {m['faiss_dim']}, {rows}"
+            )
+        offsets = {dim, plan_layout(config.factory, dim, columns)[2]}
+        if config.bias_offset is not None and (config.bias_offset not in offsets or config.bias_offset + columns > faiss_index.d):
+            raise Corrupt(f"{path}: the manifest puts the bias at column {config.bias_offset} of {faiss_index.d}; {config.factory} cannot")
+    schema = None if m["metadata_schema"] is None else Metadata.schema_from_text(m["metadata_schema"])
+    metadata = None
+    if schema is not None:
+        table = None
+        if "metadata.parquet" in files:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            meta_part = part("metadata.parquet")
+            with meta_part.parsing():
+                table = pq.read_table(pa.BufferReader(meta_part.read_bytes()))
+            if table.num_rows != n:
+                raise Corrupt(f"{path}: {base['name']}/metadata.parquet has {table.num_rows} rows for {n} items")
+        metadata = Metadata(schema, [(n, table)] if n else [])
+    config = IndexConfig.from_dict(m["config"])
+    return Snapshot.from_arrays(
+        spec=m["method"], normalize=m["normalize"], config=config, gallery=gallery, bias=bias, ids=ids, stats=stats, bank=bank,
+        gallery_sum=gallery_sum, banks=banks, metadata=metadata, faiss=faiss_index, faiss_dim=m["faiss_dim"], next_id=m["next_id"],
+    )  # fmt: skip
 
 
-def _read_parquet(file: Path) -> list[dict]:
-    pq = optional_import("pyarrow.parquet", "reading item metadata", "index", "pyarrow")
-    return pq.read_table(file).to_pylist()
+def _bank_from_state(arrays: dict, n: int, dim: int, request) -> tuple[BankStatistics, np.ndarray]:
+    sizes = arrays["sizes"]
+    if sizes.shape != (2,):
+        raise ValueError("sizes must hold two numbers")
+    n_query_bank, n_gallery_bank = int(sizes[0]), int(sizes[1])
+    bank = BankStatistics(
+        n_gallery=n,
+        n_query_bank=n_query_bank,
+        n_gallery_bank=None if n_gallery_bank < 0 else n_gallery_bank,
+        query_bank_mean=arrays["query_bank_mean"],
+        gallery_mean=np.zeros(dim),
+        gallery_bank_mean=arrays.get("gallery_bank_mean"),
+    )
+    for side in SIDES:
+        k = getattr(request, f"{side}_activation_k")
+        lists, scores = arrays.get(f"{side}_activation"), arrays.get(f"{side}_activation_scores")
+        if not k:
+            continue
+        size = getattr(bank, f"n_{side}_bank")
+        if lists is None or scores is None or lists.shape != (size, k) or scores.shape != (size, k) or lists.dtype != np.int64:
+            raise ValueError(f"the {side}-bank activation sets are missing or not ({size}, {k})")
+        setattr(bank, f"{side}_activation", lists)
+        setattr(bank, f"{side}_activation_scores", scores)
+    if arrays["query_bank_mean"].shape != (dim,) or arrays["gallery_sum"].shape != (dim,):
+        raise ValueError(f"the bank means are not {dim}-d")
+    return bank, arrays["gallery_sum"]
+
+
+def replay(path: Path, snap: Snapshot, manifest: dict, segments: list[dict]) -> Snapshot:
+    """``snap`` with ``segments`` (manifest entries, in order) read, verified and applied."""
+    schema = None if manifest["metadata_schema"] is None else Metadata.schema_from_text(manifest["metadata_schema"])
+    for entry in segments:
+        seg = _Part(path, path / entry["name"], entry, entry["name"])
+        raw = seg.read_bytes()
+        with seg.parsing():
+            part = _parse_segment(raw, entry, snap, schema)
+        snap = snap.replayed(part)
+    if (snap.n_alive, snap.n_rows) != (manifest["n_items"], manifest["n_rows"]):
+        raise Corrupt(
+            f"{path}: the base and segments hold {snap.n_alive} items in {snap.n_rows} rows; the manifest says {manifest['n_items']} in {manifest['n_rows']}"
+        )
+    return replace(snap, next_id=max(snap.next_id, manifest["next_id"]))
+
+
+def _parse_segment(raw: bytes, entry: dict, snap: Snapshot, schema) -> dict:
+    with np.load(io.BytesIO(raw), allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    info = json.loads(arrays.pop("info").tobytes().decode()) if "info" in arrays else {}
+    rows = arrays["rows"]
+    n = rows.shape[0]
+    if rows.ndim != 2 or rows.shape[1] != snap.dim or rows.dtype != np.float32 or n != entry["rows"]:
+        raise ValueError(f"rows are {rows.dtype} {rows.shape}; the index needs {entry['rows']} x {snap.dim} float32")
+    if "ids" in arrays:
+        ids = arrays["ids"]
+    elif "first_id" in entry:
+        ids = np.arange(entry["first_id"], entry["first_id"] + n, dtype=np.int64)
+    else:
+        raise ValueError("the segment's rows have no ids")
+    bias = arrays["bias"]
+    if ids.shape != (n,) or ids.dtype != np.int64 or (ids.size and ids.min() < 0) or bias.shape != (n, snap.bias.shape[1]):
+        raise ValueError("its ids or bias columns do not fit its rows")
+    if bias.dtype != np.float32 or not np.isfinite(bias).all():
+        raise ValueError("its bias columns are not finite float32")
+    statistics = {}
+    for name in snap.stats_base:
+        values = arrays.get(f"stat.{name}")
+        if values is None or values.shape != (n, *snap.stats_base[name].shape[1:]):
+            raise ValueError(f"its statistics {name} are missing or of another shape")
+        statistics[name] = values.astype(snap.stats_base[name].dtype, copy=False)
+    dead = arrays.get("dead", np.zeros(0, np.int64))
+    activation = {}
+    for side in SIDES:
+        for kind in ("merge", "replace"):
+            key = f"act.{side}.{kind}"
+            if f"{key}.rows" in arrays:
+                activation[f"{side}.{kind}"] = (arrays[f"{key}.rows"], arrays[f"{key}.ids"], arrays[f"{key}.scores"])
+    table = table_from_bytes(arrays["metadata"].tobytes()) if "metadata" in arrays else None
+    if table is not None and table.num_rows != n:
+        raise ValueError(f"its metadata has {table.num_rows} rows for {n}")
+    meta = snap.metadata
+    if schema is not None and (table is not None or meta is not None):
+        meta = Metadata(schema, [*(meta.parts if meta is not None else ([(snap.n_rows, None)] if snap.n_rows else [])), (n, table)])
+    elif table is not None:
+        raise ValueError("it holds metadata but the manifest has no metadata schema")
+    start = info.get("start")
+    return {
+        "name": entry["name"], "start": None if start is None else int(start), "rows": rows, "ids": ids, "bias": bias,
+        "statistics": statistics, "dead": np.asarray(dead, np.int64), "activation": activation, "metadata": meta,
+        "next_id": int(info.get("next_id", 0)),
+    }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- verify
+def verify(path: str | os.PathLike) -> dict:
+    """Check every file of the current version against its recorded size and sha256 (what a
+    memory-mapped load skips), then load it; returns ``{"files", "bytes", "items"}``.
+    Damage is a :class:`~hubless.errors.Corrupt` naming the file."""
+    path = _check_index_dir(Path(path))
+    manifest, _ = read_manifest(path)
+    if manifest is None:
+        from hubless.index.legacy import load_legacy
+
+        loaded = _load_legacy(path, read_manifest(path)[1], ())
+        del load_legacy
+        return {"files": None, "bytes": None, "items": loaded.snapshot.n_alive, "format": loaded.legacy_version}
+    base = manifest["base"]
+    checked = total = 0
+    entries = [(f"{base['name']}/{name}", path / base["name"] / name, entry) for name, entry in base["files"].items()]
+    entries += [(s["name"], path / s["name"], s) for s in manifest["segments"]]
+    for label, file, entry in entries:
+        if not file.is_file():
+            raise Corrupt(f"{path}: {label} is missing")
+        if file.stat().st_size != entry["bytes"]:
+            raise Corrupt(f"{path}: {label} is truncated or altered (size differs from the manifest)")
+        if file_sha256(file) != entry["sha256"]:
+            raise Corrupt(f"{path}: {label} is corrupt (checksum mismatch)")
+        checked += 1
+        total += entry["bytes"]
+    loaded = load(path, mmap=True)
+    return {"files": checked, "bytes": total, "items": loaded.snapshot.n_alive, "format": VERSION}

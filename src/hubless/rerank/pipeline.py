@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +71,9 @@ class Pipeline:
     """First stage (anything with ``search(queries, top_k) -> (scores, ids)``: a fitted
     correction or a :class:`hubless.Index`) + a reranker over its top ``k``.
 
-    ``gallery_items``: what the reranker sees for gallery position i (image paths, PIL images
-    or texts).
+    ``gallery_items``: what the reranker sees for the item the first stage returns as id i
+    (image paths, PIL images or texts): a sequence indexed by id, or a mapping from id (for an
+    index whose ids are not 0, 1, ...: ``hubless.index.ItemColumn(index, "path")``).
     """
 
     def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, fusion_weight: float = 0.1,
@@ -89,7 +90,9 @@ class Pipeline:
         self.first_stage, self.reranker = first_stage, reranker
         self.k = check_positive_int(k, "k")
         self.fusion, self.fusion_weight = fusion, float(fusion_weight)
-        self.gallery_items = None if gallery_items is None else list(gallery_items)
+        self.gallery_items = None if gallery_items is None or isinstance(gallery_items, Mapping) else list(gallery_items)
+        if isinstance(gallery_items, Mapping):
+            self.gallery_items = gallery_items
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")
 
     def search(
@@ -110,7 +113,7 @@ class Pipeline:
         t0 = time.perf_counter()
         first, ids = self.first_stage.search(query_embeddings, top_k=self.k, **first_stage)
         t1 = time.perf_counter()
-        if len(self.gallery_items) < int(ids.max()) + 1:
+        if not isinstance(self.gallery_items, Mapping) and len(self.gallery_items) < int(ids.max()) + 1:
             raise InvalidInput(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")
         logits = np.full(ids.shape, -np.inf, dtype=np.float32)  # slots an ANN could not fill (id -1) stay last
         starts = progress_bar(range(0, ids.shape[0], self.batch_queries), progress, desc="rerank", unit="batch")

@@ -1,0 +1,346 @@
+"""Typed item metadata of an index: one pyarrow schema, kept; filters over it.
+
+Item metadata is a table with one typed column per key, in the index's physical row order, made
+of parts (the base, then one part per write) that are only ever appended:
+
+* the schema is given at build (``metadata_schema=``) or inferred from the first records, and
+  then kept: every later value of a key must have that key's type (an int for an int64 column;
+  an int is accepted for a float column, since JSON does not tell 3 from 3.0; ``None`` is a
+  null of any type). Another type is an :class:`~hubless.errors.InvalidInput` naming the key,
+  the type expected and the type given, raised before anything is written;
+* a new key adds a nullable column (earlier items read null there); a key seen only with nulls
+  so far takes the type of its first non-null value;
+* types round-trip through saving (int64 stays int64; float64, bool, null, string, lists of
+  strings and other nested types as pyarrow infers them).
+
+Filters (:meth:`Metadata.mask`): ``where={"split": "test", "year": {"gte": 2020}}`` is a
+conjunction over keys; a key's condition is a value (equality), ``None`` (is null) or a dict of
+operators ``eq``, ``ne``, ``in``, ``not_in``, ``gt``, ``gte``, ``lt``, ``lte`` (all must hold).
+On a list column a condition holds when it holds for some element (``{"tags": "cat"}``: the
+item has the tag). A null never matches (not even ``ne``). Unknown keys or operators and values
+of another type than the column's are refused, naming them.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from hubless.errors import InvalidInput, InvalidType, optional_import
+
+__all__ = ["Metadata", "OPERATORS", "as_columns", "pyarrow"]
+
+#: The operators a ``where`` condition may use.
+OPERATORS = ("eq", "ne", "in", "not_in", "gt", "gte", "lt", "lte")
+
+
+def pyarrow():
+    """pyarrow, or a clear error naming the extra that installs it."""
+    pa = optional_import("pyarrow", "item metadata", "index")
+    optional_import("pyarrow.compute", "item metadata", "index", "pyarrow")
+    return pa
+
+
+def as_columns(metadata, n: int) -> dict[str, list]:
+    """Metadata given as a list of ``n`` dicts (or ``None`` for an item without any), a dict of
+    ``n``-long columns, or a pyarrow Table, as key -> list of ``n`` values."""
+    pa = pyarrow()
+    if isinstance(metadata, pa.Table):
+        metadata = metadata.to_pydict()
+    if isinstance(metadata, Mapping):
+        columns = {k: list(v) for k, v in metadata.items()}
+        bad = {k: len(v) for k, v in columns.items() if len(v) != n}
+        if bad:
+            raise InvalidInput(f"metadata columns must have one value per item ({n}); got lengths {sorted(set(bad.values()))}")
+    else:
+        records = list(metadata)
+        if len(records) != n:
+            raise InvalidInput(f"metadata must be {n} records (one per item) or a dict of columns; got {len(records)} records")
+        columns = {}
+        for i, record in enumerate(records):
+            if record is None:
+                continue
+            if not isinstance(record, Mapping):
+                raise InvalidType(f"metadata record {i} is a {type(record).__name__}; each record must be a dict (or None)")
+            for key, value in record.items():
+                columns.setdefault(key, [None] * n)[i] = value
+    for key in columns:
+        if not isinstance(key, str) or not key:
+            raise InvalidType(f"metadata keys must be non-empty strings; got {key!r}")
+    return columns
+
+
+def _describe(t) -> str:
+    pa = pyarrow()
+    names = {pa.int64(): "int64 (int)", pa.float64(): "float64 (float)", pa.string(): "string (str)", pa.bool_(): "bool", pa.null(): "null"}
+    if t in names:
+        return names[t]
+    if pa.types.is_list(t) and t.value_type in names:
+        return f"list<{t.value_type}> (list of {names[t.value_type].split(' (')[-1].rstrip(')')})"
+    return str(t)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _typed(key: str, values: list, expected):
+    """``values`` as a pyarrow array for the column type ``expected`` (None or null: the column
+    takes the inferred type). Returns ``(array, type)``; a value of another type than the
+    column's is an InvalidType naming the key, the type expected and the type given."""
+    pa = pyarrow()
+    known = expected is not None and not pa.types.is_null(expected)
+    try:
+        array = pa.array(values)
+    except UnicodeEncodeError as exc:
+        bad = next(i for i, v in enumerate(values) if isinstance(v, str) and not _encodes(v))
+        raise InvalidInput(f"metadata {key!r} of item {bad} is not valid Unicode ({exc.reason})") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+        if known:
+            _refuse_first_offender(key, values, expected)
+        kinds = sorted({type(v).__name__ for v in values if v is not None})
+        raise InvalidType(f"metadata key {key!r} mixes values of types {', '.join(kinds)}; one key holds one type") from None
+    given = array.type
+    if not known:
+        return array, given
+    if given == expected:
+        return array, expected
+    if pa.types.is_null(given):
+        return pa.nulls(len(values), expected), expected
+    if _compatible(expected, given):
+        try:
+            return array.cast(expected), expected
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    _refuse_first_offender(key, values, expected)
+    raise InvalidType(f"metadata key {key!r} holds {_describe(expected)} values; got {_describe(given)}")  # pragma: no cover
+
+
+def _compatible(expected, given) -> bool:
+    """Whether ``given`` values may be stored in an ``expected`` column without changing meaning."""
+    pa = pyarrow()
+
+    def text(t):
+        return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+    return (
+        given == expected
+        or pa.types.is_null(given)
+        or (pa.types.is_floating(expected) and (pa.types.is_integer(given) or pa.types.is_floating(given)))  # JSON: 3 == 3.0
+        or (pa.types.is_integer(expected) and pa.types.is_integer(given))
+        or (text(expected) and text(given))
+        or (pa.types.is_list(expected) and pa.types.is_list(given) and pa.types.is_null(given.value_type))  # empty lists
+    )
+
+
+def _refuse_first_offender(key: str, values: list, expected) -> None:
+    """Raise for the first value whose own type does not fit the ``expected`` column."""
+    pa = pyarrow()
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            given = pa.array([value]).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            given = None
+        if given is None or not _compatible(expected, given):
+            shown = type(value).__name__ if given is None else _describe(given)
+            raise InvalidType(f"metadata key {key!r} holds {_describe(expected)} values; got {shown} ({value!r}) in record {i}")
+
+
+class Metadata:
+    """Item metadata over a live index's physical rows: a schema and parts (see the module
+    docstring). Immutable: :meth:`appended` returns a new one."""
+
+    def __init__(self, schema, parts: Sequence[tuple[int, Any]]) -> None:
+        self.schema = schema
+        self.parts = tuple(parts)  # (n_rows, pyarrow Table or None: no value in this part)
+        self.n_rows = sum(n for n, _ in self.parts)
+
+    @classmethod
+    def empty(cls, n: int, schema=None) -> Metadata:
+        pa = pyarrow()
+        return cls(pa.schema([]) if schema is None else schema, [(n, None)] if n else [])
+
+    @classmethod
+    def from_records(cls, metadata, n: int, schema=None) -> Metadata:
+        """Metadata of ``n`` items (records or columns, see :func:`as_columns`), typed by
+        ``schema`` where it names a key and inferred otherwise."""
+        pa = pyarrow()
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise InvalidType(f"metadata_schema must be a pyarrow.Schema; got {type(schema).__name__}")
+        return cls.empty(0, schema).appended(metadata, n)
+
+    def appended(self, metadata, n: int) -> Metadata:
+        """This metadata followed by ``n`` items' (None: no values); the schema grows by the new
+        keys. Raises (changing nothing) on a value of another type than its key's column."""
+        pa = pyarrow()
+        if metadata is None:
+            return Metadata(self.schema, [*self.parts, (n, None)])
+        columns = as_columns(metadata, n)
+        schema, arrays = self.schema, {}
+        for key, values in columns.items():
+            index = schema.get_field_index(key)
+            expected = None if index < 0 else schema.field(index).type
+            arrays[key], kind = _typed(key, values, expected)
+            if index < 0:
+                schema = schema.append(pa.field(key, kind, nullable=True))
+            elif kind != expected:  # a column of nulls so far takes its first type
+                schema = schema.set(index, pa.field(key, kind, nullable=True))
+        table = pa.table(arrays) if arrays else None
+        return Metadata(schema, [*self.parts, (n, table)])
+
+    def concatenated(self, other: Metadata) -> Metadata:
+        """This metadata followed by ``other``'s parts (``other``'s schema, which must extend
+        this one's: read from a later write)."""
+        return Metadata(other.schema, [*self.parts, *other.parts])
+
+    # ------------------------------------------------------------------ reading
+    @cached_property
+    def table(self):
+        """All rows as one table with every schema column (nulls where a part has no value)."""
+        pa = pyarrow()
+        columns = []
+        for field in self.schema:
+            chunks = []
+            for n, table in self.parts:
+                if not n:
+                    continue
+                if table is None or field.name not in table.column_names:
+                    chunks.append(pa.nulls(n, field.type))
+                    continue
+                column = table.column(field.name)
+                chunks.extend(c.cast(field.type) if c.type != field.type else c for c in column.chunks)
+            columns.append(pa.chunked_array(chunks, type=field.type))
+        if not columns:
+            return pa.table({}).append_column("_", pa.nulls(self.n_rows)).drop_columns(["_"])
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    def take(self, positions) -> list[dict]:
+        """The records (dicts with every key; None where unset) of rows ``positions``."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not self.schema.names:
+            return [{} for _ in range(positions.size)]
+        return self.table.take(positions).to_pylist()
+
+    def select(self, positions) -> Metadata:
+        """Rows ``positions`` (in that order) as one part: the metadata of a compacted index."""
+        positions = np.asarray(positions, dtype=np.int64)
+        table = self.table.take(positions) if self.schema.names else None
+        return Metadata(self.schema, [(positions.size, table)])
+
+    # ------------------------------------------------------------------ filters
+    def mask(self, where: Mapping) -> np.ndarray:
+        """Boolean (n_rows,) mask of the rows matching ``where`` (see the module docstring)."""
+        if not isinstance(where, Mapping) or not where:
+            raise InvalidInput('where must be a non-empty dict of metadata conditions, e.g. {"split": "test", "year": {"gte": 2020}}')
+        out = np.ones(self.n_rows, dtype=bool)
+        for key, condition in where.items():
+            if not isinstance(key, str) or key not in self.schema.names:
+                known = ", ".join(self.schema.names) or "none"
+                raise InvalidInput(f"where: no metadata key {key!r} in this index (keys: {known})")
+            column = self.table.column(key)
+            for op, value in _conditions(key, condition):
+                out &= _evaluate(column, key, op, value, self.n_rows)
+        return out
+
+    # ------------------------------------------------------------------ files
+    def schema_text(self) -> str:
+        """The schema, serialised (Arrow IPC, base64) for a manifest."""
+        return base64.b64encode(self.schema.serialize().to_pybytes()).decode("ascii")
+
+    @staticmethod
+    def schema_from_text(text: str):
+        pa = pyarrow()
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text.encode("ascii"), validate=True)))
+
+
+def table_bytes(table) -> bytes:
+    """A table as Arrow IPC stream bytes (a write's part; Arrow reads it back without parsing)."""
+    pa = pyarrow()
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def table_from_bytes(raw: bytes):
+    pa = pyarrow()
+    return pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
+
+
+def _conditions(key: str, condition) -> list[tuple[str, Any]]:
+    if condition is None:
+        return [("is_null", None)]
+    if isinstance(condition, Mapping):
+        if not condition:
+            raise InvalidInput(f"where {key!r}: an empty condition; use one of the operators {', '.join(OPERATORS)}")
+        unknown = [op for op in condition if op not in OPERATORS]
+        if unknown:
+            raise InvalidInput(f"where {key!r}: unknown operator {unknown[0]!r}; use {', '.join(OPERATORS)}")
+        for op in ("in", "not_in"):
+            if op in condition and (isinstance(condition[op], (str, bytes)) or not isinstance(condition[op], Sequence)):
+                raise InvalidInput(f"where {key!r}: {op!r} takes a list of values")
+        return list(condition.items())
+    if isinstance(condition, (list, tuple)):
+        raise InvalidInput(f'where {key!r}: a list is ambiguous; write {{"in": [...]}} for any of these values')
+    return [("eq", condition)]
+
+
+def _evaluate(column, key: str, op: str, value, n: int) -> np.ndarray:
+    """Rows of ``column`` (chunked) meeting one condition; nulls never do."""
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    if op == "is_null":
+        return pc.is_null(column).to_numpy(zero_copy_only=False)
+    if op in ("ne", "not_in"):
+        positive = _evaluate(column, key, "eq" if op == "ne" else "in", value, n)
+        return ~positive & ~pc.is_null(column).to_numpy(zero_copy_only=False)
+    kind = column.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        flat = pc.list_flatten(column)
+        parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+        hits = _compare(flat, kind.value_type, key, op, value)
+        out = np.zeros(n, dtype=bool)
+        out[parents[hits]] = True
+        return out
+    return _compare(column, kind, key, op, value)
+
+
+def _compare(values, kind, key: str, op: str, value) -> np.ndarray:
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    wanted = list(value) if op == "in" else [value]
+    for v in wanted:
+        _check_value(key, kind, v, op)
+    if op == "in":
+        result = pc.is_in(values, value_set=pa.array(wanted, type=kind) if wanted else pa.array([], type=kind))
+    else:
+        scalar = pa.scalar(value, type=kind) if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)) else pa.scalar(value)
+        function = {"eq": pc.equal, "gt": pc.greater, "gte": pc.greater_equal, "lt": pc.less, "lte": pc.less_equal}[op]
+        result = function(values, scalar)
+    return pc.fill_null(result, False).to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
+def _check_value(key: str, kind, value, op: str) -> None:
+    pa = pyarrow()
+    number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    ok = (
+        (pa.types.is_integer(kind) and number and (op != "in" or float(value).is_integer()))
+        or (pa.types.is_floating(kind) and number)
+        or (pa.types.is_boolean(kind) and isinstance(value, (bool, np.bool_)) and op in ("eq", "in"))
+        or ((pa.types.is_string(kind) or pa.types.is_large_string(kind)) and isinstance(value, str))
+    )
+    if not ok:
+        raise InvalidType(f"where {key!r}: the key holds {_describe(kind)} values; {op} got {value!r} ({type(value).__name__})")
