@@ -114,7 +114,7 @@ def test_service_maps_each_kind_to_its_status(served, monkeypatch, exc, status):
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(index, "search", broken)
+    monkeypatch.setattr(hubless.Index, "search", broken)  # requests search the version they pin
     response = _search(client)
     assert response.status_code == status, response.text
     detail = response.json()["detail"]
@@ -131,7 +131,7 @@ def test_service_answers_a_bug_with_500_never_4xx(served, monkeypatch, exc):
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(index, "search", broken)
+    monkeypatch.setattr(hubless.Index, "search", broken)  # requests search the version they pin
     response = _search(client)
     assert response.status_code == 500, response.text
     assert "internal error" in response.json()["detail"] and "Traceback" not in response.text

@@ -175,7 +175,7 @@ class Searcher:
             if isinstance(value, Index):
                 self._indexes[name], self.paths[name] = value, None
             else:
-                self._indexes[name], self.paths[name] = Index.load(value), Path(value)
+                self._indexes[name], self.paths[name] = Index.open(value), Path(value)  # writes commit at once
         if encoder is not None and model is not None:
             raise InvalidInput("give model= (a name or folder) or encoder= (a loaded encoder), not both")
         self.model = None if model is None else os.fspath(model)
@@ -329,7 +329,7 @@ class Searcher:
         ``index.search``; the service passes its batcher).
         """
         name = self.name(index)
-        current = self._indexes[name]  # one consistent version for the whole call
+        current = self._indexes[name].snapshot()  # one consistent version for the whole call
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
         top_k = _top_k(top_k, current.ntotal)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)

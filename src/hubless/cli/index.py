@@ -392,7 +392,7 @@ def search_command(
         where=condition,
     )
     title = f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
-    records = result.metadata_by_id()
+    records = result.metadata
     _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
 
 

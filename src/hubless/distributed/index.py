@@ -68,7 +68,8 @@ def build_index(
     from hubless.index import Index
     from hubless.index.factory import check_factory
     from hubless.index.faiss_build import default_factory, train_empty, training_sample, with_spill
-    from hubless.index.index import _as_records, augmented_rows
+    from hubless.index.index import augmented_rows
+    from hubless.index.metadata import Metadata
     from hubless.progress import progress_bar
 
     t0 = time.perf_counter()
@@ -81,7 +82,8 @@ def build_index(
             f"{factory}: an HNSW graph cannot be merged from shards built apart; use an IVF factory or Index.build on one machine"
         )
     factory = check_factory(factory, source.n_rows, source.dim + 1)
-    metadata = _as_records(metadata, source.n_rows)
+    if metadata is not None:
+        Metadata.from_records(metadata, source.n_rows)  # counts, keys and types checked before the fit
     corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
     augmented = augmented_rows(corr)
     sample = training_sample(source.n_rows, train_size, seed)

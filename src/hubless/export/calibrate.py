@@ -66,7 +66,7 @@ def measure_curve(store, index, info: dict, target: float | None, *, sample: int
     rng = np.random.default_rng(seed)
     q = bank if bank.shape[0] <= sample else bank[np.sort(rng.choice(bank.shape[0], sample, replace=False))]
     k = min(TOP_K, index.ntotal)
-    exact = index.correction.search(q, k)[1]
+    exact = index.ids[index.correction.search(q, k)[1]]  # the correction ranks positions; stores hold item ids
     default = int(ann["default"])
     stop = max(MEASURE_UNTIL, with_margin(target) if target is not None else 0.0)
     curve = []

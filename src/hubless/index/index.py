@@ -188,6 +188,8 @@ class Index:
         self._manifest = None if loaded is None else loaded.manifest
         self._stamp = () if loaded is None else loaded.stamp
         self._locked = False  # inside update(): the file lock is held, commit at the end
+        #: Seconds a write waits for the index's file lock (None: HUBLESS_LOCK_TIMEOUT or 60).
+        self.lock_timeout: float | None = None
 
     @classmethod
     def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, *, spill: float = 0.0, **options) -> Index:
@@ -316,6 +318,11 @@ class Index:
         return self._snap.serving.weight_param
 
     @property
+    def weight(self) -> float:
+        """The correction's weight (NNN's alpha, DN's lambda; 1 or 0 for methods without one)."""
+        return float(self._snap.serving.weight())
+
+    @property
     def bias_error(self) -> dict[str, float] | None:
         """Mean and max |bias_ann - bias_exact| on a sample when biases came from an ANN search."""
         return self.config.bias_error
@@ -362,6 +369,17 @@ class Index:
         rows = snap.rows_of(ids)
         meta = None if snap.metadata is None else snap.metadata.take(rows)
         return Items(snap.ids[rows].copy(), snap.gather(rows), meta)
+
+    def positions(self, ids) -> np.ndarray:
+        """The positions of items ``ids`` in the index's order (in :attr:`ids`, and the rows of
+        :attr:`correction`'s gallery); -1 for an id that is not in the index."""
+        snap = self._snap
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        rows = snap.id_map.rows(ids, snap.n_rows)
+        present = (rows >= 0) & snap.alive[np.maximum(rows, 0)]
+        if "rank" not in snap.extra:
+            snap.extra["rank"] = np.cumsum(snap.alive) - 1
+        return np.where(present, snap.extra["rank"][np.maximum(rows, 0)], -1)
 
     def __contains__(self, item_id) -> bool:
         snap = self._snap
@@ -660,6 +678,16 @@ class Index:
         new._setup(self._snap)
         return new
 
+    def snapshot(self) -> Index:
+        """This index's current version, which later writes (here or elsewhere) do not change:
+        the searches, record lookups and metadata of one request agree. The same object for the
+        same version (cheap: nothing is copied)."""
+        snap = self._snap
+        pinned = snap.extra.get("pinned")
+        if pinned is None:
+            pinned = snap.extra["pinned"] = self.copy()
+        return pinned
+
     def _write(self, change, *, full: bool = False):
         """Apply ``change(snapshot) -> (new snapshot, result)``; an index opened live commits it
         at once under its write lock, after catching up with versions written elsewhere."""
@@ -668,7 +696,7 @@ class Index:
                 new, result = change(self._snap)
                 self._snap = new
                 return result
-            with write_lock(self._path):
+            with write_lock(self._path, timeout=self.lock_timeout):
                 self._catch_up()
                 new, result = change(self._snap)
                 self._commit(new, full=full)

@@ -58,11 +58,11 @@ import numpy as np
 from hubless._io import atomic_open, file_sha256, umask_mode
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile
+from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
 from hubless.index.live import SIDES, Snapshot, row_statistics_names
-from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
+from hubless.index.metadata import Metadata, canonical, table_bytes, table_from_bytes
 
 __all__ = [
     "FORMAT",
@@ -176,7 +176,7 @@ def write_base(path: Path, snap: Snapshot, version: int) -> dict:
         if snap.banks.get(bank) is not None:
             files[f"{bank}.npy"] = _write_file(folder / f"{bank}.npy", _npy(snap.banks[bank]))
     if snap.metadata is not None and snap.metadata.schema.names:
-        import pyarrow.parquet as pq
+        pq = optional_import("pyarrow.parquet", "saving item metadata", "index", "pyarrow")
 
         table = snap.metadata.table
         files["metadata.parquet"] = _write_file(folder / "metadata.parquet", lambda fh: pq.write_table(table, fh))
@@ -542,7 +542,8 @@ def _load_legacy(path: Path, pointer, stamp) -> Loaded:
         old = load_legacy(path, pointer)
     except _Converted:
         return load(path)
-    meta = None if old.metadata is None else Metadata(old.metadata.schema, [(old.metadata.num_rows, old.metadata)])
+    table = None if old.metadata is None else canonical(old.metadata)
+    meta = None if table is None else Metadata(table.schema, [(table.num_rows, table)])
     n = old.correction.n_gallery_
     flat = old.config.factory.replace(" ", "").lower() == "flat"
     snap = Snapshot.from_correction(
@@ -615,8 +616,8 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
     if schema is not None:
         table = None
         if "metadata.parquet" in files:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            pa = optional_import("pyarrow", "reading item metadata", "index")
+            pq = optional_import("pyarrow.parquet", "reading item metadata", "index", "pyarrow")
 
             meta_part = part("metadata.parquet")
             with meta_part.parsing():

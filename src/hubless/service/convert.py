@@ -26,8 +26,9 @@ def rows(embeddings: list[list[float]], index, limits: Limits, what: str = "rows
     """A batch of request rows (queries, new items, bank queries) as float32, size and dimension checked."""
     check_count(embeddings, limits, what)
     dims = {len(r) for r in embeddings}
-    if dims != {index.correction.dim_}:
-        raise HTTPException(422, f"{what} must have dimension {index.correction.dim_}; got {sorted(dims)}")
+    dim = index.info()["dim"]
+    if dims != {dim}:
+        raise HTTPException(422, f"{what} must have dimension {dim}; got {sorted(dims)}")
     return np.asarray(embeddings, dtype=np.float32)
 
 
@@ -43,18 +44,18 @@ def public_model(name: str | None) -> str | None:
 
 def summary(s: Served) -> dict:
     index = s.index
-    corr = index.correction
-    weight = None if corr.weight_param is None else {"name": corr.weight_param, "value": float(corr.weight())}
-    meta = index.metadata
+    info = index.info()
+    name = index.weight_param
+    weight = None if name is None else {"name": name, "value": index.weight}
     return {
         "name": s.name,
         "n_items": index.ntotal,
-        "method": corr.spec,
+        "method": info["method"],
         "factory": index.factory,
         "model": public_model(index.model),
         "weight": weight,
         "queries": s.searcher.query_kinds(s.name),
-        "metadata_columns": sorted({k for r in meta[:100] for k in r}) if meta else [],
+        "metadata_columns": sorted(info["metadata_columns"]),
     }
 
 

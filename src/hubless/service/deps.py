@@ -35,8 +35,8 @@ def only_index(service: ServiceState) -> str:
 
 
 def check_id(s: Served, item_id: int) -> None:
-    if not 0 <= item_id < s.index.ntotal:
-        raise HTTPException(404, f"index {s.name!r} has no item {item_id} (ids are 0 .. {s.index.ntotal - 1})")
+    if item_id not in s.index:
+        raise HTTPException(404, f"index {s.name!r} has no item {item_id}")
 
 
 def writable(service: ServiceState, name: str) -> Served:

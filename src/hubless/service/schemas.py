@@ -30,7 +30,10 @@ class SearchRequest(BaseModel):
     top_k: int = Field(10, ge=1, description="Results per query.")
     weight: float | None = Field(None, ge=0, description="The correction's query-time weight (NNN alpha, DN lambda).")
     compare: bool = Field(False, description="Also return the uncorrected ranking (same index structure) and each hit's rank change.")
-    where: dict[str, Any] | None = Field(None, description="A metadata filter, passed to Index.search(where=...).")
+    where: dict[str, Any] | None = Field(
+        None,
+        description='A metadata filter: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (Index.search(where=...)).',
+    )
     rerank: bool = Field(False, description="Rerank the corrected top rerank_k with the server's cross-encoder (text queries).")
 
 
@@ -40,4 +43,6 @@ class ItemsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     embeddings: list[list[float]] = Field(..., description="One list per new item (or bank query).")
-    metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item.")
+    metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item (typed by the index's metadata schema).")
+    ids: list[int] | None = Field(None, description="The new items' ids (int64 >= 0; default: assigned by the index, never reused).")
+    upsert: bool = Field(False, description="Replace the items whose ids are present (needs ids) instead of refusing them (409).")

@@ -19,11 +19,13 @@ __all__ = ["Served", "ServiceState"]
 
 
 class Served:
-    """One served index. Its versions live in the searcher and are replaced whole, never
-    mutated: a write updates a fresh copy (loaded from disk under the index's write lock), saves
-    it, then swaps it in, so a search sees the old or the new version, never a half-updated one.
-    A write waits at most ``lock_timeout`` seconds for the lock, then fails with
-    :class:`hubless.errors.Busy` (503 with Retry-After)."""
+    """One served index. A saved index is served opened live (:meth:`hubless.Index.open`): a
+    write is committed at once as one segment under the index's file lock (other processes may
+    write it too: the write first catches up with what they committed), and versions written
+    elsewhere are picked up by a cheap check of ``CURRENT`` whenever the index is read here
+    (:meth:`hubless.Index.refresh`). A search holds one version (a snapshot) from start to end,
+    so it never sees a half-applied write. A write waits at most ``lock_timeout`` seconds for
+    the lock, then fails with :class:`hubless.errors.Busy` (503 with Retry-After)."""
 
     def __init__(self, name: str, searcher: Searcher, lock_timeout: float = 5.0) -> None:
         self.name, self.searcher, self.lock_timeout = name, searcher, lock_timeout
@@ -34,7 +36,9 @@ class Served:
 
     @property
     def index(self):
-        return self.searcher.index(self.name)
+        index = self.searcher.index(self.name)
+        index.refresh()  # one stat of CURRENT; reads only what other processes wrote since
+        return index
 
     @property
     def path(self):
@@ -48,21 +52,15 @@ class Served:
         return scores, ids
 
     def write(self, change):
-        """Apply ``change(index)`` to a fresh copy, save it (a saved index: under its file lock),
-        swap it in; returns what ``change`` returned."""
-        from hubless.index import Index
-
+        """Apply ``change(index)`` (e.g. ``index.add(...)``, which returns the new items' ids)
+        and return what it returned: committed at once for a saved index (under its file lock);
+        an index served from memory changes in memory."""
         if not self.write_lock.acquire(timeout=self.lock_timeout):
             raise Busy(f"index {self.name!r} is being written by another request; retry in a moment")
         try:
-            if self.path is None:  # served from memory: update a copy
-                updated = self.index.copy()
-                out = change(updated)
-            else:  # the saved index, under its file lock (other processes may write it too)
-                with Index.update(self.path, timeout=self.lock_timeout) as updated:
-                    out = change(updated)
-            self.searcher.replace(self.name, updated)
-            return out
+            index = self.searcher.index(self.name)
+            index.lock_timeout = self.lock_timeout
+            return change(index)
         finally:
             self.write_lock.release()
 

@@ -1,8 +1,9 @@
-"""Items: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image`` (only from the
-server's image root), and the writes (write key needed): ``POST /items/{name}`` (add),
-``DELETE /items/{name}/{id}`` (remove), ``POST /bank/{name}`` (add query-bank queries; every
-bias is updated). A write is saved atomically under the index's write lock, then swapped in
-whole (see :class:`hubless.service.state.Served`), and appended to the audit log."""
+"""Items, by their stable ids: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image``
+(only from the server's image root), and the writes (write key needed): ``POST /items/{name}``
+(add, with ``ids`` or assigned ones; ``upsert`` replaces present ids), ``DELETE
+/items/{name}/{id}`` (remove), ``POST /bank/{name}`` (add query-bank queries; every bias is
+updated). A write is all or nothing and committed at once as one segment under the index's
+write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ router = APIRouter()
 @router.get("/items/{name}/{item_id}")
 def item(name: str, item_id: int, service: ServiceDep) -> dict:
     s = get_served(service, name)
+    index = s.index
     check_id(s, item_id)
-    return {"id": item_id, "metadata": None if s.index.metadata is None else s.index.metadata[item_id]}
+    return {"id": item_id, "metadata": None if index.metadata_schema is None else index.records([item_id])[0]}
 
 
 @router.get("/items/{name}/{item_id}/image")
 def image(name: str, item_id: int, service: ServiceDep) -> FileResponse:
     s = get_served(service, name)
+    index = s.index
     check_id(s, item_id)
-    meta = s.index.metadata
-    found = image_file(service.settings.image_root, None if meta is None else meta[item_id].get("path"))
+    meta = None if index.metadata_schema is None else index.records([item_id])[0]
+    found = image_file(service.settings.image_root, None if meta is None else meta.get("path"))
     if found is None:  # says nothing about the disk: not configured, not named, outside the root, not an image alike
         raise HTTPException(404, f"no image for item {item_id} of {name!r}")
     path, media_type = found
@@ -42,11 +45,15 @@ def add_items(name: str, body: ItemsRequest, request: Request, service: ServiceD
     new = rows(body.embeddings, s.index, service.limits)
     if body.metadata is not None and len(body.metadata) != new.shape[0]:
         raise HTTPException(422, f"{len(body.metadata)} metadata records for {new.shape[0]} items")
+    if body.ids is not None and len(body.ids) != new.shape[0]:
+        raise HTTPException(422, f"{len(body.ids)} ids for {new.shape[0]} items")
+    if body.upsert and body.ids is None:
+        raise HTTPException(422, "upsert needs ids (the items to replace or add)")
 
     def change(index):
-        start = index.ntotal
-        index.add(new, body.metadata)
-        return list(range(start, start + new.shape[0]))
+        if body.upsert:
+            return index.upsert(body.ids, new, body.metadata).tolist()
+        return index.add(new, body.metadata, ids=body.ids).tolist()
 
     added = s.write(change)
     audit(service, request, name, added)
@@ -56,10 +63,9 @@ def add_items(name: str, body: ItemsRequest, request: Request, service: ServiceD
 @router.delete("/items/{name}/{item_id}")
 def remove_item(name: str, item_id: int, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
-    check_id(s, item_id)
-    s.write(lambda index: index.remove([item_id]))
+    s.write(lambda index: index.remove([item_id]))  # an unknown id: 404, nothing removed
     audit(service, request, name, [item_id])
-    return {**summary(s), "removed": item_id, "note": "later items moved up by one position"}
+    return {**summary(s), "removed": item_id}
 
 
 @router.post("/bank/{name}")

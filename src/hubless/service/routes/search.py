@@ -121,7 +121,7 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
 
 
 def _float32_rows(raw: bytes, s: Served, limits, what: str) -> np.ndarray:
-    dim = s.index.correction.dim_
+    dim = s.index.info()["dim"]
     if not raw or len(raw) % (4 * dim):
         raise HTTPException(422, f"{what} must hold n x {dim} float32 values (n x {4 * dim} bytes); got {len(raw)} bytes")
     queries = np.frombuffer(raw, dtype="<f4").reshape(-1, dim)
