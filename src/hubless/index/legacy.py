@@ -269,4 +269,5 @@ def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
 
 
 def _read_parquet(file: Path):
-    return optional_import("pyarrow.parquet", "reading item metadata", "index", "pyarrow").read_table(file)
+    pq = optional_import("pyarrow.parquet", "reading item metadata", "index", "pyarrow")
+    return pq.ParquetFile(file).read(use_threads=False)  # not read_table: see store._read_base

@@ -41,9 +41,7 @@ OPERATORS = ("eq", "ne", "in", "not_in", "gt", "gte", "lt", "lte")
 
 def pyarrow():
     """pyarrow, or a clear error naming the extra that installs it."""
-    pa = optional_import("pyarrow", "item metadata", "index")
-    optional_import("pyarrow.compute", "item metadata", "index", "pyarrow")
-    return pa
+    return optional_import("pyarrow", "item metadata", "index")
 
 
 def as_columns(metadata, n: int) -> dict[str, list]:

@@ -621,7 +621,10 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
 
             meta_part = part("metadata.parquet")
             with meta_part.parsing():
-                table = pq.read_table(pa.BufferReader(meta_part.read_bytes()))
+                # ParquetFile, one thread: pq.read_table goes through Arrow's dataset layer (and
+                # imports pandas), whose thread pools next to FAISS's OpenMP threads can abort the
+                # interpreter at exit ("terminate called without an active exception")
+                table = pq.ParquetFile(pa.BufferReader(meta_part.read_bytes())).read(use_threads=False)
             if table.num_rows != n:
                 raise Corrupt(f"{path}: {base['name']}/metadata.parquet has {table.num_rows} rows for {n} items")
         metadata = Metadata(schema, [(n, table)] if n else [])
