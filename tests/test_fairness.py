@@ -95,7 +95,7 @@ def test_visogender_metadata_loads():
     try:
         rows, queries = visogender_table()
     except FileNotFoundError:
-        pytest.skip("shared data not present")
+        pytest.skip("needs ../shared/data/visogender (or `hubless data fetch visogender`)")
     assert len(rows) == 690  # 460 occupation-participant + 230 occupation-object rows in the files
     assert {r["gender"] for r in rows} <= {"masculine", "feminine"}
     assert all(q["text"].startswith("the ") and " and their " in q["text"] for q in queries)
@@ -151,7 +151,7 @@ def test_visogender_with_synthetic_embeddings_end_to_end(tmp_path):
     try:
         visogender_table()
     except FileNotFoundError:
-        pytest.skip("shared data not present")
+        pytest.skip("needs ../shared/data/visogender (or `hubless data fetch visogender`)")
     runner = CliRunner()
     r = runner.invoke(app, ["data", "visogender", "--out", str(tmp_path), "--bias", "0.5"])
     assert r.exit_code == 0, r.output

@@ -9,7 +9,7 @@ from hubless.data.karpathy import data_dir, load_captions
 
 def test_loads_the_real_splits_when_present():
     if not (data_dir() / "coco_karpathy").is_dir():
-        pytest.skip("shared data not present")
+        pytest.skip("needs ../shared/data/coco_karpathy (or `hubless data fetch coco`)")
     coco = load_captions("coco", "test5k")
     assert len(coco.captions) == 25_000 and coco.n_images == 5000
     assert load_captions("coco", "test1k").captions == coco.captions[:5000]
