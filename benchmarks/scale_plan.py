@@ -248,7 +248,7 @@ def main() -> None:
         ("10^9: gallery input (float16 .npy)", fmt_bytes(n * d * 2), ""),
         ("10^9: work dir (NNN k=16 tiles)", fmt_bytes(n * nnn["work_bytes"] / rows), ""),
         ("10^9: output parts", fmt_bytes(n * part["part_bytes"] / rows), ""),
-        ("10^9: driver RAM for the merged statistics (NNN k=16)", fmt_bytes(n * merge["rss_growth"] / 4e6), ""),
+        ("10^9: fit_statistics driver RAM, keeping the statistics (write_augmented: none)", fmt_bytes(n * merge["rss_growth"] / 4e6), ""),
     ]
     print_table(projection, full_size=True, size=f"d={d}")
 

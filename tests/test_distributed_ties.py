@@ -186,3 +186,30 @@ def test_a_wide_tile_read_a_piece_at_a_time_equals_narrow_tiles_merged():
     want = reference.result().to_arrays()
     for name, values in merger.result().to_arrays().items():
         np.testing.assert_array_equal(values, want[name], err_msg=name)
+
+
+def test_a_merger_with_a_sink_keeps_no_per_item_numbers_and_hands_over_the_same_rows():
+    """write_augmented's driver: each finished gallery shard's rows go to the sink (a file per
+    shard), in any arrival order, bitwise the rows a merger that keeps them holds."""
+    rng = np.random.default_rng(9)
+    gallery, bank, gbank = unit_rows(rng, 300, 8), unit_rows(rng, 500, 8), unit_rows(rng, 200, 8)
+    request = make_correction("dualis").statistics_request().merge(make_correction("nnn:k=4").statistics_request())
+    tiles = plan_tiles(request, 300, 500, 200, gallery_rows=[70, 200], bank_cols=[120, 400])
+    parts = {t: compute_tile(t, gallery, bank if t.side == "query" else gbank, request) for t in tiles}
+    keeping = TileMerger(tiles, request, 300, 8)
+    for t in tiles:
+        keeping.add(t, parts[t])
+    want = keeping.result().to_arrays()
+    handed: dict = {}
+    sinking = TileMerger(tiles, request, 300, 8, sink=lambda side, g0, g1, arrays: handed.setdefault((side, g0, g1), arrays))
+    for t in reversed(tiles):
+        sinking.add(t, parts[t])
+    got = sinking.result().to_arrays()
+    assert not sinking.items and {k for k in got} == {"sizes", "query_bank_mean", "gallery_mean", "gallery_bank_mean"}
+    for name in ("sizes", "query_bank_mean", "gallery_mean", "gallery_bank_mean"):
+        np.testing.assert_array_equal(got[name], want[name])
+    assert sorted(handed) == [(s, g0, g1) for s in ("gallery", "query") for g0, g1 in ((0, 70), (70, 200), (200, 300))]
+    for name in ("query_topk", "query_lse@20.0", "gallery_lse@20.0"):
+        side = name.split("_")[0]
+        rows = np.concatenate([handed[(side, g0, g1)][name] for g0, g1 in ((0, 70), (70, 200), (200, 300))])
+        np.testing.assert_array_equal(rows, want[name])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,12 +36,11 @@ import numpy as np
 
 from hubless.corrections import Correction, make_correction
 from hubless.distributed.cluster import check_address, connect, run_tasks
-from hubless.distributed.fit import _banks_for, fit_statistics, open_sources
+from hubless.distributed.fit import _banks_for, _fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.distributed.sources import EmbeddingSource
-from hubless.distributed.workfiles import describe, file_problem, job_id, read_record, recomputing, write_record
+from hubless.distributed.workfiles import describe, file_problem, job_id, load_arrays, read_record, recomputing, save_arrays, write_record
 from hubless.engine.statistics import BankStatistics
-from hubless.engine.updates import gallery_rows
 from hubless.errors import AlreadyExists, InvalidInput
 from hubless.export.query import check_servable, query_vectors
 
@@ -49,23 +49,45 @@ __all__ = ["augmented_queries", "write_augmented"]
 #: Version of the output layout (hubless.json + part_NNNNN.npy).
 FORMAT_VERSION = 1
 INFO = "hubless.json"
+#: Where a run keeps the gallery shards' per-item statistics for the part tasks (removed at the end).
+ROWS = ".statistics"
 
 
 def _part_name(i: int) -> str:
     return f"part_{i:05d}.npy"
 
 
-def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, arrays: dict, path: str, key: dict) -> str:
+def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shared: dict, rows_files: list, path: str, key: dict) -> str:
     """One Ray task: rows [start, stop) as [r, bias(r)] in ``path`` (atomically), then its record
-    (``key`` and sha256, :mod:`~hubless.distributed.workfiles`) beside it; returns the sha256."""
+    (``key`` and sha256, :mod:`~hubless.distributed.workfiles`) beside it; returns the sha256.
+    ``shared``: the statistics' global values (sizes, means); ``rows_files``: the gallery shards'
+    per-item statistics files holding these rows."""
     from hubless._io import atomic_open
     from hubless.index.index import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
-    corr = make_correction(spec).fit_from_statistics(rows, BankStatistics.from_arrays(arrays))
+    corr = make_correction(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     return write_record(path, key)
+
+
+def _rows_statistics(shared: dict, rows_files: list, start: int, stop: int) -> BankStatistics:
+    """The statistics of gallery rows [start, stop): their per-item arrays read from the shard
+    files that hold them (each checked against its key and sha256), the global values from
+    ``shared``."""
+    from hubless.errors import Corrupt
+
+    pieces: dict[str, list[np.ndarray]] = {}
+    for path, key, g0, g1 in rows_files:
+        arrays, why = load_arrays(path, key)
+        if arrays is None:
+            raise Corrupt(f"{path} {why or 'is missing'}: run the job again")
+        for name, values in arrays.items():
+            pieces.setdefault(name, []).append(values[max(start, g0) - g0 : min(stop, g1) - g0])
+    arrays = {**shared, "sizes": np.array([stop - start, *shared["sizes"][1:]])}
+    arrays.update({name: np.concatenate(parts) for name, parts in pieces.items()})
+    return BankStatistics.from_arrays(arrays)
 
 
 def write_augmented(
@@ -122,34 +144,54 @@ def write_augmented(
     if kept is not None and kept.get("complete") and len(digests) == len(info["parts"]):
         return folder  # written by an earlier run of the same fit, every part intact
     write_json(folder / INFO, _with_digests(info, digests, complete=False))  # what is verified so far survives a crash
-    stats = fit_statistics(
-        corr.statistics_request(), source, qb, gb, normalize=corr.normalize, address=address, progress=progress, **fit_options
-    )
+    # each gallery shard's per-item statistics go to a file as the shard completes: the driver keeps none
+    rows_dir = folder / ROWS
+    shutil.rmtree(rows_dir, ignore_errors=True)
+    rows_dir.mkdir()
+    shards: list[tuple[str, dict, int, int]] = []
+
+    def keep(side: str, g0: int, g1: int, arrays: dict) -> None:
+        path, key = rows_dir / f"{side}-g{g0}-{g1}.npz", {"rows": [g0, g1], "side": side, "job": job}
+        save_arrays(path, arrays, key)
+        shards.append((str(path), key, g0, g1))
+
+    stats = _fit_statistics(
+        corr.statistics_request(), source, qb, gb, normalize=corr.normalize, address=address, progress=progress, sink=keep,
+        **fit_options,
+    )  # fmt: skip
+    shared = stats.to_arrays()
+
+    def files_for(a: int, b: int) -> list:
+        return [f for f in shards if f[2] < b and f[3] > a]
+
     todo = [(i, p) for i, p in enumerate(info["parts"]) if p["file"] not in digests]
     if todo:
         ray = connect(address)
         task = ray.remote(_write_part).options(max_retries=3)
-        source_ref = ray.put(source)  # once in the object store, not in every task's arguments
+        source_ref, shared_ref = ray.put(source), ray.put(shared)  # once in the object store, not in every task's arguments
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
         def submit(part: dict):
-            rows = gallery_rows(stats, part["start"], part["stop"]).to_arrays()
-            return task.remote(corr.spec, source_ref, part["start"], part["stop"], rows, str(folder / part["file"]), _part_key(part, job))
+            a, b = part["start"], part["stop"]
+            return task.remote(corr.spec, source_ref, a, b, shared_ref, files_for(a, b), str(folder / part["file"]), _part_key(part, job))
 
         bar = progress_bar(None, progress, total=len(todo), desc="augmented parts", unit="parts")
-        try:  # a part's statistics go to the object store only when its task is submitted
+        try:
             run_tasks(
-                ray, submit, [p for _, p in todo], lambda part, digest: digests.__setitem__(part["file"], digest), window=2 * cpus, bar=bar
-            )
+                ray, submit, [p for _, p in todo], lambda part, digest: digests.__setitem__(part["file"], digest),
+                window=2 * cpus, bar=bar, finish_running=True,  # parts in flight are written and recorded: a rerun keeps them
+            )  # fmt: skip
         finally:
             bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
-    first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), gallery_rows(stats, 0, 1))
+    first_rows = _rows_statistics(shared, files_for(0, 1), 0, 1)
+    first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), first_rows)
     columns = int(first.bias_columns_.shape[1])
     done = _with_digests(info, digests, complete=True)
     write_json(folder / INFO, {**done, "bias_columns": columns, "query_state": first.query_state()})
     for p in info["parts"]:  # the digests are in hubless.json now
         Path(folder / f"{p['file']}.json").unlink(missing_ok=True)
+    shutil.rmtree(rows_dir, ignore_errors=True)
     return folder
 
 

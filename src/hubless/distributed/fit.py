@@ -135,6 +135,30 @@ def fit_statistics(
     (default: one CPU per task). ``gallery_rows`` / ``bank_cols``: tile sizes, or explicit cut
     points. ``work_dir``: keep finished tiles there and reuse them on a rerun.
     """
+    return _fit_statistics(
+        request, gallery, query_bank, gallery_bank, normalize=normalize, address=address, workers=workers,
+        gallery_rows=gallery_rows, bank_cols=bank_cols, work_dir=work_dir, max_retries=max_retries, progress=progress,
+    )  # fmt: skip
+
+
+def _fit_statistics(
+    request: StatisticsRequest,
+    gallery,
+    query_bank=None,
+    gallery_bank=None,
+    *,
+    normalize: bool = True,
+    address: str | None = None,
+    workers: int | None = None,
+    gallery_rows: int | Sequence[int] = GALLERY_ROWS,
+    bank_cols: int | Sequence[int] = BANK_COLS,
+    work_dir: str | os.PathLike | None = None,
+    max_retries: int = 3,
+    progress: bool | None = None,
+    sink=None,
+) -> BankStatistics:
+    """:func:`fit_statistics`; with ``sink``, each finished gallery shard's per-item statistics
+    go to it instead of staying on the driver (:class:`~hubless.distributed.plan.TileMerger`)."""
     from hubless.progress import progress_bar
 
     check_address(address)
@@ -148,7 +172,7 @@ def fit_statistics(
         gallery_rows=gallery_rows,
         bank_cols=bank_cols,
     )
-    merger = TileMerger(tiles, request, g.n_rows, g.dim)
+    merger = TileMerger(tiles, request, g.n_rows, g.dim, sink=sink)
     state = _work_dir(work_dir, _fingerprint(request, normalize, sources, tiles))
     todo = []
     for tile in tiles:

@@ -252,10 +252,15 @@ class TileMerger:
     Memory: once a gallery shard has all its partials on a side, its per-item arrays are copied
     into the result's arrays (allocated once, n_gallery rows) and the partials dropped, so the
     merger holds the result (4 k + 8 x betas bytes per gallery item), the shards still being
-    folded, one activation list per bank shard and one mean per shard."""
+    folded, one activation list per bank shard and one mean per shard. With ``sink``, a
+    finished shard's per-item arrays go to ``sink(side, g0, g1, {name: array})`` instead (names as
+    :meth:`BankStatistics.to_arrays` gives them) and the merger keeps no per-item numbers: the
+    result then holds the sizes, means and activation lists only."""
 
-    def __init__(self, tiles: Sequence[Tile], request: StatisticsRequest, n_gallery: int, dim: int) -> None:
-        self.request, self.n_gallery, self.dim = request, n_gallery, dim
+    def __init__(
+        self, tiles: Sequence[Tile], request: StatisticsRequest, n_gallery: int, dim: int, *, sink: Callable | None = None
+    ) -> None:
+        self.request, self.n_gallery, self.dim, self.sink = request, n_gallery, dim, sink
         self.expected = {t.key for t in tiles}
         self.seen: set[str] = set()
         self.bank_order: dict[tuple[str, int], list[int]] = {}  # (side, g0) -> its tiles' b0, in bank order
@@ -276,10 +281,12 @@ class TileMerger:
             raise InvalidInput(f"tile {tile.key} was merged twice")
         self.seen.add(tile.key)
         side = tile.side
-        self.bank_means.setdefault((side, tile.b0), (getattr(part, f"{side}_bank_mean"), tile.b1 - tile.b0))
+        # what is kept is copied: a partial may be a view of a task's result (Ray's zero-copy
+        # arrays), and one kept slice would pin the whole result in the driver's memory
+        self.bank_means.setdefault((side, tile.b0), (np.array(getattr(part, f"{side}_bank_mean")), tile.b1 - tile.b0))
         ids = getattr(part, f"{side}_activation")
         if ids is not None:
-            mine = (getattr(part, f"{side}_activation_scores"), ids)
+            mine = (np.array(getattr(part, f"{side}_activation_scores")), np.array(ids))
             have = self.activation.get((side, tile.b0))
             self.activation[(side, tile.b0)] = mine if have is None else merge_topk_ids(have, mine)
             part = _without_activation(part, side)
@@ -298,12 +305,13 @@ class TileMerger:
             self._store(side, tile.g0, tile.g1, self.rows.pop(key))
 
     def _store(self, side: str, g0: int, g1: int, part: BankStatistics) -> None:
-        self.gallery_means.setdefault(g0, (part.gallery_mean, g1 - g0))
-        arrays = {"query_topk": part.query_topk} if side == "query" else {}
+        self.gallery_means.setdefault(g0, (np.array(part.gallery_mean), g1 - g0))
+        arrays = {"query_topk": part.query_topk} if side == "query" and part.query_topk is not None else {}
         arrays.update({f"{side}_lse@{beta!r}": v for beta, v in getattr(part, f"{side}_lse").items()})
+        if self.sink is not None:
+            self.sink(side, g0, g1, arrays)
+            return
         for name, values in arrays.items():
-            if values is None:
-                continue
             out = self.items.get(name)
             if out is None:
                 out = self.items[name] = np.empty((self.n_gallery, *values.shape[1:]), dtype=values.dtype)
