@@ -77,9 +77,10 @@ class Registry(Mapping[str, T], Generic[T]):
                     for module in pkgutil.iter_modules(package.__path__, self.package + "."):
                         importlib.import_module(module.name)
                     self._discovered = True
-        if self._sort_key is None:
+        key = self._sort_key
+        if key is None:
             return self._entries
-        return dict(sorted(self._entries.items(), key=lambda item: self._sort_key(item[1])))
+        return dict(sorted(self._entries.items(), key=lambda item: key(item[1])))
 
     def get_class(self, name: str) -> T:
         """The class registered as ``name`` (case-insensitive), or InvalidInput naming the choices."""

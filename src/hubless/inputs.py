@@ -140,7 +140,7 @@ def check_npy(file: Path) -> None:
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise InvalidInput(f"unknown .npy version {version}")
             read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
-            shape, fortran, dtype = read(fh) if read else fmt._read_array_header(fh, version)  # noqa: SLF001 - v3 has no public reader
+            shape, fortran, dtype = read(fh) if read else fmt._read_array_header(fh, version)  # type: ignore[attr-defined]  # noqa: SLF001 - v3 has no public reader
             offset = fh.tell()
     except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError... for damaged headers
         raise InvalidInput(
@@ -264,12 +264,12 @@ def read_ids(spec: str) -> np.ndarray:
         else:
             lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
             try:
-                values = [int(v) for v in lines]
+                values = np.array([int(v) for v in lines], dtype=np.int64)
             except ValueError:
                 raise InvalidInput(f"{path} must hold one integer per line") from None
     else:
         try:
-            values = [int(v) for v in text.split(",") if v.strip()]
+            values = np.array([int(v) for v in text.split(",") if v.strip()], dtype=np.int64)
         except ValueError:
             raise InvalidInput(f"ids must be comma-separated integers or a .npy/.txt file; got {text!r}") from None
     try:

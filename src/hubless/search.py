@@ -102,6 +102,7 @@ class SearchResult:
 
     def uncorrected_hits(self, row: int) -> list[dict]:
         """The uncorrected top k of query ``row`` (compare only)."""
+        assert self.uncorrected is not None  # compare=True
         scores, ids = self.uncorrected
         found = ids[row] >= 0
         return [self._hit(j, v) for j, v in zip(ids[row][found], scores[row][found])]
@@ -121,7 +122,7 @@ class SearchResult:
         return out
 
     def _hit(self, item_id, score) -> dict:
-        hit = {"id": int(item_id), "score": _finite(score)}
+        hit: dict[str, Any] = {"id": int(item_id), "score": _finite(score)}
         if self.metadata is not None:
             hit["metadata"] = self.metadata[int(item_id)]
         return hit
@@ -396,7 +397,7 @@ class Searcher:
             k=k,
             fusion=self.fusion,
             fusion_weight=self.fusion_weight,
-            gallery_items=_Text(ItemColumn(index, column)),
+            gallery_items=_Text(ItemColumn(index, str(column))),  # a Mapping: read by id
         )
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores

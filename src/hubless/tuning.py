@@ -24,7 +24,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
-from hubless.corrections import METHODS, Correction, fit_shared, make_correction
+from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
@@ -131,7 +131,7 @@ def tune(
     val_queries,
     val_truth,
     query_bank=None,
-    methods: Sequence[str] = ("nnn",),
+    methods: Sequence[MethodName | str] = ("nnn",),
     *,
     gallery_bank=None,
     test_queries=None,

@@ -57,7 +57,7 @@ def demo(
     table.add_column("largest hub before -> after", justify="right")
     for r in ev.results:
         ci = r.delta_ci95.get("R@1")
-        change = f"{r.delta['R@1']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]" if r.delta else ""
+        change = f"{r.delta['R@1']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}]" if r.delta and ci else ""
         table.add_row(
             r.method,
             r.spec.partition(":")[2],

@@ -12,7 +12,7 @@ from hubless.errors import InvalidInput
 
 def parse_options(pairs: list[str] | None) -> dict:
     """``--option key=value`` pairs as keyword arguments (ints, floats, true/false, text)."""
-    out = {}
+    out: dict[str, object] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:

@@ -459,7 +459,8 @@ def _search_store(uri: str, q, query_texts, top_k: int, weight: float | None, kn
     """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
     import hubless.export
 
-    scores, ids, rows = hubless.export.search(uri, q, top_k, **knobs, **({} if weight is None else {"weight": weight}))
+    options: dict = {**knobs, **({} if weight is None else {"weight": weight})}
+    scores, ids, rows = hubless.export.search(uri, q, top_k, **options)
 
     def record(i, rank, j):
         return {k: x for k, x in rows[i][rank].items() if k != "id"}

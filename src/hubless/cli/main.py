@@ -31,8 +31,8 @@ def _flags_show_no_type() -> None:
     def display_type_rich(self, ctx):
         return None if self.is_flag else original(self, ctx)
 
-    display_type_rich.hubless = True
-    TyperOption.display_type_rich = display_type_rich
+    display_type_rich.hubless = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 
 _flags_show_no_type()

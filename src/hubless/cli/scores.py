@@ -92,7 +92,7 @@ def eval_scores(
     sb = load_matrix(query_bank_scores, "query bank scores")
     sg = load_matrix(gallery_bank_scores, "gallery bank scores")
     mask = load_query_mask(query_mask, s)
-    files = {
+    files: dict[str, object] = {
         name: describe_file(path, arr)
         for name, path, arr in (("scores", scores, s), ("query_bank_scores", query_bank_scores, sb), ("gallery_bank_scores", gallery_bank_scores, sg))
         if path is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -116,8 +117,8 @@ def serve_command(
         "rerank_k": rerank_k,
     }
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process (file names, never keys)
-    options = dict(host=host, port=port, log_level="warning", http="hubless.service.protocol:ServeProtocol", server_header=False,
-                   timeout_keep_alive=5)  # fmt: skip
+    options: dict[str, Any] = dict(host=host, port=port, log_level="warning", http="hubless.service.protocol:ServeProtocol",
+                                   server_header=False, timeout_keep_alive=5)  # fmt: skip
     typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")
     if workers == 1:
         from hubless.service.app import app_from_environment

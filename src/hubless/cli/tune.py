@@ -180,6 +180,6 @@ def _tune_banks(gallery, val_queries, val_truth, val_gallery, queries, truth, ba
         bootstrap=bootstrap, normalize=normalize, distractors=load(distractors, "distractors", normalize=normalize, dim=dim), progress=progress,
         ties=ties,
     )  # fmt: skip
-    for name, tuned in result.tuned.items():
+    for name, tuned in (result.tuned or {}).items():
         typer.echo(f"bank {name}: chosen {', '.join(tuned.best_specs)}")
     print_banks(result, out)

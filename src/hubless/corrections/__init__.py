@@ -17,7 +17,7 @@ from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
-from hubless.corrections.spec import METHODS, make_correction, method_help
+from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
 from hubless.errors import InvalidInput
 
@@ -33,12 +33,14 @@ __all__ = [
     "GlobalCorrection",
     "InvertedSoftmax",
     "METHODS",
+    "MethodName",
     "NNN",
     "QueryBatch",
     "QueryRequest",
     "QueryStatistics",
     "fit_many",
     "fit_shared",
+    "make_additive",
     "make_correction",
     "method_help",
     "statistics_request",
@@ -56,7 +58,7 @@ def statistics_request(corrections: Iterable[Correction]) -> StatisticsRequest:
 
 
 def fit_many(
-    corrections: Iterable[Correction | str],
+    corrections: Iterable[Correction | MethodName | str],
     gallery,
     query_bank=None,
     gallery_bank=None,
@@ -75,7 +77,7 @@ def fit_many(
 
 
 def fit_shared(
-    corrections: Iterable[Correction | str],
+    corrections: Iterable[Correction | MethodName | str],
     gallery,
     query_bank=None,
     gallery_bank=None,
@@ -91,7 +93,7 @@ def fit_shared(
     items: Sequence[Correction] = [make_correction(c) for c in corrections]
     if not items:
         raise InvalidInput("no correction to fit")
-    first = None
+    first: BankStatistics | None = None
     for flag in dict.fromkeys(bool(c.normalize) for c in items):
         group = [c for c in items if bool(c.normalize) == flag]
         request = statistics_request(group)
@@ -103,4 +105,5 @@ def fit_shared(
         for c in group:
             c._fit_arrays(g, stats)
         first = stats if first is None else first
+    assert first is not None  # at least one group
     return list(items), first

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import inspect
 import numbers
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,8 @@ from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistic
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
+
+_C = TypeVar("_C", bound="Correction")
 
 __all__ = ["Correction", "AdditiveCorrection", "QuerySide", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
 
@@ -89,7 +91,7 @@ class Correction:
         accepted for compatibility: no parameter is itself an estimator)."""
         return {name: getattr(self, name) for name in self.param_names()}
 
-    def set_params(self, **params: Any) -> Correction:
+    def set_params(self: _C, **params: Any) -> _C:
         """Change parameters (validated); a fitted correction must be refitted unless only the
         search-time weight changed."""
         allowed = self.param_names()
@@ -152,7 +154,7 @@ class Correction:
         """Refuse parameters that exceed the bank or gallery sizes (hook; ValueError)."""
 
     def fit(
-        self,
+        self: _C,
         gallery,
         query_bank=None,
         gallery_bank=None,
@@ -160,7 +162,7 @@ class Correction:
         statistics: BankStatistics | None = None,
         progress: bool | None = None,
         device: str | None = None,
-    ) -> Correction:
+    ) -> _C:
         """Fit on the gallery and reference banks; returns ``self``.
 
         gallery : (n_gallery, d) the items to be retrieved.
@@ -225,7 +227,7 @@ class Correction:
                 "(correct(scores), hubless.correct_scores), not embeddings; fit it on embeddings to search or update it"
             )
 
-    def fit_from_statistics(self, gallery, statistics: BankStatistics) -> Correction:
+    def fit_from_statistics(self: _C, gallery, statistics: BankStatistics) -> _C:
         """Fit from the bank statistics of ``gallery`` alone (no bank is read), e.g. statistics
         kept by a saved index or merged from distributed tiles; returns ``self``."""
         self._validate_params()
@@ -251,7 +253,7 @@ class Correction:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ updates
-    def add_items(self, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> Correction:
+    def add_items(self: _C, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
         """Add gallery items in place (returns ``self``); the others' statistics are kept.
 
         Pass the banks this correction was fitted on: only the new items' similarities to them
@@ -267,7 +269,7 @@ class Correction:
         self._fit_arrays(np.concatenate([self.gallery_, items]), stats)
         return self
 
-    def remove_items(self, ids, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> Correction:
+    def remove_items(self: _C, ids, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
         """Remove gallery items by position in place (later items move up; returns ``self``).
 
         No similarity is recomputed, except for DIS/DualDIS bank items whose nearest gallery
@@ -287,7 +289,7 @@ class Correction:
         self._fit_arrays(self.gallery_[keep], stats)
         return self
 
-    def add_query_bank(self, new_queries, *, progress: bool | None = None) -> Correction:
+    def add_query_bank(self: _C, new_queries, *, progress: bool | None = None) -> _C:
         """Add reference queries to the query bank in place (returns ``self``).
 
         Every gallery item's statistics are merged with its similarities to the new bank items
@@ -295,12 +297,12 @@ class Correction:
         """
         return self._add_bank_items(new_queries, "query", progress)
 
-    def add_gallery_bank(self, new_items, *, progress: bool | None = None) -> Correction:
+    def add_gallery_bank(self: _C, new_items, *, progress: bool | None = None) -> _C:
         """Add reference items to the gallery bank in place (DualIS, DualDIS, and DN fitted with
         a gallery bank), as :meth:`add_query_bank` does for the query bank."""
         return self._add_bank_items(new_items, "gallery", progress)
 
-    def _add_bank_items(self, new_items, side: str, progress) -> Correction:
+    def _add_bank_items(self: _C, new_items, side: str, progress) -> _C:
         self._check_fitted()
         self._check_embeddings_fit()
         new = as_embeddings(new_items, f"new {side}-bank items", normalize=self.normalize, dim=self.dim_)
@@ -325,7 +327,7 @@ class Correction:
             "gallery_bank": request.needs_gallery_bank,
         }
         sizes = {"query_bank": stats.n_query_bank, "gallery_bank": stats.n_gallery_bank}
-        out = []
+        out: list[np.ndarray | None] = []
         for name, bank in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
             if bank is None or not needs[name]:
                 if bank is None and required and needs[name]:
@@ -352,6 +354,12 @@ class Correction:
         """What this correction needs about each query's raw neighbours (hook; see
         :class:`~hubless.corrections.queries.QueryRequest`)."""
         return QueryRequest()
+
+    @property
+    def ranking_request(self) -> QueryRequest:
+        """The part of :attr:`query_request` that :meth:`rank` needs (hook; the rest only serves
+        :meth:`method_scores`, e.g. CSLS's r_q, and is computed when scores are asked for)."""
+        return self.query_request
 
     def queries(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> QueryBatch:
         """Validate ``queries`` (and this call's weight override, e.g. ``alpha=0.5``, a scalar or
@@ -427,8 +435,9 @@ class Correction:
         correction changes nothing).
         """
         self._check_fitted()
-        if batch.statistics is None or not batch.statistics.satisfies(self.query_request):
-            if columns is None and self.query_request.depth:
+        needed = self.ranking_request
+        if needed.depth and (batch.statistics is None or not batch.statistics.satisfies(needed)):
+            if columns is None:
                 batch.statistics = QueryStatistics.from_similarities(self.query_request, sims)
             else:
                 self.query_statistics(batch)

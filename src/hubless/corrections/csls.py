@@ -38,6 +38,10 @@ class CSLS(TopKMeanBias):
     def query_request(self) -> QueryRequest:
         return QueryRequest(topk=self.k)
 
+    @property
+    def ranking_request(self) -> QueryRequest:
+        return QueryRequest()  # r_q is constant per query: ranking needs none of it
+
     def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         super().check_sizes(n_gallery, n_query_bank, n_gallery_bank)
         check_k(self.k, n_gallery, "k", "the gallery")
@@ -46,5 +50,7 @@ class CSLS(TopKMeanBias):
         return 0.5
 
     def method_scores(self, batch, ranking):
-        r_q = self.query_statistics(batch).topk[:, : self.k].mean(axis=1, dtype=np.float64)
+        stats = self.query_statistics(batch)
+        assert stats is not None and stats.topk is not None  # query_request asks for the top-k
+        r_q = stats.topk[:, : self.k].mean(axis=1, dtype=np.float64)
         return (2.0 * ranking - r_q[:, None]).astype(np.float32)

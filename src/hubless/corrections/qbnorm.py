@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless._validation import check_k, check_nonnegative_float, check_positive_int
-from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.base import AdditiveCorrection, Correction
 from hubless.corrections.queries import QueryRequest
 from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
@@ -82,12 +82,12 @@ def check_beta(value, name: str, *, allow_zero: bool = False) -> float:
     return beta
 
 
-def log_mean_exp_bias(lse: np.ndarray, n: int, beta: float) -> np.ndarray:
+def log_mean_exp_bias(lse: np.ndarray, n: int | np.ndarray, beta: float) -> np.ndarray:
     """(1/beta) log((1/n) sum exp(beta s)) from the log-sum-exp ``lse``, in float64."""
     return (np.asarray(lse, dtype=np.float64) - np.log(n)) / float(beta)
 
 
-class ActivationGated:
+class ActivationGated(Correction):
     """Mixin of the dynamic variants (DIS, DualDIS): a factor applies to a query only when its
     raw top-1 gallery item is in an activation set, the union over a bank's items of their
     ``k_activation`` nearest gallery items (QB-Norm, Bogolin et al. 2022, section 3.4)."""
@@ -108,7 +108,9 @@ class ActivationGated:
     def gates(self, batch, masks: np.ndarray) -> np.ndarray:
         """Per query, whether its raw top-1 is in each activation set: ``masks`` (n_gallery,
         n_sets) -> (n_queries, n_sets) float32 (1 open, 0 closed)."""
-        return masks[self.query_statistics(batch).top1].astype(np.float32)
+        stats = self.query_statistics(batch)
+        assert stats is not None and stats.top1 is not None  # query_request asks for the top-1
+        return masks[stats.top1].astype(np.float32)
 
 
 @METHODS.register

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from hubless._registry import Registry
-from hubless.corrections.base import Correction
-from hubless.errors import InvalidInput
+from hubless.corrections.base import AdditiveCorrection, Correction
+from hubless.errors import InvalidInput, InvalidType
 
-__all__ = ["METHODS", "make_correction", "method_help"]
+#: The built-in methods' names (a spec may add parameters: ``"nnn:alpha=0.5,k=16"``); a method
+#: registered elsewhere is accepted as any ``str``.
+MethodName = Literal["baseline", "nnn", "dn", "csls", "is", "dis", "dualis", "dualdis", "gc"]
+
+__all__ = ["METHODS", "MethodName", "make_additive", "make_correction", "method_help"]
 
 #: Registry: spec name -> correction class, in :attr:`Correction.order`. A correction registers
 #: itself with ``@METHODS.register`` in its own module of this package (every module is imported
@@ -32,7 +37,19 @@ def _parse_value(text: str):
         return text
 
 
-def make_correction(spec: str | Correction) -> Correction:
+def make_additive(spec: str | Correction) -> AdditiveCorrection:
+    """:func:`make_correction`, refusing a method that is not a per-candidate bias (GC ranks by
+    probes): what a vector index or store can serve."""
+    corr = make_correction(spec)
+    if not isinstance(corr, AdditiveCorrection):
+        raise InvalidType(
+            f"{type(corr).__name__} is not additive (GC ranks by probes): it cannot be served from a vector index or store; "
+            "use its exact search()"
+        )
+    return corr
+
+
+def make_correction(spec: MethodName | str | Correction) -> Correction:
     """Build a correction from a spec ``name[:param=value,...]`` (a Correction passes through).
 
     Names: baseline, nnn, dn, csls, is, dis, dualis, dualdis, gc. Example:

@@ -48,7 +48,7 @@ def sispi_table(folder: str | os.PathLike) -> tuple[list[dict], list[dict]]:
     """SISPI layout: images named ``{profession}_{id}_{gender}_{ethnicity}.jpg`` (profession may
     contain underscores). Returns (gallery rows, query rows: one "A photo of a {profession}" each)."""
     folder = Path(folder)
-    rows = []
+    rows: list[dict] = []
     for f in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in {".jpg", ".jpeg", ".png"}):
         parts = f.stem.rsplit("_", 3)
         if len(parts) != 4 or not parts[1].isdigit():
@@ -75,7 +75,7 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
             f"VisoGender metadata ({', '.join(missing)}) not found in {folder}: run `hubless data fetch visogender` "
             "(writes ./data/visogender; set HUBLESS_DATA_DIR=data) or set HUBLESS_DATA_DIR to a folder holding visogender/"
         )
-    rows = []
+    rows: list[dict] = []
     for kind, file in files.items():
         for r in read_records(file):
             other = r.get("Participant") if kind == "OP" else r.get("Object")

@@ -25,7 +25,7 @@ from hubless.errors import InvalidInput
 __all__ = ["KARPATHY_SPLIT_SIZES", "KARPATHY_URL", "download", "fetch"]
 
 KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
-_LAYOUT = {
+_LAYOUT: dict[str, tuple[str, str, dict[str, tuple[str, int | None]]]] = {
     "coco": ("dataset_coco.json", "coco_karpathy", {"test": ("test5k_captions.txt", 5000), "val": ("dev1k_captions.txt", 1000)}),
     "flickr30k": (
         "dataset_flickr30k.json",

@@ -165,6 +165,7 @@ def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 
     data = make_retrieval_data(n_items=n_items, dim=dim, seed=seed, n_extra_items=N_NEW + N_DISTRACTORS + N_MORE_ITEMS)
     cpi = data.captions_per_item
     extra, extra_captions = data.extra_gallery, data.extra_queries
+    assert extra is not None and extra_captions is not None  # made with n_extra_items above
     arrays = {
         "images.npy": data.gallery,
         "captions.npy": data.queries,
@@ -188,7 +189,7 @@ def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 
     written.append(write_text(out / "new.meta.json", meta(N_NEW, n_items, "image")))
     from hubless import __version__
 
-    marker = {"generator": f"hubless {__version__}", "function": "hubless.data.synthetic.write_example_files"}
+    marker: dict[str, object] = {"generator": f"hubless {__version__}", "function": "hubless.data.synthetic.write_example_files"}
     marker.update(n_items=n_items, dim=dim, seed=seed, files=[p.name for p in written])
     written.append(write_text(out / "example.json", json.dumps(marker, indent=1) + "\n"))
     return written

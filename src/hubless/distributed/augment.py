@@ -31,10 +31,11 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from hubless.corrections import Correction, make_correction
+from hubless.corrections import Correction, make_additive, make_correction
 from hubless.distributed.cluster import check_address, connect, run_tasks
 from hubless.distributed.fit import _banks_for, _fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
@@ -66,7 +67,7 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shar
     from hubless.index.index import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
-    corr = make_correction(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))
+    corr = make_additive(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     return write_record(path, key)
@@ -112,15 +113,16 @@ def write_augmented(
     from hubless.progress import progress_bar
 
     check_address(address)
-    corr = make_correction(method)
-    check_servable(corr)
+    check_servable(make_correction(method))  # refused before any work, with the rows' own reason
+    corr = make_additive(method)
     sources = open_sources(gallery, *_banks_for([corr], query_bank, gallery_bank))  # headers read and checked once
     source, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]
+    assert source is not None  # open_sources always opens the gallery
     corr.check_sizes(source.n_rows, *(None if s is None else s.n_rows for s in (qb, gb)))
     cuts = cut_points(source.n_rows, shard_rows, "shard_rows")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    info = {
+    info: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "spec": corr.spec,
         "metric": "dot",
@@ -185,7 +187,7 @@ def write_augmented(
             bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
     first_rows = _rows_statistics(shared, files_for(0, 1), 0, 1)
-    first = make_correction(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), first_rows)
+    first = make_additive(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), first_rows)
     columns = int(first.bias_columns_.shape[1])
     done = _with_digests(info, digests, complete=True)
     write_json(folder / INFO, {**done, "bias_columns": columns, "query_state": first.query_state()})
@@ -217,10 +219,10 @@ def _check_parts(folder: Path, parts: list[dict], job: str, kept: dict | None) -
         digest = record["sha256"] if record is not None else listed.get(part["file"])
         return part["file"], digest, file_problem(path, digest)
 
-    digests = {}
+    digests: dict[str, str] = {}
     with ThreadPoolExecutor(num_threads()) as pool:  # hashing releases the GIL: parts are checked in parallel
         for file, digest, why in pool.map(check, parts):
-            if why is None:
+            if why is None and digest is not None:  # (file_problem keeps only a file with a digest)
                 digests[file] = digest
             elif why:
                 recomputing(folder / file, why)
@@ -235,8 +237,9 @@ def _with_digests(info: dict, digests: dict[str, str], *, complete: bool) -> dic
 def _without_digests(kept: dict, info: dict) -> dict:
     """The part of a kept ``hubless.json`` that describes the job (checksums dropped)."""
     out = {k: kept.get(k) for k in info}
-    if isinstance(out.get("parts"), list):
-        out["parts"] = [{k: v for k, v in p.items() if k != "sha256"} if isinstance(p, dict) else p for p in out["parts"]]
+    parts = out.get("parts")
+    if isinstance(parts, list):
+        out["parts"] = [{k: v for k, v in p.items() if k != "sha256"} if isinstance(p, dict) else p for p in parts]
     return out
 
 
@@ -260,5 +263,5 @@ def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
     info, _ = _kept_info(folder)
     if info is None or not info.get("complete"):
         raise InvalidInput(f"{folder} holds no complete output of write_augmented (no finished {INFO})")
-    corr = make_correction(info["spec"]).for_queries(info["query_state"], int(info["dim"]), int(info["bias_columns"]))
+    corr = make_additive(info["spec"]).for_queries(info["query_state"], int(info["dim"]), int(info["bias_columns"]))
     return query_vectors(corr, queries, **weight)

@@ -14,6 +14,7 @@ images must be on a file system every node reads.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def embed(
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = bool(progress)
         args = (os.fspath(model), kind, device, os.fspath(parts), items, modality, chunk_size_, batch_size_)
-        ds = ray.data.from_items([{"chunk": c} for c in chunks], override_num_blocks=len(chunks))
+        ds: Any = ray.data.from_items([{"chunk": c} for c in chunks], override_num_blocks=len(chunks))
         ds = ds.map_batches(
             ChunkEmbedder,
             fn_constructor_args=args,

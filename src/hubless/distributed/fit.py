@@ -164,6 +164,7 @@ def _fit_statistics(
     check_address(address)
     sources = open_sources(gallery, query_bank, gallery_bank)
     g, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]
+    assert g is not None  # open_sources always opens the gallery
     tiles = plan_tiles(
         request,
         g.n_rows,
@@ -214,7 +215,7 @@ def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, Embed
     :mod:`~hubless.distributed.sources`) and named as the in-memory checks name them; a bank of
     another dimension than the gallery is refused here, before any work."""
     g = open_source(gallery, label="gallery")
-    out = {"gallery": g}
+    out: dict[str, EmbeddingSource | None] = {"gallery": g}
     for name, spec in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
         src = out[name] = None if spec is None else open_source(spec, label=name)
         if src is not None and src.dim != g.dim:
@@ -246,12 +247,14 @@ def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gall
     request = statistics_request(corrections)
     qb, gb = _banks_for(corrections, query_bank, gallery_bank)
     sources = open_sources(gallery, qb, gb)
+    source = sources["gallery"]
+    assert source is not None  # open_sources always opens the gallery
     sizes = [None if s is None else s.n_rows for s in (sources["query_bank"], sources["gallery_bank"])]
     for c in corrections:
-        c.check_sizes(sources["gallery"].n_rows, *sizes)
+        c.check_sizes(source.n_rows, *sizes)
     normalize = corrections[0].normalize
-    stats = fit_statistics(request, sources["gallery"], sources["query_bank"], sources["gallery_bank"], normalize=normalize, **options)
-    rows = sources["gallery"].read(0, sources["gallery"].n_rows, normalize=normalize)
+    stats = fit_statistics(request, source, sources["query_bank"], sources["gallery_bank"], normalize=normalize, **options)
+    rows = source.read(0, source.n_rows, normalize=normalize)
     return [c.fit_from_statistics(rows, stats) for c in corrections]
 
 

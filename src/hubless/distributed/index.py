@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hubless.corrections import Correction
+from hubless.corrections import Correction, make_additive
 from hubless.distributed.cluster import _get, check_address, connect
 from hubless.distributed.fit import fit
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
@@ -84,7 +84,7 @@ def build_index(
     factory = check_factory(factory, source.n_rows, source.dim + 1)
     if metadata is not None:
         Metadata.from_records(metadata, source.n_rows)  # counts, keys and types checked before the fit
-    corr = fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options)
+    corr = make_additive(fit(method, source, query_bank, gallery_bank, address=address, progress=progress, **fit_options))
     augmented = augmented_rows(corr)
     sample = training_sample(source.n_rows, train_size, seed)
     empty, layout = train_empty(factory, source.n_rows, corr.gallery_[sample], augmented[sample], seed=seed)

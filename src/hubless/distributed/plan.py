@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -201,7 +202,7 @@ def compute_tile(
         window = _Window(nearest, g0 - gallery_from, g1 - gallery_from)
         stream_reduce(bank[a0 - bank_from : a1 - bank_from], gallery, [window], progress=False, fixed_blocks=True)
         mine = slice(b0 - a0, b1 - a0)
-        setattr(part, f"{side}_activation", offset_ids(nearest.ids[mine], gallery_from))
+        setattr(part, f"{side}_activation", offset_ids(nearest.ids_[mine], gallery_from))
         setattr(part, f"{side}_activation_scores", nearest.values[mine])
     return part
 
@@ -228,17 +229,19 @@ def compute_tile_streamed(
     (g0, g1), _ = tile_span(tile, n_gallery, n_bank)
     rows = read_gallery(g0, g1)
     cuts = sorted({tile.b0, tile.b1} | set(range(tile.b0 - tile.b0 % bank_read + bank_read, tile.b1, bank_read)))
-    out = None
+    out: BankStatistics | None = None
     for c0, c1 in zip(cuts, cuts[1:]):
         piece = Tile(tile.side, tile.g0, tile.g1, c0, c1)
         _, (b0, b1) = tile_span(piece, n_gallery, n_bank)
         part = compute_tile(piece, rows, read_bank(b0, b1), request, gallery_from=g0, bank_from=b0)
         out = part if out is None else merge_bank_parts(out, part, tile.side)
+    assert out is not None  # a tile spans at least one bank item
     return out
 
 
 def _without_activation(stats: BankStatistics, side: str) -> BankStatistics:
-    return replace(stats, **{f"{side}_activation": None, f"{side}_activation_scores": None})
+    dropped: dict[str, Any] = {f"{side}_activation": None, f"{side}_activation_scores": None}
+    return replace(stats, **dropped)
 
 
 class TileMerger:
@@ -296,8 +299,8 @@ class TileMerger:
         order, done = self.bank_order[key], self.merged.get(key, 0)
         while done < len(order) and order[done] in waiting:  # fold the next bank shards in order
             nxt = waiting.pop(order[done])
-            have = self.rows.get(key)
-            self.rows[key] = nxt if have is None else merge_bank_parts(have, nxt, side)
+            merged = self.rows.get(key)
+            self.rows[key] = nxt if merged is None else merge_bank_parts(merged, nxt, side)
             done += 1
         self.merged[key] = done
         if done == len(order):  # the shard is complete on this side: into the result
@@ -331,12 +334,12 @@ class TileMerger:
         mean, rows = None, 0
         for _, (m, n) in sorted(self.gallery_means.items()):  # in gallery order, as merge_gallery_parts combines them
             mean, rows = (m, n) if mean is None else (merge_mean(mean, rows, m, n), rows + n)
-        banks = {}
+        banks: dict[str, tuple[int, np.ndarray]] = {}
         for side in SIDES:  # merged over every bank shard, in bank order
             means = sorted((b0, m, n) for (s, b0), (m, n) in self.bank_means.items() if s == side)
             if means:
                 total = sum(n for _, _, n in means)
-                banks[side] = (total, sum(np.asarray(m, np.float64) * n for _, m, n in means) / total)
+                banks[side] = (total, np.asarray(sum(np.asarray(m, np.float64) * n for _, m, n in means) / total))
         n_query, query_mean = banks.get("query", (0, zeros))
         n_gallery_bank, gallery_bank_mean = banks.get("gallery", (None, None))
         out = BankStatistics(self.n_gallery, n_query, n_gallery_bank, query_mean, np.asarray(mean, np.float64), gallery_bank_mean)

@@ -28,6 +28,7 @@ import glob
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class EmbeddingSource:
             part = _read_rows(shard.path, self.kind, self.column, lo - shard.start, hi - shard.start, self.dim, self.label, lo)
             if part.shape != (hi - lo, self.dim):
                 raise InvalidInput(f"shard {shard.path} changed while being read: expected {hi - lo} rows of {self.dim}, got {part.shape}")
-            where = {"first_row": lo, "shard": (shard.path, lo - shard.start)}
+            where: dict[str, Any] = {"first_row": lo, "shard": (shard.path, lo - shard.start)}
             if normalize is None:
                 bad = ~np.isfinite(part).all(axis=1)
                 if bad.any():  # the same message as the full check's
@@ -164,7 +165,7 @@ def open_source(spec, *, column: str = PARQUET_COLUMN, label: str | None = None)
             )
         shards.append(Shard(p, start, rows))
         start += rows
-    if start == 0:
+    if start == 0 or dim is None:
         raise InvalidInput(f"{label} {spec} is empty (its shards hold no rows); at least one row is needed.")
     return EmbeddingSource(tuple(shards), int(dim), kind, column, label)
 

@@ -28,6 +28,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,8 @@ def save_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray], key) -> 
 
     record = json.dumps({"key": key, "sha256": _digest(arrays, key)}).encode()
     with atomic_open(path, "wb") as fh:
-        np.savez(fh, **arrays, **{RECORD: np.frombuffer(record, dtype=np.uint8)})
+        parts: dict[str, Any] = {**arrays, RECORD: np.frombuffer(record, dtype=np.uint8)}
+        np.savez(fh, **parts)
 
 
 def load_arrays(path: str | os.PathLike, key) -> tuple[dict[str, np.ndarray] | None, str | None]:
@@ -94,7 +96,7 @@ def load_arrays(path: str | os.PathLike, key) -> tuple[dict[str, np.ndarray] | N
         return None, f"is damaged (truncated or unreadable: {type(exc).__name__})"
     raw = arrays.pop(RECORD, None)
     try:
-        record = json.loads(bytes(raw).decode()) if raw is not None else None
+        record: Any = json.loads(bytes(raw).decode()) if raw is not None else None
         stored_key, digest = record["key"], record["sha256"]
     except (TypeError, ValueError, KeyError, UnicodeDecodeError):
         return None, "has no record of what it holds (not a work file of this version)"

@@ -42,6 +42,19 @@ class Encoder:
         """Whether this adapter reads ``name_or_path`` when no kind is given (hook)."""
         return False
 
+    @classmethod
+    def from_name(cls, name_or_path: str, *, kind: str | None = None, device: str | None = None) -> Encoder:
+        """Load the model (hook of the registered adapters; ``kind`` one of their ``kinds``)."""
+        raise NotImplementedError
+
+    def _texts(self, texts: list[str]):  # pragma: no cover - hook
+        """Hook: the features of one batch of texts (a torch tensor)."""
+        raise InvalidInput(f"{self.name} does not encode texts")
+
+    def _images(self, images: list):  # pragma: no cover - hook
+        """Hook: the features of one batch of PIL images (a torch tensor)."""
+        raise InvalidInput(f"{self.name} does not encode images")
+
     def __init__(self, name: str, device: str) -> None:
         self.name = name
         self.device = device

@@ -43,6 +43,10 @@ class HFEncoder(Encoder):
     def claims(cls, name_or_path: str) -> bool:
         return True
 
+    @classmethod
+    def from_name(cls, name_or_path: str, *, kind: str | None = None, device: str | None = None) -> HFEncoder:
+        return cls(name_or_path, kind=kind, device=device)
+
     def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
         path = Path(name_or_path)
         if path.exists() and not (path / "config.json").is_file():

@@ -110,7 +110,9 @@ def embed_to_file(
     if (images is None) == (texts is None):
         raise InvalidInput("give exactly one of images= or texts=")
     modality = "image" if images is not None else "text"
-    items = [str(x) for x in (images if images is not None else texts)]
+    chosen = images if images is not None else texts
+    assert chosen is not None  # exactly one was given
+    items = [str(x) for x in chosen]
     if not items:
         raise InvalidInput(f"no {modality}s to embed")
     if chunk_size < 1:
@@ -222,10 +224,11 @@ def embed_chunk(encoder: Encoder, parts: Path, chunk: int, items: list[str], mod
     atomically: the embeddings and which items they are (unreadable images listed, not fatal)."""
     start = chunk * chunk_size
     batch = items[start : start + chunk_size]
+    skipped: list[dict] = []
     if modality == "text":
-        emb, ok, skipped = encoder.encode_texts(batch, batch_size=batch_size, progress=False), list(range(len(batch))), []
+        emb, ok = encoder.encode_texts(batch, batch_size=batch_size, progress=False), list(range(len(batch)))
     else:
-        loaded, ok, skipped = [], [], []
+        loaded, ok = [], []
         for i, path in enumerate(batch):
             try:
                 loaded.append(open_image(path))

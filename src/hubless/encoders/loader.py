@@ -20,8 +20,8 @@ def load_encoder(name_or_path: str | os.PathLike, kind: str | None = None, devic
     """
     name = os.fspath(name_or_path)
     if kind is not None:
-        return ENCODERS.get_class(kind)(name, kind=kind, device=device)
+        return ENCODERS.get_class(kind).from_name(name, kind=kind, device=device)
     for cls in dict.fromkeys(ENCODERS.values()):  # each adapter once, by priority
         if cls.claims(name):
-            return cls(name, device=device)
+            return cls.from_name(name, device=device)
     raise AssertionError("the transformers adapter claims every model")  # pragma: no cover

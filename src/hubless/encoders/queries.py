@@ -41,7 +41,9 @@ def encode_queries(
         )
     if (texts is None) == (images is None):
         raise InvalidInput("give exactly one of texts= or images=")
-    items = list(texts if texts is not None else images)
+    chosen = texts if texts is not None else images
+    assert chosen is not None  # exactly one was given
+    items: list = list(chosen)
     if not items:
         raise InvalidInput("no queries given")
     if texts is not None and not all(isinstance(t, str) and t.strip() for t in items):

@@ -38,7 +38,11 @@ class SentenceTransformerEncoder(Encoder):
             return True
         return (Path(name) / "modules.json").is_file()
 
-    def __init__(self, name_or_path: str, kind: str | None = None, device: str | None = None) -> None:
+    @classmethod
+    def from_name(cls, name_or_path: str, *, kind: str | None = None, device: str | None = None) -> SentenceTransformerEncoder:
+        return cls(name_or_path, device=device)
+
+    def __init__(self, name_or_path: str, device: str | None = None) -> None:
         path = offline_minilm_path() if str(name_or_path).lower() in OFFLINE_MINILM else str(name_or_path)
         local = ensure_model_available(path, "modules.json")  # before the slow imports
         st = require("sentence_transformers")

@@ -93,9 +93,9 @@ def merge_bank_parts(a: BankStatistics, b: BankStatistics, side: str = "query") 
     lse_a, lse_b = getattr(a, f"{side}_lse"), getattr(b, f"{side}_lse")
     setattr(out, f"{side}_lse", {beta: np.logaddexp(lse_a[beta], lse_b[beta]) for beta in lse_a})
     if side == "query":
-        if a.query_topk is not None:
+        if a.query_topk is not None and b.query_topk is not None:
             out.query_topk = merge_topk_values(a.query_topk, b.query_topk)
-        if a.query_probes is not None:
+        if a.query_probes is not None and b.query_probes is not None:
             out.query_probes = merge_sorted_rows(a.query_probes, b.query_probes)
     ids_a = getattr(a, f"{side}_activation")
     if ids_a is not None:

@@ -88,6 +88,7 @@ def row_topk(block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     best = RunningTopK(block.shape[0], k, with_ids=True)
     best.update(block)
     values, ids = best.sorted()
+    assert ids is not None  # kept with ids
     return values, ids
 
 
@@ -125,7 +126,7 @@ def _bank_pass(
         r0, r1 = part * n // len(col_bounds), (part + 1) * n // len(col_bounds)
         if r1 > r0:
             rows = read_rows(block, r0, r1, name, offset=start)
-            if act_k:
+            if act_scores is not None and act_ids is not None:
                 act_scores[start + r0 : start + r1], act_ids[start + r0 : start + r1] = row_topk(rows, act_k)
         # this thread's share of the columns: the column reducers
         c0, c1 = col_bounds[part]

@@ -36,4 +36,4 @@ def exact_search(
         progress=progress,
         desc="search",
     )
-    return result.values, result.ids
+    return result.values, result.ids_

@@ -114,13 +114,13 @@ class BankStatistics:
         k, qa, ga = request.query_topk, request.query_activation_k, request.gallery_activation_k
         return replace(
             self,
-            query_topk=self.query_topk[:, :k] if k else None,
+            query_topk=_first(self.query_topk, k),
             query_lse={b: self.query_lse[b] for b in request.query_betas},
             gallery_lse={b: self.gallery_lse[b] for b in request.gallery_betas},
-            query_activation=self.query_activation[:, :qa] if qa else None,
-            query_activation_scores=self.query_activation_scores[:, :qa] if qa else None,
-            gallery_activation=self.gallery_activation[:, :ga] if ga else None,
-            gallery_activation_scores=self.gallery_activation_scores[:, :ga] if ga else None,
+            query_activation=_first(self.query_activation, qa),
+            query_activation_scores=_first(self.query_activation_scores, qa),
+            gallery_activation=_first(self.gallery_activation, ga),
+            gallery_activation_scores=_first(self.gallery_activation_scores, ga),
             query_probes=self.query_probes if request.query_probes else None,
             query_nearest=self.query_nearest if request.query_nearest else None,
             query_nearest_scores=self.query_nearest_scores if request.query_nearest else None,
@@ -202,6 +202,11 @@ _OPTIONAL_ARRAYS = (
 )
 
 
+def _first(values: np.ndarray | None, k: int) -> np.ndarray | None:
+    """The first ``k`` columns of ``values`` (None for k = 0 or no values)."""
+    return values[:, :k] if k and values is not None else None
+
+
 def _mean(x: np.ndarray) -> np.ndarray:
     return x.mean(axis=0, dtype=np.float64)
 
@@ -251,6 +256,7 @@ def compute_statistics(
             query_bank, gallery, min(request.query_activation_k, n_gallery), progress=progress
         )
     if request.gallery_activation_k:
+        assert gallery_bank is not None  # checked above: the request needs it
         stats.gallery_activation_scores, stats.gallery_activation = nearest_gallery_items(
             gallery_bank, gallery, min(request.gallery_activation_k, n_gallery), progress=progress
         )
@@ -285,6 +291,8 @@ def row_statistics(
     items to merge the bank into."""
     n = gallery.shape[0]
     betas = sorted(betas)
+    if bank is None:  # nothing to stream against
+        bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
     topk = TopK(n, k, initial=None if initial_topk is None else (initial_topk, None)) if k else None
     lse = LogSumExp(n, betas) if betas else None
     rows = SortedRows(n, bank.shape[0]) if probes else None
@@ -313,4 +321,4 @@ def nearest_gallery_items(
     optionally merged into an ``initial`` (scores, ids) over earlier gallery items."""
     nearest = TopK(bank.shape[0], k, with_ids=True, initial=initial, id_offset=id_offset)
     stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets", fixed_blocks=True)
-    return nearest.values, nearest.ids
+    return nearest.values, nearest.ids_

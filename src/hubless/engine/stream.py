@@ -23,6 +23,7 @@ import numpy as np
 from hubless.engine.device import block_product
 from hubless.engine.parallel import num_threads, run_blocks
 from hubless.engine.topk import NO_ID, RunningTopK
+from hubless.errors import InvalidInput
 
 __all__ = [
     "ROW_BLOCK",
@@ -91,6 +92,13 @@ class TopK(Reducer):
         self.values = np.empty((n_rows, k), dtype=np.float32)
         self.ids = np.empty((n_rows, k), dtype=np.int64) if with_ids else None
 
+    @property
+    def ids_(self) -> np.ndarray:
+        """``ids`` of a top-k kept with ids."""
+        if self.ids is None:
+            raise InvalidInput("this top-k was computed without ids (with_ids=False)")
+        return self.ids
+
     def start(self, start: int, stop: int) -> ReducerState:
         return _TopKState(self, start, stop)
 
@@ -110,7 +118,7 @@ class _TopKState(ReducerState):
     def finish(self) -> None:
         values, ids = self.running.sorted()
         self.parent.values[self.start : self.stop] = values
-        if ids is not None:
+        if ids is not None and self.parent.ids is not None:
             self.parent.ids[self.start : self.stop] = ids
 
 
@@ -206,6 +214,7 @@ class _LogSumExpState(ReducerState):
     def _add_rows(self, rows: np.ndarray, r0: int, r1: int, old: np.ndarray, new: np.ndarray) -> bool:
         """Sums around the shift ``new`` (>= ``old``, the shift of what was summed so far);
         False (nothing changed) when a term overflowed."""
+        assert self.scratch is not None  # made by update()
         diff, x = (a[: r1 - r0] for a in self.scratch)
         np.subtract(rows, new.astype(np.float32)[:, None], out=diff)  # s - m, formed before scaling
         sums = self.sums[r0:r1]

@@ -51,7 +51,7 @@ class RunningTopK:
         if values.shape != self.values.shape or (self.ids is not None) != (ids is not None):
             raise InvalidInput(f"initial top-k must be {self.values.shape} values{' with ids' if self.ids is not None else ''}")
         self.values[:] = values
-        if ids is not None:
+        if ids is not None and self.ids is not None:
             self.ids[:] = ids
         self.threshold[:] = values.min(axis=1)
         self._seen = self.k
@@ -121,6 +121,7 @@ class RunningTopK:
         order = np.lexsort((ids, -vals), axis=1)[:, : self.k]
         best_vals = np.take_along_axis(vals, order, axis=1)
         self.values[rows] = best_vals
+        assert self.ids is not None  # only called when ids are kept
         self.ids[rows] = np.take_along_axis(ids, order, axis=1)
         self.threshold[rows] = best_vals[:, -1]
 

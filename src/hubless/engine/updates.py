@@ -148,6 +148,6 @@ def add_bank_items(
     request = side_request(stats.request, side)
     if getattr(stats, f"n_{side}_bank") is None or getattr(stats, f"{side}_bank_mean") is None:
         raise InvalidInput(f"these statistics were computed without a {side} bank: there is nothing to extend")
-    banks = (new_bank, None) if side == "query" else (None, new_bank)
-    part = compute_statistics(gallery, *banks, request, progress=progress)
+    query_bank, gallery_bank = (new_bank, None) if side == "query" else (None, new_bank)
+    part = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
     return merge_bank_parts(stats, part, side)

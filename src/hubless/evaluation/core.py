@@ -110,10 +110,13 @@ def rank_queries(
             t0 = time.perf_counter()
             scores = corr.rank(batches[i].rows(start, stop), sims, out=buffer)
             ranks[i][lo:hi] = relevant_ranks(scores, sub, ties)
-            if depth:
+            top = tops[i]
+            if top is not None:
                 best = RunningTopK(scores.shape[0], depth, with_ids=True)
                 best.update(scores)
-                tops[i][start:stop] = best.sorted()[1]
+                ids = best.sorted()[1]
+                assert ids is not None  # kept with ids
+                top[start:stop] = ids
             seconds[start // rows, i] = shared + time.perf_counter() - t0
 
     run_blocks(work, [(s, min(s + rows, n_queries)) for s in range(0, n_queries, rows)], progress=progress, desc=desc, unit="queries")

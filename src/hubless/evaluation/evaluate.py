@@ -26,7 +26,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
-from hubless.corrections import Correction, fit_shared
+from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
@@ -119,7 +119,7 @@ def evaluate(
     queries,
     truth,
     query_bank=None,
-    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
     gallery_bank=None,
     ks: Sequence[int] = (1, 5, 10),
@@ -202,6 +202,7 @@ def evaluate(
 
 def _result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
     values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
+    assert ranked.top is not None  # ranked with depth=HUBNESS_DEPTH
     hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())
     params = {k: v for k, v in corr.get_params().items() if k not in ("normalize", *corr.resource_params)}
     return MethodResult(

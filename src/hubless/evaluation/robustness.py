@@ -20,7 +20,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport
-from hubless.corrections import Correction
+from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
 
@@ -81,7 +81,7 @@ def evaluate_banks(
     queries,
     truth,
     banks: Mapping[str, Any],
-    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
     gallery_bank=None,
     ks: Sequence[int] = (1, 5, 10),
@@ -136,7 +136,7 @@ def tune_banks(
     val_queries,
     val_truth,
     banks: Mapping[str, Any],
-    methods: Sequence[str] = ("nnn",),
+    methods: Sequence[MethodName | str] = ("nnn",),
     *,
     queries,
     truth,

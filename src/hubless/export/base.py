@@ -445,7 +445,7 @@ class VectorStore(abc.ABC):
 
     def _search(self, queries, top_k, corrected: bool, exact: bool, target_recall, options: dict):
         from hubless._validation import as_embeddings, check_positive_int
-        from hubless.corrections import make_correction
+        from hubless.corrections import make_additive
         from hubless.export.calibrate import check_target, knob_for_target
         from hubless.export.query import augmented_queries, check_servable
 
@@ -453,7 +453,7 @@ class VectorStore(abc.ABC):
         info = self.read_info()
         if info.get("metric") != "dot":
             raise InvalidInput(f"store {self.uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
-        corr = make_correction(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
+        corr = make_additive(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
         check_servable(corr)
         n_items = int(info.get("n_items", 0))
         q = np.asarray(queries) if not isinstance(queries, np.ndarray) else queries
@@ -529,7 +529,9 @@ class VectorStore(abc.ABC):
 
 
 def _options_dict(options) -> dict:
-    return {} if options is None or not dataclasses.is_dataclass(options) else dataclasses.asdict(options)
+    if options is None or not dataclasses.is_dataclass(options) or isinstance(options, type):
+        return {}
+    return dataclasses.asdict(options)
 
 
 def _index_rows(index, meta) -> Rows:

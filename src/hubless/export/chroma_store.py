@@ -23,13 +23,14 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
 
-_CLIENTS: dict[str, object] = {}
+_CLIENTS: dict[str, Any] = {}
 
 
 def _chromadb():
@@ -130,7 +131,7 @@ class ChromaStore(VectorStore):
     @contextlib.contextmanager
     def reading(self):
         """One pair of collections (and their info) for a search."""
-        self._pinned = self._current()
+        self._pinned: Any = self._current()
         try:
             yield
         except Exception as exc:

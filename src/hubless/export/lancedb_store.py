@@ -23,6 +23,7 @@ import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,7 +104,7 @@ class LanceDBStore(VectorStore):
     @contextlib.contextmanager
     def reading(self):
         """One table handle (one LanceDB version) for the info and the rows of a search."""
-        self._pinned = self._open()
+        self._pinned: Any = self._open()
         try:
             yield
         except Exception as exc:
@@ -250,7 +251,7 @@ class LanceDBStore(VectorStore):
         ids[which, slot] = found
         scores[which, slot] = 1.0 - res["_distance"].to_numpy()[order]
         cols = {c[len(META) :]: [values[n] for n in order] for c in meta_cols for values in [res[c].to_pylist()]}
-        rows = [[] for _ in range(len(vectors))]
+        rows: list[list[dict]] = [[] for _ in range(len(vectors))]
         for n, (i, j) in enumerate(zip(which.tolist(), found.tolist())):
             rows[i].append({"id": int(j), **{c: vals[n] for c, vals in cols.items()}})
         return scores, ids, rows

@@ -31,6 +31,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ MAX_EF, MAX_NPROBE = 32768, 65536
 #: Milvus's largest number of hits per query.
 MAX_TOPK = 16384
 
-_CLIENTS: dict[str, object] = {}  # database file -> client (Milvus Lite: one per process)
+_CLIENTS: dict[str, Any] = {}  # database file -> client (Milvus Lite: one per process)
 _LOADED: set[tuple[str, str]] = set()  # (database file, collection) known to be loaded
 
 
@@ -172,7 +173,7 @@ class MilvusLiteStore(VectorStore):
     @contextlib.contextmanager
     def reading(self):
         """One physical collection for the info and the rows of a search."""
-        self._pinned = self._physical()
+        self._pinned: Any = self._physical()
         try:
             yield
         except Exception as exc:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -69,7 +70,7 @@ def _binary_rows(ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, meta
     return header + b"".join(rows[i].tobytes() + meta(i) for i in range(n)) + (-1).to_bytes(2, "big", signed=True)
 
 
-_OPEN: dict[tuple, object] = {}  # (dsn, thread) -> a connection kept for searches
+_OPEN: dict[tuple, Any] = {}  # (dsn, thread) -> a connection kept for searches
 
 
 @atexit.register

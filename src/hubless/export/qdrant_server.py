@@ -20,6 +20,7 @@ import contextlib
 import json
 import re
 import uuid
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from hubless.export.qdrant_store import QdrantOptions, check_point_ids, collect_
 #: The reserved id of the point that holds the hubless info (payload key "hubless").
 INFO_ID = "00000000-0000-0000-0000-00000000b1a5"
 
-_CLIENTS: dict[str, object] = {}  # url -> client, kept for searches
+_CLIENTS: dict[str, Any] = {}  # url -> client, kept for searches
 
 
 def _models():
@@ -163,7 +164,7 @@ class QdrantServerStore(VectorStore):
     @contextlib.contextmanager
     def reading(self):
         """One physical collection for the info and the rows of a search."""
-        self._pinned = self._physical()
+        self._pinned: Any = self._physical()
         try:
             yield
         except (ValueError, NotFound) as exc:

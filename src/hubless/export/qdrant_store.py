@@ -25,6 +25,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, 
 #: Segments larger than this many KB get an HNSW index; "never" for exact-only collections.
 _NEVER_INDEX_KB = 2**40
 
-_OPEN: dict[str, object] = {}  # shard path -> the loaded shard, kept for searches
+_OPEN: dict[str, Any] = {}  # shard path -> the loaded shard, kept for searches
 
 
 @atexit.register
@@ -175,7 +176,7 @@ class QdrantEdgeStore(VectorStore):
     @contextlib.contextmanager
     def reading(self):
         """One version for the info and the rows of a search."""
-        self._pinned = self._version()
+        self._pinned: Any = self._version()
         try:
             yield
         except (OSError, NotFound) as exc:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int
-from hubless.corrections import Correction, fit_many
+from hubless.corrections import Correction, MethodName, fit_many
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
@@ -87,7 +87,7 @@ def audit(
     relevant,
     attributes: Mapping[str, Sequence],
     query_bank=None,
-    methods: Sequence[str | Correction] = ("baseline", "nnn"),
+    methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
     gallery_bank=None,
     joint: bool = True,
@@ -130,8 +130,8 @@ def audit(
     return FairnessAudit(results, {k: lab for k, (_, lab) in encoded.items()}, names, top_n)
 
 
-def _product(lists):
-    out = [[]]
+def _product(lists: list[list[str]]) -> list[list[str]]:
+    out: list[list[str]] = [[]]
     for values in lists:
         out = [o + [v] for o in out for v in values]
     return out

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from hubless.corrections import Correction, make_correction
+from hubless.corrections import AdditiveCorrection, make_additive
 from hubless.corrections.base import validate_fit_inputs
 from hubless.engine.ann import ann_statistics
 from hubless.index.factory import check_factory
@@ -21,7 +21,7 @@ __all__ = ["bias_error", "fit_ann_bias"]
 
 
 def fit_ann_bias(
-    correction: Correction, gallery, query_bank, gallery_bank=None, *, bias_search: str = "ann", nprobe: int = 32
+    correction: AdditiveCorrection, gallery, query_bank, gallery_bank=None, *, bias_search: str = "ann", nprobe: int = 32
 ) -> dict[str, float]:
     """Fit ``correction`` in place from ANN bank statistics; returns its :func:`bias_error`.
 
@@ -36,14 +36,14 @@ def fit_ann_bias(
 
 
 def bias_error(
-    correction: Correction, gallery: np.ndarray, query_bank: np.ndarray, gallery_bank=None, *, sample: int = 1000, seed: int = 0
+    correction: AdditiveCorrection, gallery: np.ndarray, query_bank: np.ndarray, gallery_bank=None, *, sample: int = 1000, seed: int = 0
 ) -> dict[str, float]:
     """Mean and max |bias_ann - bias_exact| over a random sample of gallery items, and the exact
     time per item (for choosing), comparing ``correction`` (fitted) with an exact refit."""
     rng = np.random.default_rng(seed)
     n = gallery.shape[0]
     rows = np.sort(rng.choice(n, size=min(sample, n), replace=False))
-    exact = make_correction(correction.spec).set_params(normalize=correction.normalize)
+    exact = make_additive(correction.spec).set_params(normalize=correction.normalize)
     t0 = time.perf_counter()
     exact.fit(gallery[rows], query_bank, gallery_bank)
     seconds = time.perf_counter() - t0

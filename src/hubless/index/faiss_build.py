@@ -215,6 +215,7 @@ def train_empty(factory: str, n_gallery: int, unit_sample: np.ndarray, augmented
         km = faiss.Kmeans(u, ivf.nlist, niter=20, spherical=True, seed=seed, verbose=False, min_points_per_centroid=1)
         km.train(np.ascontiguousarray(unit_sample, dtype=np.float32))
         rows = _rows(unit_sample, augmented_sample, layout)
+        assert km.centroids is not None  # trained just above
         assign = _nearest_lists(km.centroids, unit_sample, 1)[:, 0]
         centroids = _rows(km.centroids, None, layout)
         bias = rows[:, offset:].astype(np.float64)

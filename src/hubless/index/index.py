@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
-from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
+from hubless.corrections import AdditiveCorrection, Correction, MethodName, QueryBatch, QueryStatistics, make_additive
 from hubless.engine import BankStatistics
 from hubless.errors import AlreadyExists, Conflict, InvalidInput, InvalidType, NotFittedError
 from hubless.index import store
@@ -109,6 +109,7 @@ class ItemColumn(Mapping):
 
     def __getitem__(self, item_id):
         rows = self._snap.rows_of([int(item_id)])
+        assert self._snap.metadata is not None  # checked when the column was chosen
         return self._snap.metadata.table.column(self.column)[int(rows[0])].as_py()
 
     def __iter__(self):
@@ -216,7 +217,7 @@ class Index:
         cls,
         gallery,
         query_bank=None,
-        method: str | Correction = "nnn",
+        method: MethodName | str | Correction = "nnn",
         factory: str | None = None,
         *,
         gallery_bank=None,
@@ -241,10 +242,9 @@ class Index:
         :func:`hubless.corrections.fit_shared` with the bank's coverage), so the banks are not
         read again.
         """
-        corr = make_correction(method)
+        corr = make_additive(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
-        _check_servable(corr)
         shape = np.shape(gallery)
         if factory is not None and len(shape) == 2:  # before the fit: a bad factory fails in a second, not after it
             check_factory(factory, shape[0], shape[1] + 1)
@@ -745,7 +745,7 @@ class Index:
         if self._path is not None and _same_dir(self._path, path):
             self._bind(path, store.Loaded(snap, store.manifest_for(snap, version, base, []), store.pointer_stamp(path)), snap)
 
-    def _bind(self, path: Path, loaded: store.Loaded, base: Snapshot) -> None:
+    def _bind(self, path: Path, loaded: store.Loaded, base: Snapshot | None) -> None:
         self._path = path
         self._committed = loaded.snapshot
         self._manifest = loaded.manifest
@@ -757,6 +757,7 @@ class Index:
         segment; all segments folded into one past :data:`MAX_SEGMENTS`; a new base when the
         base changed, past the compaction thresholds, or for an index of an earlier format."""
         path, old, manifest = self._path, self._committed, self._manifest
+        assert path is not None  # bound to a directory (a commit needs one)
         version = _next_number(path, manifest)
         grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base
         same_base = manifest is not None and old is not None and new.base_rows is old.base_rows and new.faiss is old.faiss
@@ -765,6 +766,7 @@ class Index:
             base_entry = store.write_base(path, snap, version)
             segments, base = [], snap
         else:
+            assert manifest is not None and old is not None and self._base is not None  # same_base
             snap, base_entry, base = new, manifest["base"], self._base
             changed = new.n_rows != old.n_rows or not np.array_equal(new.alive[: old.n_rows], old.alive) or _lists_changed(old, new)
             segments = list(manifest["segments"])
@@ -784,6 +786,7 @@ class Index:
         """Follow versions committed by other writers since ours: their segments are replayed
         when they extend our version (O(what they wrote)), else the index is loaded anew."""
         path = self._path
+        assert path is not None  # only an index loaded from a directory catches up
         stamp = store.pointer_stamp(path)
         if stamp == self._stamp and self._committed is not None:
             return False
@@ -795,6 +798,7 @@ class Index:
                 if manifest["segments"][:k] == old["segments"]:  # later writes appended segments: read those
                     snap = store.replay(path, self._committed, manifest, manifest["segments"][k:])
                 else:  # segments were folded into one: replay them over our base
+                    assert self._base is not None  # bound with the loaded base
                     snap = store.replay(path, self._base, manifest, manifest["segments"])
             except store.Gone:
                 snap = None  # compacted again meanwhile: load anew
@@ -888,7 +892,8 @@ class Index:
 def _load(path: Path, mmap: bool) -> tuple[store.Loaded, Snapshot]:
     """A loaded index and its base alone (before the segments were replayed)."""
     loaded = store.load(path, mmap=mmap)
-    return loaded, loaded.base if getattr(loaded, "base", None) is not None else loaded.snapshot
+    base = getattr(loaded, "base", None)
+    return loaded, base if base is not None else loaded.snapshot
 
 
 def _lists_changed(old: Snapshot, new: Snapshot) -> bool:
@@ -950,7 +955,7 @@ def _is_flat(factory: str) -> bool:
 
 
 def _check_servable(correction: Correction) -> None:
-    if not correction.additive:
+    if not isinstance(correction, AdditiveCorrection):
         raise InvalidType(
             f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
             "vector index; use its exact search()"

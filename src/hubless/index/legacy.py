@@ -21,7 +21,7 @@ import faiss
 import numpy as np
 
 from hubless._io import file_sha256
-from hubless.corrections import Correction, make_correction
+from hubless.corrections import Correction, make_additive, make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Corrupt, MissingDependencyError, optional_import
 from hubless.index.config import IndexConfig
@@ -116,22 +116,6 @@ class _VersionGone(Exception):
     """The version directory vanished while it was being read (a save removed it)."""
 
 
-def _read_small_json(file: Path, what: str):
-    if not file.is_file():
-        raise Corrupt(f"{what} is missing or not a regular file")
-    if file.stat().st_size > _MAX_SMALL_FILE:
-        raise Corrupt(f"{what} is too large to be a hubless {file.name}")
-    raw = file.read_bytes()
-    try:
-        return raw, json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise Corrupt(f"{what} is corrupt: {exc}") from None
-
-
-def _no_constant(name: str):
-    raise Corrupt(f"{name} is not valid JSON")
-
-
 def _read_pointer(path: Path) -> tuple[str, str]:
     _, pointer = _read_small_json(path / POINTER, f"{path}: {POINTER}")
     if not isinstance(pointer, dict) or pointer.get("format") != FORMAT:
@@ -162,7 +146,7 @@ def _load_version(root: Path, folder: Path, manifest_sha: str | None, version: i
             raise Corrupt(f"{root}: {name} is truncated or altered (size differs from the manifest)")
         if file_sha256(f) != expected["sha256"]:
             raise Corrupt(f"{root}: {name} is corrupt (checksum mismatch)")
-    corr = make_correction(m["method"]).set_params(normalize=m["normalize"])
+    corr = make_additive(m["method"]).set_params(normalize=m["normalize"])
     with _reading(root, "correction.npz"), np.load(folder / "correction.npz", allow_pickle=False) as data:
         gallery = data["gallery"]
         stats = BankStatistics.from_arrays({k.removeprefix("statistics."): data[k] for k in data.files if k != "gallery"})
@@ -242,7 +226,10 @@ def _validate_manifest(manifest: Any, version: int, what: str) -> dict:
         raise Corrupt(f"{what}: faiss_dim {out['faiss_dim']} is smaller than dim {out['dim']}")
     try:
         make_correction(out["method"])
-        out["config"] = IndexConfig.from_dict(manifest.get("config"))
+        config = manifest.get("config")
+        if not isinstance(config, dict):
+            raise TypeError("its config is missing")
+        out["config"] = IndexConfig.from_dict(config)
     except (ValueError, TypeError) as exc:
         raise Corrupt(f"{what}: {' '.join(str(exc).split())}") from None
     files = manifest.get("files")

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.corrections import AdditiveCorrection, QueryBatch, make_correction
+from hubless.corrections import AdditiveCorrection, QueryBatch, make_additive, make_correction
 from hubless.engine import BankStatistics, StatisticsRequest, TopK, compute_statistics, stream_reduce
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
@@ -245,7 +245,7 @@ class Snapshot:
         """The correction that ranks this snapshot's physical rows: their bias columns, the gates
         of the live rows' activation sets, the banks' query state (no rows kept: see
         :meth:`~hubless.corrections.base.AdditiveCorrection.for_rows`)."""
-        corr = make_correction(self.spec).set_params(normalize=self.normalize)
+        corr = make_additive(self.spec).set_params(normalize=self.normalize)
         return corr.for_rows(self.bias, self._statistics_for(0))
 
     def _statistics_for(self, n: int) -> BankStatistics:
@@ -423,9 +423,10 @@ class Snapshot:
         for side in SIDES:
             lists = getattr(bank, f"{side}_activation")
             if lists is not None:
-                bank = replace(
-                    bank, **{f"{side}_activation": np.where(lists == NO_ID, NO_ID, renumber[np.minimum(lists, self.n_rows - 1)])}
-                )
+                renumbered: dict[str, Any] = {
+                    f"{side}_activation": np.where(lists == NO_ID, NO_ID, renumber[np.minimum(lists, self.n_rows - 1)])
+                }
+                bank = replace(bank, **renumbered)
         bank = replace(bank, gallery_mean=gallery.mean(axis=0, dtype=np.float64))
         return gallery, _with_rows(bank, rows, live.size)
 
@@ -435,7 +436,7 @@ class Snapshot:
         statistics: no bank is read); item ``i`` is :attr:`live_ids` ``[i]``. Built on first use
         (O(n)) and kept for this snapshot."""
         gallery, stats = self.logical()
-        corr = make_correction(self.spec).set_params(normalize=self.normalize)
+        corr = make_additive(self.spec).set_params(normalize=self.normalize)
         return corr.fit_from_statistics(gallery, stats)
 
     def compacted(self) -> Snapshot:
@@ -576,7 +577,7 @@ class Snapshot:
 
             top = TopK(nq, k, with_ids=True, initial=result, id_offset=offset)
             stream_reduce(vectors, block_rows, [top], transform=block)
-            result = (top.values, top.ids)
+            result = (top.values, top.ids_)
         if result is None:
             return np.full((nq, k), -np.inf, np.float32), np.full((nq, k), MISSING, np.int64)
         values, found = result

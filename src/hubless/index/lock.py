@@ -20,11 +20,13 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hubless.errors import Busy, InvalidInput
 
 __all__ = ["IndexLockedError", "lock_path", "lock_timeout", "wait_for_lock", "write_lock"]
 
+fcntl: Any
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX

@@ -56,7 +56,7 @@ import faiss
 import numpy as np
 
 from hubless._io import atomic_open, file_sha256, umask_mode
-from hubless.corrections import make_correction
+from hubless.corrections import make_additive, make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
 from hubless.index.config import IndexConfig
@@ -166,7 +166,8 @@ def write_base(path: Path, snap: Snapshot, version: int) -> dict:
     }
     for stat, values in snap.stats_base.items():
         files[f"stat.{stat}.npy"] = _write_file(folder / f"stat.{stat}.npy", _npy(values))
-    files["state.npz"] = _write_file(folder / "state.npz", lambda fh: np.savez(fh, **_state_arrays(snap)))
+    state: dict[str, Any] = _state_arrays(snap)
+    files["state.npz"] = _write_file(folder / "state.npz", lambda fh: np.savez(fh, **state))
     if snap.faiss is not None:
         faiss.write_index(snap.faiss, str(folder / "index.faiss"))
         with open(folder / "index.faiss", "rb") as fh:
@@ -230,7 +231,7 @@ def segment_arrays(old: Snapshot, new: Snapshot) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_segment_file(file: Path, arrays: dict[str, np.ndarray]) -> dict:
+def _write_segment_file(file: Path, arrays: dict[str, Any]) -> dict:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     raw = buffer.getvalue()
@@ -266,7 +267,7 @@ def manifest_for(snap: Snapshot, version: int, base: dict, segments: list[dict])
     }
 
 
-def commit(path: Path, manifest: dict, keep: set[str] = frozenset()) -> None:
+def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozenset()) -> None:
     """Make ``manifest`` the current version: ``CURRENT`` replaced atomically (written,
     fsynced, renamed, the directory fsynced). Then remove what neither it nor ``keep`` (the
     names the previous version used) names."""
@@ -285,7 +286,7 @@ def names_in(manifest: dict | None) -> set[str]:
     return {manifest["base"]["name"], *(s["name"] for s in manifest["segments"])}
 
 
-def _clean(path: Path, keep: set[str]) -> None:
+def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:
     """Remove what earlier writes left and no kept version names: bases, segments, leftovers
     of interrupted writes, a converted legacy index's files. Nothing else is touched."""
     for entry in path.iterdir():
@@ -547,7 +548,7 @@ def _load_legacy(path: Path, pointer, stamp) -> Loaded:
     n = old.correction.n_gallery_
     flat = old.config.factory.replace(" ", "").lower() == "flat"
     snap = Snapshot.from_correction(
-        old.correction, old.config, ids=np.arange(n, dtype=np.int64), faiss=None if flat else old.faiss_index,
+        make_additive(old.correction), old.config, ids=np.arange(n, dtype=np.int64), faiss=None if flat else old.faiss_index,
         faiss_dim=0 if flat else old.faiss_dim, banks=old.banks, metadata=meta,
     )  # fmt: skip
     return Loaded(snap, None, stamp, legacy_version=old.format_version, base=snap)

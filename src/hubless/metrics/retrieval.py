@@ -76,15 +76,16 @@ def relevant_ranks(scores: np.ndarray, truth: Truth, ties: str = "index") -> np.
     ranks = np.empty(cols.size, dtype=np.float64 if ties == "average" else np.int64)
     one_each = cols.size == truth.n_queries  # one relevant item per query: rows are the queries
     step = max(1, _COMPARE_ELEMENTS // scores.shape[1])
+    counts = np.int32 if scores.shape[1] < 2**31 else np.int64
     for start in range(0, cols.size, step):
         r, c = rows[start : start + step], cols[start : start + step]
         block = scores[start : start + r.size] if one_each else scores[r]
         target = block[np.arange(r.size), c][:, None]
-        above = np.count_nonzero(block > target, axis=1)
+        above = (block > target).sum(axis=1, dtype=counts)  # a bool sum in int32 is twice count_nonzero's speed
         if ties == "optimistic":
             ranks[start : start + r.size] = above + 1
             continue
-        equal = np.count_nonzero(block == target, axis=1)
+        equal = (block == target).sum(axis=1, dtype=counts)
         if ties == "average":
             ranks[start : start + r.size] = above + 1 + (equal - 1) / 2.0
             continue

@@ -145,9 +145,8 @@ def load_truth(source, n_queries: int, n_gallery: int) -> Truth:
         text = str(source)
         kind, _, per = text.partition(":")
         if kind in {"t2i", "i2t"} and per.isdigit() and not Path(text).exists():
-            per = int(per)
             n_items = n_gallery if kind == "t2i" else n_queries
-            t2i, i2t = captions_per_item(n_items, per)
+            t2i, i2t = captions_per_item(n_items, int(per))
             truth = t2i if kind == "t2i" else i2t
         else:
             truth = _read_truth_file(Path(text), n_gallery)

@@ -88,7 +88,7 @@ def evaluation_report(ev: Evaluation, path: str | os.PathLike, *, title: str = "
     cols = min(3, len(others))
     rows = int(np.ceil(len(others) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    top = max(int(r.n1.max()) for r in ev.results) + 1
+    top = max(int(r.n1.max()) for r in ev.results if r.n1 is not None) + 1
     bins = np.arange(0, top + 1)
     for ax, r in zip(axes.ravel(), others):
         ax.hist(base.n1, bins=bins, alpha=0.5, label="baseline", log=True)

@@ -77,7 +77,7 @@ class Pipeline:
     """
 
     def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, fusion_weight: float = 0.1,
-                 *, gallery_items: Sequence | None = None, batch_queries: int = 16, lam: float | None = None) -> None:  # fmt: skip
+                 *, gallery_items: Sequence | Mapping | None = None, batch_queries: int = 16, lam: float | None = None) -> None:  # fmt: skip
         if lam is not None:
             warnings.warn("Pipeline(lam=) is now fusion_weight= (lam is also DN's weight)", DeprecationWarning, stacklevel=2)
             fusion_weight = lam
@@ -90,7 +90,9 @@ class Pipeline:
         self.first_stage, self.reranker = first_stage, reranker
         self.k = check_positive_int(k, "k")
         self.fusion, self.fusion_weight = fusion, float(fusion_weight)
-        self.gallery_items = None if gallery_items is None or isinstance(gallery_items, Mapping) else list(gallery_items)
+        self.gallery_items: list | Mapping | None = (
+            None if gallery_items is None or isinstance(gallery_items, Mapping) else list(gallery_items)
+        )
         if isinstance(gallery_items, Mapping):
             self.gallery_items = gallery_items
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")

@@ -85,7 +85,7 @@ def correct_scores(
 
     def work(start: int, stop: int) -> None:
         block = _corrected(corr, s, start, stop, ranking)
-        if top_k:
+        if ids is not None and top_k:
             values[start:stop], ids[start:stop] = best_of(block, top_k)
         else:
             values[start:stop] = block
@@ -93,6 +93,7 @@ def correct_scores(
     run_blocks(work, row_blocks(n_queries, n_gallery, RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
     if out is None:
         return (values, ids) if top_k else values
+    assert ids is not None  # a full matrix was written above
     _atomic(out, lambda path: np.savez(path, scores=values, ids=ids))
     return out
 

@@ -190,6 +190,7 @@ def evaluate_scores(
 def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
     """One method's numbers from its ranks (the same fields as :func:`hubless.evaluate` gives)."""
     values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
+    assert ranked.top is not None  # ranked with a depth
     hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())
     params = {k: v for k, v in corr.get_params().items() if k not in ("normalize", *corr.resource_params)}
     return MethodResult(

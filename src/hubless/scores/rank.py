@@ -40,7 +40,9 @@ def top_k(block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         best.update(block[:, split:], split)
     else:
         best.update(block)
-    return best.sorted()
+    values, ids = best.sorted()
+    assert ids is not None  # kept with ids
+    return values, ids
 
 
 def top_ids(block: np.ndarray, k: int) -> np.ndarray:
@@ -96,8 +98,9 @@ def rank_score_rows(
             t0 = time.perf_counter()
             ranked = corr.rank(batch, block)
             ranks[i][lo:hi] = relevant_ranks(ranked, sub, ties)
-            if depth:
-                tops[i][start:stop] = top_ids(ranked, depth)
+            top = tops[i]
+            if top is not None:
+                top[start:stop] = top_ids(ranked, depth)
             seconds[index[(start, stop)], i] = shared + time.perf_counter() - t0
 
     run_blocks(work, bounds, progress=progress, desc=desc, unit="queries")

@@ -43,7 +43,8 @@ from hubless.errors import InvalidInput, optional_import
 try:
     from fastapi import FastAPI
 except ImportError:  # pragma: no cover - the serve extra is missing: say which one, before the routes import it
-    FastAPI = optional_import("fastapi", "the HTTP service", "serve").FastAPI
+    optional_import("fastapi", "the HTTP service", "serve")  # raises, naming the extra
+    raise
 
 from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers

@@ -31,7 +31,8 @@ class _Pending:
 
     def __init__(self, index, queries: np.ndarray, key: tuple, weight: dict) -> None:
         self.index, self.queries, self.key, self.weight = index, queries, key, weight
-        self.result = self.error = None
+        self.result: tuple[np.ndarray, np.ndarray] | None = None
+        self.error: Exception | None = None
         self.done = False
 
 
@@ -59,7 +60,8 @@ class Batcher:
                     self.cond.wait()
                     continue
                 self.busy = True  # this thread runs the next batch (which may or may not hold its own request)
-                batch, rows = [], 0
+                batch: list[_Pending] = []
+                rows = 0
                 for item in list(self.queue):
                     if item.key == self.queue[0].key and (not batch or rows + item.queries.shape[0] <= self.max_rows):
                         batch.append(item)

@@ -103,8 +103,8 @@ class ServedSketch:
 
         with self.lock:
             n1, nk, queries = self.n1, self.nk, self.queries
-            hubs = self.n1_by_id.most_common(top) if top else []
-            hubs = [{"id": int(i), "n1": int(c), "nk": int(self.nk_by_id[i])} for i, c in hubs]
+            common = self.n1_by_id.most_common(top) if top else []
+            hubs = [{"id": int(i), "n1": int(c), "nk": int(self.nk_by_id[i])} for i, c in common]
         n = n1.shape[0]
         if queries == 0 or n == 0:
             return {"queries": queries, "n1_skewness": None, "top1pct_share": None, "n1_max": 0, "hubs": []}

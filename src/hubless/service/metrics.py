@@ -14,6 +14,7 @@ hubness is per worker (label ``pid``: each worker sees the queries it served).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -39,7 +40,7 @@ class Metrics:
         self.duration = Histogram(
             "hubless_request_duration_seconds", "Time to serve a request.", ("endpoint",), buckets=BUCKETS, registry=registry
         )
-        mode = {"multiprocess_mode": "liveall"} if multiprocess() else {}
+        mode: dict[str, Any] = {"multiprocess_mode": "liveall"} if multiprocess() else {}
         self.served_queries = Gauge(
             "hubless_served_queries", "Queries whose results the served hubness counts.", ("index",), registry=registry, **mode
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -24,8 +25,10 @@ class _ReadTimers:
 
     header_timeout = 10.0
     body_timeout = 30.0
-    _read_timer = None
-    _reading = None
+    _read_timer: Any = None
+    _reading: str | None = None
+    loop: Any  # set by uvicorn's protocol classes
+    transport: Any
 
     def _arm(self, seconds: float, what: str) -> None:
         self._disarm()
@@ -73,6 +76,7 @@ class GuardedH11Protocol(_ReadTimers, H11Protocol):
         super().connection_lost(exc)
 
 
+HttpToolsProtocol: Any
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # pragma: no cover - httptools is missing: h11 only
@@ -103,7 +107,7 @@ if HttpToolsProtocol is not None:
             self._disarm()
             super().connection_lost(exc)
 
-    BASE = GuardedHttpToolsProtocol
+    BASE: type = GuardedHttpToolsProtocol
 else:  # pragma: no cover
     BASE = GuardedH11Protocol
 
@@ -122,7 +126,7 @@ class ServeProtocol(BASE):
     def connection_made(self, transport) -> None:
         if not ServeProtocol._configured:
             config = json.loads(os.environ.get("HUBLESS_SERVE_CONFIG", "{}"))
-            ServeProtocol.header_timeout = float(config.get("header_timeout", BASE.header_timeout))
-            ServeProtocol.body_timeout = float(config.get("body_timeout", BASE.body_timeout))
+            ServeProtocol.header_timeout = float(config.get("header_timeout", _ReadTimers.header_timeout))
+            ServeProtocol.body_timeout = float(config.get("body_timeout", _ReadTimers.body_timeout))
             ServeProtocol._configured = True
         super().connection_made(transport)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from hubless.errors import Busy
 from hubless.search import Searcher
@@ -74,7 +75,7 @@ class ServiceState:
     settings: Settings = field(default_factory=Settings)
     metrics: Metrics = field(default_factory=Metrics)
     query_problems: dict[str, str | None] = field(default_factory=dict)
-    audit: object = None
+    audit: Any = None  # an AuditLog when one is configured
     served: dict[str, Served] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Request
@@ -54,7 +55,8 @@ def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
         raise HTTPException(
             422, f"give exactly one of embeddings, embeddings_b64, texts, images or item (got {', '.join(given) or 'none'})"
         )
-    embeddings = images = None
+    embeddings: Any = None
+    images: list | None = None
     if request.embeddings is not None:
         embeddings = rows(request.embeddings, s.index, limits, "queries")  # NaN/Inf are refused by the index's validation (422)
     elif request.embeddings_b64 is not None:
@@ -71,7 +73,7 @@ def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
     elif request.images is not None:
         check_count(request.images, limits, "queries")
         images = [_image(b, i) for i, b in enumerate(request.images)]
-    n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images)
+    n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images or [])
     return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
                             dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
                             weight=request.weight, where=request.where))  # fmt: skip
@@ -113,7 +115,7 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
         )
     omp_threads_for(n_queries)  # this worker thread's FAISS team (compare's search runs here)
     result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=s.run, **options)
-    body = {"index": s.name, "method": result.method}
+    body: dict[str, Any] = {"index": s.name, "method": result.method}
     if result.reranked:
         body.update(reranked=True, rerank_k=result.rerank_k)
     body["results"] = result.records()
