@@ -20,6 +20,7 @@ from hubless.index.faiss_build import (
     spill_threshold,
     stored_rows,
 )
+from hubless.index.live import Snapshot
 from tests.test_index import assert_same_ranking
 
 ADDITIVE = ["baseline", "nnn:alpha=0.75,k=8", "csls:k=8", "dn:lam=0.5", "is:beta=10", "dis:beta=10,k_activation=1",
@@ -56,7 +57,7 @@ def test_ivf_with_spill_probing_every_list_is_exact(data, method):
     index = hubless.Index.build(data.gallery, data.query_bank, method, "IVF16,Flat", gallery_bank=data.gallery_bank, rescore=False)
     assert index.config.spill == 0.3 and (index.config.spill_below is None) == (method == "baseline")
     assert (
-        index._faiss.ntotal
+        index._snap.faiss.ntotal
         == stored_rows(index.correction.bias_columns_, index.config.spill_below)
         > (1500 if method != "baseline" else 1499)
     )
@@ -132,10 +133,12 @@ def test_updates_keep_rows_spilled_and_consistent(data, tmp_path):
     index = hubless.Index.build(data.gallery[:1000], data.query_bank, "nnn:alpha=0.75,k=8", "IVF16,Flat", rescore=False)
 
     def consistent(idx):
-        assert idx._faiss.ntotal == stored_rows(idx.correction.bias_columns_, idx.config.spill_below)
+        snap = idx._snap  # FAISS holds the base rows (spilled); rows added since are scanned exactly
+        n_base = snap.base_rows.shape[0]
+        assert snap.faiss.ntotal == stored_rows(snap.bias_buf.view(n_base), idx.config.spill_below)
         scores, ids = idx.search(data.queries[:100], 10, nprobe=16)
-        ref_scores, ref_ids = idx.correction.search(data.queries[:100], 10)
-        assert_same_ranking(ids, scores, ref_ids, ref_scores, rtol=1e-4)
+        ref_scores, ref_rows = idx.correction.search(data.queries[:100], 10)
+        assert_same_ranking(ids, scores, idx.ids[ref_rows], ref_scores, rtol=1e-4)  # rows of the live items -> their ids
 
     index.add(data.gallery[1000:])  # new items spilled by the stored threshold
     consistent(index)
@@ -164,8 +167,9 @@ def test_indexes_saved_before_the_bias_layout_still_search(data, tmp_path):
     old.add(aug)
     legacy = hubless.Index.__new__(hubless.Index)
     config = hubless.IndexConfig("IVF16,PQ8x4", nprobe=16, rescore_factor=20)
-    legacy._setup(corr, config, old, old_dim, None, None, None, mmap=False)
-    assert legacy._layout == Layout(old_dim, 24)
+    ids = np.arange(corr.n_gallery_, dtype=np.int64)
+    legacy._setup(Snapshot.from_correction(corr, config, ids=ids, faiss=old, faiss_dim=old_dim))
+    assert legacy._snap.layout == Layout(old_dim, 24)
     _, ids = legacy.search(data.queries[:200], 10)
     ref = corr.search(data.queries[:200], 10)[1]
     assert np.mean([len(set(a) & set(b)) for a, b in zip(ids, ref)]) / 10 >= 0.9
