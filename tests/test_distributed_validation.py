@@ -112,7 +112,7 @@ def test_header_and_argument_errors_come_before_any_distributed_work(tmp_path):
     g, b = _base()
     gdir, bdir = _write(tmp_path / "g", g), _write(tmp_path / "b", b)
     work = tmp_path / "work"
-    with pytest.raises(InvalidInput, match=r"metadata must be 1500 dicts"):
+    with pytest.raises(InvalidInput, match=r"metadata must be 1500 records"):
         hd.build_index("nnn:k=5", gdir, bdir, "Flat", metadata=[{"i": i} for i in range(1499)], work_dir=work, progress=False)
     with pytest.raises(InvalidInput, match="unsupported FAISS factory"):
         hd.build_index("nnn:k=5", gdir, bdir, "IVF,,Flat", work_dir=work, progress=False)
