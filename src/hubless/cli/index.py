@@ -39,7 +39,12 @@ def build_command(
     normalize: bool = typer.Option(True, "--normalize/--no-normalize", help=NORMALIZE_HELP),
     overwrite: bool = typer.Option(False, help="Replace an existing index directory."),
     target_recall: float = typer.Option(
-        None, help="Then calibrate nprobe / ef_search to this recall@10 on the query bank (see `index calibrate`)."
+        None,
+        help="Choose the factory (unless --factory) and nprobe / ef_search for this recall@10 of the exact corrected top 10, "
+        "measured on held-out query-bank queries only (recorded in `index info`).",
+    ),
+    max_memory: str = typer.Option(
+        None, help="With --target-recall: most bytes the FAISS structure may take (2GB, 512MiB, ...); IVF-PQ when nothing else fits."
     ),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     ray: bool = typer.Option(
@@ -54,6 +59,15 @@ def build_command(
 
     if out.exists() and not overwrite and not _empty_dir(out):
         raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
+    if max_memory is not None and target_recall is None:
+        raise typer.BadParameter("--max-memory bounds what --target-recall may choose: pass --target-recall too")
+    if target_recall is not None:
+        from hubless.index.tuner import _check_target, parse_size
+
+        _check_target(target_recall)
+        parse_size(max_memory)
+        if query_bank is None:
+            raise typer.BadParameter("--target-recall is measured on the query bank: pass --query-bank")
     if metadata is not None:  # saved as parquet: say so before the work, not after it
         check_available("pyarrow", "saving item metadata (--metadata)", "index")
     item_ids = None
@@ -64,7 +78,20 @@ def build_command(
     if ray or address:
         if item_ids is not None:
             raise InvalidInput("--ids with --ray is not supported: build, then add the items with their ids (hubless index add --upsert)")
+        if max_memory is not None:
+            raise InvalidInput(
+                "--max-memory with --ray is not supported: the factory is yours (--factory); --target-recall chooses its knob"
+            )
         index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
+        if target_recall is not None:
+            result = index.calibrate(target_recall=target_recall)
+            _print_calibration(result)
+            index.config.tuning = {
+                "target_recall": target_recall,
+                "factory": index.factory,
+                **{k: result[k] for k in ("param", "value", "recall", "reached")},
+                "queries": {"source": "query bank"},
+            }
     else:
         if metadata is not None:
             from hubless.inputs import check_embedding_meta
@@ -75,9 +102,9 @@ def build_command(
         gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
         corr, statistics = _fit_with_coverage(g, qb, gb, method, factory, normalize, progress)
         index = Index.build(g, qb, corr, factory, gallery_bank=gb, metadata=_read_metadata(metadata), model=model, progress=progress,
-                            statistics=statistics, ids=item_ids)  # fmt: skip
-    if target_recall is not None:
-        _print_calibration(index.calibrate(target_recall=target_recall))
+                            statistics=statistics, ids=item_ids, target_recall=target_recall, max_memory=max_memory)  # fmt: skip
+        if index.config.tuning is not None:
+            _print_tuning(index.config.tuning)
     index.save(out, overwrite=overwrite)
     typer.echo(f"built {index!r} in {index.config.build_seconds:.1f}s -> {out}")
 
@@ -133,10 +160,38 @@ def info_command(path: Path = typer.Argument(..., help="Index directory.")) -> N
     from hubless.index import Index
 
     index = Index.load(path, mmap=True)
+    info = index.info()
+    tuning = info.pop("tuning", None)
     table = Table(title=str(path), show_header=False)
-    for key, value in {**index.info(), **index.storage()}.items():
+    for key, value in {**info, **index.storage()}.items():
         table.add_row(key, str(value))
     wide_console().print(table)
+    if tuning:
+        _print_tuning(tuning)
+
+
+def _print_tuning(tuning: dict) -> None:
+    """The tuner's candidates (hubless.index.tuner) and its choice."""
+    candidates = tuning.get("candidates")
+    if candidates:
+        table = Table(title=f"candidates for recall@{tuning.get('top_k', 10)} >= {tuning['target_recall']} (measured on the query bank)")
+        for column in ("factory", "knob", "recall", "p50 ms", "batch ms/query", "MB", "build s", "note"):
+            table.add_column(column, justify="left" if column in ("factory", "note") else "right")
+        for c in candidates:
+            knob = "" if c.get("param") is None else f"{c['param']}={c['value']}"
+            size = c.get("bytes", c.get("estimated_bytes", 0)) / 1e6
+            cells = [c.get("recall"), c.get("p50_ms"), c.get("batch_ms_per_query")]
+            table.add_row(c["factory"], knob, *("" if v is None else f"{v:.3f}" for v in cells), f"{size:.1f}",
+                          "" if "build_seconds" not in c else f"{c['build_seconds']:.1f}", c.get("skipped", ""))  # fmt: skip
+        wide_console().print(table)
+    knob = "" if tuning.get("param") is None else f" {tuning['param']}={tuning['value']}"
+    heldout = "" if "heldout_recall" not in tuning else f" ({tuning['heldout_recall']:.3f} on held-out bank queries)"
+    if tuning["reached"]:
+        typer.echo(f"chose {tuning['factory']}{knob}: recall {tuning['recall']:.3f} >= {tuning['target_recall']}{heldout}")
+    else:
+        typer.echo(
+            f"no candidate reached {tuning['target_recall']}: kept the best, {tuning['factory']}{knob}, recall {tuning['recall']:.3f}{heldout}"
+        )
 
 
 def _shown_ids(ids) -> str:

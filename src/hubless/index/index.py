@@ -227,6 +227,8 @@ class Index:
         bias_nprobe: int = 32,
         progress: bool | None = None,
         statistics: BankStatistics | None = None,
+        target_recall: float | None = None,
+        max_memory: int | str | None = None,
         **kwargs,
     ) -> Index:
         """Fit ``method`` (a spec such as ``"nnn:alpha=0.75,k=16"``) on the banks and index the
@@ -241,7 +243,22 @@ class Index:
         statistics of these very arrays computed already (e.g. by
         :func:`hubless.corrections.fit_shared` with the bank's coverage), so the banks are not
         read again.
+
+        ``target_recall`` (in (0, 1]): choose the factory and its ``nprobe``/``ef_search`` for
+        this recall@10 of the exact corrected top 10, measured on held-out samples of the query
+        bank only, within ``max_memory`` (bytes of the FAISS structure: an int or "2GB"); a
+        ``factory`` given is the only candidate (its knob is chosen). What was tried and
+        measured is in ``index.config.tuning`` (see :mod:`hubless.index.tuner`).
         """
+        if target_recall is None and max_memory is not None:
+            raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
+        if target_recall is not None:
+            from hubless.index.tuner import _check_target, parse_size
+
+            _check_target(target_recall)  # before the fit: bad arguments fail in a second
+            parse_size(max_memory)
+            if query_bank is None:
+                raise InvalidInput("target_recall is measured on the query bank: pass query_bank")
         corr = make_additive(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
@@ -264,7 +281,14 @@ class Index:
             if gallery_bank is None or not keep_banks
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
-        index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+        if target_recall is not None:
+            from hubless.index.tuner import tune_index
+
+            index = tune_index(corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+                               factories=None if factory is None else [factory], gallery_bank=gallery_bank,
+                               keep_banks=keep_banks, **kwargs)  # fmt: skip
+        else:
+            index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error
         return index
 
