@@ -82,16 +82,31 @@ def build_command(
             raise InvalidInput(
                 "--max-memory with --ray is not supported: the factory is yours (--factory); --target-recall chooses its knob"
             )
-        index = _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress)
+        # written into out by the tasks (the driver holds no gallery); loaded (mapped) only to calibrate
+        built = _build_on_ray(
+            gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress, out, overwrite,
+            load=target_recall is not None,
+        )  # fmt: skip
         if target_recall is not None:
-            result = index.calibrate(target_recall=target_recall)
+            result = built.calibrate(target_recall=target_recall)
             _print_calibration(result)
-            index.config.tuning = {
+            built.config.tuning = {
                 "target_recall": target_recall,
-                "factory": index.factory,
+                "factory": built.factory,
                 **{k: result[k] for k in ("param", "value", "recall", "reached")},
                 "queries": {"source": "query bank"},
             }
+            built.save(out, overwrite=True)  # the manifest only: the items are written already
+        from hubless.index.store import read_manifest
+
+        manifest, _ = read_manifest(out)
+        assert manifest is not None  # written just now, in this format
+        config = manifest["config"]
+        typer.echo(
+            f"built Index({manifest['method']!r}, factory={config['factory']!r}, n_items={manifest['n_items']}) "
+            f"in {config['build_seconds']:.1f}s -> {out}"
+        )
+        return
     else:
         if metadata is not None:
             from hubless.inputs import check_embedding_meta
@@ -133,8 +148,11 @@ def _fit_with_coverage(g, qb, gb, method, factory, normalize, progress):
     return corr, statistics
 
 
-def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress):
-    """``index build --ray``: the distributed fit and fill (sources are read by the tasks)."""
+def _build_on_ray(
+    gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress, out, overwrite, *, load
+):
+    """``index build --ray``: the distributed fit and fill, written into ``out`` by the tasks
+    (sources are read by the tasks)."""
     import hubless.distributed as hd
     from hubless.corrections import make_correction
 
@@ -147,6 +165,9 @@ def _build_on_ray(gallery, query_bank, gallery_bank, method, factory, normalize,
         gallery_bank=gallery_bank,
         address=address,
         work_dir=work_dir,
+        out=out,
+        overwrite=overwrite,
+        load=load,
         metadata=_read_metadata(metadata),
         model=model,
         progress=progress,

@@ -72,6 +72,7 @@ __all__ = [
     "is_index",
     "load",
     "read_manifest",
+    "state_arrays",
     "verify",
     "write_base",
     "write_delta",
@@ -186,11 +187,16 @@ def write_base(path: Path, snap: Snapshot, version: int) -> dict:
 
 
 def _state_arrays(snap: Snapshot) -> dict[str, np.ndarray]:
-    bank = snap.bank
+    return state_arrays(snap.bank, snap.gallery_sum)
+
+
+def state_arrays(bank: BankStatistics, gallery_sum: np.ndarray) -> dict[str, np.ndarray]:
+    """The members of a base's ``state.npz``: the banks' sizes, means and activation sets
+    (``bank``, its per-row arrays ignored) and the float64 sum of the base's rows."""
     out = {
         "sizes": np.array([bank.n_query_bank, -1 if bank.n_gallery_bank is None else bank.n_gallery_bank], dtype=np.int64),
         "query_bank_mean": np.asarray(bank.query_bank_mean, np.float64),
-        "gallery_sum": snap.gallery_sum,
+        "gallery_sum": np.asarray(gallery_sum, np.float64),
     }
     if bank.gallery_bank_mean is not None:
         out["gallery_bank_mean"] = np.asarray(bank.gallery_bank_mean, np.float64)
