@@ -4,7 +4,8 @@ Install with ``pip install "hubless[distributed]"``. Ray is imported only when w
 
 * :func:`fit` / :func:`fit_many` / :func:`fit_statistics`: tiled bank statistics (gallery shard
   x bank shard per task), merged associatively; equal to a single-machine fit; resumable.
-* :func:`build_index`: an index built the autofaiss way (train on the driver, add shards in tasks).
+* :func:`build_index`: a live-index directory written by the tasks (rows, biases, statistics and
+  IVF lists by gallery shard); the driver streams the lists into ``index.faiss`` and commits.
 * :func:`write_augmented`: [r, bias(r)] parts written by tasks (the driver never reads the
   gallery), for any inner-product engine; :func:`augmented_queries` gives [q, -W(q)].
 * :func:`embed`: the resumable embedding job with its chunks encoded by Ray Data workers.

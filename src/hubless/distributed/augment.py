@@ -4,8 +4,9 @@
     out = hd.write_augmented("nnn:alpha=0.75,k=16", "img_emb/", "text_emb/", "augmented/", work_dir="fit-state/")
     xq = hd.augmented_queries("augmented/", queries)        # [q, -W(q)]: rank rows by xq . row
 
-:func:`hubless.distributed.fit` brings the gallery to the driver, since a fitted correction (and
-an :class:`~hubless.Index`) keeps it for exact re-scoring. Here the driver never reads it: the
+:func:`hubless.distributed.fit` brings the gallery to the driver, since a fitted correction keeps
+it for exact re-scoring (:func:`~hubless.distributed.build_index` writes an index directory
+instead). Here the driver never reads it: the
 bank statistics are computed tile by tile as in :func:`~hubless.distributed.fit_statistics`
 (the driver holds only their merge, a few numbers per gallery item), then one task per gallery
 shard reads its rows, fits the correction on them from their slice of the statistics and
