@@ -12,6 +12,24 @@
     the exact corrected top-10;
 (d) adding 1% new items to the IVF index (their biases from the bank, inserted into the trained
     lists) vs refitting the correction from scratch (the exact bias time of (a)).
+
+The floors of issue 31 (corrected ANN as accurate as plain ANN) run on their own:
+
+    python benchmarks/index_speed.py --floors                 # COCO MiniLM + synthetic 1M x 512
+    python benchmarks/index_speed.py --floors --floor-n 200000  # the synthetic part at 200k
+
+(e) real MiniLM COCO captions (benchmarks/coco_text.py's cache; gallery = the 20,000 test
+    captions 1-4, bank = the 5,000 dev captions, unseen queries = the 5,000 test captions 0):
+    recall@10 of corrected IVF256 (NNN) against the exact corrected top 10 vs plain IVF256
+    against the exact plain top 10, at the same nprobe (floor: corrected >= plain), with
+    and without exact re-scoring, and corrected without the spill / bias-aware probing;
+    then the tuner (target 0.95, every candidate) and the recall of its choice on the unseen
+    queries (floor: >= 0.95);
+(f) synthetic ``--floor-n`` x 512 (bank ``--floor-bank``, NNN k=16, exact bias): for IVF and
+    HNSW tuned to recall@10 0.95 on the bank (hubless.index.tuner, one factory each), over
+    2,000 test queries: exact corrected search time / corrected ANN search time (batch,
+    median of per-repeat ratios, the two interleaved; floor >= 20x), R@1 vs exact (floor
+    |delta| <= 0.1 point) and recall@10 on the test queries (floor >= 0.95).
 """
 
 from __future__ import annotations
@@ -46,7 +64,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--floors", action="store_true", help="Only the issue-31 floors, (e) and (f).")
+    parser.add_argument("--floor-n", type=int, default=1_000_000, help="(f): synthetic gallery size (0: skip (f)).")
+    parser.add_argument("--floor-bank", type=int, default=20_000, help="(f): query-bank size.")
+    parser.add_argument("--skip-coco", action="store_true", help="(f) only.")
     args = parser.parse_args()
+    if args.floors:
+        floors(args)
+        return
     n_gallery, n_bank = int(100_000 * args.scale), int(1_000_000 * args.scale)
     data = make_retrieval_data(n_items=n_gallery, captions_per_item=1, dim=512, n_query_bank=n_bank,
                                n_gallery_bank=10, n_val_items=10, noise=1.3, seed=0)  # fmt: skip
@@ -118,6 +143,104 @@ def main() -> None:
     rows.append((f"(d) add {n_gallery // 100:,} items to {index.factory}: refit time / incremental time", f"{t_exact / t_add:.0f}x", ""))
     print_table(rows, full_size=args.scale == 1.0, size="gallery 100k x bank 1M")
     print(f"\n(exact bias {t_exact:.1f}s; faiss {faiss.__version__})")
+
+
+def recall_at(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over queries of |found top-k & exact top-k| / k."""
+    return float((found[:, :, None] == exact[:, None, :]).any(axis=2).sum(axis=1).mean() / exact.shape[1])
+
+
+def floors(args) -> None:
+    """Issue 31's floors: (e) on the real COCO MiniLM captions, (f) on a synthetic gallery."""
+    from hubless.index.tuner import tune_index
+
+    if not args.skip_coco:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from coco_text import embed
+
+        from hubless.data.karpathy import load_captions
+
+        emb = embed(load_captions("coco", "test5k").captions, "coco-test5k")
+        bank = embed(load_captions("coco", "dev").captions, "coco-dev")
+        gallery = np.concatenate([emb[i::5] for i in range(1, 5)])
+        queries = emb[0::5]
+        print(
+            f"(e) COCO MiniLM: gallery {gallery.shape[0]:,} x {gallery.shape[1]}, bank {bank.shape[0]:,}, {queries.shape[0]:,} unseen queries"
+        )
+        rows = []
+        plain = hubless.Index.build(gallery, bank, "baseline", "IVF256,Flat", keep_banks=False)
+        corrected = hubless.Index.build(gallery, bank, "nnn:alpha=0.75,k=16", "IVF256,Flat", keep_banks=False)
+        unprotected = hubless.Index(corrected.correction, "IVF256,Flat", spill=0.0)
+        unprotected._snap.faiss.quantizer.reset()  # centroids without the half mean bias: the plain probe
+        centroids = corrected._snap.faiss.quantizer.reconstruct_n(0, 256)
+        centroids[:, unprotected._snap.layout.bias_offset :] = 0
+        unprotected._snap.faiss.quantizer.add(centroids)
+        exact_plain = plain.correction.search(queries, 10)[1]
+        exact_corr = corrected.correction.search(queries, 10)[1]
+        for nprobe in (4, 8, 16, 32):
+            for rescore in (True, False):
+                p = recall_at(plain.search(queries, 10, nprobe=nprobe, rescore=rescore)[1], exact_plain)
+                c = recall_at(corrected.search(queries, 10, nprobe=nprobe, rescore=rescore)[1], exact_corr)
+                u = recall_at(unprotected.search(queries, 10, nprobe=nprobe, rescore=rescore)[1], exact_corr)
+                label = (
+                    f"(e) IVF256 nprobe {nprobe}{'' if rescore else ', no re-scoring'}: recall@10 plain / corrected (no spill, plain probe)"
+                )
+                rows.append((label, f"{p:.3f} / {c:.3f} ({u:.3f}); {c - p:+.3f}", "corrected >= plain"))
+        tuned = tune_index(corrected.correction, bank, target_recall=0.95, keep_banks=False)
+        t = tuned.config.tuning
+        unseen = recall_at(tuned.search(queries, 10)[1], exact_corr)
+        tried = "; ".join(
+            f"{c['factory']} {c.get('param') or ''}={c.get('value')} {c.get('recall')} {c.get('p50_ms')}ms" for c in t["candidates"]
+        )
+        rows.append(("(e) tuner, target 0.95: candidates (knob, bank recall, p50)", tried, ""))
+        rows.append(
+            (
+                f"(e) tuner's choice {t['factory']} {t['param'] or ''}={t['value']}: recall bank / held-out bank / unseen test",
+                f"{t['recall']:.3f} / {t['heldout_recall']:.3f} / {unseen:.3f}",
+                ">= 0.95 unseen",
+            )
+        )
+        print_table(rows, full_size=True, size="COCO 20k")
+
+    n, n_bank = args.floor_n, args.floor_bank
+    if n <= 0:
+        return
+    t0 = time.perf_counter()
+    data = make_retrieval_data(n_items=n, captions_per_item=1, dim=512, n_query_bank=n_bank, n_gallery_bank=10,
+                               n_val_items=10, noise=1.3, seed=0)  # fmt: skip
+    queries, truth = data.queries[:2000], data.query_item[:2000]
+    corr = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
+    del data.queries
+    print(
+        f"\n(f) synthetic gallery {n:,} x 512, bank {n_bank:,}, NNN k=16 (data + exact fit {time.perf_counter() - t0:.0f}s); 2,000 test queries"
+    )
+    flat = hubless.Index(corr, "Flat")
+    exact_ids = flat.search(queries, 10)[1]
+    r1_exact = 100.0 * float(np.mean(exact_ids[:, 0] == truth))
+    rows = []
+    for factory in (default_ivf(n), "HNSW32"):
+        t0 = time.perf_counter()
+        index = tune_index(corr, data.query_bank, target_recall=0.95, factories=[factory], keep_banks=False)
+        t = index.config.tuning
+        ids = index.search(queries, 10)[1]
+        ratios = []
+        for _ in range(args.repeats):
+            t_exact = median_time(lambda: flat.search(queries, 10), 1)
+            t_ann = median_time(lambda index=index: index.search(queries, 10), 1)
+            ratios.append(t_exact / t_ann)
+        r1 = 100.0 * float(np.mean(ids[:, 0] == truth))
+        knob = f"{t['param']}={t['value']}"
+        rows += [
+            (f"(f) {factory} {knob} (tuned 0.95 on the bank in {time.perf_counter() - t0:.0f}s): recall@10 bank / test", f"{t['recall']:.3f} / {recall_at(ids, exact_ids):.3f}", ">= 0.95"),
+            (f"(f) {factory} {knob}: exact corrected time / corrected ANN time (median of {args.repeats})", f"{statistics.median(ratios):.1f}x (runs {', '.join(f'{r:.1f}' for r in ratios)})", ">= 20x"),
+            (f"(f) {factory} {knob}: R@1 exact -> ANN", f"{r1_exact:.2f} -> {r1:.2f} ({r1 - r1_exact:+.2f})", "|delta| <= 0.1"),
+        ]  # fmt: skip
+        del index
+    print_table(rows, full_size=n >= 1_000_000, size="gallery 1M x 512")
+    print(f"(faiss {faiss.__version__})")
 
 
 def default_ivf(n: int) -> str:
