@@ -29,7 +29,9 @@ The floors of issue 31 (corrected ANN as accurate as plain ANN) run on their own
     HNSW tuned to recall@10 0.95 on the bank (hubless.index.tuner, one factory each), over
     2,000 test queries: exact corrected search time / corrected ANN search time (batch,
     median of per-repeat ratios, the two interleaved; floor >= 20x), R@1 vs exact (floor
-    |delta| <= 0.1 point) and recall@10 on the test queries (floor >= 0.95).
+    |delta| <= 0.1 point) and recall@10 on the test queries (floor >= 0.95);
+(g) ``--hnsw-diagnosis N``: why HNSW misses the target on the synthetic set: plain vs corrected
+    HNSW32 recall at the same ef_search, and the raw rank of the exact corrected top 10.
 """
 
 from __future__ import annotations
@@ -68,7 +70,11 @@ def main() -> None:
     parser.add_argument("--floor-n", type=int, default=1_000_000, help="(f): synthetic gallery size (0: skip (f)).")
     parser.add_argument("--floor-bank", type=int, default=20_000, help="(f): query-bank size.")
     parser.add_argument("--skip-coco", action="store_true", help="(f) only.")
+    parser.add_argument("--hnsw-diagnosis", type=int, default=0, help="(g) only, on a synthetic gallery of this size.")
     args = parser.parse_args()
+    if args.hnsw_diagnosis:
+        hnsw_diagnosis(args.hnsw_diagnosis, args.floor_bank)
+        return
     if args.floors:
         floors(args)
         return
@@ -241,6 +247,42 @@ def floors(args) -> None:
         del index
     print_table(rows, full_size=n >= 1_000_000, size="gallery 1M x 512")
     print(f"(faiss {faiss.__version__})")
+
+
+def hnsw_diagnosis(n: int, n_bank: int) -> None:
+    """(g) Why HNSW misses a recall target on the synthetic set: plain HNSW32 against the exact
+    plain top 10 and corrected HNSW32 against the exact corrected top 10, at the same ef_search,
+    and how deep in the raw ranking the corrected top 10 sits."""
+    data = make_retrieval_data(n_items=n, captions_per_item=1, dim=512, n_query_bank=n_bank, n_gallery_bank=10,
+                               n_val_items=10, noise=1.3, seed=0)  # fmt: skip
+    queries = data.queries[:1000]
+    corr = hubless.NNN(k=16).fit(data.gallery, data.query_bank)
+    plain = hubless.Baseline().fit(data.gallery)
+    rows = []
+    exact_c, exact_p = corr.search(queries, 10)[1], plain.search(queries, 10)[1]
+    raw_rank = np.argsort(np.argsort(-(queries @ corr.gallery_.T), axis=1), axis=1)
+    depth = np.take_along_axis(raw_rank, exact_c, axis=1)
+    rows.append(
+        (
+            "(g) raw rank of the exact corrected top 10: median / 90th pct / 99th pct",
+            f"{np.median(depth):.0f} / {np.percentile(depth, 90):.0f} / {np.percentile(depth, 99):.0f}",
+            "",
+        )
+    )
+    for name, fitted, exact in (("plain", plain, exact_p), ("corrected", corr, exact_c)):
+        index = hubless.Index(fitted, "HNSW32")
+        curve = [f"{recall_at(index.search(queries, 10, ef_search=ef)[1], exact):.3f}" for ef in (64, 256, 1024, 4096)]
+        rows.append((f"(g) HNSW32 {name}: recall@10 at ef_search 64 / 256 / 1024 / 4096", " / ".join(curve), ""))
+    ivf = hubless.Index(corr, default_ivf(n))
+    rows.append(
+        (
+            f"(g) {default_ivf(n)} corrected: recall@10 at nprobe 16 / 64",
+            " / ".join(f"{recall_at(ivf.search(queries, 10, nprobe=p)[1], exact_c):.3f}" for p in (16, 64)),
+            "",
+        )
+    )
+    print(f"(g) synthetic {n:,} x 512, bank {n_bank:,}, NNN k=16, 1,000 test queries")
+    print_table(rows, full_size=True, size="")
 
 
 def default_ivf(n: int) -> str:
