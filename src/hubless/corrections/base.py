@@ -33,6 +33,8 @@ from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_sta
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
 
+#: class -> its constructor's parameter names (:meth:`Correction.param_names`)
+_PARAM_NAMES: dict[type, tuple[str, ...]] = {}
 _C = TypeVar("_C", bound="Correction")
 
 __all__ = ["Correction", "AdditiveCorrection", "QuerySide", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
@@ -82,9 +84,14 @@ class Correction:
     # ------------------------------------------------------------------ parameters
     @classmethod
     def param_names(cls) -> list[str]:
-        """Constructor parameters, in signature order."""
-        sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p != "self"]
+        """Constructor parameters, in signature order (read once per class: ``inspect.signature``
+        cost more than the rest of a live index's 1-row write's bookkeeping, and ``set_params``
+        asks on every call)."""
+        names = _PARAM_NAMES.get(cls)
+        if names is None:
+            sig = inspect.signature(cls.__init__)
+            names = _PARAM_NAMES[cls] = tuple(p for p in sig.parameters if p != "self")
+        return list(names)
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """Constructor parameters and their values (scikit-learn's estimator API; ``deep`` is

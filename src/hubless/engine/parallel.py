@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from hubless._validation import check_positive_int
 from hubless.errors import InvalidInput
@@ -59,6 +61,24 @@ def num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_controller: tuple[int, ThreadpoolController] | None = None
+_controller_lock = threading.Lock()
+
+
+def _one_blas_thread():
+    """``threadpool_limits(limits=1, user_api="blas")`` without its scan of the loaded libraries
+    on every call (a few ms: ``dl_iterate_phdr`` over every shared object, which a 1-row write
+    would pay on each product): the scan is kept and done again only when modules were imported
+    since (a BLAS is loaded by importing an extension module)."""
+    global _controller
+    modules = len(sys.modules)
+    with _controller_lock:
+        if _controller is None or _controller[0] != modules:
+            _controller = (modules, ThreadpoolController())
+        controller = _controller[1]
+    return controller.limit(limits=1, user_api="blas")
+
+
 def run_blocks(
     work: Callable[[int, int], None],
     bounds: Sequence[tuple[int, int]],
@@ -72,21 +92,23 @@ def run_blocks(
 
     ``work`` must only write to its own rows of shared outputs. Exceptions in a worker stop the
     remaining blocks and are re-raised here. The bar counts items (``stop - start``) and appears
-    only after a second, so short runs stay quiet. ``single_threaded_blas``: BLAS stays at one
-    thread even when the blocks run one after another (so a block's result never depends on
-    how many there are).
+    only after a second, so short runs stay quiet; a single block gets none unless
+    ``progress=True``. ``single_threaded_blas``: BLAS stays at one thread even when the blocks
+    run one after another (so a block's result never depends on how many there are).
     """
     total = bounds[-1][1] - bounds[0][0] if bounds else 0
-    bar = progress_bar(None, progress, total=total, desc=desc, unit=unit, unit_scale=True)
+    # one block has nothing to show before it is done: no bar unless asked for (a bar costs ms)
+    show = progress if len(bounds) > 1 or progress else False
+    bar = progress_bar(None, show, total=total, desc=desc, unit=unit, unit_scale=True)
     threads = min(num_threads(), len(bounds))
     try:
         if threads <= 1:
-            with threadpool_limits(limits=1, user_api="blas") if single_threaded_blas else contextlib.nullcontext():
+            with _one_blas_thread() if single_threaded_blas else contextlib.nullcontext():
                 for start, stop in bounds:
                     work(start, stop)
                     bar.update(stop - start)
             return
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        with _one_blas_thread(), ThreadPoolExecutor(threads) as pool:
             futures = {pool.submit(work, start, stop): stop - start for start, stop in bounds}
             try:
                 for future in as_completed(futures):

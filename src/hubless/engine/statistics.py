@@ -218,22 +218,31 @@ def compute_statistics(
     request: StatisticsRequest,
     *,
     progress: bool | None = None,
+    bank_means: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> BankStatistics:
     """Compute the statistics in ``request`` by streaming similarity blocks (bounded memory).
 
     Inputs must be validated float32 arrays of one dimension (the corrections' ``fit`` does
     this; :meth:`hubless.Correction.fit` and :func:`hubless.fit_many` are the validating entry points).
+    ``bank_means``: the banks' means (query bank, gallery bank) when they are known already
+    (new gallery items against stored banks): then the banks are only read by the similarity
+    pass the request needs, not averaged again (an O(bank) step a 1-row write would pay).
     """
     n_gallery = gallery.shape[0]
     if query_bank is None:
         query_bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
+    if bank_means is None:
+        query_mean = _mean(query_bank) if len(query_bank) else np.zeros(gallery.shape[1])
+        gallery_bank_mean = None if gallery_bank is None else _mean(gallery_bank)
+    else:
+        query_mean, gallery_bank_mean = bank_means
     stats = BankStatistics(
         n_gallery=n_gallery,
         n_query_bank=query_bank.shape[0],
         n_gallery_bank=None if gallery_bank is None else gallery_bank.shape[0],
-        query_bank_mean=_mean(query_bank) if len(query_bank) else np.zeros(gallery.shape[1]),
+        query_bank_mean=query_mean,
         gallery_mean=_mean(gallery),
-        gallery_bank_mean=None if gallery_bank is None else _mean(gallery_bank),
+        gallery_bank_mean=gallery_bank_mean,
     )
     by_query_bank = row_statistics(
         gallery,

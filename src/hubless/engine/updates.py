@@ -91,7 +91,8 @@ def add_gallery_items(
     """Statistics of ``gallery + items`` from those of ``gallery`` and the same banks: the new
     items' own statistics (n_new x n_bank) merged in with :func:`merge_gallery_parts`."""
     request = stats.request
-    part = compute_statistics(items, query_bank, gallery_bank, request, progress=progress)
+    means = (stats.query_bank_mean, stats.gallery_bank_mean)  # the banks are the stored ones
+    part = compute_statistics(items, query_bank, gallery_bank, request, progress=progress, bank_means=means)
     part = replace(  # the banks are the same: their sizes and means are the stored ones
         part,
         n_query_bank=stats.n_query_bank,

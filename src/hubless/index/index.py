@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import threading
 import time
@@ -792,17 +793,18 @@ class Index:
         else:
             assert manifest is not None and old is not None and self._base is not None  # same_base
             snap, base_entry, base = new, manifest["base"], self._base
-            changed = new.n_rows != old.n_rows or not np.array_equal(new.alive[: old.n_rows], old.alive) or _lists_changed(old, new)
+            changed = new.n_rows != old.n_rows or new.killed_since(old).size > 0 or _lists_changed(old, new)
             segments = list(manifest["segments"])
             if changed and len(segments) + 1 > MAX_SEGMENTS:
-                segments = [store.write_delta(path, base, new, version)]
+                segments = [store.write_delta(path, base, new, version, sync=False)]
             elif changed:
-                segments.append(store.write_delta(path, old, new, version))
+                segments.append(store.write_delta(path, old, new, version, sync=False))
             elif new.config.to_dict() == IndexConfig.from_dict(manifest["config"]).to_dict() and new.next_id == manifest["next_id"]:
                 self._snap = new
                 return  # nothing to write
         body = store.manifest_for(snap, version, base_entry, segments)
-        store.commit(path, body, keep=store.names_in(manifest))
+        written = [path / segments[-1]["name"]] if segments and segments[-1]["name"] == f"s{version:06d}.seg" else []
+        store.commit(path, body, keep=store.names_in(manifest), unsynced=written)  # the segment fsynced with CURRENT
         self._snap = snap
         self._bind(path, store.Loaded(snap, body, store.pointer_stamp(path)), base)
 
@@ -928,12 +930,13 @@ def _lists_changed(old: Snapshot, new: Snapshot) -> bool:
     return False
 
 
+_VERSIONED = re.compile(r"[bs](\d{6})(?:\.seg)?")
+
+
 def _next_number(path: Path, manifest: dict | None) -> int:
     """The next version number: above the current one and every base or segment on disk (a
     leftover of an interrupted write is never reused)."""
-    import re
-
-    numbers = [int(m.group(1)) for p in path.iterdir() if (m := re.fullmatch(r"[bs](\d{6})(?:\.seg)?", p.name))]
+    numbers = [int(m.group(1)) for name in os.listdir(path) if (m := _VERSIONED.fullmatch(name))]
     return max([0 if manifest is None else manifest["version"], *numbers]) + 1
 
 

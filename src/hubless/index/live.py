@@ -109,6 +109,11 @@ class Snapshot:
     metadata: Metadata | None
     faiss: Any = None  # over the base rows, ids = their rows (None: exact search, the Flat factory)
     faiss_dim: int = 0  # its (padded) dimension; the rest of its layout is in ``config``
+    #: ``alive``'s buffer when ``alive`` is its first ``n_rows`` (an add appends to it in
+    #: O(batch)); None after a load or a removal (a removal copies ``alive``: the older
+    #: snapshots keep theirs)
+    alive_buf: Growable | None = field(default=None, compare=False, repr=False)
+    n_dead_rows: int = 0  # rows of ``alive`` that are False (kept, so a write never counts them)
     extra: dict = field(default_factory=dict, compare=False)  # caches of this snapshot (filters)
 
     # ------------------------------------------------------------------ construction
@@ -136,6 +141,7 @@ class Snapshot:
         sets over these rows), a FAISS structure over them (None: exact search)."""
         n = gallery.shape[0]
         ids = np.asarray(ids, dtype=np.int64)
+        alive_buf = Growable(np.ones(n, dtype=bool))
         return cls(
             spec=spec,
             normalize=bool(normalize),
@@ -146,7 +152,8 @@ class Snapshot:
             n_rows=n,
             bias_buf=Growable(bias),
             ids_buf=Growable(ids),
-            alive=np.ones(n, dtype=bool),
+            alive=alive_buf.view(),
+            alive_buf=alive_buf,
             stats_base=dict(stats),
             stats_tail={},
             bank=replace(bank, n_gallery=n),
@@ -204,13 +211,13 @@ class Snapshot:
     def n_tail(self) -> int:
         return self.n_rows - self.n_base
 
-    @cached_property
+    @property
     def n_alive(self) -> int:
-        return int(np.count_nonzero(self.alive))
+        return self.n_rows - self.n_dead_rows
 
     @property
     def n_dead(self) -> int:
-        return self.n_rows - self.n_alive
+        return self.n_dead_rows
 
     @property
     def tail_rows(self) -> np.ndarray:
@@ -233,6 +240,18 @@ class Snapshot:
     @cached_property
     def live_ids(self) -> np.ndarray:
         return self.ids[self.live_rows]
+
+    def killed_since(self, old: Snapshot) -> np.ndarray:
+        """The rows of ``old`` (an earlier version of this index) that were live there and are
+        dead here. O(batch) after adds: when this ``alive`` extends ``old``'s in the same buffer
+        (rows below a buffer's length are never written again), none was removed and nothing is
+        compared; else the two are compared (O(n) bits: after a removal)."""
+        start = old.n_rows
+        if old.alive.size == 0 or (
+            self.alive.size >= start and self.alive.__array_interface__["data"][0] == old.alive.__array_interface__["data"][0]
+        ):
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(old.alive & ~self.alive[:start])
 
     def row_statistics(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(base part, tail part) of one per-row statistics array."""
@@ -298,7 +317,8 @@ class Snapshot:
         corr = self.serving
         corr.check_sizes(self.n_alive + n, self.bank.n_query_bank if corr.needs_query_bank else None, self.bank.n_gallery_bank)
         query_bank, gallery_bank = self._banks_for_update(required=True)
-        part = compute_statistics(rows, query_bank, gallery_bank, self.request, progress=progress)
+        means = (self.bank.query_bank_mean, self.bank.gallery_bank_mean)  # the banks did not change
+        part = compute_statistics(rows, query_bank, gallery_bank, self.request, progress=progress, bank_means=means)
         part = replace(
             part,
             n_query_bank=self.bank.n_query_bank,
@@ -331,6 +351,8 @@ class Snapshot:
             tail, _ = self.tail.extended(t0, rows)
         bias_buf, _ = self.bias_buf.extended(n0, bias)
         ids_buf, _ = self.ids_buf.extended(n0, ids)
+        alive_buf = self.alive_buf if self.alive_buf is not None else Growable(self.alive)  # a copy once after a removal
+        alive_buf, alive = alive_buf.extended(n0, np.ones(rows.shape[0], dtype=bool))
         stats_tail = {}
         for name in self.stats_base:
             buffer = self.stats_tail.get(name)
@@ -341,7 +363,8 @@ class Snapshot:
             n_rows=n0 + rows.shape[0],
             bias_buf=bias_buf,
             ids_buf=ids_buf,
-            alive=np.concatenate([self.alive, np.ones(rows.shape[0], dtype=bool)]),
+            alive=alive,
+            alive_buf=alive_buf,
             stats_tail=stats_tail,
             id_map=self.id_map.extended(n0, ids),
             next_id=max(self.next_id, int(ids.max(initial=-1)) + 1),
@@ -386,7 +409,10 @@ class Snapshot:
             scores[lost], lists[lost] = self._nearest(np.ascontiguousarray(bank_rows[lost]), lists.shape[1], alive, progress=progress)
             bank = replace(bank, **{f"{side}_activation": lists, f"{side}_activation_scores": scores})
         gone = self.gather(rows).sum(axis=0, dtype=np.float64)
-        return replace(self, alive=alive, bank=bank, gallery_sum=self.gallery_sum - gone, extra={})
+        return replace(
+            self, alive=alive, alive_buf=None, n_dead_rows=self.n_dead_rows + np.unique(rows).size, bank=bank, gallery_sum=self.gallery_sum - gone,
+            extra={},
+        )  # fmt: skip
 
     def upserted(self, rows: np.ndarray, ids, metadata=None, *, progress: bool | None = None) -> Snapshot:
         """Items ``ids`` set to ``rows`` (and ``metadata``): the present ones are removed, then
@@ -535,7 +561,15 @@ class Snapshot:
             raise Corrupt(f"{part['name']} removes rows that are not live rows of the index")
         alive = self.alive.copy()
         alive[dead] = False
-        return replace(self, alive=alive, gallery_sum=self.gallery_sum - self.gather(dead).sum(axis=0, dtype=np.float64), extra={})
+        gone = self.gather(dead).sum(axis=0, dtype=np.float64)
+        return replace(
+            self,
+            alive=alive,
+            alive_buf=None,
+            n_dead_rows=self.n_dead_rows + np.unique(dead).size,
+            gallery_sum=self.gallery_sum - gone,
+            extra={},
+        )
 
     # ------------------------------------------------------------------ search primitives
     def allowed(self, where) -> np.ndarray | None:

@@ -84,7 +84,8 @@ def write_segment(
         ids = check_ids(ids, n)
     if statistics is None:
         query_bank, gallery_bank = snap._banks_for_update(required=True)
-        statistics = compute_statistics(rows, query_bank, gallery_bank, snap.request, progress=progress)
+        means = (snap.bank.query_bank_mean, snap.bank.gallery_bank_mean)
+        statistics = compute_statistics(rows, query_bank, gallery_bank, snap.request, progress=progress, bank_means=means)
     if statistics.n_gallery != n or statistics.missing(snap.request):
         raise InvalidInput(f"statistics must describe the {n} rows with {', '.join(row_statistics_names(snap.request)) or 'nothing'}")
     if (statistics.n_query_bank, statistics.n_gallery_bank) != (snap.bank.n_query_bank, snap.bank.n_gallery_bank):

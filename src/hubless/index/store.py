@@ -21,8 +21,9 @@ Layout (format version 5)::
                          statistics and metadata (Arrow IPC), the rows it removed, and the
                          activation lists it changed
 
-A write appends one segment file and replaces ``CURRENT`` (write, fsync, rename, fsync the
-directory): the file it adds is the only one written, no existing file is changed, and a crash
+A write appends one segment file and replaces ``CURRENT`` (both written, then fsynced together,
+then the rename, then the directory fsynced): the file it adds is the only one written, no
+existing file is changed, and a crash
 or ``kill -9`` at any moment leaves ``CURRENT`` naming a complete version. Loading reads the
 base and replays the segments in order (:meth:`hubless.index.live.Snapshot.replayed`).
 Compaction (:func:`write_base`) writes the live items as a new base; what no version in use
@@ -47,7 +48,10 @@ import json
 import os
 import re
 import shutil
+import tempfile
+import threading
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,7 +59,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from hubless._io import atomic_open, file_sha256, umask_mode
+from hubless._io import file_sha256, umask_mode
 from hubless.corrections import make_additive, make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
@@ -139,6 +143,29 @@ def _write_file(file: Path, write) -> dict:
     return {"sha256": sink.sha.hexdigest(), "bytes": sink.size}
 
 
+def _fsync_together(fds: Sequence[int]) -> None:
+    """fsync every file of ``fds`` at the same time (the first here, the others on threads): a
+    journaling file system (ext4, xfs) commits them in one transaction, so a write waits for
+    about one device flush instead of one per file (measured on ext4 here: two files in 1.5 ms
+    together, 3.7 ms one after the other)."""
+    errors: list[BaseException] = []
+
+    def sync(fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sync, args=(fd,), daemon=True) for fd in fds[1:]]
+    for thread in threads:
+        thread.start()
+    sync(fds[0])
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -218,7 +245,7 @@ def segment_arrays(old: Snapshot, new: Snapshot) -> dict[str, np.ndarray]:
     }
     for name in new.stats_base:
         out[f"stat.{name}"] = new.row_statistics(name)[1][old.n_tail :]
-    dead = np.flatnonzero(old.alive & ~new.alive[:start])
+    dead = new.killed_since(old)
     out["dead"] = np.concatenate([dead, start + np.flatnonzero(~new.alive[start:])]).astype(np.int64)
     for side in SIDES:
         lists = getattr(new.bank, f"{side}_activation")
@@ -237,21 +264,24 @@ def segment_arrays(old: Snapshot, new: Snapshot) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_segment_file(file: Path, arrays: dict[str, Any]) -> dict:
+def _write_segment_file(file: Path, arrays: dict[str, Any], *, sync: bool = True) -> dict:
+    """Write one segment file; ``sync=False`` leaves its fsync to :func:`commit` (``unsynced``)."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     raw = buffer.getvalue()
     with open(file, "wb") as fh:
         fh.write(raw)
         fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            os.fsync(fh.fileno())
     return {"name": file.name, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
 
 
-def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int) -> dict:
-    """Write what ``new`` changed since ``old`` as the segment ``s{version}.seg``; its entry."""
+def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int, *, sync: bool = True) -> dict:
+    """Write what ``new`` changed since ``old`` as the segment ``s{version}.seg``; its entry.
+    ``sync=False``: not fsynced yet; pass the file to :func:`commit`'s ``unsynced``."""
     arrays = segment_arrays(old, new)
-    entry = _write_segment_file(path / f"s{version:06d}.seg", arrays)
+    entry = _write_segment_file(path / f"s{version:06d}.seg", arrays, sync=sync)
     return {**entry, "rows": int(arrays["rows"].shape[0])}
 
 
@@ -273,14 +303,30 @@ def manifest_for(snap: Snapshot, version: int, base: dict, segments: list[dict])
     }
 
 
-def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozenset()) -> None:
-    """Make ``manifest`` the current version: ``CURRENT`` replaced atomically (written,
-    fsynced, renamed, the directory fsynced). Then remove what neither it nor ``keep`` (the
-    names the previous version used) names."""
+def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozenset(), *, unsynced: Sequence[Path] = ()) -> None:
+    """Make ``manifest`` the current version: ``CURRENT`` replaced atomically (written to a
+    temporary file, fsynced, renamed, the directory fsynced). ``unsynced``: files of this
+    version written without their fsync (a write's segment), fsynced together with the new
+    ``CURRENT`` before the rename (:func:`_fsync_together`). Then remove what neither it nor
+    ``keep`` (the names the previous version used) names."""
     text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
     header = {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}
-    with atomic_open(path / POINTER, "wb") as fh:
-        fh.write(json.dumps(header).encode() + b"\n" + text + b"\n")
+    fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", suffix=".tmp", dir=path)
+    others: list[int] = []
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(json.dumps(header).encode() + b"\n" + text + b"\n")
+            fh.flush()
+            others = [os.open(file, os.O_RDONLY) for file in unsynced]
+            _fsync_together([fh.fileno(), *others])
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, path / POINTER)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        for other in others:
+            os.close(other)
     _fsync_dir(path)
     _clean(path, keep | names_in(manifest))
 
@@ -295,8 +341,7 @@ def names_in(manifest: dict | None) -> set[str]:
 def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:
     """Remove what earlier writes left and no kept version names: bases, segments, leftovers
     of interrupted writes, a converted legacy index's files. Nothing else is touched."""
-    for entry in path.iterdir():
-        name = entry.name
+    for name in os.listdir(path):  # names only: a Path per entry cost more than the rest of a small write
         stale = (
             ((_BASE_NAME.fullmatch(name) or _SEGMENT_NAME.fullmatch(name)) and name not in keep)
             or name.startswith(".tmp-")
@@ -305,6 +350,7 @@ def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:
             or name in _LEGACY_FILES
         )
         if stale:
+            entry = path / name
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -491,15 +537,37 @@ class _Part:
         return raw
 
     def array(self, *, mmap: bool) -> np.ndarray:
-        """A .npy part: memory-mapped (size checked) or read and verified."""
+        """A .npy part: memory-mapped (size checked) or read and verified (a read-only view
+        of the bytes read: no second copy of a gallery)."""
         with self.parsing():
             if mmap:
                 self.check_size()
                 return np.load(self.file, mmap_mode="r", allow_pickle=False)
-            return np.load(io.BytesIO(self.read_bytes()), allow_pickle=False)
+            return _npy_view(self.read_bytes())
 
     def parsing(self):
         return _parsing(self.root, self.label)
+
+
+def _npy_view(raw: bytes) -> np.ndarray:
+    """The array a .npy file's bytes hold, as a read-only view of ``raw`` (``np.load`` of a
+    BytesIO copies the data in chunks: a second gallery in memory and a third of a plain load's
+    time); object arrays are refused as ``np.load(allow_pickle=False)`` refuses them."""
+    fh = io.BytesIO(raw)
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:  # a version np.save does not write for these arrays: numpy's own reader
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    if dtype.hasobject:
+        return np.load(io.BytesIO(raw), allow_pickle=False)  # raises: no pickles
+    count = int(np.prod(shape, dtype=np.int64))
+    if len(raw) - fh.tell() < count * dtype.itemsize:
+        raise ValueError("the array's data is shorter than its header says")
+    array = np.frombuffer(raw, dtype=dtype, count=count, offset=fh.tell())
+    return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
 
 
 class _parsing:
