@@ -3,7 +3,8 @@
 Each item is a record (id = the item id as text) with the embedding [r, bias(r)] in an HNSW
 index with the ``ip`` space (distance 1 - q.r, turned back into q.r; never cosine) and its
 metadata (a list of text is kept as JSON text, since Chroma refuses empty lists; None is left
-out and read back as None). Chroma keeps one embedding per record, so the plain r lives in a
+out and read back as None; floats are also kept as exact text, since Chroma reads some back an
+ulp or two off). Chroma keeps one embedding per record, so the plain r lives in a
 second collection (searched by ``corrected=False``). Chroma has no aliases: the live physical
 collections are named in ``path/.hubless/<collection>.json`` (with the hubless info), replaced
 atomically by an export once its collections are complete, so readers see the old or the new
@@ -31,6 +32,10 @@ from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
 
 _CLIENTS: dict[str, Any] = {}
+#: (location, collection) -> the stamp of the pointer file this process last wrote or read.
+_SEEN: dict[tuple[str, str], str] = {}
+#: The metadata key holding a record's floats as exact JSON text (see :func:`_chroma_meta`).
+EXACT_FLOATS = "__hubless_floats"
 
 
 def _chromadb():
@@ -74,6 +79,30 @@ class ChromaStore(VectorStore):
     def writer_lock(self):
         return directory_lock(self.location, self.table)
 
+    def _write_pointer(self, state: dict) -> None:
+        """Replace the pointer file (atomically), with a new stamp this process knows it wrote."""
+        from hubless._io import write_json
+
+        stamp = uuid.uuid4().hex
+        _SEEN[(str(Path(self.location).absolute()), self.table)] = stamp
+        write_json(self.pointer, {**state, "stamp": stamp})
+
+    def _fresh(self, state: dict) -> dict:
+        """``state`` (just read from the pointer file), after making sure this process's Chroma
+        client does not serve a collection another process changed since this one last looked:
+        Chroma's embedded client keeps each collection's index in memory and never sees another
+        process's writes (a sync from another process went unseen, measured with chromadb 1.5),
+        so a pointer stamp this process did not write or read restarts its Chroma clients."""
+        key = (str(Path(self.location).absolute()), self.table)
+        seen, stamp = _SEEN.get(key), state.get("stamp")
+        if seen is not None and seen != stamp:
+            from chromadb.api.client import SharedSystemClient
+
+            _CLIENTS.clear()
+            SharedSystemClient.clear_system_cache()  # every embedded Chroma of this process reads its files again
+        _SEEN[key] = stamp
+        return state
+
     def _state(self) -> dict | None:
         try:
             return json.loads(self.pointer.read_text())
@@ -100,7 +129,6 @@ class ChromaStore(VectorStore):
         return max(int(info.get("n_items", 1)), 16)
 
     def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
-        from hubless._io import write_json
 
         client = self.client
         stem = f"hubless_{self.table}_{uuid.uuid4().hex[:12]}"
@@ -119,7 +147,7 @@ class ChromaStore(VectorStore):
                 meta = _chroma_meta(part.metadata, info["metadata_columns"])
                 vec.add(ids=ids, embeddings=part.augmented, metadatas=meta)
                 plain.add(ids=ids, embeddings=part.plain)
-            write_json(self.pointer, {"vector": vec.name, "plain": plain.name, "info": info})  # the switch
+            self._write_pointer({"vector": vec.name, "plain": plain.name, "info": info})  # the switch
         except BaseException:
             for col in made:
                 try:
@@ -151,15 +179,14 @@ class ChromaStore(VectorStore):
             raise NotFound(f"no collection {self.table!r} in Chroma store {self.location}")
         if "info" not in state:
             raise InvalidInput(f"collection {self.table!r} in {self.location} was not written by hubless export")
-        return state
+        return self._fresh(state)
 
     def read_info(self) -> dict:
         return self._current()["info"]
 
     def write_info(self, info: dict) -> None:
-        from hubless._io import write_json
 
-        write_json(self.pointer, {**self._current(), "info": info})
+        self._write_pointer({**self._current(), "info": info})
 
     def native_knobs(self, knob: str, value: int, k: int, options: dict) -> dict:
         return {"depth": max(value, k)}
@@ -236,12 +263,17 @@ class ChromaStore(VectorStore):
 
 
 def _chroma_meta(records, columns: dict) -> list | None:
-    """Chroma metadata: None left out, lists of text as JSON text; an empty record is None."""
+    """Chroma metadata: None left out, lists of text as JSON text, and the floats also as exact
+    text under ``__hubless_floats`` (Chroma reads 0.10000000000000005 back as
+    0.10000000000000003: measured with chromadb 1.5); an empty record is None."""
     if records is None:
         return None
     out = []
     for r in records:
         m = {k: (json.dumps(v) if columns.get(k) == "list<string>" else v) for k, v in (r or {}).items() if v is not None}
+        floats = {k: repr(v) for k, v in m.items() if type(v) is float}
+        if floats:
+            m[EXACT_FLOATS] = json.dumps(floats)
         out.append(m or None)
     return out
 
@@ -249,4 +281,8 @@ def _chroma_meta(records, columns: dict) -> list | None:
 def _from_chroma(record, columns: dict | None) -> dict:
     if not record:
         return {}
-    return {k: (json.loads(v) if (columns or {}).get(k) == "list<string>" and isinstance(v, str) else v) for k, v in record.items()}
+    record = dict(record)
+    floats = json.loads(record.pop(EXACT_FLOATS, None) or "{}")
+    out = {k: (json.loads(v) if (columns or {}).get(k) == "list<string>" and isinstance(v, str) else v) for k, v in record.items()}
+    out.update({k: float(v) for k, v in floats.items() if k in out})
+    return out

@@ -6,8 +6,11 @@ list of ``str``. A key holding ints and floats is a float column (as pyarrow inf
 ``1`` comes back as ``1.0``. Nested values (dicts, lists of numbers), bytes, NaN/inf, text with
 a NUL or a lone surrogate, and keys that are not plain names are refused, naming the key and
 the first item, before anything is written; the same rules hold for every store, so a value
-reads back identically whichever store holds it. ``id`` is reserved (search rows carry the
-item id under it).
+reads back identically whichever store holds it. Reserved keys: ``id`` (search rows carry the
+item id under it), the stores' vector columns, Chroma's ``chroma:document`` and anything
+starting with ``__hubless`` (hubless's own payload keys). Keys hold no ``.`` (a path in
+LanceDB and Qdrant), no backtick (LanceDB cannot address such a column), no control
+character and no leading ``$`` or ``#`` (Chroma's operators).
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ import numpy as np
 
 from hubless.errors import InvalidInput
 
-__all__ = ["COLUMN_TYPES", "RESERVED", "normalize_metadata", "restore_value"]
+__all__ = ["COLUMN_TYPES", "RESERVED", "RESERVED_PREFIX", "normalize_metadata", "restore_value"]
 
 #: Column types a store records for its metadata keys.
 COLUMN_TYPES = ("int", "float", "bool", "string", "list<string>", "null")
 #: Keys no metadata may use: the item id in search rows, and the stores' own columns.
-RESERVED = frozenset({"id", "vector", "plain", "corrected"})
-KEY_RULE = re.compile(r"[^\x00-\x1f.$][^\x00-\x1f.]{0,254}")
+RESERVED = frozenset({"id", "vector", "plain", "corrected", "chroma:document"})
+#: Keys starting with this are hubless's own (e.g. the exact floats of a Qdrant payload).
+RESERVED_PREFIX = "__hubless"
+KEY_RULE = re.compile(r"[^\x00-\x1f.$#`][^\x00-\x1f.`]{0,254}")
 INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -81,10 +86,15 @@ def _check_text(text: str, key: str, item: int) -> None:
 def _check_key(key, item: int) -> None:
     if not isinstance(key, str):
         raise InvalidInput(f"metadata key {key!r} of item {item} is a {type(key).__name__}: keys must be text")
-    if key in RESERVED:
-        raise InvalidInput(f"metadata key {key!r} (item {item}) is reserved by the stores ({', '.join(sorted(RESERVED))}): rename it")
+    if key in RESERVED or key.startswith(RESERVED_PREFIX):
+        raise InvalidInput(
+            f"metadata key {key!r} (item {item}) is reserved by the stores ({', '.join(sorted(RESERVED))}, {RESERVED_PREFIX}...): "
+            "rename it"
+        )
     if not KEY_RULE.fullmatch(key):
-        raise InvalidInput(f"metadata key {key!r} (item {item}): use 1-255 characters without '.', control characters or a leading '$'")
+        raise InvalidInput(
+            f"metadata key {key!r} (item {item}): use 1-255 characters without '.', '`', control characters or a leading '$' or '#'"
+        )
 
 
 def normalize_metadata(records, n: int) -> tuple[list[dict] | None, dict[str, str]]:

@@ -14,6 +14,11 @@ opening the same version is refused with :class:`~hubless.export.base.StoreUnava
 Qdrant server, ``qdrant+http://``, to search from several processes). A sync from another
 process while one holds the store open copies the version, changes the copy and switches to it;
 the holder moves to the new version at its next search.
+
+Float metadata: the engine does not parse payload floats exactly (0.10000000000000005 is
+stored as 0.10000000000000003, measured with qdrant-edge-py 0.9), so each point's payload also
+keeps its floats as text under ``__hubless_floats`` (a reserved key), which a search or a sync
+reads back: the payload's own float (what Qdrant filters on) may be one or two ulps off.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, 
 _NEVER_INDEX_KB = 2**40
 
 _OPEN: dict[str, Any] = {}  # shard path -> the loaded shard, kept for searches
+#: The payload key holding a point's float metadata as exact text (see the module docstring).
+EXACT_FLOATS = "__hubless_floats"
 
 
 @atexit.register
@@ -72,8 +79,26 @@ def collect_hits(results, k: int):
         hits = sorted(hits, key=lambda h: (-h.score, h.id))[:k]
         for j, hit in enumerate(hits):
             ids[i, j], scores[i, j] = hit.id, hit.score
-        rows.append([{"id": int(h.id), **(h.payload or {})} for h in hits])
+        rows.append([{"id": int(h.id), **_metadata(h.payload)} for h in hits])
     return scores, ids, rows
+
+
+def _payload(record: dict | None) -> dict | None:
+    """A point's payload: the metadata, and its floats as exact text under EXACT_FLOATS."""
+    if record is None:
+        return None
+    floats = {k: repr(v) for k, v in record.items() if type(v) is float}
+    return {**record, EXACT_FLOATS: floats} if floats else record
+
+
+def _metadata(payload: dict | None) -> dict:
+    """The metadata of a payload written by :func:`_payload` (its floats exact)."""
+    if not payload or EXACT_FLOATS not in payload:
+        return payload or {}
+    record = dict(payload)
+    floats = record.pop(EXACT_FLOATS)
+    record.update({k: float(v) for k, v in (floats or {}).items() if k in record})
+    return record
 
 
 def collect_rows(scroll) -> tuple[np.ndarray, np.ndarray, list]:
@@ -83,7 +108,7 @@ def collect_rows(scroll) -> tuple[np.ndarray, np.ndarray, list]:
         records, offset = scroll(offset)
         ids += [r.id for r in records]
         rows += [r.vector["corrected"] for r in records]
-        meta += [r.payload or {} for r in records]
+        meta += [_metadata(r.payload) for r in records]
         if offset is None:
             break
     order = np.argsort(ids, kind="stable")
@@ -311,4 +336,4 @@ def _points(qd, rows: Rows) -> list:
     aug, pl = rows.augmented.tolist(), rows.plain.tolist()
     meta = rows.metadata
     ids = rows.ids.tolist()
-    return [qd.Point(ids[i], {"corrected": aug[i], "plain": pl[i]}, None if meta is None else meta[i]) for i in range(len(ids))]
+    return [qd.Point(ids[i], {"corrected": aug[i], "plain": pl[i]}, None if meta is None else _payload(meta[i])) for i in range(len(ids))]
