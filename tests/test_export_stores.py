@@ -210,6 +210,9 @@ def test_an_unreachable_qdrant_server_is_a_clean_hubless_error(small_data):
         export(index, "qdrant+http://127.0.0.1:1/gallery")
     with pytest.raises(Busy, match="cannot reach the Qdrant server"):
         search("qdrant+http://127.0.0.1:1/gallery", small_data["queries"], 3)
+    for address in (":6333", "host:abc", "host:99999"):  # refused as a URI, before any connection
+        with pytest.raises(ValueError, match="not a server address"):
+            export(index, f"qdrant+http://{address}/gallery")
 
 
 def test_cli_search_passes_the_weight_by_its_name_and_the_knob_of_the_store(tmp_path, small_data):

@@ -93,9 +93,19 @@ class QdrantServerStore(VectorStore):
 
     @classmethod
     def parse(cls, uri: str) -> StoreURI:
+        from urllib.parse import urlsplit
+
         scheme = uri.partition("://")[0]
         location, table = split_location(uri, scheme, cls.uri_form(scheme))
-        return StoreURI(scheme, f"{scheme[len('qdrant+') :]}://{location}", table)
+        url = f"{scheme[len('qdrant+') :]}://{location}"
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # ValueError when it is not a number in 0-65535
+        except ValueError:
+            parts, port = None, -1
+        if parts is None or not parts.hostname or port == -1 or parts.query or parts.fragment:
+            raise InvalidInput(f"store URI {uri!r}: {location!r} is not a server address (host or host:port): {cls.uri_form(scheme)}")
+        return StoreURI(scheme, url, table)
 
     def writer_lock(self):
         """No lock across clients: each export writes a physical collection of its own name and
