@@ -272,6 +272,11 @@ def test_store_options_apply_or_are_refused(kind, new_uri, small_data):
         got = search(uri, small_data["queries"], 10, **{knob: 10_000})[1]  # the widest search: the exact top 10
         np.testing.assert_array_equal(got, index.search(small_data["queries"], 10)[1])
         np.testing.assert_array_equal(search(uri, small_data["queries"], 10, exact=True)[1], index.search(small_data["queries"], 10)[1])
+    for f in dataclasses.fields(cls.Options):  # an option of an index this export does not build is refused, not ignored
+        for ann in [None, *cls.ann_types]:
+            if f.metadata.get("ann") is not None and ann not in f.metadata["ann"]:
+                with pytest.raises(ValueError, match=f"option {f.name} applies to ann="):
+                    export(index, new_uri(), ann=ann, **{f.name: 8})
 
 
 def test_an_interrupted_export_keeps_the_previous_table_and_the_next_one_cleans_up(kind, new_uri, small_data, monkeypatch):

@@ -212,11 +212,20 @@ def check_options(cls_name: str, given: dict, allowed: dict[str, str], what: str
         raise InvalidType(f"unknown {what} option(s) {', '.join(unknown)} for {cls_name}; valid: {valid}")
 
 
-def make_options(cls: type, given: dict, store: str):
+def make_options(cls: type, given: dict, store: str, ann: str | None = None):
     """A typed options dataclass from keyword arguments: unknown names are an error naming the
-    valid ones; values are checked by the dataclass's ``__post_init__``."""
+    valid ones; values are checked by the dataclass's ``__post_init__``. A field whose metadata
+    names the ANN types it applies to (``"ann": ("HNSW",)``) is refused for any other export
+    (an exact one included), rather than ignored."""
     fields = {f.name: (f.metadata.get("help") or str(f.type)) for f in dataclasses.fields(cls)}
     check_options(store, given, fields, "export")
+    for f in dataclasses.fields(cls):
+        applies = f.metadata.get("ann")
+        if f.name in given and applies is not None and ann not in applies:
+            raise InvalidInput(
+                f"{store} option {f.name} applies to ann={' or '.join(applies)} only; this export is "
+                f"{'ann=' + ann if ann else 'exact (no ann)'}"
+            )
     return cls(**given)
 
 
@@ -370,7 +379,7 @@ class VectorStore(abc.ABC):
             raise InvalidInput("target_recall needs an ANN index (ann=...): an exact store always has recall 1")
         if ann is not None and getattr(index, "query_bank", None) is None and target is not None:
             raise InvalidInput("target_recall is measured on the index's query bank, which this index does not keep (keep_banks=False)")
-        opts = make_options(self.Options, options, self.label)
+        opts = make_options(self.Options, options, self.label, ann)
         meta, columns = normalize_metadata(index.metadata, index.ntotal)
         rows = _index_rows(index, meta)
         info = self._info(index, columns, ann, opts)

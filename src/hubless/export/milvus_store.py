@@ -66,8 +66,8 @@ def _pymilvus():
 class MilvusOptions:
     """Milvus export options (ANN only)."""
 
-    m: int | None = field(default=None, metadata={"help": "HNSW links per node (default 16)"})
-    ef_construction: int | None = field(default=None, metadata={"help": "HNSW build beam (default 200)"})
+    m: int | None = field(default=None, metadata={"help": "HNSW links per node (default 16)", "ann": ("HNSW",)})
+    ef_construction: int | None = field(default=None, metadata={"help": "HNSW build beam (default 200)", "ann": ("HNSW",)})
 
     def __post_init__(self):
         for name in ("m", "ef_construction"):

@@ -109,8 +109,8 @@ def _literal(conn, text: str) -> str:
 class PgvectorOptions:
     """pgvector export options (HNSW only)."""
 
-    m: int | None = field(default=None, metadata={"help": "HNSW links per node (pgvector's default 16)"})
-    ef_construction: int | None = field(default=None, metadata={"help": "HNSW build beam (pgvector's default 64)"})
+    m: int | None = field(default=None, metadata={"help": "HNSW links per node (pgvector's default 16)", "ann": ("HNSW",)})
+    ef_construction: int | None = field(default=None, metadata={"help": "HNSW build beam (pgvector's default 64)", "ann": ("HNSW",)})
 
     def __post_init__(self):
         positive_int_or_none(self.m, "m")

@@ -124,8 +124,8 @@ def check_point_ids(ids: np.ndarray, label: str) -> None:
 class QdrantOptions:
     """Qdrant export options (HNSW only)."""
 
-    m: int | None = field(default=None, metadata={"help": "HNSW links per node (Qdrant's default 16)"})
-    ef_construct: int | None = field(default=None, metadata={"help": "HNSW build beam (Qdrant's default 100)"})
+    m: int | None = field(default=None, metadata={"help": "HNSW links per node (Qdrant's default 16)", "ann": ("HNSW",)})
+    ef_construct: int | None = field(default=None, metadata={"help": "HNSW build beam (Qdrant's default 100)", "ann": ("HNSW",)})
 
     def __post_init__(self):
         positive_int_or_none(self.m, "m")
