@@ -49,7 +49,9 @@ class LanceDBOptions:
     """LanceDB export options (ANN only)."""
 
     partitions: int | None = field(default=None, metadata={"help": "IVF partitions (default sqrt(n)/2)", "ann": ("IVF_FLAT", "IVF_PQ")})
-    sub_vectors: int | None = field(default=None, metadata={"help": "IVF_PQ sub-vectors (default: 4 dims each, the bias alone)", "ann": ("IVF_PQ",)})
+    sub_vectors: int | None = field(
+        default=None, metadata={"help": "IVF_PQ sub-vectors (default: 4 dims each, the bias alone)", "ann": ("IVF_PQ",)}
+    )
 
     def __post_init__(self):
         positive_int_or_none(self.partitions, "partitions")

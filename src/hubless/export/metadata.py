@@ -88,8 +88,7 @@ def _check_key(key, item: int) -> None:
         raise InvalidInput(f"metadata key {key!r} of item {item} is a {type(key).__name__}: keys must be text")
     if key in RESERVED or key.startswith(RESERVED_PREFIX):
         raise InvalidInput(
-            f"metadata key {key!r} (item {item}) is reserved by the stores ({', '.join(sorted(RESERVED))}, {RESERVED_PREFIX}...): "
-            "rename it"
+            f"metadata key {key!r} (item {item}) is reserved by the stores ({', '.join(sorted(RESERVED))}, {RESERVED_PREFIX}...): rename it"
         )
     if not KEY_RULE.fullmatch(key):
         raise InvalidInput(
