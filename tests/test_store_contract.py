@@ -238,8 +238,9 @@ def test_bad_input_is_refused_before_any_write(kind, new_uri, store_roots, small
     assert _leftovers(kind, good) == loc_before, "a refused export wrote something"
     assert not open_store(good).exists()
     export(index, good)
-    for top_k in (0, -1, "3"):
+    for top_k in (0, -1, "3", 10**12):  # 10**12: no 10**12 missing slots allocated
         refused(lambda top_k=top_k: search(good, small_data["queries"], top_k), "top_k")
+    refused(lambda: search(good, small_data["queries"], 5, exact="yes"), "exact must be True or False")
     refused(lambda: search(good, small_data["queries"], 5, nprobes=3), "nprobes.*valid")
     refused(lambda: search(good, small_data["queries"], 5, ef_search=30), "ef_search")  # an exact store has no knob
     refused(lambda: search(good, small_data["queries"], 5, beta=3.0), "beta")  # not NNN's weight
@@ -385,8 +386,8 @@ def test_readers_see_the_old_or_the_new_table_during_re_exports(kind, new_uri, s
     assert seen and set(seen) <= answers
 
 
-def test_drop_removes_the_table(new_uri, small_data):
-    uri = new_uri()
+def test_drop_removes_the_table(kind, store_roots, small_data):
+    uri = store_roots(kind)(("d" + uuid.uuid4().hex).ljust(63, "x"))  # the longest name (temp / versioned names derive from it)
     export(_index(small_data), uri)
     assert drop(uri) is True
     assert not open_store(uri).exists()

@@ -72,6 +72,8 @@ class StaleRead(Exception):
     """The table a search pinned was replaced and removed by exports meanwhile (retried)."""
 
 
+#: A top_k above a store's item count is answered with missing slots (id -1) up to this many.
+MAX_PADDED_TOP_K = 16384
 #: Extra rows asked of a store beyond top_k, so that items tied with the k-th (duplicate
 #: embeddings) are all seen and the lower ids win, as in hubless.
 TIE_MARGIN = 8
@@ -443,6 +445,9 @@ class VectorStore(abc.ABC):
         the valid ones. ``target_recall`` picks the knob from the curve measured at export.
         ``exact`` scans every row instead of using the ANN index.
         """
+        for name, flag in (("corrected", corrected), ("exact", exact)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise InvalidType(f"{name} must be True or False; got {flag!r}")
         for attempt in range(3):
             try:
                 with self.reading():
@@ -465,6 +470,11 @@ class VectorStore(abc.ABC):
         corr = make_additive(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
         check_servable(corr)
         n_items = int(info.get("n_items", 0))
+        if top_k > max(n_items, MAX_PADDED_TOP_K):
+            raise InvalidInput(
+                f"top_k={top_k} exceeds the {n_items} items of store {self.uri}; choose top_k <= {max(n_items, MAX_PADDED_TOP_K)} "
+                "(slots beyond the items are filled with id -1)"
+            )
         q = np.asarray(queries) if not isinstance(queries, np.ndarray) else queries
         if q.ndim == 2 and q.shape[1] != int(info["dim"]):
             raise InvalidInput(f"queries have dimension {q.shape[1]} but store {self.uri} holds {info['dim']}-d items")
