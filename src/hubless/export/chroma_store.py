@@ -33,7 +33,7 @@ from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, po
 
 _CLIENTS: dict[str, Any] = {}
 #: (location, collection) -> the stamp of the pointer file this process last wrote or read.
-_SEEN: dict[tuple[str, str], str] = {}
+_SEEN: dict[tuple[str, str], str | None] = {}
 #: The metadata key holding a record's floats as exact JSON text (see :func:`_chroma_meta`).
 EXACT_FLOATS = "__hubless_floats"
 
