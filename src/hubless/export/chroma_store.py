@@ -33,7 +33,11 @@ from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, po
 
 _CLIENTS: dict[str, Any] = {}
 #: (location, collection) -> the stamp of the pointer file this process last wrote or read.
-_SEEN: dict[tuple[str, str], str | None] = {}
+#: (location, collection) -> the pointer stamps this process wrote or has read since its
+#: Chroma clients last (re)started.
+_KNOWN: dict[tuple[str, str], set] = {}
+#: How many times this process restarted its Chroma clients (a search that saw it retries).
+_RESTARTS = [0]
 #: The metadata key holding a record's floats as exact JSON text (see :func:`_chroma_meta`).
 EXACT_FLOATS = "__hubless_floats"
 
@@ -84,7 +88,7 @@ class ChromaStore(VectorStore):
         from hubless._io import write_json
 
         stamp = uuid.uuid4().hex
-        _SEEN[(str(Path(self.location).absolute()), self.table)] = stamp
+        _KNOWN.setdefault((str(Path(self.location).absolute()), self.table), set()).add(stamp)
         write_json(self.pointer, {**state, "stamp": stamp})
 
     def _fresh(self, state: dict) -> dict:
@@ -92,22 +96,27 @@ class ChromaStore(VectorStore):
         client does not serve a collection another process changed since this one last looked:
         Chroma's embedded client keeps each collection's index in memory and never sees another
         process's writes (a sync from another process went unseen, measured with chromadb 1.5),
-        so a pointer stamp this process did not write or read restarts its Chroma clients."""
+        so a pointer stamp this process neither wrote nor read, of a store it has read before,
+        restarts its Chroma clients (a search running meanwhile in another thread is retried)."""
         key = (str(Path(self.location).absolute()), self.table)
-        seen, stamp = _SEEN.get(key), state.get("stamp")
-        if seen is not None and seen != stamp:
+        stamp = state.get("stamp")
+        known = _KNOWN.get(key)
+        if known is not None and stamp not in known:
             from chromadb.api.client import SharedSystemClient
 
             _CLIENTS.clear()
             SharedSystemClient.clear_system_cache()  # every embedded Chroma of this process reads its files again
-        _SEEN[key] = stamp
+            _RESTARTS[0] += 1
+            known.clear()
+        _KNOWN.setdefault(key, set()).add(stamp)
         return state
 
     def _state(self) -> dict | None:
         try:
-            return json.loads(self.pointer.read_text())
+            state = json.loads(self.pointer.read_text())
         except (OSError, ValueError):
             return None
+        return self._fresh(state) if isinstance(state, dict) else None
 
     def exists(self) -> bool:
         return self._state() is not None
@@ -160,11 +169,14 @@ class ChromaStore(VectorStore):
     def reading(self):
         """One pair of collections (and their info) for a search."""
         self._pinned: Any = self._current()
+        restarts = _RESTARTS[0]
         try:
             yield
         except Exception as exc:
             text = str(exc).lower()
             if "does not exist" in text or "not found" in text or "missing metadata segment" in text:  # dropped by the exports after next
+                raise StaleRead(str(exc)) from None
+            if _RESTARTS[0] != restarts:  # the clients restarted under this search (another process wrote)
                 raise StaleRead(str(exc)) from None
             raise
         finally:
@@ -179,7 +191,7 @@ class ChromaStore(VectorStore):
             raise NotFound(f"no collection {self.table!r} in Chroma store {self.location}")
         if "info" not in state:
             raise InvalidInput(f"collection {self.table!r} in {self.location} was not written by hubless export")
-        return self._fresh(state)
+        return state
 
     def read_info(self) -> dict:
         return self._current()["info"]
