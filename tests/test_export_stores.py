@@ -31,8 +31,8 @@ def postgres(tmp_path_factory):
 
 def _store_uri(kind: str, tmp_path, postgres_uri: str | None, name: str | None = None) -> str:
     name = name or f"g_{uuid.uuid4().hex[:8]}"
-    if kind == "qdrant":
-        return f"qdrant://{tmp_path}/qd/{name}"
+    if kind in ("qdrant", "chroma"):
+        return f"{kind}://{tmp_path}/{kind}/{name}"
     base, _, query = postgres_uri.partition("?")
     return f"{base}/{name}?{query}"
 
@@ -117,7 +117,7 @@ def test_a_qdrant_collection_with_another_metric_is_refused(tmp_path, index, sma
         search(uri, small_data["queries"], top_k=3)
 
 
-@pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant"])
+@pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant", "chroma"])  # Milvus Lite: one process at a time
 def test_concurrent_exports_and_syncs_of_one_store_all_land_whole(kind, tmp_path, request, small_data):
     """Two processes export (overwrite) and sync the same table at once, several times: the
     store's writer lock serialises them, none fails, and the store ends equal to the index."""
