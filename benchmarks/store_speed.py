@@ -12,7 +12,8 @@ floor (issue 32): every ANN store reaches recall@10 >= 0.95 with target_recall=0
 ``--data synthetic``: hubless's hub-prone synthetic CLIP-like embeddings (topics, popular items,
 a modality gap). ``--data coco``: MiniLM embeddings of the COCO Karpathy captions from
 ``../shared/data`` (gallery = caption 0 of each test image, bank = dev captions, queries =
-test captions 1-4; needs the models extra; cached in .cache/coco_text by benchmarks/coco_text.py).
+test captions 1-4: only the captions used are embedded; needs the models extra; cached in
+.cache/coco_text by benchmarks/coco_text.py's embed).
 """
 
 from __future__ import annotations
