@@ -336,8 +336,10 @@ class VectorStore(abc.ABC):
         return contextlib.nullcontext()
 
     def changing(self):
-        """A context manager around a sync's reads and changes (under the writer lock); a store
-        whose engine another process may hold open changes a copy here and switches to it."""
+        """A context manager around a sync's reads and changes (under the writer lock): a store
+        pins its current table here (so the info, the rows read and the changes are one table's
+        even if another writer switches tables meanwhile), and a store whose engine another
+        process may hold open changes a copy here and switches to it."""
         return contextlib.nullcontext()
 
     def release(self) -> None:
@@ -408,7 +410,7 @@ class VectorStore(abc.ABC):
         corr = index.correction
         check_servable(corr)
         meta, columns = normalize_metadata(index.metadata, index.ntotal)
-        with self.writer_lock():
+        with self.writer_lock(), self.changing():  # the info, the rows read and the changes: one table
             info = self.read_info()
             new_info = self._info(index, columns, (info.get("ann") or {}).get("type"), None)
             if (info.get("spec"), info.get("dim"), info.get("bias_columns")) != (corr.spec, new_info["dim"], new_info["bias_columns"]):
@@ -418,10 +420,9 @@ class VectorStore(abc.ABC):
                 )
             new_info["ann"], new_info["layout"] = info.get("ann"), info.get("layout", {})
             rows = _index_rows(index, meta)
-            with self.changing():
-                stored_ids, stored, stored_meta = self.read_rows()
-                changed, removed = _diff(rows, stored_ids, stored, stored_meta, info.get("metadata_columns"), columns)
-                self.apply_changes(rows.slice(0, 0) if not changed.size else _take(rows, changed), removed, new_info)
+            stored_ids, stored, stored_meta = self.read_rows()
+            changed, removed = _diff(rows, stored_ids, stored, stored_meta, info.get("metadata_columns"), columns)
+            self.apply_changes(rows.slice(0, 0) if not changed.size else _take(rows, changed), removed, new_info)
         return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(len(rows) - changed.size)}
 
     def describe(self) -> dict:

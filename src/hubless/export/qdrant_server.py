@@ -188,6 +188,18 @@ class QdrantServerStore(VectorStore):
         finally:
             self._pinned = None
 
+    @contextlib.contextmanager
+    def changing(self):
+        """One physical collection for a sync: writers on other clients are not locked out (the
+        server has no lock hubless can hold), so an export switching the alias meanwhile must
+        not receive a diff computed against the collection it replaced; the sync then changes
+        the replaced collection, and the export wins whole."""
+        self._pinned = self._physical()
+        try:
+            yield
+        finally:
+            self._pinned = None
+
     def _physical(self) -> str:
         pinned = getattr(self, "_pinned", None)
         if pinned is not None:
