@@ -148,3 +148,27 @@ def test_an_export_failing_on_bad_metadata_midway_keeps_the_previous_collection(
         assert len([p for p in (tmp_path / "edge" / "gal").iterdir() if p.is_dir()]) == 1
     else:
         assert len(server.get_collections().collections) == 1
+
+
+def test_an_export_switching_the_alias_during_a_sync_wins_whole(server, index, small_data, monkeypatch):
+    """A server has no lock hubless can hold across clients: an export (another client) that
+    switches the alias between a sync's read and its writes must not receive the sync's diff."""
+    from hubless.export.qdrant_server import QdrantServerStore
+
+    uri = _uri()
+    export(index, uri)
+    other = Index.build(small_data["gallery_bank"][:60], small_data["query_bank"], "nnn:alpha=0.75,k=8", factory="Flat")
+    read_rows = QdrantServerStore.read_rows
+
+    def read_then_export(self):
+        got = read_rows(self)
+        export(other, uri, overwrite=True)  # lands between the sync's read and its writes
+        return got
+
+    monkeypatch.setattr(QdrantServerStore, "read_rows", read_then_export)
+    index.add(small_data["gallery_bank"][60:65], metadata=[{"caption": f"new {i}"} for i in range(5)])
+    assert sync(index, uri)["written"] == 5
+    monkeypatch.undo()
+    q = small_data["queries"]
+    np.testing.assert_array_equal(search(uri, q, 10, exact=True)[1], other.search(q, 10)[1])
+    assert search(uri, q, 70, exact=True)[1].max() < 60  # none of the sync's rows in the export's collection
