@@ -204,8 +204,10 @@ class QdrantEdgeStore(VectorStore):
         self._pinned: Any = self._version()
         try:
             yield
-        except (OSError, NotFound) as exc:
-            if not self._pinned.is_dir():  # removed by the exports after next
+        except (OSError, NotFound, InvalidInput) as exc:
+            # removed (or being removed: its hubless.json may go before the directory) by the
+            # exports after next: no longer the current version, so the search is run again
+            if not self._pinned.is_dir() or _current(self.folder) != self._pinned:
                 raise StaleRead(str(exc)) from None
             raise
         finally:
