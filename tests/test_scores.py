@@ -195,7 +195,9 @@ def test_score_path_equals_the_embedding_path_when_scores_are_dot_products():
     for spec in METHODS:
         on_embeddings = hubless.make_correction(spec).fit(gallery, bank, gbank)
         on_scores = hubless.make_correction(spec).fit_scores(bank @ gallery.T, gbank @ gallery.T)
-        np.testing.assert_allclose(on_scores.correct(queries @ gallery.T), on_embeddings.score(queries), rtol=1e-6, atol=1e-6)
+        # the two paths form s in differently blocked float32 products (1 ulp apart, ~6e-8), and
+        # exp(beta s) with beta = 20 magnifies that to ~1e-6 relative (measured 3.6e-6 at most)
+        np.testing.assert_allclose(on_scores.correct(queries @ gallery.T), on_embeddings.score(queries), rtol=1e-5, atol=1e-6)
 
 
 def test_score_statistics_do_not_depend_on_threads(video_data, monkeypatch):

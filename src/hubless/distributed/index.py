@@ -425,9 +425,7 @@ def build_index(
     if out is not None:
         return Index.load(path, mmap=True) if load else path
     try:
-        index = Index.load(path)  # read whole: the directory goes
-        index._setup(index._snap)  # detached: an in-memory index, as Index.build gives
-        return index
+        return Index.load(path).detach()  # read whole, then in memory (as Index.build gives): the directory goes
     finally:
         shutil.rmtree(path, ignore_errors=True)
         lock_path(path).unlink(missing_ok=True)

@@ -193,6 +193,15 @@ class Index:
         #: Seconds a write waits for the index's file lock (None: HUBLESS_LOCK_TIMEOUT or 60).
         self.lock_timeout: float | None = None
 
+    def detach(self) -> Index:
+        """Forget the directory this index was loaded from: it becomes an in-memory index, as
+        :meth:`build` gives (written only by :meth:`save`). Returns the index itself. Only for an
+        index read whole (not with ``mmap=True``: its arrays would still be the directory's files)."""
+        if self._mmap:
+            raise InvalidInput("an index loaded with mmap=True maps its directory's files: load it without mmap to detach it")
+        self._setup(self._snap)
+        return self
+
     @classmethod
     def from_faiss(cls, correction: AdditiveCorrection, faiss_index, factory: str, *, spill: float = 0.0, **options) -> Index:
         """An index over a FAISS index built elsewhere (by :func:`hubless.distributed.build_index`,
