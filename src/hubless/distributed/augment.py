@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,27 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shar
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     return write_record(path, key)
+
+
+def _fit_to_row_files(request, source, qb, gb, folder: Path, job: str, **fit_options) -> tuple[BankStatistics, Callable[[int, int], list]]:
+    """The distributed fit (:func:`hubless.distributed.fit._fit_statistics`, ``fit_options`` go
+    to it) with each gallery shard's per-item statistics written to a checksummed file in
+    ``folder`` as the shard completes, so the driver keeps none. Returns the statistics (their
+    global values only) and ``files_for(a, b)``: the files of the shards overlapping rows ``[a, b)``, as
+    :func:`_rows_statistics` reads them."""
+    shards: list[tuple[str, dict, int, int]] = []
+
+    def keep(side: str, g0: int, g1: int, arrays: dict) -> None:
+        path, key = folder / f"{side}-g{g0}-{g1}.npz", {"rows": [g0, g1], "side": side, "job": job}
+        save_arrays(path, arrays, key)
+        shards.append((str(path), key, g0, g1))
+
+    stats = _fit_statistics(request, source, qb, gb, sink=keep, **fit_options)
+
+    def files_for(a: int, b: int) -> list:
+        return [f for f in shards if f[2] < b and f[3] > a]
+
+    return stats, files_for
 
 
 def _rows_statistics(shared: dict, rows_files: list, start: int, stop: int) -> BankStatistics:
@@ -151,22 +172,11 @@ def write_augmented(
     rows_dir = folder / ROWS
     shutil.rmtree(rows_dir, ignore_errors=True)
     rows_dir.mkdir()
-    shards: list[tuple[str, dict, int, int]] = []
-
-    def keep(side: str, g0: int, g1: int, arrays: dict) -> None:
-        path, key = rows_dir / f"{side}-g{g0}-{g1}.npz", {"rows": [g0, g1], "side": side, "job": job}
-        save_arrays(path, arrays, key)
-        shards.append((str(path), key, g0, g1))
-
-    stats = _fit_statistics(
-        corr.statistics_request(), source, qb, gb, normalize=corr.normalize, address=address, progress=progress, sink=keep,
+    stats, files_for = _fit_to_row_files(
+        corr.statistics_request(), source, qb, gb, rows_dir, job, normalize=corr.normalize, address=address, progress=progress,
         **fit_options,
     )  # fmt: skip
     shared = stats.to_arrays()
-
-    def files_for(a: int, b: int) -> list:
-        return [f for f in shards if f[2] < b and f[3] > a]
-
     todo = [(i, p) for i, p in enumerate(info["parts"]) if p["file"] not in digests]
     if todo:
         ray = connect(address)

@@ -260,8 +260,8 @@ def build_index(
     ``CURRENT``). ``shard_rows``: rows per task. ``fit_options`` go to
     :func:`hubless.distributed.fit_statistics` (``work_dir``, ``workers``, tile sizes). The
     index keeps no banks (it was fitted from tiles): grow a bank with a new distributed fit."""
-    from hubless.distributed.fit import _banks_for, _fit_statistics, open_sources
-    from hubless.distributed.workfiles import job_id, save_arrays
+    from hubless.distributed.fit import _banks_for, open_sources
+    from hubless.distributed.workfiles import job_id
     from hubless.index import Index, store
     from hubless.index.config import IndexConfig
     from hubless.index.factory import check_factory
@@ -311,23 +311,13 @@ def build_index(
             folder.mkdir()
             work.mkdir()
             job = job_id({"spec": corr.spec, "gallery": source.fingerprint(), "build": work.name})
-            shards: list[tuple[str, dict, int, int]] = []
+            from hubless.distributed.augment import _fit_to_row_files, _rows_statistics
 
-            def keep(side: str, g0: int, g1: int, arrays: dict) -> None:
-                file, key = work / f"{side}-g{g0}-{g1}.npz", {"rows": [g0, g1], "side": side, "job": job}
-                save_arrays(file, arrays, key)
-                shards.append((str(file), key, g0, g1))
-
-            stats = _fit_statistics(
-                request, source, qb, gb, normalize=corr.normalize, address=address, progress=progress, sink=keep, **fit_options
+            stats, files_for = _fit_to_row_files(
+                request, source, qb, gb, work, job, normalize=corr.normalize, address=address, progress=progress, **fit_options
             )
             shared = stats.to_arrays()
-
-            def files_for(a: int, b: int) -> list:
-                return [f for f in shards if f[2] < b and f[3] > a]
-
             # the base's row files at full size, from what one row's statistics and bias look like
-            from hubless.distributed.augment import _rows_statistics
 
             first = _rows_statistics(shared, files_for(0, 1), 0, 1)
             first_rows = source.read(0, 1, normalize=corr.normalize)
