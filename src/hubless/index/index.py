@@ -795,6 +795,7 @@ class Index:
         version = _next_number(path, manifest)
         grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base
         same_base = manifest is not None and old is not None and new.base_rows is old.base_rows and new.faiss is old.faiss
+        unsynced: list[Path] = []  # the segment written here: fsynced together with CURRENT
         if full or grown or not same_base:
             snap = new.compacted() if new.n_tail or new.n_dead else new
             base_entry = store.write_base(path, snap, version)
@@ -808,12 +809,13 @@ class Index:
                 segments = [store.write_delta(path, base, new, version, sync=False)]
             elif changed:
                 segments.append(store.write_delta(path, old, new, version, sync=False))
+            if changed:
+                unsynced = [path / segments[-1]["name"]]
             elif new.config.to_dict() == IndexConfig.from_dict(manifest["config"]).to_dict() and new.next_id == manifest["next_id"]:
                 self._snap = new
                 return  # nothing to write
         body = store.manifest_for(snap, version, base_entry, segments)
-        written = [path / segments[-1]["name"]] if segments and segments[-1]["name"] == f"s{version:06d}.seg" else []
-        store.commit(path, body, keep=store.names_in(manifest), unsynced=written)  # the segment fsynced with CURRENT
+        store.commit(path, body, keep=store.names_in(manifest), unsynced=unsynced)
         self._snap = snap
         self._bind(path, store.Loaded(snap, body, store.pointer_stamp(path)), base)
 
