@@ -115,9 +115,15 @@ def run_tasks(ray, submit, items, on_done, *, window: int, bar=None, finish_runn
     and ``on_done(item, result)`` as each finishes, in any order. A result is dropped once
     handled and later tasks are submitted only as earlier ones finish, so neither the driver nor
     the object store holds more than ``window`` results (or task arguments) at a time. A task's
-    error stops the run and is raised as the task raised it; the tasks in flight are cancelled,
-    or, with ``finish_running`` (short tasks that keep their own output), left to finish first
-    (their errors ignored) so a rerun finds their work done."""
+    error stops the run and is raised as the task raised it. The tasks in flight (at most
+    ``window``) are not cancelled: with ``finish_running`` (short tasks that keep their own
+    output) they are waited for (their errors ignored) so a rerun finds their work done; without,
+    they are left to finish in the background, their results dropped.
+
+    Not cancelled because ``ray.cancel`` racing a task's completion aborts the whole driver
+    process in Ray 2.60 (``Check failed: ... Tried to complete task that was not pending``,
+    task_manager.cc), seen here when a failed part's siblings were cancelled: an error in one
+    task must never take the caller's process down with it."""
     queue = list(items)
     queue.reverse()
     running: dict = {}
@@ -134,8 +140,6 @@ def run_tasks(ray, submit, items, on_done, *, window: int, bar=None, finish_runn
     except BaseException:
         if finish_running and running:
             ray.wait(list(running), num_returns=len(running))
-        for ref in running:
-            ray.cancel(ref, force=False)
         raise
 
 
