@@ -32,6 +32,15 @@ The floors of issue 31 (corrected ANN as accurate as plain ANN) run on their own
     |delta| <= 0.1 point) and recall@10 on the test queries (floor >= 0.95);
 (g) ``--hnsw-diagnosis N``: why HNSW misses the target on the synthetic set: plain vs corrected
     HNSW32 recall at the same ef_search, and the raw rank of the exact corrected top 10.
+
+What one ``Index.search`` call costs on its own (no floor; a search must cost the work of the
+search, not a per-call overhead):
+
+    python benchmarks/index_speed.py --call-cost 20000 --call-dim 256
+
+(h) ``--call-cost N``: Flat, IVF (4 sqrt(N) lists, nprobe 16) and HNSW32 over N synthetic unit
+    vectors (``--call-dim``), NNN: wall and CPU time per call of 1 and 8 queries (medians of
+    ``--repeats`` x 5, interleaved) and per query of a 2,000-query batch.
 """
 
 from __future__ import annotations
@@ -71,7 +80,12 @@ def main() -> None:
     parser.add_argument("--floor-bank", type=int, default=20_000, help="(f): query-bank size.")
     parser.add_argument("--skip-coco", action="store_true", help="(f) only.")
     parser.add_argument("--hnsw-diagnosis", type=int, default=0, help="(g) only, on a synthetic gallery of this size.")
+    parser.add_argument("--call-cost", type=int, default=0, help="(h) only, on a synthetic gallery of this size.")
+    parser.add_argument("--call-dim", type=int, default=256, help="(h): dimension.")
     args = parser.parse_args()
+    if args.call_cost:
+        call_cost(args.call_cost, args.call_dim, args.repeats)
+        return
     if args.hnsw_diagnosis:
         hnsw_diagnosis(args.hnsw_diagnosis, args.floor_bank)
         return
@@ -282,6 +296,44 @@ def hnsw_diagnosis(n: int, n_bank: int) -> None:
         )
     )
     print(f"(g) synthetic {n:,} x 512, bank {n_bank:,}, NNN k=16, 1,000 test queries")
+    print_table(rows, full_size=True, size="")
+
+
+def call_cost(n: int, dim: int, repeats: int) -> None:
+    """(h) Wall and CPU time of one ``Index.search`` call of 1 and 8 queries, and per query of a
+    2,000-query batch, for Flat, IVF and HNSW32 over ``n`` synthetic unit vectors."""
+
+    def unit(rows: int, seed: int) -> np.ndarray:
+        x = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    gallery, bank, queries = unit(n, 0), unit(5_000, 1), unit(2_000, 2)
+    corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, bank)
+    print(f"(h) gallery {n:,} x d {dim}, bank 5,000, NNN k=16 alpha=0.75")
+    rows = []
+    for factory in ("Flat", default_ivf(n), "HNSW32"):
+        index = hubless.Index(corr, factory, nprobe=16, ef_search=64)
+        index.search(queries[:8], 10)
+        times: dict[int, list[tuple[float, float]]] = {1: [], 8: []}
+        for rep in range(5 * repeats):
+            for nq in (1, 8):
+                q = queries[(rep * 8) % 1_992 :][:nq]
+                c0, t0 = time.process_time(), time.perf_counter()
+                index.search(q, 10)
+                times[nq].append((time.perf_counter() - t0, time.process_time() - c0))
+        batch = []
+        for _ in range(max(1, repeats // 2)):
+            c0, t0 = time.process_time(), time.perf_counter()
+            index.search(queries, 10)
+            batch.append((time.perf_counter() - t0, time.process_time() - c0))
+        for label, values, per in (
+            ("1 query, per call", times[1], 1),
+            ("8 queries, per call", times[8], 1),
+            ("2,000 queries, per query", batch, 2_000),
+        ):
+            wall = statistics.median(v[0] for v in values) / per * 1e3
+            cpu = statistics.median(v[1] for v in values) / per * 1e3
+            rows.append((f"(h) {factory}: {label}: wall / CPU ms", f"{wall:.3f} / {cpu:.3f}", ""))
     print_table(rows, full_size=True, size="")
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "Layout",
     "add_rows",
     "refill_faiss",
+    "packed_bits",
     "with_selection",
     "append_rows",
     "build_faiss",
@@ -333,12 +334,16 @@ def replace_rows(index, unit: np.ndarray, augmented: np.ndarray, layout: Layout 
 def search_rows(index, q: np.ndarray, extra: np.ndarray, k: int, params, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
     """The FAISS top ``k`` of the queries [q, extra] (extra = -W(q), one column per bias column):
     ``(scores, ids)``, int64 ids, -1 in unfilled slots. An index with spilled items is searched
-    twice as deep and each item kept once (its first, best-scored copy)."""
+    twice as deep and each item kept once (its first, best-scored copy). A small batch is
+    searched on the calling thread alone (:func:`hubless.engine.parallel.small_batch_threads`)."""
+    from hubless.engine.parallel import small_batch_threads
+
     xq = query_rows(q, extra, layout)
-    if layout.spill_below is None:
-        scores, ids = index.search(xq, k, params=params)
-        return scores, ids.astype(np.int64)
-    scores, ids = index.search(xq, min(2 * k, index.ntotal), params=params)
+    with small_batch_threads(xq.shape[0]):
+        if layout.spill_below is None:
+            scores, ids = index.search(xq, k, params=params)
+            return scores, ids.astype(np.int64)
+        scores, ids = index.search(xq, min(2 * k, index.ntotal), params=params)
     return _first_copies(scores, ids.astype(np.int64), k)
 
 
@@ -435,16 +440,23 @@ def refill_faiss(index, factory: str, unit: np.ndarray, augmented: np.ndarray, l
     return fresh, replace_rows(fresh, unit, augmented, layout, same_items=same_items)
 
 
-def with_selection(index, params, allowed: np.ndarray):
+def with_selection(index, params, allowed: np.ndarray, *, bits: np.ndarray | None = None):
     """``params`` (from :func:`search_parameters`, or None) restricted to the stored rows where
     ``allowed`` (bool, one per row) is True, through a FAISS ``IDSelectorBitmap``: returns the
     parameters and the objects to keep alive during the search, or None when this index cannot
-    select (a plain PQ index: search those rows exactly instead)."""
+    select (a plain PQ index: search those rows exactly instead). ``bits``: ``allowed`` packed
+    already (:func:`packed_bits`), e.g. kept for a mask searched again."""
     if isinstance(faiss.downcast_index(index), faiss.IndexPQ):
         return None
-    bits = np.packbits(np.ascontiguousarray(allowed, dtype=bool), bitorder="little")
+    if bits is None:
+        bits = packed_bits(allowed)
     selector = faiss.IDSelectorBitmap(int(allowed.size), faiss.swig_ptr(bits))
     if params is None:
         params = faiss.SearchParameters()
     params.sel = selector
     return params, (bits, selector)
+
+
+def packed_bits(allowed: np.ndarray) -> np.ndarray:
+    """``allowed`` (bool) as the bitmap of a FAISS ``IDSelectorBitmap`` (bit i of byte i // 8)."""
+    return np.packbits(np.ascontiguousarray(allowed, dtype=bool), bitorder="little")

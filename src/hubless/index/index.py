@@ -51,6 +51,7 @@ from hubless.index.faiss_build import (
     Layout,
     build_faiss,
     default_factory,
+    packed_bits,
     plan_layout,
     search_knob,
     search_parameters,
@@ -489,13 +490,13 @@ class Index:
         ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
         batch = corr.queries(queries, **weight)
         allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else int(np.count_nonzero(allowed))
+        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
         top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
         params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
         self._raw_statistics(snap, batch, params)
         selection = None
         if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
-            selection = with_selection(snap.faiss, params, allowed[: snap.n_base])
+            selection = _selection(snap, params, allowed)
         if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
             ranking, rows = self._exact(snap, batch, top_k, allowed, n_allowed)
         else:
@@ -527,7 +528,7 @@ class Index:
         config = snap.config
         vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
         allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else int(np.count_nonzero(allowed))
+        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
         top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
         selection = None
         if snap.faiss is not None:
@@ -535,7 +536,7 @@ class Index:
             ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
             params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
             if allowed is not None:
-                selection = with_selection(snap.faiss, params, allowed[: snap.n_base])
+                selection = _selection(snap, params, allowed)
         if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
             scores, rows = snap.stream_topk(vectors, top_k, allowed)
         else:
@@ -549,7 +550,7 @@ class Index:
                 scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
             if do_rescore:
                 found = rows != MISSING
-                sims = np.einsum("qd,qkd->qk", vectors, snap.gather(np.where(found, rows, 0)))
+                sims = snap.candidate_sims(vectors, np.where(found, rows, 0))
                 scores, rows = _best(np.where(found, sims, -np.inf), rows, top_k)
             else:
                 scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
@@ -588,7 +589,7 @@ class Index:
         if allowed is None and snap.n_dead == 0:
             selection = None
         else:
-            selection = with_selection(snap.faiss, params, (snap.alive if allowed is None else allowed)[: snap.n_base])
+            selection = _selection(snap, params, snap.alive if allowed is None else allowed)
             if selection is None:  # this FAISS index cannot leave rows out: exact over the allowed rows
                 return self._exact(snap, batch, top_k, snap.alive if allowed is None else allowed, n_allowed)
             params = selection[0]
@@ -615,7 +616,7 @@ class Index:
         else:
             live_params = params
             if snap.n_dead:
-                selection = with_selection(snap.faiss, params, snap.alive[: snap.n_base])
+                selection = _selection(snap, params, snap.alive)
                 live_params = None if selection is None else selection[0]
             if snap.n_dead and live_params is None:
                 scores, rows = snap.stream_topk(batch.vectors, depth, snap.alive)
@@ -637,7 +638,7 @@ class Index:
         (ties to the lower row); missing candidates sort last."""
         found = rows != MISSING
         safe = np.where(found, rows, 0)
-        sims = np.einsum("qd,qkd->qk", batch.vectors, snap.gather(safe))
+        sims = snap.candidate_sims(batch.vectors, safe)
         ranking = snap.serving.rank(batch, sims, columns=safe, out=sims)
         return _best(np.where(found, ranking, -np.inf), np.where(found, rows, MISSING), top_k)
 
@@ -965,6 +966,30 @@ def _faiss_search(snap: Snapshot, q: np.ndarray, extra: np.ndarray, k: int, para
         return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), MISSING, np.int64)
     scores, rows = search_rows(snap.faiss, q, extra, k, params, snap.layout)
     return np.where(rows >= 0, scores, -np.inf).astype(np.float32), np.where(rows >= 0, rows, MISSING)
+
+
+def _kept(snap: Snapshot, mask: np.ndarray, name: str, make):
+    """``make(mask)``, kept in the snapshot's caches for this very mask (a filter's mask and the
+    alive mask are made once per version), so a search does not redo O(n) work per call."""
+    cache = snap.extra.setdefault(name, {})
+    hit = cache.get(id(mask))
+    if hit is None or hit[0] is not mask:
+        if len(cache) > 64:
+            cache.clear()
+        hit = cache[id(mask)] = (mask, make(mask))
+    return hit[1]
+
+
+def _count(snap: Snapshot, allowed: np.ndarray) -> int:
+    """How many rows ``allowed`` (a mask of the snapshot's rows) lets through."""
+    return _kept(snap, allowed, "counts", lambda mask: int(np.count_nonzero(mask)))
+
+
+def _selection(snap: Snapshot, params, allowed: np.ndarray):
+    """:func:`~hubless.index.faiss_build.with_selection` of the base rows ``allowed`` lets
+    through (a mask of every row), its bitmap packed once per mask and version."""
+    bits = _kept(snap, allowed, "bits", lambda mask: packed_bits(mask[: snap.n_base]))
+    return with_selection(snap.faiss, params, allowed[: snap.n_base], bits=bits)
 
 
 def _pad(ranking: np.ndarray, rows: np.ndarray, k: int):

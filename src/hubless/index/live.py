@@ -49,6 +49,8 @@ __all__ = ["MISSING", "Snapshot", "row_statistics_names", "split_statistics"]
 
 #: Row returned for a search slot that could not be filled.
 MISSING = -1
+#: Elements of candidate rows gathered at a time by :meth:`Snapshot.candidate_sims` (1 MB of float32).
+CANDIDATE_CHUNK = 1 << 18
 SIDES = ("query", "gallery")
 
 
@@ -286,6 +288,21 @@ class Snapshot:
             out[in_base] = self.base_rows[flat[in_base]]
             out[~in_base] = self.tail_rows[flat[~in_base] - self.n_base]
         return out.reshape(*rows.shape, self.dim)
+
+    def candidate_sims(self, vectors: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``sims[q, j] = vectors[q] . row(rows[q, j])`` (float32, (n_queries, k)) for physical
+        ``rows`` (every entry a valid row): the similarities of each query's candidates. The rows
+        are gathered for :data:`CANDIDATE_CHUNK` elements' worth of queries at a time, so they are
+        still in cache when multiplied (the same per-query products as one gather of every
+        candidate, which moves each row through memory twice: 2,000 x 40 candidates of 512
+        dimensions are a 164 MB temporary)."""
+        nq, k = rows.shape
+        out = np.empty((nq, k), dtype=np.float32)
+        step = max(1, CANDIDATE_CHUNK // max(1, k * self.dim))
+        for start in range(0, nq, step):
+            stop = min(nq, start + step)
+            np.einsum("qd,qkd->qk", vectors[start:stop], self.gather(rows[start:stop]), out=out[start:stop])
+        return out
 
     def rows_of(self, ids, *, name: str = "ids") -> np.ndarray:
         """Physical rows of the live items ``ids`` (int64 array); unknown or removed ids are a
