@@ -38,7 +38,11 @@ def test_chosen_index_reaches_the_target_on_unseen_queries(data, tuned):
     t = tuned.config.tuning
     assert t["reached"] and t["recall"] >= 0.9 and t["heldout_recall"] >= 0.9
     assert [c["factory"] for c in t["candidates"]] == [f for f, _ in candidate_factories(6000, 32, 1)]
-    assert t["factory"] == tuned.factory and t["factory"] != "Flat"  # some ANN index beats a 6,000-item scan
+    # the fastest candidate reaching the target, whichever it is: at 6,000 x 32 every
+    # candidate's single-query call takes 0.4-0.8 ms (measured: Flat 0.53, IVF64 0.79, HNSW32
+    # 0.70), so the winner is the machine's load's to decide. "Some ANN index beats the scan"
+    # held only while a single query's products waited for a BLAS thread team (issue 31)
+    assert t["factory"] == tuned.factory
     if t["param"] is not None:
         assert getattr(tuned.config, t["param"]) == t["value"]
     chosen = next(c for c in t["candidates"] if c["factory"] == t["factory"])
