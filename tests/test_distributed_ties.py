@@ -5,6 +5,11 @@ Why it could fail: a BLAS rounds a product differently in the last bit depending
 of the call (a one-row product takes another code path), so a duplicated row cut off on its own
 would no longer tie with its copy; and log-sum-exps folded in arrival order round differently
 per run. The tiles compute on the single pass's block grid and the merger folds in bank order.
+Log-sum-exps (IS, DIS, DualIS, DualDIS) need more: the BLAS also rounds identical rows at
+different row positions of one product differently (538 of 16,384 similarities of two copies in
+one 512 x 16,384 block), so copies' sums agree only where the pass sums the very same terms in
+the very same order. A tile sums whole column blocks around the pass's shift and hands back each
+block's sums, which the merger adds in bank order as the pass does: bitwise.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from hypothesis import strategies as st
 
 from hubless.corrections import make_correction
 from hubless.distributed.plan import TileMerger, compute_tile, compute_tile_streamed, plan_tiles, tile_span
+from hubless.engine.statistics import StatisticsRequest, compute_statistics
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from tests.conftest import unit_rows
-from tests.test_index import assert_same_ranking
 
-SPECS = ["nnn:k=5", "csls:k=4", "is:beta=20.0", "dis:k_activation=3", "dualis", "dualdis:k_activation=2"]
+SPECS = ["nnn:k=5", "csls:k=4", "is:beta=20.0", "is:beta=0.5", "dis:k_activation=3", "dualis", "dualdis:k_activation=2"]
 
 
 def _with_duplicates(rng, n: int, d: int, n_unique: int) -> np.ndarray:
@@ -45,21 +50,14 @@ def _tiled_fit(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols,
                                          request, len(gallery), len(bank), bank_read=bank_read)  # fmt: skip
         else:
             (g0, g1), (b0, b1) = tile_span(t, len(gallery), len(bank))  # what the task reads
-            part = compute_tile(t, gallery[g0:g1], bank[b0:b1], request, gallery_from=g0, bank_from=b0)
+            part = compute_tile(t, gallery[g0:g1], bank[b0:b1], request, gallery_from=g0, bank_from=b0, first_block=bank[:COL_BLOCK])
         merger.add(t, part)
     return corr.fit_from_statistics(gallery, merger.result())
 
 
-#: Corrections whose bias is a log-sum-exp over the bank. Their copies tie only to float rounding
-#: (measured 2026-11-26): the BLAS rounds identical gallery rows at different row positions of one
-#: product differently in the last bit (538 of 16,384 similarities of two copies in one 512 x
-#: 16,384 block), and a tile whose bank cut falls inside a column block sums a subset of those
-#: terms, so copies' log-sum-exps (and biases, by ~3e-8) can differ where the single pass's sums
-#: happen to agree, and their order may change. Top-k statistics select exact values and tie.
-LSE_CORRECTIONS = ("InvertedSoftmax", "DynamicInvertedSoftmax", "DualIS", "DualDIS")
-
-
 def _assert_identical_ranking(got, want, queries):
+    """Statistics bitwise, so the top 10 ids and scores are bitwise too (duplicated gallery rows
+    tie in both and go to the lower id)."""
     gs, ws = got.statistics_, want.statistics_
     if ws.query_topk is not None:
         np.testing.assert_array_equal(gs.query_topk, ws.query_topk)
@@ -68,14 +66,13 @@ def _assert_identical_ranking(got, want, queries):
             np.testing.assert_array_equal(getattr(gs, name), getattr(ws, name))
             np.testing.assert_array_equal(getattr(gs, f"{name}_scores"), getattr(ws, f"{name}_scores"))
     for name in ("query_lse", "gallery_lse"):
+        assert getattr(gs, name).keys() == getattr(ws, name).keys()
         for beta, values in getattr(ws, name).items():
-            np.testing.assert_allclose(getattr(gs, name)[beta], values, rtol=1e-6)
+            np.testing.assert_array_equal(getattr(gs, name)[beta], values, err_msg=f"{name} at beta={beta}")
     got_scores, got_ids = got.search(queries, 10)
     want_scores, want_ids = want.search(queries, 10)
-    if type(got).__name__ in LSE_CORRECTIONS:  # the same scores; ids may swap only within float-rounding ties
-        assert_same_ranking(got_ids, got_scores, want_ids, want_scores, rtol=1e-5)
-    else:
-        np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_scores, want_scores)
 
 
 # Two shapes, each past one column block on one side, so cuts fall inside the engine's row and
@@ -226,3 +223,43 @@ def test_a_merger_with_a_sink_keeps_no_per_item_numbers_and_hands_over_the_same_
         side = name.split("_")[0]
         rows = np.concatenate([handed[(side, g0, g1)][name] for g0, g1 in ((0, 70), (70, 200), (200, 300))])
         np.testing.assert_array_equal(rows, want[name])
+
+
+def _merged(request, gallery, bank, bank_cols, bank_read=None):
+    tiles = plan_tiles(request, len(gallery), len(bank), None, gallery_rows=[300], bank_cols=bank_cols)
+    merger = TileMerger(tiles, request, len(gallery), gallery.shape[1])
+    for t in reversed(tiles):
+        if bank_read:
+            n = (len(gallery), len(bank))
+            part = compute_tile_streamed(t, lambda a, b: gallery[a:b], lambda a, b: bank[a:b], request, *n, bank_read=bank_read)
+        else:
+            part = compute_tile(t, gallery, bank, request)
+        merger.add(t, part)
+    return merger.result().query_lse
+
+
+@pytest.mark.parametrize("scale, betas", [(1.0, (20.0, 200.0)), (30.0, (0.5, 1.0, 5.0))])
+def test_log_sum_exps_whose_shift_moves_on_float32_overflow(scale, betas):
+    """The single pass keeps each row's first-block maximum as its shift and moves it only where
+    a term would overflow float32 (here: a first block pointing away from the gallery, later
+    blocks towards it; beta 200 on unit vectors, and the expm1 form, beta < 2, on vectors of norm
+    30). A tile entering at such a block, or starting at block 0, is bitwise; a tile after one
+    enters with the first block's shift and is exact to float rounding."""
+    rng = np.random.default_rng(1)
+    gallery = unit_rows(rng, 700, 8)
+
+    def towards(sign, n):
+        return gallery[rng.integers(0, 700, n)] * sign + 0.05 * rng.standard_normal((n, 8)).astype(np.float32)
+
+    bank = np.concatenate([towards(-1, COL_BLOCK), towards(1, COL_BLOCK), 1.5 * towards(1, COL_BLOCK), towards(1, 900)])
+    bank = (bank * scale).astype(np.float32)
+    gallery = (gallery * scale).astype(np.float32)
+    request = StatisticsRequest(query_betas=frozenset(betas))
+    want = compute_statistics(gallery, bank, None, request).query_lse
+    for bank_cols, bank_read in (([COL_BLOCK], None), ([COL_BLOCK + 3], None), (len(bank), COL_BLOCK), ([5], COL_BLOCK)):
+        got = _merged(request, gallery, bank, bank_cols, bank_read)
+        for beta in betas:
+            np.testing.assert_array_equal(got[beta], want[beta], err_msg=f"cuts {bank_cols}, beta {beta}")
+    got = _merged(request, gallery, bank, [5, 2 * COL_BLOCK + 1])  # the third block's tile: after the move
+    for beta in betas:
+        np.testing.assert_allclose(got[beta], want[beta], rtol=1e-12)

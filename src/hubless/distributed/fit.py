@@ -26,7 +26,7 @@ from pathlib import Path
 
 from hubless.corrections import Correction, make_correction, statistics_request
 from hubless.distributed.cluster import check_address, connect, run_tasks
-from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile_streamed, plan_tiles
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, TilePart, compute_tile_streamed, plan_tiles
 from hubless.distributed.sources import EmbeddingSource, open_source
 from hubless.distributed.workfiles import job_id, load_arrays, recomputing, save_arrays
 from hubless.engine.parallel import use_threads
@@ -35,8 +35,9 @@ from hubless.errors import InvalidInput, MissingInputError
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
-#: Version of the work directory's layout (plan.json + tiles/*.npz, each tile with its key and sha256).
-WORK_FORMAT = 2
+#: Version of the work directory's layout (plan.json + tiles/*.npz, each tile with its key and
+#: sha256). 3: a tile's log-sum-exps are kept as per-block sums (:class:`~hubless.distributed.plan.LseBlocks`).
+WORK_FORMAT = 3
 
 
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
@@ -68,7 +69,8 @@ def _fingerprint(request: StatisticsRequest, normalize: bool, sources: dict, til
 def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
     """The work directory of this fit and the fit's id (kept tiles carry it): ``plan.json``
     holds the fit's description; a directory holding another fit's is refused, a damaged
-    ``plan.json`` is rewritten (each tile is then checked against this fit on its own)."""
+    ``plan.json`` or one of an older work format is rewritten (each tile is then checked against
+    this fit on its own)."""
     if work_dir is None:
         return None
     from hubless._io import write_json
@@ -83,6 +85,10 @@ def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
             recomputing(plan_file, "is damaged (unreadable JSON); each kept tile is checked against this fit")
             kept = None
             write_json(plan_file, fingerprint)
+        if isinstance(kept, dict) and kept.get("format") != WORK_FORMAT:  # an older hubless's tiles: none can be reused
+            recomputing(plan_file, f"is of work format {kept.get('format')}, not {WORK_FORMAT}; every kept tile is recomputed")
+            kept = None
+            write_json(plan_file, fingerprint)
         if kept is not None and kept != wanted:
             raise InvalidInput(
                 f"{path} holds tiles of another fit (other data, methods or tile sizes): pass a new work_dir or delete {path}"
@@ -93,7 +99,7 @@ def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
     return path, job_id(wanted)
 
 
-def _kept_tile(state: tuple[Path, str] | None, tile: Tile) -> BankStatistics | None:
+def _kept_tile(state: tuple[Path, str] | None, tile: Tile) -> TilePart | None:
     """A finished tile kept in the work dir, if it is intact and is this tile of this fit (else
     it is recomputed, saying why)."""
     if state is None:
@@ -104,7 +110,7 @@ def _kept_tile(state: tuple[Path, str] | None, tile: Tile) -> BankStatistics | N
         if why:
             recomputing(path, why)
         return None
-    return BankStatistics.from_arrays(arrays)
+    return TilePart.from_arrays(arrays)
 
 
 def _save_tile(state: tuple[Path, str], tile: Tile, arrays: dict) -> None:
@@ -194,7 +200,7 @@ def _fit_statistics(
         def merge(tile: Tile, arrays: dict) -> None:
             if state is not None:
                 _save_tile(state, tile, arrays)
-            merger.add(tile, BankStatistics.from_arrays(arrays))
+            merger.add(tile, TilePart.from_arrays(arrays))
 
         try:
             run_tasks(
