@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import hubless.distributed as hd
 from hubless.corrections import make_correction
-from hubless.distributed.workfiles import RecomputedWarning, load_arrays, save_arrays
+from hubless.distributed.workfiles import RecomputedWarning, job_id, load_arrays, save_arrays
 from tests.conftest import unit_rows
 
 # ---------------------------------------------------------------- the file format, without Ray
@@ -139,6 +139,27 @@ def test_damaged_or_swapped_tiles_are_recomputed_saying_so(ray_local, shards, tm
         warnings.simplefilter("always")
         hd.fit(*args, **options)
     assert not _recomputed(record)
+
+
+def test_a_work_dir_of_an_older_format_is_recomputed_saying_so(ray_local, shards, tmp_path):
+    """Format 2 kept each tile's log-sum-exps as logs; format 3 keeps per-block sums: no old tile
+    is reused (plan.json rewritten, each tile recomputed with its own line), none refused."""
+    d, work = shards, tmp_path / "work"
+    args = ("is:beta=20.0", d["gallery_dir"], d["bank_dir"])
+    options = {"gallery_rows": 256, "bank_cols": 1000, "work_dir": work, "progress": False}
+    first = hd.fit(*args, **options)
+    old_plan = {**json.loads((work / "plan.json").read_text()), "format": 2}
+    (work / "plan.json").write_text(json.dumps(old_plan))
+    for tile in (work / "tiles").glob("*.npz"):  # as format 2 kept them: the fit's id was of its plan
+        arrays, _ = load_arrays(tile, {"tile": tile.stem, "fit": job_id({**old_plan, "format": 3})})
+        save_arrays(tile, arrays, {"tile": tile.stem, "fit": job_id(old_plan)})
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        again = hd.fit(*args, **options)
+    lines = _recomputed(record)
+    assert "is of work format 2, not 3" in lines.pop("plan.json")
+    assert set(lines) == {t.name for t in (work / "tiles").glob("*.npz")} and all("holds tile" in v for v in lines.values())
+    np.testing.assert_array_equal(again.bias_columns_, first.bias_columns_)
 
 
 # ---------------------------------------------------------------- [r, bias] parts
