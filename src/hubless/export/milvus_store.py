@@ -150,8 +150,12 @@ class MilvusLiteStore(VectorStore):
         else:
             params.add_index("vector", index_type="FLAT", metric_type="IP")
         params.add_index("plain", index_type="FLAT", metric_type="IP")
-        client.create_collection(new, schema=schema, index_params=params, consistency_level="Strong")  # searches see every written row
+        client.create_collection(new, schema=schema, consistency_level="Strong")  # searches see every written row
         try:
+            # not create_collection(index_params=...): pymilvus then waits for the index by asking
+            # Milvus Lite for its state, which may answer "no index" for an index it has just made
+            # (seen under a concurrent reader); _wait_for_index waits for it below, and loads
+            client.create_index(new, params, sync=False)
             for part in rows.batches(batch):
                 client.insert(new, _entities(part))
             client.flush(new)
@@ -300,7 +304,15 @@ def _wait_for_index(client, name: str, timeout: float = 3600.0) -> None:
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = client.describe_index(name, "vector")
+        try:
+            state = client.describe_index(name, "vector")
+        except _pymilvus().exceptions.MilvusException as exc:
+            if "no index" not in str(exc).lower():
+                raise
+            state = None
+        if not state:  # an index just made, not yet visible to its state query
+            time.sleep(0.1)
+            continue
         if int(state.get("pending_index_rows", 0)) == 0 and int(state.get("indexed_rows", 0)) >= int(state.get("total_rows", 0)):
             # the loaded collection keeps scanning the segments it held before they were indexed:
             # reload it so searches (and a recall measured now) go through the index
