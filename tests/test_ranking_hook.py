@@ -184,5 +184,6 @@ def test_ivf_served_csls_takes_r_q_from_the_index(ivf_data, monkeypatch):
 def test_startup_benchmark_runs():
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "startup.py"
     done = subprocess.run([sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, timeout=120)
-    assert done.returncode in (0, 1), done.stderr  # 1: a floor not met on a loaded machine
-    assert "hubless --version" in done.stdout and "hubless --help" in done.stdout
+    assert done.returncode == 0, done.stderr  # a floor not met is said in the table, not an exit status
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| hubless ")]
+    assert len(rows) == 3 and all(("met" in row) == ("eval" not in row) for row in rows), done.stdout
