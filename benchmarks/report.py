@@ -309,13 +309,16 @@ def plot(name: str, found: list[list[list[str]]], path: Path) -> bool:
     if not found:
         return False
     if name == "serve_load":
-        rows = found[0][1:]
+        head, rows = found[0][0], found[0][1:]
+        col = {h.strip(): i for i, h in enumerate(head)}
+        if "queries as" in col:  # concurrency curves are of JSON queries; base64 / binary at concurrency 1 only
+            rows = [r for r in rows if r[col["queries as"]].strip() == "json"]
         plt, fig, (qps, p50) = _figure(ncols=2)
         for index in dict.fromkeys(r[0] for r in rows):
             mine = [r for r in rows if r[0] == index]
-            conc = [number(r[1]) for r in mine]
-            qps.plot(conc, [number(r[2]) for r in mine], marker="o", label=index)
-            p50.plot(conc, [number(r[3]) for r in mine], marker="o", label=index)
+            conc = [number(r[col["concurrency"]]) for r in mine]
+            qps.plot(conc, [number(r[col["QPS"]]) for r in mine], marker="o", label=index)
+            p50.plot(conc, [number(r[col["p50 ms"]]) for r in mine], marker="o", label=index)
         qps.set(xlabel="concurrent clients", ylabel="queries per second", xscale="log")
         p50.set(xlabel="concurrent clients", ylabel="p50 latency (ms)", xscale="log")
         qps.legend()
