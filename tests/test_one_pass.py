@@ -191,12 +191,21 @@ def _lse(rows, cols, beta, monkeypatch, exp_from):
     return lse.values[:, 0]
 
 
+def test_the_exp_function_is_chosen_from_numpys_dispatch_table():
+    """exp2 only where numpy runs it with SIMD code on this CPU (a fixed answer per machine)."""
+    np_info = pytest.importorskip("numpy.lib.introspect").opt_func_info(func_name="^exp2$", signature="float32")["exp2"]
+    simd = not any(t["current"].startswith("baseline") for t in np_info.values())
+    assert stream.exp2_is_vectorised() is simd
+
+
+@pytest.mark.parametrize("base2", [True, False], ids=["exp2", "exp"])
 @pytest.mark.parametrize("beta", [2.0, 5.0, 20.0, 100.0, 1e4])
-def test_exp_form_keeps_the_documented_accuracy(beta, monkeypatch):
+def test_exp_form_keeps_the_documented_accuracy(beta, base2, monkeypatch):
     """From EXP_MIN_BETA on, the exp form's log-mean-exp bias is within 1e-7 / beta (plus the
     float32 rounding of the similarities themselves) of float64 on the same float32 similarities,
     and at beta = 20 closer to it than the expm1 form, which cancels at large beta (c + D with D
-    near -c)."""
+    near -c); whichever of exp2 and exp the CPU makes faster."""
+    monkeypatch.setattr(stream, "exp2_is_vectorised", lambda: base2)
     rng = np.random.default_rng(2)
     rows, cols = unit_rows(rng, 40, 32), unit_rows(rng, 30_000, 32)
     s = (rows @ cols.T).astype(np.float64) * beta  # the float32 similarities the engine sees, scaled in float64
@@ -224,9 +233,11 @@ def test_expm1_form_is_needed_for_tiny_betas(monkeypatch):
     np.testing.assert_allclose(bias["expm1"], hubless.InvertedSoftmax(beta=beta).fit(rows, cols).bias_, atol=2e-6)
 
 
-def test_exponents_below_float32_range_are_clamped_exactly():
+@pytest.mark.parametrize("base2", [True, False], ids=["exp2", "exp"])
+def test_exponents_below_float32_range_are_clamped_exactly(base2, monkeypatch):
     """Raw vectors with a large beta: most exponents far below -87 (exp's slow path); the clamp
     keeps the value (those terms are far below the largest)."""
+    monkeypatch.setattr(stream, "exp2_is_vectorised", lambda: base2)
     rows = np.array([[1.0, 0.0]], np.float32)
     cols = np.concatenate([np.array([[1.0, 0.0]]), -np.linspace(0.1, 1.0, 999)[:, None] * np.array([[1.0, 0.0]])]).astype(np.float32)
     lse = LogSumExp(1, [500.0, 30.0])
