@@ -16,7 +16,6 @@ as a scored one.
 from __future__ import annotations
 
 import functools
-
 import threading
 from collections.abc import Callable, Sequence
 
