@@ -17,6 +17,7 @@ The floors of issue 31 (corrected ANN as accurate as plain ANN) run on their own
 
     python benchmarks/index_speed.py --floors                 # COCO MiniLM + synthetic 1M x 512
     python benchmarks/index_speed.py --floors --floor-n 200000  # the synthetic part at 200k
+    python benchmarks/index_speed.py --floors --skip-coco --floor-factories ivf  # 1M, IVF only
 
 (e) real MiniLM COCO captions (benchmarks/coco_text.py's cache; gallery = the 20,000 test
     captions 1-4, bank = the 5,000 dev captions, unseen queries = the 5,000 test captions 0):
@@ -79,6 +80,10 @@ def main() -> None:
     parser.add_argument("--floor-n", type=int, default=1_000_000, help="(f): synthetic gallery size (0: skip (f)).")
     parser.add_argument("--floor-bank", type=int, default=20_000, help="(f): query-bank size.")
     parser.add_argument("--skip-coco", action="store_true", help="(f) only.")
+    parser.add_argument(
+        "--floor-factories", nargs="+", default=["ivf", "hnsw"], choices=["ivf", "hnsw"],
+        help="(f): which index types to tune and time (HNSW32 over 1M x 512 takes about an hour to build on 2 cores).",
+    )  # fmt: skip
     parser.add_argument("--hnsw-diagnosis", type=int, default=0, help="(g) only, on a synthetic gallery of this size.")
     parser.add_argument("--call-cost", type=int, default=0, help="(h) only, on a synthetic gallery of this size.")
     parser.add_argument("--call-dim", type=int, default=256, help="(h): dimension.")
@@ -241,7 +246,7 @@ def floors(args) -> None:
     exact_ids = flat.search(queries, 10)[1]
     r1_exact = 100.0 * float(np.mean(exact_ids[:, 0] == truth))
     rows = []
-    for factory in (default_ivf(n), "HNSW32"):
+    for factory in [{"ivf": default_ivf(n), "hnsw": "HNSW32"}[f] for f in args.floor_factories]:
         t0 = time.perf_counter()
         index = tune_index(corr, data.query_bank, target_recall=0.95, factories=[factory], keep_banks=False)
         t = index.config.tuning
