@@ -42,3 +42,33 @@ def test_method_names_have_a_literal_type_listing_every_builtin():
 
     builtin = {name for name, cls in METHODS.items() if cls.__module__.startswith("hubless.corrections.")}
     assert set(typing.get_args(MethodName)) == builtin
+
+
+def test_every_lazy_public_name_is_visible_to_type_checkers():
+    """`hubless.X` is imported lazily (PEP 562); a TYPE_CHECKING block re-exports the same names,
+    from the same modules, so a type checker sees each one's real type instead of Any."""
+    import ast
+
+    import hubless
+
+    tree = ast.parse((ROOT / "src" / "hubless" / "__init__.py").read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    seen = {a.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom) for a in node.names if a.asname == a.name}
+    assert seen == hubless._EXPORTS
+
+
+@pytest.mark.slow
+def test_a_type_checker_reads_the_real_type_of_a_lazy_name(tmp_path):
+    pytest.importorskip("mypy", reason="the test extra installs mypy")
+    snippet = tmp_path / "use.py"
+    snippet.write_text("import hubless\nreveal_type(hubless.Index)\nreveal_type(hubless.NNN(k=4).fit)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".cache" / "mypy"), "--config-file", "", str(snippet)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    revealed = [line for line in done.stdout.splitlines() if "Revealed type" in line]
+    assert len(revealed) == 2 and revealed[0].endswith('-> hubless.index.index.Index"'), done.stdout  # not Any
+    assert revealed[1].endswith('-> hubless.corrections.nnn.NNN"'), done.stdout

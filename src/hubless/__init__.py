@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,37 @@ _EXPORTS = {
     "MissingDependencyError": "hubless.errors",
     "UnnormalizedEmbeddingsWarning": "hubless._validation",
 }
+
+if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-export); at run time they load lazily
+    from hubless._validation import UnnormalizedEmbeddingsWarning as UnnormalizedEmbeddingsWarning
+    from hubless.corrections import CSLS as CSLS
+    from hubless.corrections import DN as DN
+    from hubless.corrections import METHODS as METHODS
+    from hubless.corrections import NNN as NNN
+    from hubless.corrections import AdditiveCorrection as AdditiveCorrection
+    from hubless.corrections import Baseline as Baseline
+    from hubless.corrections import Correction as Correction
+    from hubless.corrections import DualDIS as DualDIS
+    from hubless.corrections import DualIS as DualIS
+    from hubless.corrections import DynamicInvertedSoftmax as DynamicInvertedSoftmax
+    from hubless.corrections import GlobalCorrection as GlobalCorrection
+    from hubless.corrections import InvertedSoftmax as InvertedSoftmax
+    from hubless.corrections import fit_many as fit_many
+    from hubless.corrections import make_correction as make_correction
+    from hubless.engine import exact_search as exact_search
+    from hubless.errors import MissingDependencyError as MissingDependencyError
+    from hubless.errors import NotFittedError as NotFittedError
+    from hubless.evaluation import Evaluation as Evaluation
+    from hubless.evaluation import evaluate as evaluate
+    from hubless.index import Index as Index
+    from hubless.index import IndexConfig as IndexConfig
+    from hubless.metrics import Truth as Truth
+    from hubless.metrics import captions_per_item as captions_per_item
+    from hubless.rerank import Pipeline as Pipeline
+    from hubless.scores import correct_scores as correct_scores
+    from hubless.scores import evaluate_scores as evaluate_scores
+    from hubless.scores import tune_scores as tune_scores
+    from hubless.tuning import tune as tune
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
