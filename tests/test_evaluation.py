@@ -141,7 +141,10 @@ def test_hubness_statistics_by_hand():
     assert stats["N1_mean_abs_excess"] == pytest.approx((2 + 1 + 1 + 0 + 1) / 5)
     mean = 4 / 5
     assert stats["N1_robin_hood"] == pytest.approx(0.5 * (abs(3 - mean) + 3 * mean + abs(1 - mean)) / 4)
-    assert stats["N1_hub_occurrence"] == pytest.approx(3 / 4)
+    assert stats["N1_top1pct_share"] == pytest.approx(3 / 4)  # the 1% most frequent: one item, N_1 = 3
+    assert stats["N1_hub_occurrence"] == pytest.approx(3 / 4)  # scikit-hubness: hubs have N_1 >= 2
+    assert stats["N2_hub_occurrence"] == pytest.approx(4 / 8)  # N_2 >= 4: item 0 alone
+    assert hubness_statistics(ids, 5, ks=(2,), hub_size=1)["N2_hub_occurrence"] == pytest.approx((4 + 2) / 8)
     # N_2 = [4, 2, 1, 1, 0]
     assert stats["N2_max"] == 4
     from scipy import stats as sps

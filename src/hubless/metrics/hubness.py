@@ -38,7 +38,9 @@ def kurtosis(x) -> float:
     return 0.0 if m2 == 0 else m4 / m2**2 - 3.0
 
 
-def hubness_statistics(ranked_ids: np.ndarray, n_gallery: int, ks=(1, 10), expected: np.ndarray | None = None) -> dict[str, float]:
+def hubness_statistics(
+    ranked_ids: np.ndarray, n_gallery: int, ks=(1, 10), expected: np.ndarray | None = None, hub_size: float = 2.0
+) -> dict[str, float]:
     """Statistics of N_k for each k in ``ks`` (keys prefixed ``N{k}_``):
 
     * ``skewness``, ``kurtosis`` (excess, Fisher) of N_k over gallery items;
@@ -46,7 +48,12 @@ def hubness_statistics(ranked_ids: np.ndarray, n_gallery: int, ks=(1, 10), expec
     * ``antihub_share``: share of gallery items with N_k = 0;
     * ``robin_hood``: (1/2) sum_r |N_k(r) - mean N_k| / sum_r N_k, the share of occurrences that
       would have to move for all items to occur equally often (Feldbauer & Flexer 2019);
-    * ``hub_occurrence``: share of all occurrences taken by the 1% most frequent items;
+    * ``top1pct_share``: share of all occurrences taken by the 1% most frequent items (at least
+      one item);
+    * ``hub_occurrence``: scikit-hubness's hub occurrence (Feldbauer & Flexer 2019), the share of
+      all occurrences taken by hubs, the items with N_k >= ``hub_size`` * k (``hub_size`` = 2).
+      Its threshold assumes one query per item (mean N_k = k); with c captions per image the mean
+      is c k, so compare it only between rankings of the same queries;
     * for k = 1 with ``expected`` (the N_1 a perfect ranking gives, e.g. 5 per COCO image for
       text->image): ``N1_mean_abs_excess`` = mean_r |N_1(r) - expected(r)|.
     """
@@ -62,7 +69,8 @@ def hubness_statistics(ranked_ids: np.ndarray, n_gallery: int, ks=(1, 10), expec
         out[f"N{k}_max"] = int(counts.max())  # a count
         out[f"N{k}_antihub_share"] = float(np.mean(counts == 0))
         out[f"N{k}_robin_hood"] = float(0.5 * np.abs(counts - counts.mean()).sum() / total)
-        out[f"N{k}_hub_occurrence"] = float(np.sort(counts)[-n_top:].sum() / total)
+        out[f"N{k}_top1pct_share"] = float(np.sort(counts)[-n_top:].sum() / total)
+        out[f"N{k}_hub_occurrence"] = float(counts[counts >= hub_size * k].sum() / total)
         if k == 1 and expected is not None:
             out["N1_mean_abs_excess"] = float(np.abs(counts - np.asarray(expected, dtype=np.float64)).mean())
     return out
