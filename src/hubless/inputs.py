@@ -24,6 +24,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.errors import InvalidInput, MissingFile, NotFound
+from hubless.io.arrays import CLIP_RETRIEVAL, check_npy, is_clip_retrieval, split_key
 
 __all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "read_items", "read_records"]
 
@@ -31,18 +32,6 @@ __all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".json", ".txt")
 #: Columns that hold an item's path or text, in order of preference.
 ITEM_COLUMNS = ("path", "text", "item")
-
-#: clip-retrieval's output layout: modality -> (embeddings folder, file prefix).
-CLIP_RETRIEVAL = {"img": ("img_emb", "img_emb_"), "text": ("text_emb", "text_emb_")}
-
-
-def split_key(path: str | os.PathLike) -> tuple[Path, str | None]:
-    """``"file.npz:key"`` / ``"folder:text"`` -> (path, "key"); other paths pass through."""
-    text = os.fspath(path)
-    head, sep, key = text.rpartition(":")
-    if sep and key and os.sep not in key and (head.endswith(".npz") or Path(head).is_dir()):
-        return Path(head), key
-    return Path(text), None
 
 
 def _numbered(folder: Path, prefix: str, suffix: str) -> list[Path]:
@@ -78,24 +67,19 @@ def load_clip_retrieval(folder: str | os.PathLike, modality: str = "img", *, wit
     return embeddings, records
 
 
-def is_clip_retrieval(folder: Path) -> bool:
-    """Whether a folder is clip-retrieval output (it has ``img_emb/`` or ``text_emb/``)."""
-    return (folder / "img_emb").is_dir() or (folder / "text_emb").is_dir()
-
-
 def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = True) -> np.ndarray:
     """Load one array from ``.npy`` or ``.npz`` (``key`` or ``"file.npz:key"`` picks an entry; an
     archive holding a single array needs none), from a clip-retrieval output folder
     (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings), or from a
     folder of ``.npy`` / parquet shards (concatenated in natural order: ``part-2`` before
-    ``part-10``), the same rows :func:`hubless.distributed.sources.open_source` reads from it, so
+    ``part-10``), the same rows :func:`hubless.io.sources.open_source` reads from it, so
     a folder means one thing with and without ``--ray``. Object arrays (pickles) are refused."""
     file, inline_key = split_key(path)
     key = key or inline_key
     if file.is_dir() and is_clip_retrieval(file):
         return load_clip_retrieval(file, key or "img")
     if file.is_dir():
-        from hubless.distributed.sources import open_source
+        from hubless.io.sources import open_source
 
         source = open_source(file)
         return source.read(0, source.n_rows)
@@ -127,40 +111,6 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     if key is None:
         raise InvalidInput(f"{file} holds {len(names)} arrays ({', '.join(names) or 'none'}); name one as {file}:KEY")
     raise NotFound(f"{file} has no array {key!r}; it holds: {', '.join(names)}")
-
-
-def check_npy(file: Path) -> None:
-    """Refuse a ``.npy`` whose header is damaged or disagrees with the file's size, before
-    numpy reads it (a flipped bit in the header can otherwise raise a tokenizer error, or load
-    silently with another shape)."""
-    fmt = np.lib.format
-    try:
-        with open(file, "rb") as fh:
-            version = fmt.read_magic(fh)
-            if version not in ((1, 0), (2, 0), (3, 0)):
-                raise InvalidInput(f"unknown .npy version {version}")
-            read = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}.get(version)
-            shape, fortran, dtype = read(fh) if read else fmt._read_array_header(fh, version)  # type: ignore[attr-defined]  # noqa: SLF001 - v3 has no public reader
-            offset = fh.tell()
-    except Exception as exc:  # numpy raises ValueError, SyntaxError, TokenError... for damaged headers
-        raise InvalidInput(
-            f"cannot read {file}: its .npy header is damaged ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
-        ) from None
-    if not isinstance(shape, tuple) or not all(isinstance(n, int) and n >= 0 for n in shape) or not isinstance(fortran, bool):
-        raise InvalidInput(f"cannot read {file}: its .npy header holds an invalid shape {shape!r}")
-    if dtype.hasobject:
-        raise InvalidInput(f"{file} holds Python objects; only numeric arrays are read (no pickles)")
-    if dtype.byteorder == ">" or (dtype.byteorder == "=" and np.little_endian is False):
-        raise InvalidInput(
-            f"{file} is big-endian ({dtype.str}); hubless reads little-endian arrays: convert it with "
-            "np.save(path, np.load(path).astype(np.float32)) (a damaged header can also look like this)"
-        )
-    expected = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
-    size = file.stat().st_size
-    if size != expected:
-        raise InvalidInput(
-            f"cannot read {file}: the header says {shape} {dtype} ({expected:,} bytes) but the file has {size:,} bytes (truncated or corrupt)"
-        )
 
 
 def load_embeddings(

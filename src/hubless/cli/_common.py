@@ -51,7 +51,7 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     if path is None:
         return None
     from hubless._io import file_sha256
-    from hubless.inputs import split_key
+    from hubless.io.arrays import split_key
 
     file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
     return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
@@ -163,7 +163,7 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
     """Refuse, before any work, outputs that would destroy something: an output that is one of
     the inputs, two outputs on one path, a path that is not a regular file (a folder, a FIFO, a
     device), or an existing file hubless did not write (unless ``overwrite``)."""
-    from hubless.inputs import split_key
+    from hubless.io.arrays import split_key
 
     seen: dict[Path, str] = {}
     sources = {}
@@ -199,3 +199,19 @@ def warn_coverage(report, losses=None, metric: str = "R@1") -> None:
     warning = coverage_warning(report, losses, metric)
     if warning:
         print_note(warning, "warning")
+
+
+def print_results(ev, title: str) -> None:
+    """The evaluation as one rich table: a row per method."""
+    from hubless.reports.evaluation import results_rows
+
+    rows = results_rows(ev)
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in rows[0]:
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col != "method")
+    for row in rows:
+        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
+    console = wide_console()
+    console.print(table)

@@ -18,25 +18,12 @@ from hubless.cli._common import (
     load,
     parse_ints,
     print_note,
+    print_results,
     warn_coverage,
     wide_console,
 )
 from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP, eval_scores, refuse_embeddings, refuse_scores
 from hubless.errors import InvalidInput
-
-
-def print_results(ev, title: str) -> None:
-    """The evaluation as one rich table: a row per method."""
-    from hubless.reports.evaluation import results_rows
-
-    rows = results_rows(ev)
-    table = Table(title=title)
-    for col in rows[0]:
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col != "method")
-    for row in rows:
-        table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
-    console = wide_console()
-    console.print(table)
 
 
 @friendly_errors

@@ -76,7 +76,7 @@ def eval_scores(
 ) -> None:  # fmt: skip
     """``hubless eval --scores``: fit on the bank score matrices, rank the rows of S, report."""
     from hubless._io import write_json
-    from hubless.cli.eval import print_results
+    from hubless.cli._common import print_results
     from hubless.errors import check_available
     from hubless.scores import evaluate_scores
 
@@ -160,7 +160,7 @@ def tune_scores_cli(
             print_note(f"{m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
-        from hubless.cli.eval import print_results
+        from hubless.cli._common import print_results
 
         ev = evaluate_scores(
             s, truth, sb, tuned.best_specs, gallery_bank_scores=sg, ks=k_list, bootstrap=bootstrap, ties=ties,

@@ -140,7 +140,7 @@ def tune_command(
             print_note(f"{m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
-        from hubless.cli.eval import print_results
+        from hubless.cli._common import print_results
 
         # tuned on the test gallery itself: the chosen corrections are used as fitted (the bank is not read again)
         chosen = list(tuned.fitted.values()) if vg is None and extra is None else tuned.best_specs

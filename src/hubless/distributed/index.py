@@ -50,8 +50,8 @@ import numpy as np
 from hubless.corrections import Correction, make_additive
 from hubless.distributed.cluster import _get, check_address, connect, run_tasks
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
-from hubless.distributed.sources import EmbeddingSource
 from hubless.errors import InvalidInput
+from hubless.io.sources import EmbeddingSource
 
 __all__ = ["build_index"]
 
@@ -261,7 +261,6 @@ def build_index(
     :func:`hubless.distributed.fit_statistics` (``work_dir``, ``workers``, tile sizes). The
     index keeps no banks (it was fitted from tiles): grow a bank with a new distributed fit."""
     from hubless.distributed.fit import _banks_for, open_sources
-    from hubless.distributed.workfiles import job_id
     from hubless.index import Index, store
     from hubless.index.config import IndexConfig
     from hubless.index.factory import check_factory
@@ -270,6 +269,7 @@ def build_index(
     from hubless.index.live import split_statistics
     from hubless.index.lock import lock_path, write_lock
     from hubless.index.metadata import Metadata
+    from hubless.io.workfiles import job_id
     from hubless.progress import progress_bar
 
     t0 = time.perf_counter()

@@ -131,7 +131,8 @@ def _npz_entry(file: Path, key: str | None) -> np.ndarray:
 def load_scores(path: str | os.PathLike, name: str = "scores", *, n_cols: int | None = None, cols_of: str = "the gallery"):
     """A score matrix from a file (see the module docstring), checked to be 2-D real scores
     with ``n_cols`` columns when given; memory-mapped where the format allows."""
-    from hubless.inputs import load_array, split_key
+    from hubless.inputs import load_array
+    from hubless.io.arrays import split_key
 
     file, key = split_key(path)
     suffix = file.suffix.lower()
@@ -153,7 +154,8 @@ def load_scores(path: str | os.PathLike, name: str = "scores", *, n_cols: int | 
 def load_mask(path: str | os.PathLike, n: int, name: str = "query mask") -> np.ndarray:
     """A boolean mask of ``n`` entries (any shape of that size: the authors' masks are
     (n_items, captions_per_item)) from .npy/.npz/.pkl; nonzero means present."""
-    from hubless.inputs import load_array, split_key
+    from hubless.inputs import load_array
+    from hubless.io.arrays import split_key
 
     file, key = split_key(path)
     array = read_pickled_array(file) if file.suffix.lower() in PICKLE_SUFFIXES else load_array(path, mmap=False)
