@@ -64,6 +64,24 @@ def test_oracle_reranker_lifts_r1_to_the_first_stage_r_at_k(data):
     assert set(report["ms_per_query"]) == {"retrieve", "rerank"}
 
 
+def test_rerank_evaluation_reranks_every_method_of_an_evaluation_in_one_call(data):
+    """The library call behind `hubless eval --rerank`: each method's numbers equal its own
+    pipeline's rerank_eval, and land in the result's extra."""
+    from hubless.rerank import rerank_evaluation
+
+    truth = hubless.Truth.from_labels(data.query_item, 300)
+    ev = hubless.evaluate(data.gallery, data.queries, truth, data.query_bank, ["baseline", "nnn"], ks=(1, 5, 50), bootstrap=0)
+    q_items, g_items = [f"q{i}" for i in data.query_item], [f"g{i}" for i in range(300)]
+    got = rerank_evaluation(ev, data.queries, q_items, truth, oracle_for(data), g_items, k=20)
+    assert list(got) == [r.spec for r in ev.results]
+    for r in ev.results:
+        alone = rerank_eval(Pipeline(r.correction, oracle_for(data), k=20, gallery_items=g_items), data.queries, q_items, truth, ks=(1, 5))
+        assert r.extra["rerank"]["retrieve+rerank"] == alone["retrieve+rerank"] == got[r.spec]["retrieve+rerank"]
+        assert set(alone["retrieve"]) == {"R@1", "R@5"}  # R@50 is beyond the reranked top 20
+    with pytest.raises(hubless.errors.InvalidInput, match="must match the embeddings"):
+        rerank_evaluation(ev, data.queries, q_items[:-1], truth, oracle_for(data), g_items, k=20)
+
+
 @pytest.fixture(scope="module")
 def tiny_blip(tmp_path_factory):
     pytest.importorskip("transformers")

@@ -187,44 +187,38 @@ def eval_command(
 
 def _eccv(ev, captions, caption_bank, image_bank, progress) -> None:
     """Add ECCV Caption / CxC metrics to each result (both directions) and print them."""
-    from hubless.evaluation.eccv import eccv_evaluate
+    from hubless.evaluation.eccv import eccv_evaluation
 
-    scores = eccv_evaluate([r.correction for r in ev.results], captions, caption_bank, image_bank, progress=progress)
+    scores = eccv_evaluation(ev, captions, caption_bank, image_bank, progress=progress)
     table = Table(title="ECCV Caption (Chun et al. 2022) and CxC, percent: text->image / image->text")
     names = ["eccv_map_at_r", "eccv_rprecision", "eccv_r1", "cxc_r1", "coco_5k_r1"]
     table.add_column("method")
     for name in names:
         table.add_column(name.replace("eccv_", "ECCV ").replace("cxc_r1", "CxC r1").replace("coco_5k_r1", "COCO-5k r1"), justify="right")
-    for r in ev.results:
-        r.extra["eccv"] = scores[r.spec]
-        table.add_row(r.spec, *(f"{scores[r.spec][n]['t2i']:.2f} / {scores[r.spec][n]['i2t']:.2f}" for n in names))
+    for spec, values in scores.items():
+        table.add_row(spec, *(f"{values[n]['t2i']:.2f} / {values[n]['i2t']:.2f}" for n in names))
     wide_console().print(table)
 
 
 def _rerank(ev, q, truth, reranker, model, k, fusion, fusion_weight, gallery_items, query_items, progress) -> None:
-    """Rerank every method's top k with a cross-encoder; add retrieve vs retrieve+rerank R@K."""
+    """Rerank every method's top k with a cross-encoder; print retrieve vs retrieve+rerank R@K."""
     from hubless.inputs import read_items
-    from hubless.metrics import load_truth
-    from hubless.rerank import Pipeline, rerank_eval
+    from hubless.rerank import rerank_evaluation
 
-    n_gallery = ev.inputs["n_gallery"]
-    g_items, q_items = read_items(gallery_items), read_items(query_items)
-    if len(g_items) != n_gallery or len(q_items) != q.shape[0]:
-        raise InvalidInput(f"items ({len(g_items)} gallery, {len(q_items)} queries) must match the embeddings ({n_gallery}, {q.shape[0]})")
-    truth = load_truth(truth, q.shape[0], n_gallery)
+    results = rerank_evaluation(
+        ev, q, read_items(query_items), truth, reranker, read_items(gallery_items), k=k, fusion=fusion, fusion_weight=fusion_weight,
+        progress=progress,
+    )  # fmt: skip
     ks = [k_ for k_ in ev.ks if k_ <= k]
     table = Table(title=f"retrieve (top {k}) + rerank with {model}")
     table.add_column("method")
     for k_ in ks:
         table.add_column(f"R@{k_} retrieve -> +rerank", justify="right")
     table.add_column("ms/query retrieve, rerank", justify="right")
-    for r in ev.results:
-        pipe = Pipeline(r.correction, reranker, k=k, fusion=fusion, fusion_weight=fusion_weight, gallery_items=g_items)
-        res = rerank_eval(pipe, q, q_items, truth, ks=ks, progress=progress)
-        r.extra["rerank"] = res
+    for spec, res in results.items():
         cells = [f"{res['retrieve'][f'R@{k_}']:.2f} -> {res['retrieve+rerank'][f'R@{k_}']:.2f}" for k_ in ks]
         ms = res["ms_per_query"]
-        table.add_row(r.spec, *cells, f"{ms['retrieve']:.2f}, {ms['rerank']:.1f}")
+        table.add_row(spec, *cells, f"{ms['retrieve']:.2f}, {ms['rerank']:.1f}")
     wide_console().print(table)
 
 

@@ -90,3 +90,13 @@ def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progre
             t2i.search(captions, DEPTH, progress=progress)[1], i2t.search(t2i.gallery_, DEPTH, progress=progress)[1]
         )
     return out
+
+
+def eccv_evaluation(evaluation, captions, caption_bank, image_bank, *, progress=None) -> dict[str, dict]:
+    """ECCV Caption / CxC metrics of every method of a text->image :func:`hubless.evaluate`
+    result on COCO-5k (:func:`eccv_evaluate` on its fitted corrections); each result's
+    ``extra["eccv"]`` gets its numbers; returns {spec: metrics}."""
+    scores = eccv_evaluate([r.correction for r in evaluation.results], captions, caption_bank, image_bank, progress=progress)
+    for r in evaluation.results:
+        r.extra["eccv"] = scores[r.spec]
+    return scores

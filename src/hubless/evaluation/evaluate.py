@@ -161,8 +161,7 @@ def evaluate(
         gallery = np.concatenate([gallery, extra])
         truth = dataclasses.replace(truth, n_gallery=gallery.shape[0])  # never relevant: no truth points at them
     ks = check_ks(ks, gallery.shape[0])
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
-        raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+    check_bootstrap(bootstrap)
     corrections = prepare_methods(methods, normalize)
     check_ties(ties)
     reuse = [not refit and getattr(c, "gallery_", None) is gallery for c in corrections]
@@ -175,13 +174,6 @@ def evaluate(
     ranked = rank_queries(
         corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
     )
-    results = [_result(c, r, 0.0 if kept else fit_seconds, truth, ks, bootstrap, seed) for c, r, kept in zip(corrections, ranked, reuse)]
-    base = results[0]
-    for r in results[1:]:
-        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
-        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
-        if bootstrap:
-            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
     described = {
         "n_gallery": int(gallery.shape[0]),
         "n_distractors": int(n_distractors),
@@ -197,10 +189,44 @@ def evaluate(
         "ties": ties,
     }
     described.update(inputs or {})
-    return Evaluation(described, results, ks, bank)
+    fit_seconds_each = [0.0 if kept else fit_seconds for kept in reuse]
+    return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
 
 
-def _result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+def check_bootstrap(bootstrap) -> None:
+    """Refuse a resample count that is not an int >= 0 (0: no intervals)."""
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
+        raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+
+
+def build_evaluation(
+    corrections: Sequence[Correction],
+    ranked: Sequence[Ranked],
+    fit_seconds: Sequence[float],
+    truth: Truth,
+    ks,
+    bootstrap: int,
+    seed: int,
+    inputs: dict[str, Any],
+    bank: BankReport | None = None,
+) -> Evaluation:
+    """The one place an :class:`Evaluation` is made from ranked results, whatever ranked them
+    (embeddings, score matrices): each method's numbers (:func:`method_result`), then the change
+    of every method against the first (the baseline) with paired bootstrap intervals (the same
+    resamples for every method)."""
+    results = [method_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
+    base = results[0]
+    for r in results[1:]:
+        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
+        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
+        if bootstrap:
+            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
+    return Evaluation(inputs, results, tuple(ks), bank)
+
+
+def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+    """One method's numbers from its ranks: R@K, MdR, MnR, MRR, mAP@R with bootstrap intervals,
+    the hubness of its top 10 and its times."""
     values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
     assert ranked.top is not None  # ranked with depth=HUBNESS_DEPTH
     hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())

@@ -3,7 +3,7 @@
 Model adapters need the ``models`` extra; importing this package does not import torch.
 """
 
-from hubless.rerank.evaluate import rerank_eval
+from hubless.rerank.evaluate import rerank_eval, rerank_evaluation
 from hubless.rerank.loader import load_reranker
 from hubless.rerank.pipeline import Pipeline, RerankResult, fuse
 from hubless.rerank.rerankers import RERANKERS, BlipITMReranker, CallableReranker, CrossEncoderReranker, Reranker
@@ -19,4 +19,5 @@ __all__ = [
     "fuse",
     "load_reranker",
     "rerank_eval",
+    "rerank_evaluation",
 ]

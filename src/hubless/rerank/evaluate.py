@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import recall_at_k
-from hubless.metrics.truth import Truth
+from hubless.metrics.truth import Truth, load_truth
 
-__all__ = ["rerank_eval"]
+if TYPE_CHECKING:
+    from hubless.evaluation import Evaluation
+
+__all__ = ["rerank_evaluation", "rerank_eval"]
 
 
 def _recalls(ids: np.ndarray, truth: Truth, ks) -> dict[str, float]:
@@ -29,3 +36,39 @@ def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5,
         "retrieve+rerank": _recalls(result.ids, truth, ks),
         "ms_per_query": {"retrieve": 1000 * result.seconds["first_stage"] / n, "rerank": 1000 * result.seconds["rerank"] / n},
     }
+
+
+def rerank_evaluation(
+    evaluation: Evaluation,
+    queries,
+    query_items: Sequence[str],
+    truth,
+    reranker,
+    gallery_items: Sequence[str],
+    *,
+    k: int = 50,
+    fusion: str | None = None,
+    fusion_weight: float = 0.5,
+    progress=None,
+) -> dict[str, dict]:
+    """Rerank every method of an :func:`hubless.evaluate` result: each method's top ``k`` is
+    re-scored by ``reranker`` (a :class:`~hubless.rerank.Reranker`) and R@K (K <= k) is measured
+    before and after (:func:`rerank_eval`). ``queries`` are the embeddings the evaluation ranked,
+    ``query_items`` / ``gallery_items`` what the reranker reads (texts or image paths, one per
+    row). Each result's ``extra["rerank"]`` gets its numbers; returns {spec: numbers}."""
+    from hubless.rerank.pipeline import Pipeline
+
+    n_gallery, n_queries = evaluation.inputs["n_gallery"], np.shape(queries)[0]
+    if len(gallery_items) != n_gallery or len(query_items) != n_queries:
+        raise InvalidInput(
+            f"items ({len(gallery_items)} gallery, {len(query_items)} queries) must match the embeddings ({n_gallery}, {n_queries})"
+        )
+    truth = load_truth(truth, n_queries, n_gallery)
+    ks = [k_ for k_ in evaluation.ks if k_ <= k]
+    if not ks:
+        raise InvalidInput(f"k={k} is below every K of the evaluation ({list(evaluation.ks)}): rerank at least the first K")
+    out = {}
+    for r in evaluation.results:
+        pipe = Pipeline(r.correction, reranker, k=k, fusion=fusion, fusion_weight=fusion_weight, gallery_items=gallery_items)
+        r.extra["rerank"] = out[r.spec] = rerank_eval(pipe, queries, query_items, truth, ks=ks, progress=progress)
+    return out

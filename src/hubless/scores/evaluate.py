@@ -36,11 +36,9 @@ from hubless.corrections import Correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix
 from hubless.errors import InvalidInput
-from hubless.evaluation import Evaluation, MethodResult, prepare_methods
-from hubless.evaluation.core import Ranked
-from hubless.metrics.bootstrap import bootstrap_ci
-from hubless.metrics.hubness import hubness_statistics
-from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
+from hubless.evaluation import Evaluation, prepare_methods
+from hubless.evaluation.evaluate import build_evaluation, check_bootstrap
+from hubless.metrics.retrieval import check_ks, check_ties
 from hubless.metrics.truth import Truth, load_truth
 from hubless.scores.files import load_mask, load_scores
 from hubless.scores.rank import rank_score_rows
@@ -149,8 +147,7 @@ def evaluate_scores(
     Methods that need embeddings (DN) are refused before any work, saying what they need.
     """
     check_ties(ties)
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
-        raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
+    check_bootstrap(bootstrap)
     corrections = prepare_methods(methods)
     check_score_methods(corrections)
     data = prepare_scores(scores, truth, query_bank_scores, gallery_bank_scores, query_mask=query_mask, transpose=transpose)
@@ -162,13 +159,6 @@ def evaluate_scores(
         corrections, data.scores, data.truth, rows=data.rows, ties=ties, depth=HUBNESS_DEPTH, progress=progress,
         desc=f"rank {len(corrections)} methods",
     )  # fmt: skip
-    results = [method_result(c, r, fit_seconds, data.truth, ks, bootstrap, seed) for c, r in zip(corrections, ranked)]
-    base = results[0]
-    for r in results[1:]:
-        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
-        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
-        if bootstrap:
-            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
     described = {
         "mode": "scores",
         "n_gallery": int(data.truth.n_gallery),
@@ -184,24 +174,4 @@ def evaluate_scores(
         "seed": int(seed),
     }
     described.update(inputs or {})
-    return Evaluation(described, results, ks)
-
-
-def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
-    """One method's numbers from its ranks (the same fields as :func:`hubless.evaluate` gives)."""
-    values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
-    assert ranked.top is not None  # ranked with a depth
-    hub = hubness_statistics(ranked.top, truth.n_gallery, ks=(1, 10), expected=truth.expected_occurrence())
-    params = {k: v for k, v in corr.get_params().items() if k not in ("normalize", *corr.resource_params)}
-    return MethodResult(
-        method=corr.name,
-        params=params,
-        spec=corr.spec,
-        metrics=summarize(values),
-        ci95=bootstrap_ci(values, bootstrap, seed=seed) if bootstrap else {},
-        hubness=hub,
-        seconds={"fit": fit_seconds, "search": ranked.seconds},
-        per_query=values,
-        n1=np.bincount(ranked.top[:, 0], minlength=truth.n_gallery),
-        correction=corr,
-    )
+    return build_evaluation(corrections, ranked, [fit_seconds] * len(corrections), data.truth, ks, bootstrap, seed, described)
