@@ -90,3 +90,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(
         "everything else ran; the reasons say what each skipped test needs (see README.md, 'What each part needs')."
     )
+
+
+#: Fixtures that start a real cluster or database server: every test using one is `slow`, so
+#: the quick set (`pytest -m "not slow"`) starts neither Ray nor a database.
+SERVER_FIXTURES = {"ray_local", "qdrant_server", "postgres", "store_roots"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -238,6 +238,7 @@ def test_a_rerun_recomputes_only_the_missing_tiles(ray_local, sharded, tmp_path)
 RAY_RETRY_BUG = "Tried to complete task that was not pending"
 
 
+@pytest.mark.slow  # starts its own Ray in a subprocess
 def test_a_worker_that_dies_is_retried_by_ray_and_the_result_is_exact(sharded, tmp_path):
     d = sharded
     root = Path(__file__).resolve().parents[1]
