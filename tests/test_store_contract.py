@@ -31,12 +31,14 @@ from tests.conftest import QDRANT_TEST_URL, unit_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 ROOT = Path(__file__).resolve().parents[1]
-STORES = ["lancedb", "postgresql", "qdrant", "qdrant+http", "milvus", "chroma"]
+#: Every registered store (by its first URI scheme): a new store's module is in the suite by
+#: itself. An embedded store is opened at scheme://DIR/TABLE; one that needs a server gets its
+#: setup in ``store_roots``.
+STORES = list(dict.fromkeys(cls.schemes[0] for cls in registered().values()))
 
 
-def test_every_registered_store_is_in_this_suite():
-    schemes = {cls.schemes[0] for cls in registered().values()}
-    assert schemes == set(STORES), "a new store must be added to STORES (and pass the suite)"
+def test_the_suite_covers_the_six_stores_and_whatever_registers_later():
+    assert {"lancedb", "postgresql", "qdrant", "qdrant+http", "milvus", "chroma"} <= set(STORES)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Registries: name -> class for corrections, encoders and rerankers, one per package.
+"""Registries: name -> class for corrections, encoders, rerankers and vector stores (by URI
+scheme), one per package.
 
 A class registers itself with the registry's decorator in its own module::
 
@@ -28,7 +29,7 @@ from hubless.errors import Conflict, InvalidInput
 __all__ = ["Registry"]
 
 T = TypeVar("T")
-_NAME = re.compile(r"[a-z][a-z0-9_-]*")
+_NAME = re.compile(r"[a-z][a-z0-9_+-]*")  # "+" for URI schemes such as qdrant+http
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -59,7 +60,7 @@ class Registry(Mapping[str, T], Generic[T]):
         for name in names:
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise InvalidInput(
-                    f"{getattr(cls, '__name__', cls)!r}: a {self.what} name must be lowercase letters, digits, - or _; got {name!r}"
+                    f"{getattr(cls, '__name__', cls)!r}: a {self.what} name must be lowercase letters, digits, -, + or _; got {name!r}"
                 )
             have = self._entries.get(name)
             if have is not None and have is not cls:

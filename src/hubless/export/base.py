@@ -26,8 +26,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import importlib
-import pkgutil
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from hubless._registry import Registry
 from hubless.errors import AlreadyExists, Busy, InvalidInput, InvalidType
 
 __all__ = [
@@ -123,37 +122,18 @@ class NoOptions:
 
 
 # ---------------------------------------------------------------------------------- registry
-_REGISTRY: dict[str, type[VectorStore]] = {}
-_DISCOVERED = False
+#: URI scheme -> store class. Every module of :mod:`hubless.export` is imported on the first
+#: look-up, so each store registers itself (a new store is one file in this package); backends
+#: import their database client lazily.
+STORES: Registry[type[VectorStore]] = Registry("store URI scheme", "hubless.export", names_of=lambda cls: tuple(cls.schemes))
 
-
-def register(cls: type[VectorStore]) -> type[VectorStore]:
-    """Class decorator: make ``cls`` the store of its URI ``schemes``."""
-    for scheme in cls.schemes:
-        other = _REGISTRY.get(scheme)
-        if other is not None and other is not cls and other.__qualname__ != cls.__qualname__:
-            raise InvalidInput(f"URI scheme {scheme!r} is already served by {other.__name__}")
-        _REGISTRY[scheme] = cls
-    return cls
-
-
-def _discover() -> None:
-    """Import every module of :mod:`hubless.export` once, so each store registers itself (a new
-    store is one file in this package). Backends import their database client lazily."""
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    package = Path(__file__).parent
-    for info in pkgutil.iter_modules([str(package)]):
-        if info.name not in ("base", "query", "metadata", "calibrate") and not info.name.startswith("_"):
-            importlib.import_module(f"hubless.export.{info.name}")
-    _DISCOVERED = True
+#: Class decorator: make a store class the store of its URI ``schemes``.
+register = STORES.register
 
 
 def registered() -> dict[str, type[VectorStore]]:
     """scheme -> store class, every registered store."""
-    _discover()
-    return dict(_REGISTRY)
+    return dict(STORES)
 
 
 def parse_uri(uri: str) -> StoreURI:
@@ -165,7 +145,7 @@ def _store_class(uri: str) -> type[VectorStore]:
     if not isinstance(uri, (str, Path)):
         raise InvalidType(f"a store URI must be a string; got {type(uri).__name__}")
     scheme, sep, _ = str(uri).partition("://")
-    stores = registered()
+    stores = STORES
     if not sep or scheme not in stores:
         forms = ", ".join(dict.fromkeys(c.uri_form(s) for s, c in stores.items()))
         raise InvalidInput(f"not a store URI: {str(uri)!r} (expected one of {forms})")
