@@ -7,7 +7,8 @@ from typing import Literal
 
 from hubless._registry import Registry
 from hubless.corrections.base import AdditiveCorrection, Correction
-from hubless.errors import InvalidInput, InvalidType
+from hubless.corrections.serving import check_additive
+from hubless.errors import InvalidInput
 
 #: The built-in methods' names (a spec may add parameters: ``"nnn:alpha=0.5,k=16"``); a method
 #: registered elsewhere is accepted as any ``str``.
@@ -39,14 +40,8 @@ def _parse_value(text: str):
 
 def make_additive(spec: str | Correction) -> AdditiveCorrection:
     """:func:`make_correction`, refusing a method that is not a per-candidate bias (GC ranks by
-    probes): what a vector index or store can serve."""
-    corr = make_correction(spec)
-    if not isinstance(corr, AdditiveCorrection):
-        raise InvalidType(
-            f"{type(corr).__name__} is not additive (GC ranks by probes): it cannot be served from a vector index or store; "
-            "use its exact search()"
-        )
-    return corr
+    probes): what a vector index or store can serve (:func:`~hubless.corrections.serving.check_additive`)."""
+    return check_additive(make_correction(spec))
 
 
 def make_correction(spec: MethodName | str | Correction) -> Correction:

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from hubless.corrections import Correction, make_additive, make_correction
+from hubless.corrections.serving import check_servable_as_rows, query_vectors
 from hubless.distributed.cluster import check_address, connect, run_tasks
 from hubless.distributed.fit import _banks_for, _fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.engine.statistics import BankStatistics
 from hubless.errors import AlreadyExists, InvalidInput
-from hubless.export.query import check_servable, query_vectors
 from hubless.io.sources import EmbeddingSource
 from hubless.io.workfiles import describe, file_problem, job_id, load_arrays, read_record, recomputing, save_arrays, write_record
 
@@ -135,7 +135,7 @@ def write_augmented(
     from hubless.progress import progress_bar
 
     check_address(address)
-    check_servable(make_correction(method))  # refused before any work, with the rows' own reason
+    check_servable_as_rows(make_correction(method))  # refused before any work, with the rows' own reason
     corr = make_additive(method)
     sources = open_sources(gallery, *_banks_for([corr], query_bank, gallery_bank))  # headers read and checked once
     source, qb, gb = sources["gallery"], sources["query_bank"], sources["gallery_bank"]

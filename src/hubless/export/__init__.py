@@ -12,8 +12,8 @@ URI scheme (:mod:`hubless.export.base`); see docs/stores.md.
 
 from __future__ import annotations
 
+from hubless.export.api import describe, drop, export, search, sync, to_lancedb, to_pgvector, to_qdrant
 from hubless.export.base import FORMAT_VERSION, StoreURI, VectorStore, open_store, parse_uri, registered
-from hubless.export.query import describe, drop, export, search, sync, to_lancedb, to_pgvector, to_qdrant
 
 __all__ = [
     "FORMAT_VERSION",

@@ -350,12 +350,12 @@ class VectorStore(abc.ABC):
         and the smallest value reaching ``target_recall`` becomes the default (the whole
         curve is kept in the info). Everything is checked before anything is written."""
         from hubless._validation import check_positive_int
+        from hubless.corrections.serving import check_servable_as_rows
         from hubless.export.calibrate import check_target
         from hubless.export.metadata import normalize_metadata
-        from hubless.export.query import check_servable
 
         corr = index.correction
-        check_servable(corr)
+        check_servable_as_rows(corr)
         batch = check_positive_int(batch, "batch")
         ann = self._check_ann(ann)
         target = check_target(target_recall)
@@ -384,11 +384,11 @@ class VectorStore(abc.ABC):
         [r, bias(r)] or metadata changed or that are new are written, rows of removed items are
         deleted, nothing else is touched; the result equals a fresh export. A table of another
         correction or dimension is refused. Returns ``{"written", "removed", "unchanged"}``."""
+        from hubless.corrections.serving import check_servable_as_rows
         from hubless.export.metadata import normalize_metadata
-        from hubless.export.query import check_servable
 
         corr = index.correction
-        check_servable(corr)
+        check_servable_as_rows(corr)
         meta, columns = normalize_metadata(index.metadata, index.ntotal)
         with self.writer_lock(), self.changing():  # the info, the rows read and the changes: one table
             info = self.read_info()
@@ -441,15 +441,15 @@ class VectorStore(abc.ABC):
     def _search(self, queries, top_k, corrected: bool, exact: bool, target_recall, options: dict):
         from hubless._validation import as_embeddings, check_positive_int
         from hubless.corrections import make_additive
+        from hubless.corrections.serving import check_servable_as_rows, weighted_query_rows
         from hubless.export.calibrate import check_target, knob_for_target
-        from hubless.export.query import augmented_queries, check_servable
 
         top_k = check_positive_int(top_k, "top_k")
         info = self.read_info()
         if info.get("metric") != "dot":
             raise InvalidInput(f"store {self.uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
         corr = make_additive(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
-        check_servable(corr)
+        check_servable_as_rows(corr)
         n_items = int(info.get("n_items", 0))
         if top_k > max(n_items, MAX_PADDED_TOP_K):
             raise InvalidInput(
@@ -486,7 +486,9 @@ class VectorStore(abc.ABC):
             scores, ids, rows = self.query(batch.vectors, fetch, column="plain", exact=exact, knobs=knobs)
         else:
             layout = info.get("layout", {})
-            ranking, ids, rows = self.query(augmented_queries(corr, batch, layout), fetch, column="vector", exact=exact, knobs=knobs)
+            ranking, ids, rows = self.query(
+                weighted_query_rows(corr, batch, int((layout or {}).get("pad", 0))), fetch, column="vector", exact=exact, knobs=knobs
+            )
             found = ids >= 0
             scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
             scores = np.where(found, scores, -np.inf).astype(np.float32)

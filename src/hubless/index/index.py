@@ -42,8 +42,9 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, QueryBatch, QueryStatistics, make_additive
+from hubless.corrections.serving import check_additive
 from hubless.engine import BankStatistics
-from hubless.errors import AlreadyExists, Conflict, InvalidInput, InvalidType, NotFittedError
+from hubless.errors import AlreadyExists, Conflict, InvalidInput, NotFittedError
 from hubless.index import store
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
@@ -152,7 +153,7 @@ class Index:
         spill: float | None = None,
         _built=None,
     ) -> None:
-        _check_servable(correction)
+        check_additive(correction)
         if not correction.is_fitted:
             raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
         n = correction.n_gallery_
@@ -1015,14 +1016,6 @@ def _rows_of_batch(batch: QueryBatch, which: np.ndarray) -> QueryBatch:
 def _is_flat(factory: str) -> bool:
     """Whether a factory string is the exact flat index."""
     return "".join(factory.split()).lower() == "flat"
-
-
-def _check_servable(correction: Correction) -> None:
-    if not isinstance(correction, AdditiveCorrection):
-        raise InvalidType(
-            f"{type(correction).__name__} is not additive (GC ranks by probes): it cannot be served from a "
-            "vector index; use its exact search()"
-        )
 
 
 def _check_target(path: Path, overwrite: bool) -> None:

@@ -6,12 +6,9 @@ The functions here are the library's entry points; each opens the store a URI na
 
 from __future__ import annotations
 
-import numpy as np
-
-from hubless.errors import InvalidInput
 from hubless.export.base import open_store
 
-__all__ = ["check_servable", "describe", "drop", "export", "query_vectors", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
+__all__ = ["describe", "drop", "export", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
 
 
 def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None, target_recall=None, **options):
@@ -73,30 +70,3 @@ def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, 
     ``Index.search`` does; DIS, DualDIS and CSLS are refused at export.
     """
     return open_store(store_uri).search(queries, top_k, corrected=corrected, exact=exact, target_recall=target_recall, **options)
-
-
-def augmented_queries(corr, batch, layout: dict | None = None) -> np.ndarray:
-    """[q, -W(q)] (and the store layout's zero padding) of a query batch."""
-    parts = [batch.vectors, -corr.weights(batch)]
-    pad = int((layout or {}).get("pad", 0))
-    if pad:
-        parts.append(np.zeros((len(batch.vectors), pad), np.float32))
-    return np.hstack(parts).astype(np.float32)
-
-
-def query_vectors(corr, queries, **weight) -> np.ndarray:
-    """[q, -W(q)] of ``queries`` for a correction served as [r, bias(r)] rows elsewhere (a
-    store, parts written on Ray): ``xq . row = s(q, r) - W(q) . bias(r)``, the ranking score.
-    ``corr`` is fitted, or set up with :meth:`~hubless.corrections.base.AdditiveCorrection.for_queries`."""
-    check_servable(corr)
-    return augmented_queries(corr, corr.queries(queries, **weight))
-
-
-def check_servable(corr) -> None:
-    """Refuse a correction that [r, bias(r)] rows and [q, -W(q)] cannot serve: its score needs
-    each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC)."""
-    if not getattr(corr, "exactly_additive", False) or corr.query_request.depth:
-        raise InvalidInput(
-            f"{corr.spec} needs each query's raw neighbours (DIS/DualDIS gates, CSLS's r_q) or is not additive (GC): "
-            "it cannot be served as [r, bias] rows; search it with hubless's own Index"
-        )
