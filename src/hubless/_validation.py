@@ -184,3 +184,13 @@ def check_k(k: int, n: int, name: str, what: str) -> int:
 def check_top_k(top_k: int, n_gallery: int) -> int:
     """Check the number of results asked from a search."""
     return check_k(top_k, n_gallery, "top_k", "the gallery")
+
+
+def check_target_recall(value) -> float:
+    """A recall target: a number in (0, 1] (a share of the exact top k); InvalidType /
+    InvalidInput otherwise. The index tuner and the stores' calibration both read it so."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidType(f"target_recall must be a number in (0, 1]; got {value!r}")
+    if not 0.0 < float(value) <= 1.0:
+        raise InvalidInput(f"target_recall must be in (0, 1] (a share of the exact top k); got {value!r}")
+    return float(value)

@@ -62,9 +62,10 @@ def build_command(
     if max_memory is not None and target_recall is None:
         raise typer.BadParameter("--max-memory bounds what --target-recall may choose: pass --target-recall too")
     if target_recall is not None:
-        from hubless.index.tuner import _check_target, parse_size
+        from hubless._validation import check_target_recall
+        from hubless.index.tuner import parse_size
 
-        _check_target(target_recall)
+        check_target_recall(target_recall)
         parse_size(max_memory)
         if query_bank is None:
             raise typer.BadParameter("--target-recall is measured on the query bank: pass --query-bank")

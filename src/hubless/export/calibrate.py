@@ -14,11 +14,10 @@ At search, ``target_recall=`` picks the smallest measured value reaching it
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from hubless.errors import InvalidInput, InvalidType
+from hubless._validation import check_target_recall
+from hubless.errors import InvalidInput
 
 __all__ = ["check_target", "knob_for_target", "knob_values", "measure_curve", "recall_at"]
 
@@ -29,13 +28,9 @@ SAMPLE, TOP_K = 200, 10
 
 
 def check_target(target) -> float | None:
-    if target is None:
-        return None
-    if isinstance(target, bool) or not isinstance(target, numbers.Real):
-        raise InvalidType(f"target_recall must be a number in (0, 1]; got {target!r}")
-    if not 0.0 < float(target) <= 1.0:
-        raise InvalidInput(f"target_recall must be in (0, 1]; got {target}")
-    return float(target)
+    """``target_recall`` of an export or a search: None, or checked as
+    :func:`hubless._validation.check_target_recall` checks it."""
+    return None if target is None else check_target_recall(target)
 
 
 def recall_at(ids: np.ndarray, exact: np.ndarray) -> float:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_positive_int, check_top_k
+from hubless._validation import as_embeddings, check_positive_int, check_target_recall, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, QueryBatch, QueryStatistics, make_additive
 from hubless.corrections.serving import check_additive
 from hubless.engine import BankStatistics
@@ -265,9 +265,9 @@ class Index:
         if target_recall is None and max_memory is not None:
             raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
         if target_recall is not None:
-            from hubless.index.tuner import _check_target, parse_size
+            from hubless.index.tuner import parse_size
 
-            _check_target(target_recall)  # before the fit: bad arguments fail in a second
+            check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
             parse_size(max_memory)
             if query_bank is None:
                 raise InvalidInput("target_recall is measured on the query bank: pass query_bank")

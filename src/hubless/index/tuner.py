@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_positive_int
+from hubless._validation import as_embeddings, check_positive_int, check_target_recall
 from hubless.errors import InvalidInput, InvalidType
 from hubless.index.factory import POINTS_PER_CENTROID, check_factory
 from hubless.index.faiss_build import DEFAULT_SPILL, plan_layout
@@ -225,7 +225,7 @@ def tune_index(
     """
     from hubless.index.index import Index
 
-    target = _check_target(target_recall)
+    target = check_target_recall(target_recall)
     budget = parse_size(max_memory)
     top_k = min(check_positive_int(top_k, "top_k"), correction.n_gallery_)
     check_positive_int(sample, "sample")
@@ -332,12 +332,3 @@ def tune_index(
 def _built_of(index: Index):
     snap = index._snap
     return None if snap.faiss is None else (snap.faiss, snap.layout)
-
-
-def _check_target(target_recall) -> float:
-    if isinstance(target_recall, bool) or not isinstance(target_recall, (int, float, np.floating, np.integer)):
-        raise InvalidType(f"target_recall must be a number in (0, 1]; got {target_recall!r}")
-    value = float(target_recall)
-    if not 0.0 < value <= 1.0:
-        raise InvalidInput(f"target_recall must be in (0, 1] (a share of the exact top k); got {target_recall!r}")
-    return value
