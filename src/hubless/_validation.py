@@ -194,3 +194,17 @@ def check_target_recall(value) -> float:
     if not 0.0 < float(value) <= 1.0:
         raise InvalidInput(f"target_recall must be in (0, 1] (a share of the exact top k); got {value!r}")
     return float(value)
+
+
+def exactly_one(given) -> str:
+    """The one name of ``given`` (name -> value, in the order to list them) whose value is not
+    None / empty; InvalidInput naming them all otherwise ("give exactly one of ...") — the one
+    rule for query kinds in the library, the CLI and the service."""
+    chosen = [
+        name for name, value in given.items() if value is not None and value is not False and not (isinstance(value, str) and not value)
+    ]
+    if len(chosen) != 1:
+        names = list(given)
+        listed = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+        raise InvalidInput(f"give exactly one of {listed} (got {', '.join(chosen) or 'none'})")
+    return chosen[0]

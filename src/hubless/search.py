@@ -277,11 +277,9 @@ class Searcher:
         """(m, d) float32 query vectors for index ``name`` from exactly one of ``embeddings``,
         ``texts``, ``images`` (files or PIL images, encoded with the index's model) or ``item``
         (an item's id: "more like this")."""
-        from hubless._validation import as_embeddings
+        from hubless._validation import as_embeddings, exactly_one
 
-        given = [k for k, v in zip(QUERY_KINDS, (embeddings, texts, images, item)) if v is not None]
-        if len(given) != 1:
-            raise InvalidInput(f"give exactly one of embeddings, texts, images or item (got {', '.join(given) or 'none'})")
+        exactly_one(dict(zip(QUERY_KINDS, (embeddings, texts, images, item))))
         index = self.index(name)
         info = index.info()
         if item is not None:

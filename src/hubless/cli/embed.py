@@ -31,11 +31,11 @@ def embed_command(
 ) -> None:
     """Encode images or texts to L2-normalised float32 embeddings, in chunks that survive an
     interruption (run the same command again to resume); unreadable images are skipped and listed."""
+    from hubless._validation import exactly_one
     from hubless.encoders import load_encoder
     from hubless.encoders.job import embed_to_file, list_images
 
-    if (images is None) == (texts is None):
-        raise typer.BadParameter("give exactly one of --images or --texts")
+    exactly_one({"--images": images, "--texts": texts})
     if out.exists() and not overwrite:
         raise AlreadyExists(f"{out} exists; pass --overwrite to replace it")
     from hubless.inputs import read_items

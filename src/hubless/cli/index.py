@@ -412,15 +412,14 @@ def search_command(
     ),
 ) -> None:
     """Search a saved index (or a store it was exported to); scores are the method's own, ids the items' ids."""
+    from hubless._validation import exactly_one
     from hubless.cli._common import deprecated_flag
     from hubless.export.base import is_store_uri
 
     weight = deprecated_flag(weight, alpha, "--alpha", "--weight")
     fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
     fusion_weight = 0.1 if fusion_weight is None else fusion_weight
-    given = [name for name, value in (("--queries", queries), ("--text", text), ("--texts", texts), ("--image", image)) if value]
-    if len(given) != 1:
-        raise typer.BadParameter(f"give exactly one of --queries, --text, --texts or --image (got {', '.join(given) or 'none'})")
+    exactly_one({"--queries": queries, "--text": text, "--texts": texts, "--image": image})
     if queries is not None and model is not None:
         raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
     items = _query_items(text, texts, image)

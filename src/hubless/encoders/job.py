@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless._io import file_sha256, save_npy, write_json
+from hubless._validation import exactly_one
 from hubless.encoders.base import Encoder, open_image
 from hubless.errors import AlreadyExists, Corrupt, Incomplete, InvalidInput, MissingFile
 from hubless.progress import progress_bar
@@ -107,8 +108,7 @@ def embed_to_file(
     ``chunks`` elsewhere (each with :func:`embed_chunk`, e.g. on Ray workers:
     :func:`hubless.distributed.embed`); by default they are computed here, one after another.
     """
-    if (images is None) == (texts is None):
-        raise InvalidInput("give exactly one of images= or texts=")
+    exactly_one({"images=": images, "texts=": texts})
     modality = "image" if images is not None else "text"
     chosen = images if images is not None else texts
     assert chosen is not None  # exactly one was given

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hubless._validation import exactly_one
 from hubless.encoders.base import Encoder, open_image
 from hubless.encoders.loader import load_encoder
 from hubless.errors import InvalidInput
@@ -39,8 +40,7 @@ def encode_queries(
         raise InvalidInput(
             "no model to encode the queries with: pass a model name or folder (an index built without model=... / --model records none)"
         )
-    if (texts is None) == (images is None):
-        raise InvalidInput("give exactly one of texts= or images=")
+    exactly_one({"texts=": texts, "images=": images})
     chosen = texts if texts is not None else images
     assert chosen is not None  # exactly one was given
     items: list = list(chosen)

@@ -17,6 +17,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
+from hubless._validation import exactly_one
 from hubless.service.batching import omp_threads_for
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
@@ -50,11 +51,7 @@ async def search(request: SearchRequest, service: ServiceDep) -> FastJSON:
 def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
     s = get_served(service, request.index if request.index is not None else only_index(service))
     limits = service.limits
-    given = [k for k in ("embeddings", "embeddings_b64", "texts", "images", "item") if getattr(request, k) is not None]
-    if len(given) != 1:
-        raise HTTPException(
-            422, f"give exactly one of embeddings, embeddings_b64, texts, images or item (got {', '.join(given) or 'none'})"
-        )
+    exactly_one({k: getattr(request, k) for k in ("embeddings", "embeddings_b64", "texts", "images", "item")})  # 422
     embeddings: Any = None
     images: list | None = None
     if request.embeddings is not None:
