@@ -189,8 +189,7 @@ def test_multi_bank_rows_equal_separate_runs(tmp_path):
 
 
 def test_tune_with_several_banks_tunes_each_on_validation(tmp_path):
-    from hubless.evaluation.robustness import tune_banks
-    from hubless.tuning import tune
+    from hubless.tuning import tune, tune_banks
 
     data = hubless.data.make_retrieval_data(n_items=150, dim=16, n_query_bank=400, n_val_items=60, seed=8)
     banks = {"a": data.query_bank[:200], "b": data.query_bank[200:]}

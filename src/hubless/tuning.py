@@ -28,10 +28,12 @@ from hubless.corrections import METHODS, Correction, MethodName, fit_shared, mak
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
+from hubless.evaluation.evaluate import evaluate
+from hubless.evaluation.robustness import BankEvaluation, checked_banks
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import load_truth
 
-__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune"]
+__all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune", "tune_banks"]
 
 #: Default grids, from each method's ``default_grid`` (the papers': NNN, Chowdhury 2024, app. B;
 #: QB-Norm, Bogolin 2022; DBNorm, Wang 2023, log grid of both betas; DN, Zhou 2023, lambda in [0, 1]).
@@ -204,3 +206,41 @@ def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: s
     block of raw similarities is shared by every grid point)."""
     ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {len(corrections) - 1} grid points", ties=ties)
     return [summarize(per_query_metrics(PerQuery(r.ranks, truth), ks)) for r in ranked]
+
+
+def tune_banks(
+    gallery,
+    val_queries,
+    val_truth,
+    banks: Mapping[str, Any],
+    methods: Sequence[MethodName | str] = ("nnn",),
+    *,
+    queries,
+    truth,
+    val_gallery=None,
+    gallery_bank=None,
+    objective: str = "R@1",
+    ks: Sequence[int] = (1, 5, 10),
+    bootstrap: int = 1000,
+    seed: int = 0,
+    normalize: bool = True,
+    distractors=None,
+    progress: bool | None = None,
+    ties: str = "index",
+) -> BankEvaluation:
+    """The protocol with every method tuned on the validation split separately for each bank
+    (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
+    g, checked = checked_banks(gallery, banks, normalize)
+    same = val_gallery is None and distractors is None  # tuned on the very gallery tested: one pass per bank in all
+    vg = g if val_gallery is None else val_gallery
+    evaluations, tuned, reports = {}, {}, {}
+    for name, b in checked.items():
+        tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
+                           ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip
+        # the chosen corrections are used as fitted when the gallery is the same array (refit otherwise)
+        chosen = list(tuned[name].fitted.values()) if same else tuned[name].best_specs
+        evaluations[name] = evaluate(g, queries, truth, b, chosen, gallery_bank=gallery_bank, ks=ks,
+                                     bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=distractors, progress=progress,
+                                     ties=ties, coverage=not same, refit=False)  # fmt: skip
+        reports[name] = tuned[name].bank if same else evaluations[name].bank
+    return BankEvaluation(evaluations, {k: v for k, v in reports.items() if v is not None}, tuned)

@@ -165,9 +165,9 @@ def tune_command(
 
 def _tune_banks(gallery, val_queries, val_truth, val_gallery, queries, truth, banks, gallery_bank, distractors, method, objective, ks,
                 bootstrap, normalize, out, progress, ties="index") -> None:  # fmt: skip
-    """Tune and test with each named bank (hubless.evaluation.robustness.tune_banks)."""
+    """Tune and test with each named bank (hubless.tuning.tune_banks)."""
     from hubless.cli.eval import print_banks
-    from hubless.evaluation.robustness import tune_banks
+    from hubless.tuning import tune_banks
 
     g = load(gallery, "gallery", normalize=normalize)
     dim = g.shape[1]

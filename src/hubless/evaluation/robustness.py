@@ -24,7 +24,7 @@ from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
 
-__all__ = ["BankEvaluation", "evaluate_banks", "geometric_mean", "tune_banks"]
+__all__ = ["BankEvaluation", "checked_banks", "evaluate_banks", "geometric_mean"]
 
 
 @dataclass
@@ -33,7 +33,7 @@ class BankEvaluation:
 
     evaluations: dict[str, Evaluation]
     reports: dict[str, BankReport]
-    #: With :func:`tune_banks`: each bank's tuning result (parameters chosen with that bank).
+    #: With :func:`hubless.tuning.tune_banks`: each bank's tuning result (parameters chosen with that bank).
     tuned: dict[str, Any] | None = None
 
     @property
@@ -94,7 +94,7 @@ def evaluate_banks(
 ) -> BankEvaluation:
     """:func:`~hubless.evaluation.evaluate` with each query bank of ``banks`` (name -> array),
     the same queries, truth, methods, bootstrap seed and gallery; see the module docstring."""
-    g, checked = _checked_banks(gallery, banks, normalize)
+    g, checked = checked_banks(gallery, banks, normalize)
     evaluations = {
         name: evaluate(
             g,
@@ -114,10 +114,10 @@ def evaluate_banks(
         )  # fmt: skip
         for name, b in checked.items()
     }
-    return BankEvaluation(evaluations, _reports(evaluations))
+    return BankEvaluation(evaluations, bank_reports(evaluations))
 
 
-def _checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
+def checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
     """The validated gallery and each validated bank (every bank is checked before any work)."""
     if not banks:
         raise InvalidInput("banks is empty: give at least one name -> query bank")
@@ -125,47 +125,7 @@ def _checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
     return g, {name: as_embeddings(bank, f"query bank {name!r}", normalize=normalize, dim=g.shape[1]) for name, bank in banks.items()}
 
 
-def _reports(evaluations: Mapping[str, Evaluation]) -> dict[str, BankReport]:
+def bank_reports(evaluations: Mapping[str, Evaluation]) -> dict[str, BankReport]:
     """Each bank's coverage of the gallery as searched (distractors included), measured in its
     evaluation's fitting pass."""
     return {name: ev.bank for name, ev in evaluations.items() if ev.bank is not None}
-
-
-def tune_banks(
-    gallery,
-    val_queries,
-    val_truth,
-    banks: Mapping[str, Any],
-    methods: Sequence[MethodName | str] = ("nnn",),
-    *,
-    queries,
-    truth,
-    val_gallery=None,
-    gallery_bank=None,
-    objective: str = "R@1",
-    ks: Sequence[int] = (1, 5, 10),
-    bootstrap: int = 1000,
-    seed: int = 0,
-    normalize: bool = True,
-    distractors=None,
-    progress: bool | None = None,
-    ties: str = "index",
-) -> BankEvaluation:
-    """The protocol with every method tuned on the validation split separately for each bank
-    (:func:`hubless.tuning.tune`, never on the test queries), then tested on ``queries``."""
-    from hubless.tuning import tune
-
-    g, checked = _checked_banks(gallery, banks, normalize)
-    same = val_gallery is None and distractors is None  # tuned on the very gallery tested: one pass per bank in all
-    vg = g if val_gallery is None else val_gallery
-    evaluations, tuned, reports = {}, {}, {}
-    for name, b in checked.items():
-        tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
-                           ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip
-        # the chosen corrections are used as fitted when the gallery is the same array (refit otherwise)
-        chosen = list(tuned[name].fitted.values()) if same else tuned[name].best_specs
-        evaluations[name] = evaluate(g, queries, truth, b, chosen, gallery_bank=gallery_bank, ks=ks,
-                                     bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=distractors, progress=progress,
-                                     ties=ties, coverage=not same, refit=False)  # fmt: skip
-        reports[name] = tuned[name].bank if same else evaluations[name].bank
-    return BankEvaluation(evaluations, {k: v for k, v in reports.items() if v is not None}, tuned)
