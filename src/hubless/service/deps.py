@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from hubless.service.errors import clip
 from hubless.service.state import Served, ServiceState
 
 __all__ = ["ServiceDep", "audit", "check_id", "get_served", "get_service", "only_index", "writable"]
@@ -23,7 +24,7 @@ ServiceDep = Annotated[ServiceState, Depends(get_service)]
 def get_served(service: ServiceState, name: str) -> Served:
     """The served index ``name`` (404 naming the served ones otherwise)."""
     if name not in service.served:
-        raise HTTPException(404, f"no index named {name!r}; served: {', '.join(sorted(service.served))}")
+        raise HTTPException(404, f"no index named {clip(name)!r}; served: {', '.join(sorted(service.served))}")
     return service.served[name]
 
 
