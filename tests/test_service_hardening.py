@@ -101,7 +101,9 @@ def test_huge_bodies_are_refused_off_the_event_loop_with_bounded_memory(world):
     # 8.9 s for four); one answer may be a scheduling outlier of a shared 2-core machine (load ~12 when measured)
     slowest = sorted(latencies)
     assert len(slowest) >= 5 and slowest[-2] < 0.1 + max(quiet) and slowest[-1] < 0.5, (slowest[-5:], max(quiet))
-    print(f"/health during the bodies: max {slowest[-1] * 1000:.0f} ms (quiet: {max(quiet) * 1000:.0f} ms); peak RSS +{peak - rss_before:.0f} MiB")
+    print(
+        f"/health during the bodies: max {slowest[-1] * 1000:.0f} ms (quiet: {max(quiet) * 1000:.0f} ms); peak RSS +{peak - rss_before:.0f} MiB"
+    )
     assert peak - rss_before < 120, (rss_before, peak)  # four 8 MiB bodies: their bytes, never 2M Python lists (was +466 MiB for one)
     status, _, body = server.request("POST", "/search", deep, headers={**auth(), "content-type": "application/json"})
     assert status == 422 and "32 deep" in json.loads(body)["detail"]
