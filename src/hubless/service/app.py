@@ -50,7 +50,7 @@ from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
 from hubless.service.schemas import ItemsRequest, SearchRequest
-from hubless.service.settings import Keys, Limits, Settings
+from hubless.service.settings import DEFAULT_RATE_BURST, DEFAULT_RATE_LIMIT, Keys, Limits, Settings
 from hubless.service.state import ServiceState
 
 __all__ = ["ItemsRequest", "Keys", "Limits", "SearchRequest", "Settings", "create_app", "error_status"]
@@ -75,6 +75,8 @@ def app_from_environment() -> FastAPI:
         header_timeout=config.get("header_timeout", 10.0),
         body_timeout=config.get("body_timeout", 30.0),
         writes=config["writes"],
+        rate_limit=config.get("rate_limit", DEFAULT_RATE_LIMIT),
+        rate_burst=config.get("rate_burst", DEFAULT_RATE_BURST),
     )
     app = create_app(config["indexes"], model=config["model"], allow_model_mismatch=config.get("allow_model_mismatch", False),
                      settings=settings, reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip

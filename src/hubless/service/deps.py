@@ -54,5 +54,7 @@ def audit(service: ServiceState, request: Request, index: str, ids) -> None:
     """Append a successful write to the audit log (when one is configured)."""
     if service.audit is not None:
         route = request.scope.get("route")
+        client = request.scope.get("client")
         service.audit.record(key=request.scope.get("hubless.key"), method=request.method,
-                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids)  # fmt: skip
+                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids,
+                             client=str(client[0]) if client else "unknown", request_id=request.scope.get("hubless.request_id"))  # fmt: skip

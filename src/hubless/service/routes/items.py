@@ -32,7 +32,9 @@ def item(name: str, item_id: ItemId, service: ServiceDep) -> dict:
     return {"id": item_id, "metadata": None if index.metadata_schema is None else index.records([item_id])[0]}
 
 
-@router.get("/items/{name}/{item_id}/image", response_class=OpenFileResponse, responses={200: {"content": {"image/*": {}}}})
+@router.get(
+    "/items/{name}/{item_id}/image", response_class=OpenFileResponse, status_code=200, responses={200: {"content": {"image/*": {}}}}
+)
 def image(name: str, item_id: ItemId, service: ServiceDep) -> OpenFileResponse:
     s = get_served(service, name)
     index = s.index
