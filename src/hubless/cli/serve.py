@@ -97,9 +97,9 @@ def serve_command(
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
     if (tls_cert is None) != (tls_key is None):
         raise InvalidInput("give --tls-cert and --tls-key together (the certificate and its private key)")
-    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
-        if path is not None and not Path(path).is_file():
-            raise InvalidInput(f"{flag} {path} is not a file")
+    for flag, pem in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if pem is not None and not Path(pem).is_file():
+            raise InvalidInput(f"{flag} {pem} is not a file")
     from hubless.cli._common import print_note
 
     for warning in transport_warnings(host, keys=api_key_file is not None, tls=tls_cert is not None, proxies=trusted_proxy or ()):

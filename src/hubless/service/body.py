@@ -155,7 +155,10 @@ def json_body(model: type[BaseModel]) -> dict:
     """The ``openapi_extra`` of a route whose JSON body is ``model`` (its schema is added to the
     components by :func:`hubless.service.app.create_app`)."""
     schema = {"$ref": f"#/components/schemas/{model.__name__}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+        "responses": {"422": {"description": "A bad request: its shape, types or limits (the detail names which)."}},
+    }
 
 
 async def read_json(request: Request, model: type[Model]) -> Model:

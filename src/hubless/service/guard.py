@@ -142,6 +142,8 @@ class Guard:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", ()), *added]
+                if status[0] in (401, 403) and self.service.audit is not None and is_write(method, path):
+                    await self._audit_refusal(scope, method, path, status[0])  # on disk before the answer goes out
             await send(message)
 
         try:
@@ -157,8 +159,6 @@ class Guard:
         finally:
             route = scope.get("route")
             self.service.metrics.observe(getattr(route, "path", "unmatched"), method, status[0], time.perf_counter() - t0)
-            if status[0] in (401, 403) and is_write(method, path) and self.service.audit is not None:
-                await self._audit_refusal(scope, method, path, status[0])
 
     async def _audit_refusal(self, scope, method: str, path: str, code: int) -> None:
         from starlette.concurrency import run_in_threadpool

@@ -36,7 +36,7 @@ def page() -> HTMLResponse:
 
 
 @router.get("/static/{name}", include_in_schema=False)
-def asset(name: str) -> FileResponse:
+def asset(name: str) -> Response:
     if name in ASSETS:
         return FileResponse(str(STATIC / name), media_type=ASSETS[name], headers={"cache-control": "no-cache"})
     if name in DOCS_ASSETS:

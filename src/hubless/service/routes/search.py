@@ -41,8 +41,9 @@ class FastJSON(Response):
 
 @router.post("/search", response_class=FastJSON, openapi_extra=json_body(SearchRequest))
 async def search(http: Request, service: ServiceDep) -> FastJSON:
-    """The body (a ``SearchRequest``) is read here; it is parsed, checked and searched in one
-    worker thread (see :mod:`hubless.service.body`), where concurrent requests meet in the batcher."""
+    """Search with a ``SearchRequest``: embeddings, texts, images or an item id, top_k, weight,
+    compare, where, rerank (see docs/service.md). The body is parsed and checked off the event
+    loop, its shape bounded before it is built; concurrent searches of one index are batched."""
     from starlette.concurrency import run_in_threadpool
 
     raw = await http.body()
