@@ -220,3 +220,10 @@ def test_bounded_weights_and_short_echoes(world):
     assert status == 422 and len(answer) < 2000 and "4194304 characters" in json.loads(answer)["detail"]
     status, _, answer = server.request("GET", "/indexes/" + "n" * 20_000, headers=auth())
     assert status == 404 and len(answer) < 2000
+    form = {**auth(), "content-type": "text/plain"}  # what a browser form may send cross-site
+    assert server.request("POST", "/search", b'{"item": 1}', headers=form)[0] == 415
+    charset = {**auth(), "content-type": "application/json; charset=utf-8"}
+    assert server.request("POST", "/search", b'{"item": 1}', headers=charset)[0] == 200
+    too_many = {"embeddings": [[0.25] * 16] * 65}  # writes have the same limits, checked before pydantic
+    status, _, answer = server.request("POST", "/items/idx", too_many, headers=auth(WRITE))
+    assert status == 422 and "max_batch=64" in json.loads(answer)["detail"]

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from hubless.service.settings import Limits
 
-__all__ = ["CONTAINERS_PER_ROW", "MAX_DEPTH", "ROW_FIELDS", "BodyShape", "json_body", "parse_json", "read_json"]
+__all__ = ["CONTAINERS_PER_ROW", "MAX_DEPTH", "ROW_FIELDS", "BodyShape", "check_content_type", "json_body", "parse_json", "read_json"]
 
 #: Arrays and objects a body may hold per row of ``max_batch`` (a row, its metadata record and
 #: a few list or object values inside it), plus :data:`CONTAINER_SLACK` for the rest.
@@ -161,10 +161,22 @@ def json_body(model: type[BaseModel]) -> dict:
     }
 
 
+def check_content_type(request: Request) -> None:
+    """Refuse (415) a body sent as anything but JSON (``application/json`` or ``...+json``; no
+    content type is taken as JSON), so a browser form cannot pass for a JSON request."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    kind = given.split(";", 1)[0].strip().lower()
+    if kind != "application/json" and not (kind.startswith("application/") and kind.endswith("+json")):
+        raise HTTPException(415, f"send the body as JSON (content-type: application/json); got {given[:100]!r}")
+
+
 async def read_json(request: Request, model: type[Model]) -> Model:
     """The body of ``request`` as ``model``: read on the event loop (bounded by ``max_body_bytes``),
     parsed and validated in a worker thread by :func:`parse_json`."""
     from starlette.concurrency import run_in_threadpool
 
+    check_content_type(request)
     raw = await request.body()
     return await run_in_threadpool(parse_json, raw, model, request.app.state.service.body_shape)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from hubless.service.batching import omp_threads_for
-from hubless.service.body import json_body, parse_json
+from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
@@ -46,6 +46,7 @@ async def search(http: Request, service: ServiceDep) -> FastJSON:
     loop, its shape bounded before it is built; concurrent searches of one index are batched."""
     from starlette.concurrency import run_in_threadpool
 
+    check_content_type(http)
     raw = await http.body()
     return await run_in_threadpool(_parse_and_search, raw, service)
 
