@@ -97,6 +97,26 @@ def test_a_client_past_the_rate_limit_gets_429_with_retry_after(proxied):
     assert server.request("GET", "/indexes", headers=_as("203.0.113.8"))[0] == 200
 
 
+def test_the_rate_limiter_is_a_token_bucket_per_client_with_bounded_memory():
+    from hubless.errors import InvalidInput
+    from hubless.service import Settings
+    from hubless.service.guard import RateLimiter
+
+    limiter = RateLimiter(rate=2.0, burst=3, max_clients=100)
+    assert [limiter.wait("a", now=0.0) for _ in range(3)] == [0.0] * 3  # the burst
+    assert limiter.wait("a", now=0.0) == pytest.approx(0.5)  # then one token every 1/rate seconds
+    assert limiter.wait("b", now=0.0) == 0.0  # another client has its own bucket
+    assert limiter.wait("a", now=0.6) == 0.0 and limiter.wait("a", now=0.6) > 0
+    for i in range(1000):  # many addresses: the buckets stay bounded
+        limiter.wait(f"10.0.{i // 256}.{i % 256}", now=1.0 + i * 1e-4)
+        assert len(limiter.buckets) <= 101
+    for bad in (-1, float("nan"), True):
+        with pytest.raises(InvalidInput, match="rate_limit"):
+            Settings(rate_limit=bad)
+    with pytest.raises(InvalidInput, match="rate_burst"):
+        Settings(rate_burst=0)
+
+
 def test_openapi_declares_the_bearer_scheme(proxied):
     _, server = proxied
     schema = json.loads(server.request("GET", "/openapi.json", headers=_as("203.0.113.10", None))[2])

@@ -105,8 +105,9 @@ class RateLimiter:
     def _prune(self, now: float) -> None:
         full = self.burst / self.rate  # idle this long: full again, the same as no bucket
         self.buckets = {c: (t, last) for c, (t, last) in self.buckets.items() if now - last < full}
-        while len(self.buckets) > self.max_clients // 2:  # all busy: drop the oldest (they start full again)
-            self.buckets.pop(next(iter(self.buckets)))
+        if len(self.buckets) > self.max_clients:  # all busy: drop the oldest half (they start full again)
+            for client in list(self.buckets)[: len(self.buckets) - self.max_clients // 2]:
+                del self.buckets[client]
 
 
 def _client(scope) -> str:
