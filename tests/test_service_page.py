@@ -278,6 +278,43 @@ def test_the_key_field_and_the_docs_offline(servers, browser):
     page.close()
 
 
+def test_swagger_authorize_and_redoc_without_console_errors(servers, browser):
+    """Swagger UI's Authorize button takes the key (the OpenAPI schema declares the Bearer
+    scheme) and "Try it out" then reads a keyed endpoint; ReDoc renders with no console error
+    (its logo came from a CDN the CSP blocks) and nothing is fetched off this machine."""
+    page = browser.new_page()
+    errors, outside = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route(
+        "**/*",
+        lambda route: (
+            route.continue_()
+            if route.request.url.startswith(("http://127.0.0.1", "data:"))
+            else (outside.append(route.request.url), route.abort())
+        ),
+    )
+    page.goto(servers["keyed"] + "/docs")
+    page.click("button.authorize", timeout=20_000)
+    page.fill(".modal-ux input", KEY)
+    page.click(".modal-ux button.authorize")
+    page.click(".modal-ux button.btn-done, .modal-ux button.close-modal")
+    operation = "#operations-default-list_indexes_indexes_get"
+    page.click(f"{operation} .opblock-summary")
+    page.click(f"{operation} button.try-out__btn")
+    page.click(f"{operation} button.execute")
+    status = page.wait_for_selector(f"{operation} .live-responses-table tr.response .response-col_status", timeout=20_000)
+    assert status.inner_text().strip().startswith("200"), status.inner_text()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "docs-authorized.png"), full_page=True)
+    page.goto(servers["keyed"] + "/redoc")
+    page.wait_for_selector("redoc h1, [role=navigation]", timeout=20_000)
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(ARTIFACTS / "redoc.png"))
+    assert not errors and not outside, (errors, outside)
+    page.close()
+
+
 def test_query_by_image_upload(tmp_path, browser):
     """With an image encoder (the index's recorded model, a tiny CLIP), the page offers an
     image upload, and its answer equals the in-process search of that image."""

@@ -12,6 +12,10 @@ import typer
 from hubless.cli._common import friendly_errors
 from hubless.errors import InvalidInput
 
+#: hubless.service.settings.DEFAULT_RATE_LIMIT / DEFAULT_RATE_BURST (not imported: the service
+#: package needs the serve extra, and --help must work without it).
+DEFAULT_RATE_LIMIT, DEFAULT_RATE_BURST = 100.0, 200
+
 
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -20,6 +24,21 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def transport_warnings(host: str, *, keys: bool, tls: bool, proxies=()) -> list[str]:
+    """What ``hubless serve`` warns about how keys travel: a key sent in clear beyond loopback."""
+    if keys and not tls and not _is_loopback(host):
+        via = (
+            f" unless the trusted proxy ({', '.join(proxies)}) terminates TLS and reaches this server over a private network"
+            if proxies
+            else ""
+        )
+        return [
+            f"API keys sent to {host} without TLS travel in clear{via}: pass --tls-cert and --tls-key, "
+            "or serve on 127.0.0.1 behind a reverse proxy that terminates TLS (docs/service.md)"
+        ]
+    return []
 
 
 @friendly_errors
@@ -56,6 +75,15 @@ def serve_command(
     workers: int = typer.Option(1, help="Server processes, each with its own copy of the indexes (writes need 1)."),
     rerank: str = typer.Option(None, help="Cross-encoder (BLIP ITM or sentence-transformers name/folder) text searches may rerank with."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
+    tls_cert: Path = typer.Option(None, help="TLS certificate (PEM) to serve HTTPS with (with --tls-key)."),
+    tls_key: Path = typer.Option(None, help="The TLS certificate's private key (PEM)."),
+    trusted_proxy: list[str] = typer.Option(
+        None,
+        "--trusted-proxy",
+        help="Address of a reverse proxy whose X-Forwarded-For/-Proto headers are trusted (repeatable; default: none are).",
+    ),
+    rate_limit: float = typer.Option(DEFAULT_RATE_LIMIT, help="Requests per second per client address, on average (0: no limit)."),
+    rate_burst: int = typer.Option(DEFAULT_RATE_BURST, help="Requests one client address may make at once before the rate limit applies."),
 ) -> None:
     """Serve saved indexes over HTTP: POST /search (embeddings, texts or images with the index's
     model, or an item id; compare=true for the uncorrected ranking), GET /indexes, /items,
@@ -67,6 +95,15 @@ def serve_command(
     check_available("uvicorn", "hubless serve", "serve")
     if not _is_loopback(host) and api_key_file is None:
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInput("give --tls-cert and --tls-key together (the certificate and its private key)")
+    for flag, pem in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if pem is not None and not Path(pem).is_file():
+            raise InvalidInput(f"{flag} {pem} is not a file")
+    from hubless.cli._common import print_note
+
+    for warning in transport_warnings(host, keys=api_key_file is not None, tls=tls_cert is not None, proxies=trusted_proxy or ()):
+        print_note(warning, "warning")
     if workers < 1:
         raise InvalidInput(f"--workers must be >= 1; got {workers}")
     named = {}
@@ -80,13 +117,12 @@ def serve_command(
                     max_result_hits=max_result_hits)  # fmt: skip
     hosts = tuple(allowed_host) if allowed_host else (*DEFAULT_HOSTS, *([] if host in ("0.0.0.0", "::") else [host]))
     if not allowed_host and host in ("0.0.0.0", "::"):
-        from hubless.cli._common import print_note
-
         print_note(f"bound to {host} without --allowed-host: only requests for localhost names are answered (400 otherwise); "
                    "pass --allowed-host with the names clients use")  # fmt: skip
     Keys.from_files(api_key_file, read_key_file)  # checked here, read again by each worker: keys never go into the environment
     Settings(limits=limits, image_root=image_root, allowed_hosts=hosts, cors_origins=tuple(cors_origin or ()), audit_log=audit_log,
-             lock_timeout=lock_timeout, header_timeout=header_timeout, body_timeout=body_timeout)  # fmt: skip
+             lock_timeout=lock_timeout, header_timeout=header_timeout, body_timeout=body_timeout, rate_limit=rate_limit,
+             rate_burst=rate_burst)  # fmt: skip
     import dataclasses
     import json
     import os
@@ -115,11 +151,18 @@ def serve_command(
         "writes": workers == 1,
         "rerank": rerank,
         "rerank_k": rerank_k,
+        "rate_limit": rate_limit,
+        "rate_burst": rate_burst,
     }
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process (file names, never keys)
     options: dict[str, Any] = dict(host=host, port=port, log_level="warning", http="hubless.service.protocol:ServeProtocol",
                                    server_header=False, timeout_keep_alive=5)  # fmt: skip
-    typer.echo(f"serving {', '.join(named)} on http://{host}:{port} with {workers} worker(s) (API docs: /docs)")
+    # forwarded headers (client address, scheme) only from the proxies named; uvicorn's own default trusts 127.0.0.1
+    options.update(proxy_headers=bool(trusted_proxy), forwarded_allow_ips=list(trusted_proxy) if trusted_proxy else [])
+    if tls_cert is not None:
+        options.update(ssl_certfile=str(tls_cert), ssl_keyfile=str(tls_key))
+    scheme = "https" if tls_cert is not None else "http"
+    typer.echo(f"serving {', '.join(named)} on {scheme}://{host}:{port} with {workers} worker(s) (API docs: /docs)")
     if workers == 1:
         from hubless.service.app import app_from_environment
 

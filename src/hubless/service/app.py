@@ -21,7 +21,7 @@
 The package has one module per job, after the FastAPI project template: :mod:`.settings`
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
-:mod:`.guard` (host check, keys, body limit, security headers), :mod:`.batching` (concurrent
+:mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
 searches as batches), :mod:`.metrics`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
@@ -50,7 +50,7 @@ from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
 from hubless.service.schemas import ItemsRequest, SearchRequest
-from hubless.service.settings import Keys, Limits, Settings
+from hubless.service.settings import DEFAULT_RATE_BURST, DEFAULT_RATE_LIMIT, Keys, Limits, Settings
 from hubless.service.state import ServiceState
 
 __all__ = ["ItemsRequest", "Keys", "Limits", "SearchRequest", "Settings", "create_app", "error_status"]
@@ -75,6 +75,8 @@ def app_from_environment() -> FastAPI:
         header_timeout=config.get("header_timeout", 10.0),
         body_timeout=config.get("body_timeout", 30.0),
         writes=config["writes"],
+        rate_limit=config.get("rate_limit", DEFAULT_RATE_LIMIT),
+        rate_burst=config.get("rate_burst", DEFAULT_RATE_BURST),
     )
     app = create_app(config["indexes"], model=config["model"], allow_model_mismatch=config.get("allow_model_mismatch", False),
                      settings=settings, reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip
@@ -120,8 +122,8 @@ def create_app(
     searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
                         reranker=reranker, rerank_k=rerank_k)  # fmt: skip
     service = ServiceState(searcher, settings=settings, query_problems=searcher.preload())
-    app = FastAPI(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
-                  docs_url=None, redoc_url=None)  # fmt: skip
+    app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
+               docs_url=None, redoc_url=None)  # fmt: skip
     app.state.service = service
     app.state.served, app.state.limits, app.state.metrics = service.served, settings.limits, service.metrics  # shortcuts (tests, tools)
     if settings.cors_origins:
@@ -129,11 +131,47 @@ def create_app(
 
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["authorization", "content-type"])  # fmt: skip
-    app.add_middleware(Guard, service=service)  # outermost: every request passes it first
     install_error_handlers(app)
     for module in (routes.ops, routes.indexes, routes.items, routes.search, routes.page):
         app.include_router(module.router)
     return app
+
+
+class _App(FastAPI):
+    """FastAPI with :class:`hubless.service.guard.Guard` outermost: outside the error handler that
+    answers an unexpected failure with a 500 (``add_middleware`` would put it inside that
+    handler, so a 500 would leave without the security headers and the metrics)."""
+
+    def build_middleware_stack(self):
+        return Guard(super().build_middleware_stack(), service=self.state.service)
+
+    def openapi(self) -> dict:
+        """FastAPI's schema plus the JSON bodies the routes parse themselves
+        (:mod:`hubless.service.body`) and the Bearer scheme: every operation needs a key when the
+        server has one, but the open ones (``/health``, the page, the docs); Swagger UI's
+        Authorize button sends it."""
+        if self.openapi_schema is None:
+            from hubless.service.guard import OPEN_PATHS
+
+            schema = super().openapi()
+            components = schema.setdefault("components", {})
+            models = components.setdefault("schemas", {})
+            for model in (SearchRequest, ItemsRequest):
+                models[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components["securitySchemes"] = {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "The read-only or the write key (hubless serve --api-key-file / --read-key-file), "
+                    "when the server has keys.",
+                }  # fmt: skip
+            }
+            schema["security"] = [{"bearer": []}]
+            for path in OPEN_PATHS:
+                for operation in schema["paths"].get(path, {}).values():
+                    operation["security"] = []
+            self.openapi_schema = schema
+        return self.openapi_schema
 
 
 def _version() -> str:

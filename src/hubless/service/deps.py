@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from hubless.service.errors import clip
 from hubless.service.state import Served, ServiceState
 
 __all__ = ["ServiceDep", "audit", "check_id", "get_served", "get_service", "only_index", "writable"]
@@ -23,7 +24,7 @@ ServiceDep = Annotated[ServiceState, Depends(get_service)]
 def get_served(service: ServiceState, name: str) -> Served:
     """The served index ``name`` (404 naming the served ones otherwise)."""
     if name not in service.served:
-        raise HTTPException(404, f"no index named {name!r}; served: {', '.join(sorted(service.served))}")
+        raise HTTPException(404, f"no index named {clip(name)!r}; served: {', '.join(sorted(service.served))}")
     return service.served[name]
 
 
@@ -53,5 +54,7 @@ def audit(service: ServiceState, request: Request, index: str, ids) -> None:
     """Append a successful write to the audit log (when one is configured)."""
     if service.audit is not None:
         route = request.scope.get("route")
+        client = request.scope.get("client")
         service.audit.record(key=request.scope.get("hubless.key"), method=request.method,
-                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids)  # fmt: skip
+                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids,
+                             client=str(client[0]) if client else "unknown", request_id=request.scope.get("hubless.request_id"))  # fmt: skip

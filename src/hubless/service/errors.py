@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from hubless.errors import Busy, Conflict, HublessError, InvalidInput, NotFound, message
 
-__all__ = ["error_status", "install_error_handlers", "scrub"]
+__all__ = ["ECHO_CHARS", "MAX_DETAIL_CHARS", "clip", "error_status", "install_error_handlers", "scrub"]
 
 INTERNAL = "internal error; the server keeps running"
 BUSY = "the index is busy (another write holds its lock): retry after the Retry-After seconds"
@@ -21,9 +21,21 @@ BUSY = "the index is busy (another write holds its lock): retry after the Retry-
 _PATH = re.compile(r"(?:file://)?(?<![\w.:/-])(?:/|[A-Za-z]:[\\/])(?:[^\s'\"(),;:]+[\\/]?)+")
 
 
+#: How much of a request's own input an error message repeats (a field name, an index name).
+ECHO_CHARS = 200
+#: The longest error message sent (a backstop: messages repeat input cut to ECHO_CHARS).
+MAX_DETAIL_CHARS = 2000
+
+
+def clip(text, limit: int = ECHO_CHARS) -> str:
+    """``text`` (input echoed in an error) cut to ``limit`` characters, saying how long it was."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def scrub(text: str) -> str:
-    """``text`` with every absolute path replaced by ``<path>``."""
-    return _PATH.sub("<path>", text)
+    """``text`` with every absolute path replaced by ``<path>``, cut to :data:`MAX_DETAIL_CHARS`."""
+    return clip(_PATH.sub("<path>", text), MAX_DETAIL_CHARS)
 
 
 def error_status(exc: HublessError) -> int:
@@ -43,7 +55,7 @@ def error_status(exc: HublessError) -> int:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{clip('.'.join(str(p) for p in e['loc'][1:])) or 'body'}: {clip(e['msg'])}" for e in exc.errors()[:10])
         return JSONResponse({"detail": scrub(f"invalid request: {problems}")}, status_code=422)
 
     @app.exception_handler(HTTPException)

@@ -10,19 +10,28 @@ keep the HTTP overhead under a millisecond):
    once, and a body without one (chunked) is counted while it is read, refused with a 413 as
    soon as it passes the limit (memory stays bounded by the limit plus one chunk);
 4. every response gets security headers (a CSP without inline script, nosniff, no-referrer,
-   frame-ancestors 'none');
+   frame-ancestors 'none'; HSTS over HTTPS) and an ``X-Request-ID``, whatever its status (the
+   Guard is outside the handler that answers an unexpected failure with a 500);
 5. its endpoint, status and duration are recorded in :mod:`hubless.service.metrics`.
+
+Before the key is checked, each client address may make ``Settings.rate_limit`` requests per
+second on average and ``rate_burst`` at once (a token bucket per address, :class:`RateLimiter`):
+429 with Retry-After beyond them. A refused key is counted (``hubless_auth_failures_total``), and
+a refused write (401 or 403) is appended to the audit log with the client address and request id.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import math
+import os
+import threading
 import time
 
 from fastapi import HTTPException
 
-__all__ = ["OPEN_PATHS", "BodyTooLarge", "Guard", "is_write"]
+__all__ = ["OPEN_PATHS", "BodyTooLarge", "Guard", "RateLimiter", "is_write"]
 
 #: Paths anyone may read: the page and its assets, the API docs, liveness.
 OPEN_PATHS = frozenset({"/", "/health", "/favicon.ico", "/docs", "/redoc", "/openapi.json"})
@@ -64,6 +73,48 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+HSTS = (b"strict-transport-security", b"max-age=31536000")
+#: Paths never rate-limited (liveness probes).
+UNLIMITED_PATHS = frozenset({"/health"})
+
+
+class RateLimiter:
+    """A token bucket per client address: ``rate`` tokens a second up to ``burst``; a request
+    takes one. At most ``max_clients`` buckets are kept (idle, hence full, ones are dropped first),
+    so memory stays bounded whatever addresses come."""
+
+    def __init__(self, rate: float, burst: int, max_clients: int = 100_000) -> None:
+        self.rate, self.burst, self.max_clients = float(rate), float(burst), max_clients
+        self.buckets: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def wait(self, client: str, now: float | None = None) -> float:
+        """0 if ``client`` may go on (its token taken), else the seconds until it may."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            tokens, last = self.buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - last) * self.rate)
+            if tokens < 1:
+                self.buckets[client] = (tokens, now)
+                return (1 - tokens) / self.rate
+            self.buckets[client] = (tokens - 1, now)
+            if len(self.buckets) > self.max_clients:
+                self._prune(now)
+            return 0.0
+
+    def _prune(self, now: float) -> None:
+        full = self.burst / self.rate  # idle this long: full again, the same as no bucket
+        self.buckets = {c: (t, last) for c, (t, last) in self.buckets.items() if now - last < full}
+        if len(self.buckets) > self.max_clients:  # all busy: drop the oldest half (they start full again)
+            for client in list(self.buckets)[: len(self.buckets) - self.max_clients // 2]:
+                del self.buckets[client]
+
+
+def _client(scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
 class Guard:
     """The pure ASGI middleware described in the module docstring."""
 
@@ -75,6 +126,7 @@ class Guard:
         self.write_key = None if keys.write is None else keys.write.encode()
         self.read_key = None if keys.read is None else keys.read.encode()
         self.max_body = settings.limits.max_body_bytes
+        self.limiter = RateLimiter(settings.rate_limit, settings.rate_burst) if settings.rate_limit > 0 else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -82,12 +134,17 @@ class Guard:
         t0 = time.perf_counter()
         path, method = scope["path"], scope["method"]
         status = [500]
-        csp = (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()
+        request_id = os.urandom(8).hex()
+        scope["hubless.request_id"] = request_id
+        added = [(b"content-security-policy", (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()), *HEADERS,
+                 (b"x-request-id", request_id.encode()), *((HSTS,) if scope.get("scheme") == "https" else ())]  # fmt: skip
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"content-security-policy", csp), *HEADERS]
+                message["headers"] = [*message.get("headers", ()), *added]
+                if status[0] in (401, 403) and self.service.audit is not None and is_write(method, path):
+                    await self._audit_refusal(scope, method, path, status[0])  # on disk before the answer goes out
             await send(message)
 
         try:
@@ -104,6 +161,16 @@ class Guard:
             route = scope.get("route")
             self.service.metrics.observe(getattr(route, "path", "unmatched"), method, status[0], time.perf_counter() - t0)
 
+    async def _audit_refusal(self, scope, method: str, path: str, code: int) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        from hubless.service.errors import clip
+
+        route = scope.get("route")
+        await run_in_threadpool(self.service.audit.record, key=scope.get("hubless.key"), method=method,
+                                endpoint=getattr(route, "path", clip(path)), index=(scope.get("path_params") or {}).get("name"),
+                                ids=None, status=code, client=_client(scope), request_id=scope.get("hubless.request_id"))  # fmt: skip
+
     def _refusal(self, scope, path: str, method: str):
         """(status, detail, extra headers) of a request refused before it reaches a route, or None."""
         headers = scope["headers"]
@@ -117,6 +184,15 @@ class Guard:
                 length = value
         if self.hosts is not None and (host is None or _host_name(host.decode("latin-1")) not in self.hosts):
             return 400, "invalid Host header: this server answers only to its configured host names (--allowed-host)", ()
+        if self.limiter is not None and path not in UNLIMITED_PATHS:
+            wait = self.limiter.wait(_client(scope))
+            if wait > 0:
+                self.service.metrics.rate_limited.inc()
+                return (
+                    429,
+                    f"too many requests from this address: at most {self.limiter.rate:g} a second (burst {self.limiter.burst:g}); retry after the Retry-After seconds",
+                    ((b"retry-after", str(max(1, math.ceil(wait))).encode()),),
+                )
         if self.write_key is not None and method != "OPTIONS" and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             given = None
             if authorization is not None:
@@ -125,12 +201,16 @@ class Guard:
                     given = token.strip()
             challenge = ((b"www-authenticate", b"Bearer"),)
             if given is None:
+                self.service.metrics.auth_failures.labels("missing").inc()
                 return 401, "this server needs an API key: send the header 'Authorization: Bearer <key>'", challenge
             is_writer = hmac.compare_digest(given, self.write_key)
             is_reader = self.read_key is not None and hmac.compare_digest(given, self.read_key)
             if not (is_writer or is_reader):
+                self.service.metrics.auth_failures.labels("wrong_key").inc()
                 return 401, "wrong API key", challenge
             if is_write(method, path) and not is_writer:
+                scope["hubless.key"] = "read"
+                self.service.metrics.auth_failures.labels("read_only").inc()
                 return 403, "the read-only key cannot write: use the write key", ()
             scope["hubless.key"] = "write" if is_writer else "read"
         if length is not None and (not length.isdigit() or int(length) > self.max_body):

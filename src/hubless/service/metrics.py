@@ -2,6 +2,9 @@
 
 * ``hubless_requests_total{endpoint,method,status}``: requests served (a counter);
 * ``hubless_request_duration_seconds{endpoint}``: their latency (a histogram, 0.5 ms .. 10 s);
+* ``hubless_auth_failures_total{reason}``: requests refused for their key (``missing``,
+  ``wrong_key``, ``read_only``: the read-only key on a write);
+* ``hubless_rate_limited_total``: requests refused by the per-client rate limit (429);
 * ``hubless_served_*{index}``: the hubness of what is actually served (see
   :class:`hubless.service.hubness.ServedSketch`): queries counted, N_1 skewness of the top-1
   results, the share of all returned results taken by the top 1% of items, the largest N_1.
@@ -40,6 +43,13 @@ class Metrics:
         self.duration = Histogram(
             "hubless_request_duration_seconds", "Time to serve a request.", ("endpoint",), buckets=BUCKETS, registry=registry
         )
+        self.auth_failures = Counter(
+            "hubless_auth_failures",
+            "Requests refused for their key: missing, wrong_key, or read_only (the read-only key on a write).",
+            ("reason",),
+            registry=registry,
+        )
+        self.rate_limited = Counter("hubless_rate_limited", "Requests refused by the per-client rate limit (429).", registry=registry)
         mode: dict[str, Any] = {"multiprocess_mode": "liveall"} if multiprocess() else {}
         self.served_queries = Gauge(
             "hubless_served_queries", "Queries whose results the served hubness counts.", ("index",), registry=registry, **mode

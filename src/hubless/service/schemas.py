@@ -1,21 +1,30 @@
-"""The request bodies of the HTTP API (pydantic models; FastAPI validates them and documents
-them at ``/docs``). Unknown fields are refused (422), so a misspelt option never passes
-silently."""
+"""The request bodies of the HTTP API (pydantic models, documented at ``/docs``; parsed by
+:mod:`hubless.service.body`). Unknown fields are refused (422), so a misspelt option never
+passes silently, and types are strict: ``"top_k": "3"`` or ``true`` is refused, not converted;
+the weight is finite and at most :data:`MAX_WEIGHT`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ItemsRequest", "SearchRequest"]
+from hubless.index.ids import MAX_ID
+
+__all__ = ["MAX_ID", "MAX_WEIGHT", "ItemsRequest", "SearchRequest"]
+
+#: An item id in a body: an int64 >= 0.
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+#: The largest query-time weight accepted: the papers' grids stop at 1.5, and DN's score has a
+#: lam^2 term that a weight near 1e19 takes past float32's range (scores turn into null).
+MAX_WEIGHT = 1000.0
 
 
 class SearchRequest(BaseModel):
     """``POST /search``: exactly one of ``embeddings``, ``embeddings_b64``, ``texts``, ``images``
     or ``item``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     index: str | None = Field(None, description="Index name (default: the only one served).")
     embeddings: list[list[float]] | None = Field(None, description="Query embeddings, one list per query.")
@@ -26,9 +35,11 @@ class SearchRequest(BaseModel):
     images: list[str] | None = Field(
         None, description="Image queries: base64 of image files (PNG, JPEG, ...), encoded with the index's model (an image encoder)."
     )
-    item: int | None = Field(None, description="A gallery item id: search with its embedding ('more like this').")
+    item: Id | None = Field(None, description="A gallery item id: search with its embedding ('more like this').")
     top_k: int = Field(10, ge=1, description="Results per query.")
-    weight: float | None = Field(None, ge=0, description="The correction's query-time weight (NNN alpha, DN lambda).")
+    weight: float | None = Field(
+        None, ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="The correction's query-time weight (NNN alpha, DN lambda)."
+    )
     compare: bool = Field(False, description="Also return the uncorrected ranking (same index structure) and each hit's rank change.")
     where: dict[str, Any] | None = Field(
         None,
@@ -40,9 +51,9 @@ class SearchRequest(BaseModel):
 class ItemsRequest(BaseModel):
     """``POST /items/{name}`` and ``POST /bank/{name}``: rows to add (and, for items, metadata)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     embeddings: list[list[float]] = Field(..., description="One list per new item (or bank query).")
     metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item (typed by the index's metadata schema).")
-    ids: list[int] | None = Field(None, description="The new items' ids (int64 >= 0; default: assigned by the index, never reused).")
+    ids: list[Id] | None = Field(None, description="The new items' ids (int64 >= 0; default: assigned by the index, never reused).")
     upsert: bool = Field(False, description="Replace the items whose ids are present (needs ids) instead of refusing them (409).")

@@ -17,10 +17,14 @@ from pathlib import Path
 
 from hubless.errors import InvalidInput
 
-__all__ = ["DEFAULT_HOSTS", "Keys", "Limits", "Settings"]
+__all__ = ["DEFAULT_HOSTS", "DEFAULT_RATE_BURST", "DEFAULT_RATE_LIMIT", "Keys", "Limits", "Settings"]
 
 #: Host names a loopback server answers to by default (besides the address it binds).
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: Requests per second one client address may make on average, and at once (``hubless serve
+#: --rate-limit / --rate-burst``): generous for a person or a page, a brake on a key-guessing loop.
+DEFAULT_RATE_LIMIT = 100.0
+DEFAULT_RATE_BURST = 200
 #: Shortest key accepted (e.g. ``openssl rand -hex 32`` gives 64 characters).
 MIN_KEY_LENGTH = 16
 
@@ -105,7 +109,11 @@ class Settings:
     index's lock before a 503 with Retry-After. ``header_timeout`` / ``body_timeout``: seconds a
     client has to send a request's headers / its body before the connection is closed (``hubless
     serve``'s protocol; see :mod:`hubless.service.protocol`). ``writes``: False turns writes off
-    (several worker processes each hold their own copy)."""
+    (several worker processes each hold their own copy). ``rate_limit``: requests per second
+    each client address may make on average (:data:`DEFAULT_RATE_LIMIT`; 0 turns the limit off),
+    ``rate_burst`` at once (:data:`DEFAULT_RATE_BURST`): beyond them a 429 with Retry-After
+    (``/health`` is never limited). The address is the connection's, or the one a trusted proxy
+    forwards (``hubless serve --trusted-proxy``)."""
 
     limits: Limits = field(default_factory=Limits)
     keys: Keys = field(default_factory=Keys)
@@ -117,8 +125,14 @@ class Settings:
     header_timeout: float = 10.0
     body_timeout: float = 30.0
     writes: bool = True
+    rate_limit: float = DEFAULT_RATE_LIMIT
+    rate_burst: int = DEFAULT_RATE_BURST
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rate_limit, (int, float)) or isinstance(self.rate_limit, bool) or not 0 <= self.rate_limit < 1e6:
+            raise InvalidInput(f"rate_limit must be a number of requests per second in [0, 1e6) (0: no limit); got {self.rate_limit!r}")
+        if not isinstance(self.rate_burst, int) or isinstance(self.rate_burst, bool) or self.rate_burst < 1:
+            raise InvalidInput(f"rate_burst must be a positive integer; got {self.rate_burst!r}")
         if self.image_root is not None:
             root = Path(self.image_root)
             if not root.is_dir():

@@ -77,9 +77,14 @@ class ServiceState:
     query_problems: dict[str, str | None] = field(default_factory=dict)
     audit: Any = None  # an AuditLog when one is configured
     served: dict[str, Served] = field(init=False)
+    body_shape: Any = field(init=False)  # a hubless.service.body.BodyShape
 
     def __post_init__(self) -> None:
+        from hubless.service.body import BodyShape
+
         self.served = {name: Served(name, self.searcher, self.settings.lock_timeout) for name in self.searcher.names}
+        max_dim = max((int(self.searcher.index(name).info()["dim"]) for name in self.served), default=1)
+        self.body_shape = BodyShape(self.settings.limits, max_dim)
         if self.settings.audit_log is not None and self.audit is None:
             from hubless.service.audit import AuditLog
 

@@ -7,40 +7,56 @@ write lock (see :class:`hubless.service.state.Served`), then appended to the aud
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import FileResponse
+from typing import Annotated
 
+from fastapi import APIRouter, HTTPException, Path, Request
+
+from hubless.service.body import json_body, read_json
 from hubless.service.convert import rows, summary
 from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
-from hubless.service.images import image_file
-from hubless.service.schemas import ItemsRequest
+from hubless.service.images import OpenFileResponse, open_image
+from hubless.service.schemas import MAX_ID, ItemsRequest
+from hubless.service.state import ServiceState
 
 router = APIRouter()
 
+#: An item id in a path: an int64 >= 0 (anything else is a 422 naming the range, never a 500).
+ItemId = Annotated[int, Path(ge=0, le=MAX_ID, description="The item's id (an int64 >= 0).")]
+
 
 @router.get("/items/{name}/{item_id}")
-def item(name: str, item_id: int, service: ServiceDep) -> dict:
+def item(name: str, item_id: ItemId, service: ServiceDep) -> dict:
     s = get_served(service, name)
     index = s.index
     check_id(s, item_id)
     return {"id": item_id, "metadata": None if index.metadata_schema is None else index.records([item_id])[0]}
 
 
-@router.get("/items/{name}/{item_id}/image")
-def image(name: str, item_id: int, service: ServiceDep) -> FileResponse:
+@router.get(
+    "/items/{name}/{item_id}/image", response_class=OpenFileResponse, status_code=200, responses={200: {"content": {"image/*": {}}}}
+)
+def image(name: str, item_id: ItemId, service: ServiceDep) -> OpenFileResponse:
     s = get_served(service, name)
     index = s.index
     check_id(s, item_id)
     meta = None if index.metadata_schema is None else index.records([item_id])[0]
-    found = image_file(service.settings.image_root, None if meta is None else meta.get("path"))
+    found = open_image(service.settings.image_root, None if meta is None else meta.get("path"))
     if found is None:  # says nothing about the disk: not configured, not named, outside the root, not an image alike
-        raise HTTPException(404, f"no image for item {item_id} of {name!r}")
-    path, media_type = found
-    return FileResponse(path, media_type=media_type, headers={"cache-control": "private, max-age=3600"})
+        raise HTTPException(404, f"no image for item {item_id} of {s.name!r}")
+    fd, media_type = found
+    return OpenFileResponse(fd, media_type, {"cache-control": "private, max-age=3600"})  # the opened file, never reopened
 
 
-@router.post("/items/{name}")
-def add_items(name: str, body: ItemsRequest, request: Request, service: ServiceDep) -> dict:
+@router.post("/items/{name}", openapi_extra=json_body(ItemsRequest))
+async def add_items(name: str, request: Request, service: ServiceDep) -> dict:
+    from starlette.concurrency import run_in_threadpool
+
+    writable(service, name)  # refused before the body is read
+    body = await read_json(request, ItemsRequest)
+    return await run_in_threadpool(_add_items, name, body, request, service)
+
+
+def _add_items(name: str, body: ItemsRequest, request: Request, service: ServiceState) -> dict:
     s = writable(service, name)
     new = rows(body.embeddings, s.index, service.limits)
     if body.metadata is not None and len(body.metadata) != new.shape[0]:
@@ -61,15 +77,23 @@ def add_items(name: str, body: ItemsRequest, request: Request, service: ServiceD
 
 
 @router.delete("/items/{name}/{item_id}")
-def remove_item(name: str, item_id: int, request: Request, service: ServiceDep) -> dict:
+def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
     s.write(lambda index: index.remove([item_id]))  # an unknown id: 404, nothing removed
     audit(service, request, name, [item_id])
     return {**summary(s), "removed": item_id}
 
 
-@router.post("/bank/{name}")
-def add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceDep) -> dict:
+@router.post("/bank/{name}", openapi_extra=json_body(ItemsRequest))
+async def add_bank(name: str, request: Request, service: ServiceDep) -> dict:
+    from starlette.concurrency import run_in_threadpool
+
+    writable(service, name)
+    body = await read_json(request, ItemsRequest)
+    return await run_in_threadpool(_add_bank, name, body, request, service)
+
+
+def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceState) -> dict:
     s = writable(service, name)
     new = rows(body.embeddings, s.index, service.limits)
     s.write(lambda index: index.add_query_bank(new))

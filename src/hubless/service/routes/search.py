@@ -11,18 +11,19 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from hubless._validation import exactly_one
 from hubless.service.batching import omp_threads_for
+from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
-from hubless.service.schemas import SearchRequest
+from hubless.service.schemas import MAX_WEIGHT, SearchRequest
 from hubless.service.state import Served, ServiceState
 
 router = APIRouter()
@@ -39,13 +40,20 @@ class FastJSON(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-@router.post("/search", response_class=FastJSON)
-async def search(request: SearchRequest, service: ServiceDep) -> FastJSON:
-    """Checks run inline; the search (and any encoding) in one worker thread, where concurrent
-    requests meet in the batcher."""
+@router.post("/search", response_class=FastJSON, openapi_extra=json_body(SearchRequest))
+async def search(http: Request, service: ServiceDep) -> FastJSON:
+    """Search with a ``SearchRequest``: embeddings, texts, images or an item id, top_k, weight,
+    compare, where, rerank (see docs/service.md). The body is parsed and checked off the event
+    loop, its shape bounded before it is built; concurrent searches of one index are batched."""
     from starlette.concurrency import run_in_threadpool
 
-    return await run_in_threadpool(_search, request, service)
+    check_content_type(http)
+    raw = await http.body()
+    return await run_in_threadpool(_parse_and_search, raw, service)
+
+
+def _parse_and_search(raw: bytes, service: ServiceState) -> FastJSON:
+    return _search(parse_json(raw, SearchRequest, service.body_shape), service)
 
 
 def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
@@ -81,8 +89,8 @@ async def search_binary(
     request: Request,
     service: ServiceDep,
     index: str | None = None,
-    top_k: int = 10,
-    weight: float | None = None,
+    top_k: Annotated[int, Query(ge=1, description="Results per query.")] = 10,
+    weight: Annotated[float | None, Query(ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="The query-time weight.")] = None,
     compare: bool = False,
 ) -> FastJSON:
     """Body: n x d little-endian float32 values (``content-type: application/octet-stream``)."""
@@ -93,8 +101,6 @@ async def search_binary(
         raw = await request.body()
     except BodyTooLarge:
         raise
-    if top_k < 1 or (weight is not None and not weight >= 0):
-        raise HTTPException(422, "top_k must be >= 1 and weight >= 0")
     embeddings = _float32_rows(raw, s, service.limits, "the body")
     return FastJSON(await run_in_threadpool(_answer, service, s, embeddings.shape[0], top_k, compare, False,
                                             dict(embeddings=embeddings), weight=weight, where=None))  # fmt: skip
