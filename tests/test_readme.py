@@ -7,6 +7,7 @@ synthetic` writes (the names the README uses). tests/test_docs.py runs the READM
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -83,3 +84,40 @@ def test_cli_errors_name_cli_flags(workdir, monkeypatch):
     assert result.exit_code == 2 and "pass --gallery-bank" in result.output and "fit(" not in result.output
     result = runner.invoke(app, ["eval", "--gallery", "images.npy", "--queries", "captions.npy", "--truth", "t2i:5", "-m", "nnn"])
     assert result.exit_code == 2 and "pass --query-bank" in result.output
+
+
+def _requirements(extras: list[str]) -> set[str]:
+    """The distributions pyproject.toml's core dependencies and ``extras`` name."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
+    names = list(project["dependencies"])
+    for extra in extras:
+        names += project["optional-dependencies"][extra]
+    return {re.split(r"[\[<>=!~ ;]", n, maxsplit=1)[0].lower() for n in names}
+
+
+def test_the_quick_start_installs_what_the_readme_uses():
+    """A user who runs the first command can run the README's next ones: it activates the virtual
+    environment (so the bare `hubless` of later blocks is found), and its extras bring what those
+    commands import (not torch: the models are not used here); the no-clone pip line installs the
+    same; the test command stays the second, as .ci/run runs it."""
+    blocks = [b for b in code_blocks(README) if b["lang"] == "bash"]
+    first, second = blocks[0]["code"].strip(), blocks[1]["code"].strip()
+    steps = [s.strip() for s in first.split("&&")]
+    assert steps[0] == "python3 -m venv .venv" and "source .venv/bin/activate" in steps
+    activated = steps.index("source .venv/bin/activate")
+    install = next(i for i, s in enumerate(steps) if s.startswith("pip install -e "))
+    assert activated < install < steps.index("hubless demo"), first
+    extras = re.search(r'"\.\[([a-z,-]+)\]"', steps[install]).group(1).split(",")
+    later = " ".join(b["code"] for b in blocks[2:])
+    needs = {"matplotlib": "--report" in later, "pyarrow": "--metadata" in later, "fastapi": "hubless serve" in later}
+    needs["uvicorn"] = needs["fastapi"]
+    assert all(needs.values()), needs  # the README still uses all three: keep this test honest
+    installed = _requirements(extras)
+    assert {name for name, used in needs.items() if used} <= installed, (extras, installed)
+    assert "torch" not in installed
+    text = README.read_text()
+    assert f'pip install "hubless[{",".join(extras)}] @ git+' in text  # the line for those who do not clone
+    assert "source .venv/bin/activate" in text.split("## Example data")[0]  # said before the first bare `hubless`
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert second in ci.splitlines(), "the README's test command is the one .ci/run runs"
