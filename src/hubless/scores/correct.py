@@ -60,7 +60,9 @@ def correct_scores(
     Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` the pair (scores, ids)
     of each row's best ``top_k`` (best first, ties to the lower index). With ``out`` the result
     is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
-    for top-k) and the path is returned; the full matrix is then never held in memory.
+    for top-k, both marked as hubless's so that a re-run may replace them: see
+    :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
+    held in memory.
     """
     corr = make_correction(method)
     s = _matrix(scores, "scores")
