@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hubless.cli._common import friendly_errors
+
 #: Room a table leaves the two wrapped columns beside the widest spec; a narrower console gets
 #: the list form, where each spec has a line of its own.
 _TEXT_COLUMNS = 2 * 30 + 10
@@ -41,6 +43,7 @@ def render_methods(console: Any) -> None:
             console.print(Padding(Text(value), (0, 0, 0, 4)))
 
 
+@friendly_errors
 def methods_command() -> None:
     """List every correction: its spec at the defaults, what it is, and its tuning grid."""
     from hubless.cli._common import wide_console
