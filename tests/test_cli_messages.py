@@ -4,6 +4,7 @@ work in one line, warnings come once per input, every embeddings input form is a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,55 @@ def test_help_is_fast_to_import():
     code = "import sys; import hubless.cli.main; print(sorted(m for m in ('numpy', 'faiss', 'scipy', 'torch', 'hubless.corrections') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_methods_never_wraps_a_spec(tmp_path):
+    """Every spec is printed whole on one line (it is copied into --method): in the table on a
+    wide console, and one entry per method where the table would have to break the widest spec."""
+    import io
+
+    from rich.console import Console
+
+    from hubless.cli.methods import render_methods
+
+    specs = [cls().spec for cls in hubless.METHODS.values()]
+    assert max(map(len, specs)) > 60  # dualdis's: the one a narrow table would break
+    for width in (72, 80, 100, 140, 160, 200):
+        out = io.StringIO()
+        render_methods(Console(file=out, width=width, markup=False, color_system=None))
+        lines = out.getvalue().splitlines()
+        for spec in specs:
+            assert any(spec in line for line in lines), (width, spec, out.getvalue())
+        assert all(len(line.rstrip()) <= width for line in lines), width
+    result = runner.invoke(app, ["methods"])
+    assert result.exit_code == 0 and all(spec in result.output for spec in specs)
+
+
+def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
+    """`hubless search ... --json | head -1`: the reader closes the pipe after one line; hubless
+    stops without a message (no "error: [Errno 32] Broken pipe", no traceback), with the status of
+    a Unix tool killed by SIGPIPE (141)."""
+    data = make_retrieval_data(n_items=100, dim=8, n_query_bank=200, n_val_items=2, seed=3)
+    hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", "Flat").save(tmp_path / "idx")
+    queries = np.repeat(data.queries, 30, axis=0)[:3000]  # ~1 MB of JSON Lines: far more than a pipe holds
+    np.save(tmp_path / "q.npy", queries)
+    env = {**os.environ, "PYTHONPATH": str(Path(hubless.__file__).parents[1])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "hubless",
+        "search",
+        str(tmp_path / "idx"),
+        "--queries",
+        str(tmp_path / "q.npy"),
+        "--top-k",
+        "10",
+        "--json",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert json.loads(first)["query"] == 0 and len(json.loads(first)["results"]) == 10
+    assert stderr == "", stderr

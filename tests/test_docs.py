@@ -5,9 +5,16 @@ Conventions a page follows (CONTRIBUTING.md, "Documentation"):
 
 * ``bash`` blocks run in bash (``set -euo pipefail``), ``python`` blocks in one namespace per page;
   both in the page's working folder, which starts with the example files of ``hubless data
-  synthetic`` and follows a block's ``cd``. ``hubless`` is the command of this checkout; ``python``
-  the interpreter running the tests.
-* ``text``, ``json`` and the like show output or formats: not run.
+  synthetic`` and follows a block's ``cd``. They run as in the activated virtual environment the
+  docs install into: the ``bin`` folder of the tests' interpreter first on PATH (``hubless`` is its
+  real entry point, ``python`` its interpreter; no stand-in), ``VIRTUAL_ENV`` set.
+* ``text``, ``json`` and the like show output or formats: not run. A ``text`` (``console``,
+  ``output``) block right after a run block, nothing between them, is what that block prints
+  (stdout and stderr of a bash block, stdout of a python block) and is compared with it: line by
+  line, runs of spaces taken as one; ``...`` on a line of its own stands for any lines (none or
+  more), ``...`` within a line for any text on that line (a time, a path, a varying number).
+* ``curl`` in a run block fails on an HTTP error (``--fail-with-body``, or ``-f``/``--fail``):
+  its exit code is what the test sees.
 * ``<!-- not-run: REASON -->`` on the line before a block: not run here, for the reason given (the
   ``hubless`` commands in it are still parsed: their options must exist).
 * ``<!-- needs-data: FOLDER -->``: runs when the benchmark data folder (``../shared/data/FOLDER``
@@ -44,6 +51,7 @@ PAGES = sorted(
 )
 RUN = {"bash", "sh", "shell", "python", "py"}
 SHOWN = {"text", "json", "console", "yaml", "toml", "csv", "html", "http", "output"}
+OUTPUT = {"text", "console", "output"}  # right after a run block: what it prints
 MARK = re.compile(r"<!--\s*(not-run|background|needs-data)\s*(?::\s*(.*?))?\s*-->", re.S)
 
 
@@ -74,11 +82,52 @@ def code_blocks(page: Path) -> list[dict]:
         blocks.append(
             {"lang": lang, "code": token.content, "line": token.map[0] + 1, "mark": mark and mark.group(1), "why": mark and mark.group(2)}
         )
+        after = tokens[i + 1] if i + 1 < len(tokens) else None
+        if blocks[-1]["lang"] in RUN and after is not None and after.type == "fence" and after.info.strip().lower() in OUTPUT:
+            blocks[-1]["output"] = (after.content, after.map[0] + 1)
     return blocks
 
 
+def output_matches(shown: str, printed: str) -> bool:
+    """Whether ``printed`` is what ``shown`` says (the module docstring's rules): line by line,
+    each line stripped and its runs of spaces taken as one; ``...`` alone on a line is any lines
+    (none or more), ``...`` within a line any text on that line; blank lines at either end ignored."""
+
+    def norm(text: str) -> list[str]:
+        lines = [re.sub(r"[ \t]+", " ", line).strip() for line in text.replace("\r\n", "\n").split("\n")]
+        while lines and not lines[0]:
+            lines.pop(0)
+        while lines and not lines[-1]:
+            lines.pop()
+        return lines
+
+    pattern = ""
+    for line in norm(shown):
+        if line == "...":
+            pattern += r"(?:[^\n]*\n)*?"
+        else:
+            pattern += "[^\n]*?".join(re.escape(part) for part in line.split("...")) + "\n"
+    return re.fullmatch(pattern, "".join(f"{line}\n" for line in norm(printed))) is not None
+
+
+def curl_without_fail(code: str) -> list[str]:
+    """The ``curl`` commands of ``code`` that would exit 0 on an HTTP error (no ``--fail-with-body``,
+    ``--fail`` or a short ``-f``)."""
+    found = []
+    for command in re.split(r"&&|\|\||[|;\n]", code.replace("\\\n", " ")):
+        words = command.split()
+        while words and re.fullmatch(r"\w+=\S*", words[0]):  # VAR=value curl ...
+            words.pop(0)
+        if not words or words[0] != "curl":
+            continue
+        words = words[1:]
+        if not any(w in ("--fail", "--fail-with-body") or re.fullmatch(r"-[a-zA-Z]*f[a-zA-Z]*", w) for w in words):
+            found.append(command.strip())
+    return found
+
+
 def _page_id(page: Path) -> str:
-    return str(page.relative_to(ROOT))
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
@@ -94,6 +143,9 @@ def test_every_block_is_runnable_or_says_why_not(page):
             assert block["why"] in ("coco_karpathy", "flickr30k_karpathy", "visogender"), f"{where}: needs-data: FOLDER"
         if block["mark"] == "background":
             assert block["lang"] == "bash" and len(block["code"].strip().splitlines()) == 1, f"{where}: one server command"
+        if block["mark"] != "not-run" and block["lang"] in ("bash", "sh", "shell"):
+            loose = curl_without_fail(block["code"])
+            assert not loose, f"{where}: curl exits 0 on an HTTP error (a 404 would pass): add --fail-with-body to {loose}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
@@ -134,14 +186,15 @@ def example_files(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="session")
-def shims(tmp_path_factory):
-    """``hubless`` and ``python`` for the blocks: this checkout's code and the tests' interpreter."""
-    folder = tmp_path_factory.mktemp("bin")
-    (folder / "hubless").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m hubless "$@"\n')
-    (folder / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    for f in folder.iterdir():
-        f.chmod(0o755)
+def venv_bin() -> Path:
+    """The virtual environment's ``bin`` the docs' blocks run with, as ``source .venv/bin/activate``
+    would put it on PATH: the tests' own (``.ci/run`` installs the project there, so ``hubless`` is
+    its real entry point). Not resolved: a venv's python is a link to the base interpreter."""
+    folder = Path(sys.executable).parent
+    missing = [name for name in ("hubless", "python") if not (folder / name).is_file()]
+    assert not missing, (
+        f"{folder} has no {missing}: run the tests from the virtual environment the project is installed in (pip install -e .)"
+    )
     return folder
 
 
@@ -162,9 +215,9 @@ for line in sys.stdin:
     request = json.loads(line)
     os.chdir(request["cwd"])
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
             exec(compile(request["code"], request["name"], "exec"), namespace)
-        reply = {"ok": True}
+        reply = {"ok": True, "printed": printed.getvalue()[-100000:]}
     except BaseException:
         reply = {"ok": False, "error": traceback.format_exc()[-4000:]}
     answer.write(json.dumps(reply) + "\n")
@@ -175,9 +228,12 @@ for line in sys.stdin:
 class PageRun:
     """Runs a page's blocks in order in one working folder (and one Python namespace)."""
 
-    def __init__(self, page: Path, cwd: Path, shims: Path):
+    def __init__(self, page: Path, cwd: Path):
         self.page, self.cwd = page, cwd
-        self.env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "HUBLESS_PROGRESS": "0", "COLUMNS": "160"}
+        venv = venv_bin()
+        self.env = {**os.environ, "PATH": f"{venv}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv.parent)}
+        self.env.pop("PYTHONHOME", None)
+        self.env |= {"HUBLESS_PROGRESS": "0", "COLUMNS": "160"}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
         self.worker: subprocess.Popen | None = None
         self.ports: dict[int, int] = {}  # the port a page's server names -> the free port it runs on
@@ -195,12 +251,22 @@ class PageRun:
     def bash(self, block) -> None:
         code = self.substitute(block["code"])
         script = f'set -euo pipefail\ncd "{self.cwd}"\n{code}\npwd > "{self.state}"\n'
-        result = subprocess.run(["bash", "-c", script], env=self.env, capture_output=True, text=True, timeout=1200)
-        assert result.returncode == 0, (
-            f"{self.where(block)} failed ({result.returncode}):\n{code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        result = subprocess.run(
+            ["bash", "-c", script], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200
         )
-        assert "Traceback" not in result.stderr, f"{self.where(block)}:\n{result.stderr[-3000:]}"
+        assert result.returncode == 0, f"{self.where(block)} failed ({result.returncode}):\n{code}\n{result.stdout[-6000:]}"
+        assert "Traceback" not in result.stdout, f"{self.where(block)}:\n{result.stdout[-3000:]}"
         self.cwd = Path(self.state.read_text().strip())
+        self.check_output(block, result.stdout)
+
+    def check_output(self, block, printed: str) -> None:
+        if "output" not in block:
+            return
+        shown, line = block["output"]
+        assert output_matches(self.substitute(shown), printed), (
+            f"{_page_id(self.page)}:{line}: the page shows an output the block at line {block['line']} does not print "
+            f"('...' marks what varies).\nshown:\n{shown}\nprinted:\n{printed[-6000:]}"
+        )
 
     def python(self, block) -> None:
         """Run in the page's own Python process (one namespace for the page; started at its first
@@ -216,6 +282,7 @@ class PageRun:
         assert answer, f"{self.where(block)}: the page's Python process died"
         reply = json.loads(answer)
         assert reply["ok"], f"{self.where(block)} failed:\n{request['code']}\n{reply['error']}"
+        self.check_output(block, reply["printed"])
 
     def background(self, block) -> None:
         named = re.search(r"--port (\d+)", block["code"])
@@ -250,12 +317,12 @@ class PageRun:
                     server.wait()
 
 
-def run_page(page: Path, workdir: Path, shims: Path) -> tuple[int, list[str]]:
+def run_page(page: Path, workdir: Path) -> tuple[int, list[str]]:
     """Run every runnable block of ``page``; returns how many ran and the data folders of the
     blocks skipped for want of them."""
     from hubless.data.karpathy import data_dir
 
-    run = PageRun(page, workdir, shims)
+    run = PageRun(page, workdir)
     ran, missing = 0, []
     try:
         for block in code_blocks(page):
@@ -281,13 +348,78 @@ RUNNABLE = [p for p in PAGES if any(b["mark"] != "not-run" and b["lang"] in RUN 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
-def test_page_runs_as_written(page, example_files, shims, tmp_path):
+def test_page_runs_as_written(page, example_files, tmp_path):
     workdir = tmp_path / "work"
     shutil.copytree(example_files, workdir)
-    ran, missing = run_page(page, workdir, shims)
+    ran, missing = run_page(page, workdir)
     if missing:
         pytest.skip(f"ran {ran} blocks; {len(missing)} need {', '.join(sorted(set(missing)))} (../shared/data, or `hubless data fetch`)")
     assert ran >= 1
+
+
+# --- the harness itself: what it runs with and what it catches ---------------------------------
+
+
+def test_shown_output_rules():
+    printed = "5000 queries over 1000 items\n┃ method   ┃   R@1 ┃\n│ baseline │ 38.66 │\nresults: /tmp/x1/results.json\n"
+    assert output_matches("5000 queries over 1000 items\n┃ method ┃ R@1 ┃\n│ baseline │ 38.66 │\nresults: .../results.json", printed)
+    assert output_matches("\n5000 queries over ... items\n...\n", printed)  # "..." lines: any lines; within a line: any text
+    assert output_matches("...\nresults: ...", printed) and output_matches("...", printed)
+    assert not output_matches("│ baseline │ 38.67 │", printed)  # another number
+    assert not output_matches("5000 queries over 1000 items\n│ baseline │ 38.66 │\n...", printed)  # a line left out without "..."
+    assert not output_matches("5000 queries over 1000 items", printed)  # the rest is not shown: say "..."
+
+
+def test_curl_must_fail_on_http_errors():
+    assert curl_without_fail("curl -s localhost:8000/indexes/coco") == ["curl -s localhost:8000/indexes/coco"]
+    assert curl_without_fail("x=1 && curl -s -X POST localhost/items -H 'a: b' \\\n  -d @new.json | python -m json.tool") != []
+    for ok in ("curl --fail-with-body -s localhost:8000/x", "curl -sf localhost/x", "curl --fail localhost/x", "echo curl"):
+        assert curl_without_fail(ok) == [], ok
+
+
+def _page(tmp_path, text: str) -> Path:
+    page = tmp_path / "page.md"
+    page.write_text(text)
+    return page
+
+
+def test_blocks_run_with_the_environments_own_hubless(tmp_path):
+    """No stand-in on PATH: ``hubless`` and ``python`` are those of the virtual environment the
+    tests run in, as ``source .venv/bin/activate`` gives a user; what a block prints is compared
+    with the text block after it."""
+    venv = venv_bin()
+    page = _page(
+        tmp_path,
+        f"```bash\ncommand -v hubless python\necho $VIRTUAL_ENV\nhubless --version\n```\n\n"
+        f"```text\n{venv}/hubless\n{venv}/python\n{venv.parent}\nhubless ...\n```\n\n"
+        "```python\nprint(1 + 1)\n```\n\n```text\n2\n```\n",
+    )
+    assert run_page(page, tmp_path) == (2, [])
+    wrong = _page(tmp_path, "```python\nprint(1 + 1)\n```\n\n```text\n3\n```\n")
+    with pytest.raises(AssertionError, match="does not print"):
+        run_page(wrong, tmp_path)
+
+
+def test_an_http_error_fails_the_block(tmp_path):
+    """``curl --fail-with-body`` on a 404 fails its block (``curl -s`` alone would exit 0)."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "there.txt").write_text("here\n")
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert (
+            run_page(_page(tmp_path, f"```bash\ncurl --fail-with-body -s {url}/there.txt\n```\n\n```text\nhere\n```\n"), tmp_path)[0] == 1
+        )
+        with pytest.raises(AssertionError, match="failed"):
+            run_page(_page(tmp_path, f"```bash\ncurl --fail-with-body -s {url}/items/42\n```\n"), tmp_path)
+    finally:
+        server.shutdown()
 
 
 # --- the site ----------------------------------------------------------------------------------

@@ -81,3 +81,34 @@ def test_index_build_overwrite_never_deletes_a_foreign_directory(files):
                                  "--out", str(files / "photos"), "--overwrite"])  # fmt: skip
     assert result.exit_code == 2 and "not a hubless index" in result.output
     assert (files / "photos" / "a.jpg").read_bytes() == b"family photo"
+
+
+def test_correct_reruns_replace_their_own_matrix_and_top_k(files):
+    """`hubless correct --out C.npy` (and .npz) run twice: the second run replaces what the first
+    wrote (its array files carry hubless's mark, read by numpy as before); a .npy or .npz of the
+    user's is still refused without --overwrite."""
+    from hubless._io import array_written_by_hubless
+    from hubless.scores import correct_scores
+
+    g, q, b = (np.load(files / f"{n}.npy") for n in "gqb")
+    np.save(files / "s.npy", q @ g.T)
+    np.save(files / "sb.npy", b @ g.T)
+    base = ["correct", "--scores", str(files / "s.npy"), "--query-bank-scores", str(files / "sb.npy"), "-m", "nnn"]
+    expected = correct_scores(np.load(files / "s.npy"), np.load(files / "sb.npy"), "nnn")
+    for out, extra in (("C.npy", []), ("top.npz", ["--top-k", "3"])):
+        for _ in range(2):
+            result = runner.invoke(app, [*base, "--out", str(files / out), *extra])
+            assert result.exit_code == 0, result.output
+        assert array_written_by_hubless(files / out)
+    written = np.load(files / "C.npy")
+    assert written.dtype == np.float32 and np.array_equal(written, expected)
+    assert np.array_equal(np.load(files / "C.npy", mmap_mode="r"), expected)
+    assert np.load(files / "top.npz").files == ["scores", "ids"]
+    for mine, extra in (("mine.npy", []), ("mine.npz", ["--top-k", "3"])):
+        np.save(files / "mine.npy", expected) if mine.endswith(".npy") else np.savez(files / mine, scores=expected)
+        before = (files / mine).read_bytes()
+        result = runner.invoke(app, [*base, "--out", str(files / mine), *extra])
+        assert result.exit_code == 2 and "not written by hubless" in result.output and "--overwrite" in result.output
+        assert (files / mine).read_bytes() == before
+        assert not array_written_by_hubless(files / mine)
+        assert runner.invoke(app, [*base, "--out", str(files / mine), *extra, "--overwrite"]).exit_code == 0

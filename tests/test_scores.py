@@ -337,7 +337,10 @@ def test_cli_eval_correct_and_tune_on_score_files(tmp_path, video_data):
     assert run.returncode == 0, run.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "C.npy"), correct_scores(d["S"], d["SB"], "dis:beta=20"))
     run = _cli("correct", "--scores", paths["S"], "--query-bank-scores", paths["SB"], "-m", "dis:beta=20", "--out", tmp_path / "C.npy")
-    assert run.returncode == 2 and "--overwrite" in run.stderr  # an existing matrix is not replaced silently
+    assert run.returncode == 0, run.stderr  # its own earlier output is replaced, as eval's --out is
+    np.save(tmp_path / "mine.npy", d["S"])
+    run = _cli("correct", "--scores", paths["S"], "--query-bank-scores", paths["SB"], "-m", "dis:beta=20", "--out", tmp_path / "mine.npy")
+    assert run.returncode == 2 and "--overwrite" in run.stderr  # a matrix hubless did not write is not replaced silently
     # tune: validation rows are the first 40 items' captions, the test rows the others
     val, test = d["S"][: 40 * PER], d["S"][40 * PER :]
     np.save(tmp_path / "V.npy", val)

@@ -107,6 +107,12 @@ def test_the_page_in_chromium(servers, browser):
     page.on("request", lambda r: requests.append(r) if r.url.endswith("/search") else None)
     page.goto(servers["plain"] + "/")
     page.wait_for_selector("#index option", state="attached")
+    # an index without a model is searched by item id only: the page says so (not "by text")
+    page.wait_for_function("() => document.querySelector('#message').textContent.startsWith('Search by')")
+    assert page.inner_text("#message") == "Search by an item id; choose a result to search with it."
+    assert page.get_attribute("#query", "placeholder") == "an item id such as 42"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page-no-model.png"))
     page.fill("#query", "7")
     page.press("#query", "Enter")
     page.wait_for_selector("#corrected .card")
@@ -337,6 +343,7 @@ def test_query_by_image_upload(tmp_path, browser):
         page = browser.new_page()
         page.goto(base + "/")
         page.wait_for_selector("#image-label:not([hidden])")
+        assert page.inner_text("#message") == "Search by text, an image or an item id; choose a result to search with it."
         page.set_input_files("#image", str(tmp_path / "query.png"))
         page.wait_for_selector("#corrected .card")
         expected = index.search(encoder.encode_images([tmp_path / "query.png"]), 12)[1][0]

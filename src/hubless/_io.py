@@ -18,7 +18,16 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["atomic_open", "file_sha256", "to_json", "write_text", "write_json", "save_npy", "umask_mode"]
+__all__ = [
+    "atomic_open", "file_sha256", "to_json", "write_text", "write_json", "save_npy", "umask_mode",
+    "open_marked_npy", "mark_npz", "array_written_by_hubless",
+]  # fmt: skip
+
+#: The mark an array file hubless writes carries, so that a re-run may replace it (the JSON
+#: results and HTML reports carry theirs in their text): in a .npy, a comment after the header's
+#: dict (numpy reads the header as a Python literal, which ignores it); in a .npz, the zip
+#: archive's comment (not a member: ``np.load(...).files`` is unchanged).
+ARRAY_MARK = b"generator: hubless"
 
 
 def umask_mode(base: int = 0o666) -> int:
@@ -88,6 +97,54 @@ def save_npy(path: str | os.PathLike, array: np.ndarray) -> Path:
     with atomic_open(path, "wb") as fh:
         np.save(fh, array, allow_pickle=False)
     return Path(path)
+
+
+def open_marked_npy(path: str | os.PathLike, shape: tuple[int, ...], dtype: Any = np.float32) -> np.memmap:
+    """A new .npy file at ``path`` (C order) memory-mapped for writing, its header marked with
+    :data:`ARRAY_MARK`; the NPY format 1.0: magic, version, header length, the header dict
+    padded with spaces to a multiple of 64 bytes, a newline, then the data."""
+    import struct
+
+    dtype = np.dtype(dtype)
+    dims = tuple(int(n) for n in shape)
+    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": dims}
+    body = f"{header!r} # ".encode("latin1") + ARRAY_MARK
+    magic = b"\x93NUMPY\x01\x00"
+    pad = -(len(magic) + 2 + len(body) + 1) % 64
+    head = magic + struct.pack("<H", len(body) + pad + 1) + body + b" " * pad + b"\n"
+    size = math.prod(dims)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(len(head) + dtype.itemsize * size)
+    if size == 0:  # mmap cannot map nothing
+        return np.zeros(dims, dtype).view(np.memmap)
+    return np.memmap(path, dtype=dtype, mode="r+", offset=len(head), shape=dims)
+
+
+def mark_npz(path: str | os.PathLike) -> None:
+    """Mark a .npz hubless wrote with :data:`ARRAY_MARK` (the zip archive's comment)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.comment = ARRAY_MARK
+
+
+def array_written_by_hubless(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a .npy or .npz file that hubless marked (see :data:`ARRAY_MARK`)."""
+    import zipfile
+
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head.startswith(b"\x93NUMPY"):
+        end = head.find(b"\n")
+        return end > 0 and ARRAY_MARK in head[:end]
+    if not zipfile.is_zipfile(path):
+        return False
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.comment == ARRAY_MARK
+    except (zipfile.BadZipFile, OSError):
+        return False
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -5,7 +5,8 @@
   embeddings (see :func:`hubless._validation.as_embeddings`).
 * Tables of per-row records (item metadata, fairness attributes): :func:`read_records` reads
   .parquet, .csv, .tsv, .json (a list of objects, or the ``OUT.meta.json`` of ``hubless
-  embed``) and .txt (one value per line, as ``{"item": line}``).
+  embed``: its items, without their ``index`` in the embedded list) and .txt (one value per line,
+  as ``{"item": line}``).
 * Items, one string per row (texts to embed, what a reranker reads, query texts):
   :func:`read_items` reads .txt (one per line), a .json list of strings, an ``OUT.meta.json``
   (its paths or texts), or one column of a table.
@@ -172,10 +173,16 @@ def read_records(path: str | os.PathLike) -> list[dict]:
             raise InvalidInput(f"cannot read {path}: {exc}") from None
     if suffix == ".json":
         data = _read_json(path)
-        if isinstance(data, dict) and "items" in data:  # an OUT.meta.json from `hubless embed`
+        embedded = isinstance(data, dict) and "items" in data  # an OUT.meta.json from `hubless embed`
+        if embedded:
             data = data["items"]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise InvalidInput(f"{path} must hold a JSON list of objects (one per row)")
+        if embedded:
+            # "index" is the item's place in the list that was embedded: bookkeeping of that file,
+            # not of the item. As a metadata column it would sit beside the item's id and disagree
+            # with it (items added later, or given --ids), so it is left out.
+            data = [{k: v for k, v in r.items() if k != "index"} for r in data]
         return data
     if suffix == ".txt":
         return [{"item": line} for line in _read_lines(path)]

@@ -7,6 +7,7 @@ Every message and table is printed with rich markup off: user content (paths, sp
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -89,21 +90,39 @@ def debugging() -> bool:
     return DEBUG["on"] or bool(os.environ.get("HUBLESS_DEBUG"))
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit has nowhere to fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        pass
+    finally:
+        os.close(devnull)
+
+
 def friendly_errors(func: Callable) -> Callable:
     """Map errors to exit codes. Exit 2 with a one-line message: a :class:`hubless.errors.HublessError`
     (bad input, a missing file or id, a conflict, a busy lock, damaged data, a missing optional
     package: the message names the pip command), or an OSError from the operating system (a
     path that cannot be read or written, a full disk). Anything else is a bug in hubless: exit 1,
-    saying so, with the traceback under ``--debug`` / ``HUBLESS_DEBUG=1``."""
+    saying so, with the traceback under ``--debug`` / ``HUBLESS_DEBUG=1``. A reader that closes
+    the output pipe early (``| head``) ends the command quietly with the status a Unix tool
+    killed by SIGPIPE has (141), nothing printed."""
 
     @wraps(func)
     def wrapper(*args, **kwargs):
         from hubless.errors import HublessError
 
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            sys.stdout.flush()  # a reader that closed the pipe shows here, not at exit
+            return result
         except _CLI_EXCEPTIONS:  # usage errors and exits: typer reports them itself
             raise
+        except BrokenPipeError:  # `hubless search ... --json | head -1`: stop quietly
+            _quiet_stdout()
+            raise typer.Exit(141) from None  # 128 + SIGPIPE, as a shell reports such a tool
         except (HublessError, OSError) as exc:
             print_error(error_message(exc))
             raise typer.Exit(2) from None
@@ -154,9 +173,12 @@ def generator_mark() -> dict[str, str]:
 
 
 def _written_by_hubless(path: Path) -> bool:
+    from hubless._io import array_written_by_hubless
+
     with open(path, "rb") as fh:
         head = fh.read(4096)
-    return f'"generator": "{GENERATOR}'.encode() in head or f"<meta name='generator' content='{GENERATOR}".encode() in head
+    marked = f'"generator": "{GENERATOR}'.encode() in head or f"<meta name='generator' content='{GENERATOR}".encode() in head
+    return marked or array_written_by_hubless(path)
 
 
 def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, overwrite: bool = False) -> None:

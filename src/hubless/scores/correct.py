@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import umask_mode
+from hubless._io import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import check_top_k
 from hubless.corrections import Correction, make_correction
 from hubless.corrections.scores import fit_on_scores
@@ -60,7 +60,9 @@ def correct_scores(
     Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` the pair (scores, ids)
     of each row's best ``top_k`` (best first, ties to the lower index). With ``out`` the result
     is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
-    for top-k) and the path is returned; the full matrix is then never held in memory.
+    for top-k, both marked as hubless's so that a re-run may replace them: see
+    :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
+    held in memory.
     """
     corr = make_correction(method)
     s = _matrix(scores, "scores")
@@ -94,7 +96,12 @@ def correct_scores(
     if out is None:
         return (values, ids) if top_k else values
     assert ids is not None  # a full matrix was written above
-    _atomic(out, lambda path: np.savez(path, scores=values, ids=ids))
+
+    def write_npz(path: str) -> None:
+        np.savez(path, scores=values, ids=ids)
+        mark_npz(path)
+
+    _atomic(out, write_npz)
     return out
 
 
@@ -128,7 +135,7 @@ def _write_matrix(corr: Correction, s, out: Path, ranking: bool, progress) -> Pa
     """Stream the corrected matrix into a memory-mapped .npy beside ``out``, then rename it."""
 
     def write(path: str) -> None:
-        target = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=s.shape)
+        target = open_marked_npy(path, s.shape)  # marked: a re-run may replace it
 
         def work(start: int, stop: int) -> None:
             target[start:stop] = _corrected(corr, s, start, stop, ranking)

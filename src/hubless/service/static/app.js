@@ -243,6 +243,14 @@ function drawPlot(hubs) {
   add("text", { x: W - pad, y: 16, "font-size": 12, "text-anchor": "end" }, "N1 of the 10 largest hubs: red before, green after");
 }
 
+function hint(info) {   // what this index can be searched by: text and images only with a model
+  const by = ["an item id"];
+  if (info && info.queries.includes("images")) by.unshift("an image");
+  if (info && info.queries.includes("texts")) by.unshift("text");
+  const ways = by.length > 1 ? `${by.slice(0, -1).join(", ")} or ${by[by.length - 1]}` : by[0];
+  return `Search by ${ways}; choose a result to search with it.`;
+}
+
 function updateIndex() {
   const info = current();
   $("query").placeholder = info && info.queries.includes("texts") ? "text, or an item id such as 42" : "an item id such as 42";
@@ -277,7 +285,7 @@ async function loadIndexes() {
   }
   $("index").replaceChildren(...indexes.map((i) => { const o = document.createElement("option"); o.value = o.textContent = i.name; return o; }));
   if (!indexes.length) show("No index is served.", true);
-  else show("Search by text or by an item id; choose a result to search with it.");
+  else show(hint(current()));
   updateIndex();
 }
 
@@ -287,7 +295,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("weight").addEventListener("change", () => { if ($("query").value.trim()) search(); });
   $("compare").addEventListener("change", () => { if ($("query").value.trim()) search(); });
   $("top-k").addEventListener("change", () => { if ($("query").value.trim()) search(); });
-  $("index").addEventListener("change", () => { updateIndex(); $("hubness").hidden = true; clearResults(); });
+  $("index").addEventListener("change", () => { updateIndex(); $("hubness").hidden = true; clearResults(); show(hint(current())); });
   $("image").addEventListener("change", searchImage);
   $("more").addEventListener("click", more);
   $("show-hubness").addEventListener("click", showHubness);
