@@ -229,9 +229,21 @@ def test_an_empty_list_key_takes_its_element_type_from_the_first_non_empty_value
         hubless.Index.open(tmp_path / "idx").add(QUERIES[:1], [{"tags": 3}])
 
 
-def test_a_metadata_key_named_id_is_refused_clearly():
-    with pytest.raises(InvalidInput, match="'id' is reserved"):
-        hubless.Index.build(GALLERY[:20], BANK, "nnn:k=4", "Flat", metadata=[{"id": i} for i in range(20)])
+def test_a_metadata_key_named_id_is_refused_clearly(monkeypatch):
+    import pyarrow as pa
+
+    from hubless.corrections import NNN
+
+    def no_fit(*args, **kwargs):  # the key is refused before the correction is fitted
+        raise AssertionError("fitted")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(NNN, "fit", no_fit)
+        for metadata in ([{"id": i} for i in range(20)], {"id": list(range(20))}, pa.table({"id": list(range(20))})):
+            with pytest.raises(InvalidInput, match="'id' is reserved"):
+                hubless.Index.build(GALLERY[:20], BANK, "nnn:k=4", "Flat", metadata=metadata)
+        with pytest.raises(InvalidInput, match="'id' is reserved"):
+            hubless.Index.build(GALLERY[:20], BANK, "nnn:k=4", "Flat", metadata_schema=pa.schema([("id", pa.int64())]))
     index = hubless.Index.build(GALLERY[:20], BANK, "nnn:k=4", "Flat", metadata=[{"g": 1}] * 20)
     with pytest.raises(InvalidInput, match="'id' is reserved"):
         index.add(QUERIES[:1], [{"id": 3}])

@@ -63,7 +63,7 @@ from hubless.index.faiss_build import (
 from hubless.index.ids import check_ids
 from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
 from hubless.index.lock import write_lock
-from hubless.index.metadata import Metadata
+from hubless.index.metadata import Metadata, check_keys
 
 __all__ = [
     "COMPACT_FRACTION",
@@ -283,6 +283,8 @@ class Index:
             check_factory(factory, shape[0], shape[1] + 1)
         if kwargs.get("ids") is not None and len(shape) == 2:
             check_ids(kwargs["ids"], shape[0])
+        if kwargs.get("metadata") is not None or kwargs.get("metadata_schema") is not None:
+            check_keys(kwargs.get("metadata"), kwargs.get("metadata_schema"))  # before the fit
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)

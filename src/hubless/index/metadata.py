@@ -81,6 +81,20 @@ def as_columns(metadata, n: int) -> dict[str, list]:
 RESERVED_KEYS = ("id",)
 
 
+def check_keys(metadata, schema=None) -> None:
+    """Refuse a reserved key in ``metadata`` (records, columns or a Table) or ``schema`` before
+    any work (e.g. a fit) is done; :meth:`Metadata.appended` checks them again."""
+    pa = pyarrow()
+    if schema is not None and isinstance(schema, pa.Schema):
+        _check_keys(schema.names)
+    if isinstance(metadata, pa.Table):
+        _check_keys(metadata.column_names)
+    elif isinstance(metadata, Mapping):
+        _check_keys(metadata)
+    elif isinstance(metadata, (list, tuple)):  # records (an iterator is left for the real read)
+        _check_keys({key for record in metadata if isinstance(record, Mapping) for key in record if key in RESERVED_KEYS})
+
+
 def _check_keys(names) -> None:
     for key in names:
         if key in RESERVED_KEYS:
