@@ -324,3 +324,24 @@ def test_compaction_triggers_on_segment_bytes(saved, tmp_path, monkeypatch):
     live.add(QUERIES[1:2], [{"g": 1}])  # the segments hold more bytes than allowed: a new base
     assert live.storage()["segments"] == 0 and live.storage()["rows_since_base"] == 0
     assert hubless.Index.load(path).records(live.ids[-2:])[0]["text"] == "x" * 2000
+
+
+def test_a_mapped_faiss_index_is_known_as_a_view_even_with_empty_lists(tmp_path):
+    """A view of a mapped file cannot be changed (FAISS aborts the process): a compaction must
+    copy it, so it must be recognised, also when its first lists are empty (never views)."""
+    import faiss
+
+    from hubless.index.faiss_build import owns_data
+
+    rows = unit_rows(np.random.default_rng(3), 2000, DIM)
+    index = faiss.index_factory(DIM, "IVF8,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(rows)
+    _, lists = faiss.extract_index_ivf(index).quantizer.search(rows, 1)
+    index.add(rows[lists[:, 0] > 1])  # lists 0 and 1 stay empty
+    faiss.write_index(index, str(tmp_path / "ivf.faiss"))
+    mapped = faiss.read_index(str(tmp_path / "ivf.faiss"), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+    assert owns_data(index) and not owns_data(mapped)
+    hnsw = faiss.index_factory(DIM, "HNSW8", faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(rows[:100])
+    faiss.write_index(hnsw, str(tmp_path / "hnsw.faiss"))
+    assert not owns_data(faiss.read_index(str(tmp_path / "hnsw.faiss"), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY))

@@ -462,8 +462,9 @@ def owns_data(index) -> bool:
     ivf = _ivf(inner)
     if ivf is not None:
         lists = faiss.downcast_InvertedLists(ivf.invlists)
-        if isinstance(lists, faiss.ArrayInvertedLists) and lists.nlist:
-            vectors = [lists.codes.at(0)]
+        if isinstance(lists, faiss.ArrayInvertedLists):  # an empty list is never a view: the first one that is not
+            first = next((i for i in range(lists.nlist) if lists.list_size(i)), None)
+            vectors = [] if first is None else [lists.codes.at(first)]
     elif isinstance(inner, faiss.IndexHNSW):
         vectors = [inner.hnsw.neighbors, getattr(faiss.downcast_index(inner.storage), "codes", None)]
     else:
