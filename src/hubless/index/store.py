@@ -547,10 +547,6 @@ class MappedFiles:
         self._parts = {part.file.name: part for part in parts}
         self._lock = threading.Lock()
 
-    def pending(self) -> list[str]:
-        """The labels of the files not verified yet."""
-        return [part.label for part in self._parts.values()]
-
     def verify(self, names: Sequence[str] | None = None) -> None:
         """Checksum the files ``names`` (file names such as "gallery.npy"; None: all) not
         verified yet: a Corrupt naming a damaged one; a Conflict when one was removed meanwhile
@@ -949,18 +945,20 @@ def verify(path: str | os.PathLike) -> dict:
     base_snap = loaded.base if loaded.base is not None else loaded.snapshot
     faiss_text = None
     if base_snap.faiss is not None:
-        faiss_text = check_faiss(base_snap, f"{path}: {base['name']}/index.faiss")
+        faiss_text = check_faiss(base_snap, path, f"{base['name']}/index.faiss")
     return {"files": checked, "bytes": total, "items": loaded.snapshot.n_alive, "format": VERSION, "faiss": faiss_text}
 
 
-def check_faiss(snap: Snapshot, what: str, *, probes: int = 8) -> str:
+def check_faiss(snap: Snapshot, root: Path, label: str, *, probes: int = 8) -> str:
     """Check a base's FAISS structure as a search reads it: its data in the file itself (not
     lists of another file: ``OnDiskInvertedLists``), as many stored entries as the base needs,
     every entry's id a row of the base, and ``probes`` base rows searched (every list probed)
     answered with finite scores and rows of the base. Returns a description ("IVF: 8 lists,
-    700 entries"); a Corrupt saying what is wrong."""
+    700 entries"); a Corrupt naming ``label`` (the file, under the index ``root``) and saying what
+    is wrong."""
     from hubless.index.faiss_build import _hnsw, _ivf, search_parameters, search_rows, self_contained
 
+    what = f"{root}: {label}"
     index, n = snap.faiss, snap.n_base
     expect = stored_rows(snap.bias, snap.config.spill_below)
     if not self_contained(index):
@@ -988,7 +986,7 @@ def check_faiss(snap: Snapshot, what: str, *, probes: int = 8) -> str:
     knob = ivf.nlist if ivf is not None else 64
     params = search_parameters(index, nprobe=knob, ef_search=knob)
     zeros = np.zeros((rows.size, snap.bias.shape[1]), np.float32)
-    with _parsing(Path(what.split(": ")[0]), what.split(": ", 1)[-1]):
+    with _parsing(root, label):
         scores, found = search_rows(index, np.ascontiguousarray(snap.gather(rows)), zeros, 1, params, snap.layout)
     hit = found[:, 0]
     if ((hit < 0) | (hit >= n)).any() or not np.isfinite(scores[:, 0]).all():
