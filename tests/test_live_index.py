@@ -222,6 +222,13 @@ class LiveIndexMachine(RuleBasedStateMachine):
         self.index.refresh()
 
     @precondition(lambda self: self._live_on_disk())
+    @rule()
+    def cli_compact(self):
+        result = CliRunner().invoke(app, ["index", "compact", str(self.path)])
+        assert result.exit_code == 0, result.output
+        self.index.refresh()
+
+    @precondition(lambda self: self._live_on_disk())
     @rule(data=st.data())
     def damaged_file_is_refused_then_repaired(self, data):
         """A base file damaged between steps: verify names it, a mapped handle's compaction and
