@@ -183,9 +183,9 @@ def test_cli_writes_never_carry_a_damaged_mapped_file_into_a_new_base(saved, nam
         assert added.exit_code != 0 and name in added.output, added.output
     else:  # a segment carries only the new rows: written (the damaged file stays as it is, verify still fails)
         assert added.exit_code == 0, added.output
-        compacted = runner.invoke(app, ["index", "compact", str(path)])  # a new base would carry the damaged file
-        assert compacted.exit_code != 0, compacted.output
-        assert name in compacted.output and "corrupt" in compacted.output.lower(), compacted.output
+    compacted = runner.invoke(app, ["index", "compact", str(path)])  # a new base would carry the damaged file
+    assert compacted.exit_code != 0, compacted.output
+    assert name in compacted.output and "corrupt" in compacted.output.lower(), compacted.output
     assert store.read_manifest(path)[0]["base"]["name"] == base  # no new base
     with pytest.raises(Corrupt, match=name):
         store.verify(path)
@@ -195,6 +195,15 @@ def test_cli_writes_never_carry_a_damaged_mapped_file_into_a_new_base(saved, nam
     with pytest.raises(Corrupt, match=name):
         hubless.Index.load(path, mmap=True).save(tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
+
+
+def test_cli_compact_with_nothing_pending_writes_a_new_base(saved, tmp_path):
+    path = _copy(saved, "IVF8,Flat", tmp_path)
+    before = store.read_manifest(path)[0]["base"]["name"]
+    result = runner.invoke(app, ["index", "compact", str(path)])
+    assert result.exit_code == 0, result.output
+    assert store.read_manifest(path)[0]["base"]["name"] != before
+    _loads_identically(path, hubless.Index.load(saved["IVF8,Flat"]))
 
 
 def test_cli_remove_through_a_mapped_handle_recomputing_lists_verifies_the_gallery(tmp_path):

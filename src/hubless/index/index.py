@@ -196,6 +196,7 @@ class Index:
         self._manifest = None if loaded is None else loaded.manifest
         self._stamp = () if loaded is None else loaded.stamp
         self._locked = False  # inside update(): the file lock is held, commit at the end
+        self._full = False  # inside update(): compact() was called, the commit writes a new base
         #: Seconds a write waits for the index's file lock (None: HUBLESS_LOCK_TIMEOUT or 60).
         self.lock_timeout: float | None = None
 
@@ -742,6 +743,7 @@ class Index:
             if self._path is None or self._locked or not self._live:  # in memory (committed later, if at all)
                 new, result = change(self._snap)
                 self._snap = new
+                self._full = self._full or (full and self._locked)  # update() then commits a new base
                 return result
             with write_lock(self._path, timeout=self.lock_timeout):
                 self._catch_up()
@@ -906,9 +908,9 @@ class Index:
             index._locked = True
             try:
                 yield index
-                index._commit(index._snap)
+                index._commit(index._snap, full=index._full)  # compact() in the block: a new base
             finally:
-                index._locked = False
+                index._locked = index._full = False
 
     @classmethod
     def _open_locked(cls, path: Path, *, mmap: bool = False) -> Index:
