@@ -361,15 +361,17 @@ def compact_command(path: Path = typer.Argument(..., help="Index directory (rewr
 @app.command("verify")
 @friendly_errors
 def verify_command(path: Path = typer.Argument(..., help="Index directory.")) -> None:
-    """Check every file of the index against the sha256 and size recorded when it was written (a
-    plain load checks every file it reads; a memory-mapped load skips the mapped ones)."""
+    """Check what a load and a search read: every file against the sha256 and size recorded when it
+    was written (a plain load checks every file it reads; a memory-mapped load skips the mapped
+    ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
     from hubless.index.store import verify
 
     result = verify(path)
     if result["files"] is None:
         typer.echo(f"ok: {path} (format {result['format']}: every file verified by the load), {result['items']} items")
     else:
-        typer.echo(f"ok: {path}: {result['files']} files, {result['bytes']:,} bytes verified; {result['items']} items")
+        faiss_text = "" if not result.get("faiss") else f"; FAISS {result['faiss']} searched"
+        typer.echo(f"ok: {path}: {result['files']} files, {result['bytes']:,} bytes verified; {result['items']} items{faiss_text}")
 
 
 @friendly_errors

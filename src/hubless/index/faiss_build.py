@@ -366,6 +366,14 @@ def _first_copies(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarr
     return scores, ids
 
 
+def self_contained(index) -> bool:
+    """Whether ``index`` holds all its data (``write_index`` writes it whole): not an inverted
+    file whose lists live in another file (``OnDiskInvertedLists``, e.g. read with FAISS's
+    ``IO_FLAG_MMAP``, which ``write_index`` saves as a reference to that file)."""
+    ivf = _ivf(index)
+    return ivf is None or isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.ArrayInvertedLists)
+
+
 def is_ivf(index) -> bool:
     """Whether ``index`` is (or wraps) an inverted file."""
     return _ivf(index) is not None
@@ -433,11 +441,35 @@ def refill_faiss(index, factory: str, unit: np.ndarray, augmented: np.ndarray, l
     ``(index, layout)`` (the spill threshold of the new biases)."""
     if _hnsw(index) is not None and not same_items:
         return build_faiss(factory, unit, augmented, spill=layout.spill)
-    try:
-        fresh = faiss.clone_index(index)
-    except RuntimeError:  # e.g. memory-mapped inverted lists: build anew
-        return build_faiss(factory, unit, augmented, spill=layout.spill)
+    if not owns_data(index):  # a view of a mapped file (a clone would be one too): an owned copy
+        fresh = faiss.deserialize_index(faiss.serialize_index(index))
+    else:
+        try:
+            fresh = faiss.clone_index(index)
+        except RuntimeError:  # e.g. inverted lists in another file: build anew
+            return build_faiss(factory, unit, augmented, spill=layout.spill)
     return fresh, replace_rows(fresh, unit, augmented, layout, same_items=same_items)
+
+
+def owns_data(index) -> bool:
+    """Whether ``index``'s codes, lists and graph are its own memory, not views of a file mapped
+    by FAISS (``IO_FLAG_MMAP_IFC``): a view (and a clone of it, which shares the view) cannot be
+    changed (FAISS aborts the process), so a compaction refills an owned copy."""
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        return owns_data(inner.index)
+    vectors = []
+    ivf = _ivf(inner)
+    if ivf is not None:
+        lists = faiss.downcast_InvertedLists(ivf.invlists)
+        if isinstance(lists, faiss.ArrayInvertedLists):  # an empty list is never a view: the first one that is not
+            first = next((i for i in range(lists.nlist) if lists.list_size(i)), None)
+            vectors = [] if first is None else [lists.codes.at(first)]
+    elif isinstance(inner, faiss.IndexHNSW):
+        vectors = [inner.hnsw.neighbors, getattr(faiss.downcast_index(inner.storage), "codes", None)]
+    else:
+        vectors = [getattr(inner, "codes", None)]
+    return all(getattr(v, "is_owned", True) for v in vectors if v is not None)
 
 
 def with_selection(index, params, allowed: np.ndarray, *, bits: np.ndarray | None = None):

@@ -17,7 +17,7 @@ import numpy as np
 
 from hubless.errors import InvalidInput, InvalidType
 
-__all__ = ["IdMap", "check_ids", "first_few"]
+__all__ = ["MAX_ID", "IdMap", "assigned_ids", "check_ids", "first_few"]
 
 #: The largest id (ids are int64 >= 0; -1 marks an unfilled search slot).
 MAX_ID = np.iinfo(np.int64).max - 1
@@ -28,6 +28,16 @@ def first_few(values, limit: int = 5) -> str:
     values = [int(v) for v in np.asarray(values).ravel()]
     shown = ", ".join(str(v) for v in values[:limit])
     return shown + (f" (and {len(values) - limit} more)" if len(values) > limit else "")
+
+
+def assigned_ids(next_id: int, n: int) -> np.ndarray:
+    """The ``n`` ids an index assigns from ``next_id`` (int64); an InvalidInput naming the limit
+    when they would pass :data:`MAX_ID` (after an item was given an id near it: pass ids)."""
+    if next_id + n - 1 > MAX_ID:
+        raise InvalidInput(
+            f"the index cannot assign {n} more ids: its next id is {next_id} and ids end at 2**63 - 2 ({MAX_ID}); pass the new items' ids"
+        )
+    return np.arange(next_id, next_id + n, dtype=np.int64)
 
 
 def check_ids(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
@@ -45,10 +55,12 @@ def check_ids(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
     if array.ndim != 1:
         raise InvalidInput(f"{name} must be a flat list of item ids; got shape {array.shape}")
     if array.dtype == np.uint64 and array.size and array.max() > MAX_ID:
-        raise InvalidInput(f"{name} must be below 2**63 - 1; got {first_few(array[array > MAX_ID])}")
+        raise InvalidInput(f"{name} must be at most 2**63 - 2 ({MAX_ID}); got {first_few(array[array > MAX_ID])}")
     array = array.astype(np.int64)
     if n is not None and array.size != n:
         raise InvalidInput(f"{name}: {array.size} ids for {n} items")
+    if array.size and array.max() > MAX_ID:  # int64's largest: next_id (max id + 1) must stay an int64
+        raise InvalidInput(f"{name} must be at most 2**63 - 2 ({MAX_ID}); got {first_few(array[array > MAX_ID])}")
     negative = array[array < 0]
     if negative.size:
         raise InvalidInput(f"{name} must be >= 0; got {first_few(negative)}")

@@ -64,10 +64,11 @@ from hubless.index.faiss_build import (
 from hubless.index.ids import check_ids
 from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
 from hubless.index.lock import write_lock
-from hubless.index.metadata import Metadata
+from hubless.index.metadata import Metadata, check_keys
 
 __all__ = [
     "COMPACT_FRACTION",
+    "COMPACT_MIN_BYTES",
     "COMPACT_MIN_ROWS",
     "Index",
     "IndexConfig",
@@ -81,9 +82,13 @@ __all__ = [
 #: A write folds every segment into one when the index would otherwise hold more than this many.
 MAX_SEGMENTS = 64
 #: A write compacts the index (a new base of the live items) once the rows written since the
-#: base, or the removed rows, exceed COMPACT_MIN_ROWS + COMPACT_FRACTION x the base's rows.
+#: base, or the removed rows, exceed COMPACT_MIN_ROWS + COMPACT_FRACTION x the base's rows; or
+#: once its segments' bytes exceed COMPACT_MIN_BYTES + COMPACT_FRACTION x the base's bytes (writes
+#: whose segments are large for their rows: long metadata, recomputed activation lists), so
+#: folding the segments at MAX_SEGMENTS never rewrites more than a share of what compaction would.
 COMPACT_MIN_ROWS = 1000
 COMPACT_FRACTION = 0.1
+COMPACT_MIN_BYTES = 16 << 20
 #: A filter leaving at most this many rows is searched exactly over them, on any index.
 SUBSET_ROWS = 4096
 
@@ -192,6 +197,7 @@ class Index:
         self._manifest = None if loaded is None else loaded.manifest
         self._stamp = () if loaded is None else loaded.stamp
         self._locked = False  # inside update(): the file lock is held, commit at the end
+        self._full = False  # inside update(): compact() was called, the commit writes a new base
         #: Seconds a write waits for the index's file lock (None: HUBLESS_LOCK_TIMEOUT or 60).
         self.lock_timeout: float | None = None
 
@@ -279,6 +285,8 @@ class Index:
             check_factory(factory, shape[0], shape[1] + 1)
         if kwargs.get("ids") is not None and len(shape) == 2:
             check_ids(kwargs["ids"], shape[0])
+        if kwargs.get("metadata") is not None or kwargs.get("metadata_schema") is not None:
+            check_keys(kwargs.get("metadata"), kwargs.get("metadata_schema"))  # before the fit
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)
@@ -389,6 +397,11 @@ class Index:
             return None
         import pyarrow as pa
 
+        if "id" in snap.metadata.schema.names:  # written before the key was reserved
+            raise InvalidInput(
+                "this index's metadata has a key 'id' (written before hubless reserved it), which would repeat the ids "
+                "column: read index.metadata or records(ids) instead"
+            )
         table = snap.metadata.table.take(snap.live_rows) if snap.metadata.schema.names else pa.table({})
         return table.add_column(0, pa.field("id", pa.int64(), nullable=False), pa.array(snap.live_ids))
 
@@ -731,6 +744,7 @@ class Index:
             if self._path is None or self._locked or not self._live:  # in memory (committed later, if at all)
                 new, result = change(self._snap)
                 self._snap = new
+                self._full = self._full or (full and self._locked)  # update() then commits a new base
                 return result
             with write_lock(self._path, timeout=self.lock_timeout):
                 self._catch_up()
@@ -742,13 +756,21 @@ class Index:
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the index to the directory ``path`` as one atomic switch, under the index's
         write lock (see :mod:`hubless.index.store`). ``overwrite`` replaces an existing hubless
-        index only. Saving an index back to the directory it was loaded from, unchanged there
-        since, writes only what changed (one segment)."""
+        index only. Saving an index back to the directory it was loaded from writes only what
+        changed (one segment); when another writer committed there since this index was loaded
+        (or last refreshed), the save is a :class:`~hubless.errors.Conflict` and nothing is
+        written (it would replace their writes): :meth:`refresh` first (without changes of
+        its own), or load the index again."""
         path = Path(path)
         with self._lock:
             if self._path is not None and overwrite and _same_dir(self._path, path):
                 with write_lock(path):
-                    if store.pointer_stamp(path) == self._stamp and self._manifest is not None:
+                    if store.pointer_stamp(path) != self._stamp:
+                        raise Conflict(
+                            f"{path} changed since this index was loaded (another writer committed a version): saving would "
+                            "replace it; load the index again (or refresh() an index without changes) and redo the changes"
+                        )
+                    if self._manifest is not None:
                         self._commit(self._snap)
                         return path
                     self._save_fresh(path, locked=True)
@@ -761,9 +783,9 @@ class Index:
 
     def _save_fresh(self, path: Path, *, locked: bool) -> None:
         """``path`` made to hold this index as a new base (whatever it held before)."""
+        snap = self._snap.compacted() if self._snap.n_tail or self._snap.n_dead else self._snap
         created = not path.exists()
         path.mkdir(parents=True, exist_ok=True)
-        snap = self._snap.compacted() if self._snap.n_tail or self._snap.n_dead else self._snap
         previous = None
         try:
             previous, _ = store.read_manifest(path) if store.is_index(path) else (None, None)
@@ -795,7 +817,7 @@ class Index:
         path, old, manifest = self._path, self._committed, self._manifest
         assert path is not None  # bound to a directory (a commit needs one)
         version = _next_number(path, manifest)
-        grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base
+        grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base or _segments_grown(manifest)
         same_base = manifest is not None and old is not None and new.base_rows is old.base_rows and new.faiss is old.faiss
         unsynced: list[Path] = []  # the segment written here: fsynced together with CURRENT
         if full or grown or not same_base:
@@ -887,9 +909,9 @@ class Index:
             index._locked = True
             try:
                 yield index
-                index._commit(index._snap)
+                index._commit(index._snap, full=index._full)  # compact() in the block: a new base
             finally:
-                index._locked = False
+                index._locked = index._full = False
 
     @classmethod
     def _open_locked(cls, path: Path, *, mmap: bool = False) -> Index:
@@ -933,6 +955,15 @@ def _load(path: Path, mmap: bool) -> tuple[store.Loaded, Snapshot]:
     loaded = store.load(path, mmap=mmap)
     base = getattr(loaded, "base", None)
     return loaded, base if base is not None else loaded.snapshot
+
+
+def _segments_grown(manifest: dict | None) -> bool:
+    """Whether a version's segments outgrew its base in bytes (see :data:`COMPACT_MIN_BYTES`)."""
+    if manifest is None or not manifest["segments"]:
+        return False
+    written = sum(s["bytes"] for s in manifest["segments"])
+    base = sum(f["bytes"] for f in manifest["base"]["files"].values())
+    return written > COMPACT_MIN_BYTES + COMPACT_FRACTION * base
 
 
 def _lists_changed(old: Snapshot, new: Snapshot) -> bool:

@@ -41,7 +41,7 @@ from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
 from hubless.errors import AlreadyExists, Corrupt, InvalidInput, NotFound
 from hubless.index.config import IndexConfig
-from hubless.index.ids import IdMap, check_ids, first_few
+from hubless.index.ids import IdMap, assigned_ids, check_ids, first_few
 from hubless.index.metadata import Metadata
 from hubless.index.rows import Growable
 
@@ -111,6 +111,9 @@ class Snapshot:
     metadata: Metadata | None
     faiss: Any = None  # over the base rows, ids = their rows (None: exact search, the Flat factory)
     faiss_dim: int = 0  # its (padded) dimension; the rest of its layout is in ``config``
+    #: the files of a memory-mapped load this snapshot's data came from, not checksummed yet
+    #: (:class:`hubless.index.store.MappedFiles`; None: every byte was verified or computed)
+    mapped: Any = field(default=None, compare=False, repr=False)
     #: ``alive``'s buffer when ``alive`` is its first ``n_rows`` (an add appends to it in
     #: O(batch)); None after a load or a removal (a removal copies ``alive``: the older
     #: snapshots keep theirs)
@@ -137,6 +140,7 @@ class Snapshot:
         faiss=None,
         faiss_dim: int = 0,
         next_id: int | None = None,
+        mapped=None,
     ) -> Snapshot:
         """A snapshot made of a base alone: ``gallery`` rows (item ``i`` has ``ids[i]``), their
         bias columns and per-row statistics, the banks' global statistics (``bank``: activation
@@ -166,6 +170,7 @@ class Snapshot:
             metadata=metadata,
             faiss=faiss,
             faiss_dim=int(faiss_dim),
+            mapped=mapped,
         )
 
     @classmethod
@@ -180,14 +185,16 @@ class Snapshot:
         banks: dict | None = None,
         metadata: Metadata | None = None,
         next_id: int | None = None,
+        mapped=None,
     ) -> Snapshot:
-        """A snapshot whose base is a fitted correction's gallery (item ``i`` has ``ids[i]``)."""
+        """A snapshot whose base is a fitted correction's gallery (item ``i`` has ``ids[i]``);
+        ``mapped``: the unverified files its values were derived from (see :attr:`mapped`)."""
         gallery = corr.gallery_
         rows, bank = split_statistics(corr.statistics_)
         snap = cls.from_arrays(
             spec=corr.spec, normalize=corr.normalize, config=config, gallery=gallery, bias=corr.bias_columns_, ids=ids, stats=rows,
             bank=bank, gallery_sum=gallery.sum(axis=0, dtype=np.float64), banks=banks, metadata=metadata, faiss=faiss,
-            faiss_dim=faiss_dim, next_id=next_id,
+            faiss_dim=faiss_dim, next_id=next_id, mapped=mapped,
         )  # fmt: skip
         snap.__dict__["correction"] = copy.copy(corr)  # the live items are the base: it is their fit
         return snap
@@ -321,7 +328,7 @@ class Snapshot:
         Everything is checked before anything is computed; nothing here is changed."""
         n = rows.shape[0]
         if ids is None:
-            ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+            ids = assigned_ids(self.next_id, n)
         else:
             ids = check_ids(ids, n)
             present = self.id_map.rows(ids, self.n_rows)
@@ -334,6 +341,7 @@ class Snapshot:
         corr = self.serving
         corr.check_sizes(self.n_alive + n, self.bank.n_query_bank if corr.needs_query_bank else None, self.bank.n_gallery_bank)
         query_bank, gallery_bank = self._banks_for_update(required=True)
+        self._verify_mapped(["query_bank.npy", "gallery_bank.npy"])  # the new rows' statistics come from them
         means = (self.bank.query_bank_mean, self.bank.gallery_bank_mean)  # the banks did not change
         part = compute_statistics(rows, query_bank, gallery_bank, self.request, progress=progress, bank_means=means)
         part = replace(
@@ -421,6 +429,7 @@ class Snapshot:
             bank_rows = self.banks.get(f"{side}_bank")
             if bank_rows is None:
                 raise InvalidInput(f"removing these items changes the {side}-bank activation sets, which needs the {side} bank")
+            self._verify_mapped(["gallery.npy", f"{side}_bank.npy"])  # the lists are recomputed from them
             lists = lists.copy()
             scores = getattr(bank, f"{side}_activation_scores").copy()
             scores[lost], lists[lost] = self._nearest(np.ascontiguousarray(bank_rows[lost]), lists.shape[1], alive, progress=progress)
@@ -447,6 +456,13 @@ class Snapshot:
         if required and ((needs_query and qb is None) or (request.needs_gallery_bank and gb is None)):
             raise InvalidInput("this index was saved without its banks (keep_banks=False): it cannot compute new items' biases")
         return (qb if needs_query else None), (gb if request.needs_gallery_bank else None)
+
+    def _verify_mapped(self, names=None) -> None:
+        """Checksum the mapped files ``names`` (None: all) a write is about to compute from, if a
+        memory-mapped load has not yet (:class:`hubless.index.store.MappedFiles`): a damaged
+        file is a Corrupt naming it, before anything is computed or written."""
+        if self.mapped is not None:
+            self.mapped.verify(names)
 
     def with_config(self, config: IndexConfig) -> Snapshot:
         return replace(self, config=config, extra={})
@@ -487,6 +503,7 @@ class Snapshot:
         with its training kept; an HNSW graph rebuilt)."""
         from hubless.index.faiss_build import refill_faiss
 
+        self._verify_mapped()
         corr = self.correction
         faiss_index, config = None, self.config
         if self.faiss is not None:
@@ -495,7 +512,7 @@ class Snapshot:
         meta = None if self.metadata is None else self.metadata.select(self.live_rows)
         return Snapshot.from_correction(
             corr, config, ids=self.live_ids, faiss=faiss_index, faiss_dim=self.faiss_dim, banks=self.banks,
-            metadata=meta, next_id=self.next_id,
+            metadata=meta, next_id=self.next_id, mapped=self.mapped,
         )  # fmt: skip
 
     def with_bank_items(self, items: np.ndarray, side: str, *, progress: bool | None = None) -> Snapshot:
@@ -503,6 +520,7 @@ class Snapshot:
         items in (n_items x n_new), so every bias changes: a new base."""
         from hubless.index.faiss_build import refill_faiss
 
+        self._verify_mapped()
         corr = copy.copy(self.correction)
         corr = corr.add_query_bank(items, progress=progress) if side == "query" else corr.add_gallery_bank(items, progress=progress)
         faiss_index, config = None, self.config
@@ -518,7 +536,7 @@ class Snapshot:
         meta = None if self.metadata is None else self.metadata.select(self.live_rows)
         return Snapshot.from_correction(
             corr, config, ids=self.live_ids, faiss=faiss_index, faiss_dim=self.faiss_dim, banks=banks, metadata=meta,
-            next_id=self.next_id,
+            next_id=self.next_id, mapped=self.mapped,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ replaying a write

@@ -35,6 +35,8 @@ from hubless.errors import InvalidInput, InvalidType, optional_import
 
 __all__ = ["Metadata", "OPERATORS", "as_columns", "pyarrow"]
 
+#: Parts (the base's, then one per write) a metadata keeps before folding the written ones into one.
+MAX_PARTS = 32
 #: The operators a ``where`` condition may use.
 OPERATORS = ("eq", "ne", "in", "not_in", "gt", "gte", "lt", "lte")
 
@@ -70,7 +72,36 @@ def as_columns(metadata, n: int) -> dict[str, list]:
     for key in columns:
         if not isinstance(key, str) or not key:
             raise InvalidType(f"metadata keys must be non-empty strings; got {key!r}")
+    _check_keys(columns)
     return columns
+
+
+#: Metadata keys an item may not have: ``id`` is the item's own id (``ids=``), the first column of
+#: ``Index.metadata_table()``.
+RESERVED_KEYS = ("id",)
+
+
+def check_keys(metadata, schema=None) -> None:
+    """Refuse a reserved key in ``metadata`` (records, columns or a Table) or ``schema`` before
+    any work (e.g. a fit) is done; :meth:`Metadata.appended` checks them again."""
+    pa = pyarrow()
+    if schema is not None and isinstance(schema, pa.Schema):
+        _check_keys(schema.names)
+    if isinstance(metadata, pa.Table):
+        _check_keys(metadata.column_names)
+    elif isinstance(metadata, Mapping):
+        _check_keys(metadata)
+    elif isinstance(metadata, (list, tuple)):  # records (an iterator is left for the real read)
+        _check_keys({key for record in metadata if isinstance(record, Mapping) for key in record if key in RESERVED_KEYS})
+
+
+def _check_keys(names) -> None:
+    for key in names:
+        if key in RESERVED_KEYS:
+            raise InvalidInput(
+                f"metadata key {key!r} is reserved: an item's id is given with ids= (--ids) and is the 'id' column of "
+                "metadata_table(); rename the key (e.g. 'source_id')"
+            )
 
 
 def _describe(t) -> str:
@@ -114,6 +145,9 @@ def _typed(key: str, values: list, expected):
         return array, expected
     if pa.types.is_null(given):
         return pa.nulls(len(values), expected), expected
+    refined = _refined(expected, given) if _open(expected) else None
+    if refined is not None:  # e.g. list<null> (only empty lists so far) meets list<string>: the column takes it
+        return (array if array.type == refined else array.cast(refined)), refined
     if _compatible(expected, given):
         try:
             return array.cast(expected), expected
@@ -121,6 +155,30 @@ def _typed(key: str, values: list, expected):
             pass
     _refuse_first_offender(key, values, expected)
     raise InvalidType(f"metadata key {key!r} holds {_describe(expected)} values; got {_describe(given)}")  # pragma: no cover
+
+
+def _open(t) -> bool:
+    """Whether a column type still has a null part: a list column seen only with empty lists
+    (``list<null>``), whose element type comes from its first non-empty value."""
+    pa = pyarrow()
+    if pa.types.is_null(t):
+        return True
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _open(t.value_type)
+
+
+def _refined(expected, given):
+    """The type holding both ``expected`` and ``given`` values, where one fills the other's null
+    parts (``list<null>`` and ``list<string>``: ``list<string>``); None when they differ."""
+    pa = pyarrow()
+    if pa.types.is_null(expected):
+        return given
+    if pa.types.is_null(given) or given == expected:
+        return expected
+    for kind, make in ((pa.types.is_list, pa.list_), (pa.types.is_large_list, pa.large_list)):
+        if kind(expected) and kind(given):
+            inner = _refined(expected.value_type, given.value_type)
+            return None if inner is None else make(inner)
+    return None
 
 
 def _compatible(expected, given) -> bool:
@@ -167,6 +225,8 @@ class Metadata:
     @classmethod
     def empty(cls, n: int, schema=None) -> Metadata:
         pa = pyarrow()
+        if schema is not None:
+            _check_keys(schema.names)
         return cls(pa.schema([]) if schema is None else schema, [(n, None)] if n else [])
 
     @classmethod
@@ -176,6 +236,8 @@ class Metadata:
         pa = pyarrow()
         if schema is not None and not isinstance(schema, pa.Schema):
             raise InvalidType(f"metadata_schema must be a pyarrow.Schema; got {type(schema).__name__}")
+        if schema is not None:
+            _check_keys(schema.names)
         return cls.empty(0, schema).appended(metadata, n)
 
     def appended(self, metadata, n: int) -> Metadata:
@@ -195,7 +257,17 @@ class Metadata:
             elif kind != expected:  # a column of nulls so far takes its first type
                 schema = schema.set(index, pa.field(key, kind, nullable=True))
         table = pa.table(arrays) if arrays else None
-        return Metadata(schema, [*self.parts, (n, table)])
+        return Metadata(schema, [*self.parts, (n, table)]).folded()
+
+    def folded(self) -> Metadata:
+        """This metadata with at most :data:`MAX_PARTS` parts: past that, the parts after the
+        first (the base's) are folded into one table (O(rows written since the base), once per
+        :data:`MAX_PARTS` writes), so a write never costs O(writes so far)."""
+        if len(self.parts) <= MAX_PARTS:
+            return self
+        rest = self.parts[1:]
+        rows = sum(n for n, _ in rest)
+        return Metadata(self.schema, [self.parts[0], (rows, _joined(self.schema, rest, rows).combine_chunks())])
 
     def concatenated(self, other: Metadata) -> Metadata:
         """This metadata followed by ``other``'s parts (``other``'s schema, which must extend
@@ -206,22 +278,18 @@ class Metadata:
     @cached_property
     def table(self):
         """All rows as one table with every schema column (nulls where a part has no value)."""
-        pa = pyarrow()
-        columns = []
-        for field in self.schema:
-            chunks = []
-            for n, table in self.parts:
-                if not n:
-                    continue
-                if table is None or field.name not in table.column_names:
-                    chunks.append(pa.nulls(n, field.type))
-                    continue
-                column = table.column(field.name)
-                chunks.extend(c.cast(field.type) if c.type != field.type else c for c in column.chunks)
-            columns.append(pa.chunked_array(chunks, type=field.type))
-        if not columns:
-            return pa.table({}).append_column("_", pa.nulls(self.n_rows)).drop_columns(["_"])
-        return pa.Table.from_arrays(columns, schema=self.schema)
+        return _joined(self.schema, self.parts, self.n_rows)
+
+    def rows_from(self, start: int):
+        """Rows ``start:`` as one table with every schema column, made of the parts holding
+        them only (a write's new rows: O(batch), not O(rows))."""
+        cut, position = [], 0
+        for n, table in self.parts:
+            if position + n > start:
+                skip = max(0, start - position)
+                cut.append((n - skip, table if table is None or not skip else table.slice(skip)))
+            position += n
+        return _joined(self.schema, cut, self.n_rows - start)
 
     def take(self, positions) -> list[dict]:
         """The records (dicts with every key; None where unset) of rows ``positions``."""
@@ -260,6 +328,27 @@ class Metadata:
     def schema_from_text(text: str):
         pa = pyarrow()
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text.encode("ascii"), validate=True)))
+
+
+def _joined(schema, parts, n_rows: int):
+    """``parts`` ((rows, table or None), in order) as one table with every column of ``schema``
+    (nulls where a part has no value; values cast to the column's type)."""
+    pa = pyarrow()
+    columns = []
+    for field in schema:
+        chunks = []
+        for n, table in parts:
+            if not n:
+                continue
+            if table is None or field.name not in table.column_names:
+                chunks.append(pa.nulls(n, field.type))
+                continue
+            column = table.column(field.name)
+            chunks.extend(c.cast(field.type) if c.type != field.type else c for c in column.chunks)
+        columns.append(pa.chunked_array(chunks, type=field.type))
+    if not columns:
+        return pa.table({}).append_column("_", pa.nulls(n_rows)).drop_columns(["_"])
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def canonical(table):

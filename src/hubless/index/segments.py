@@ -33,6 +33,7 @@ import numpy as np
 
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput
+from hubless.index.ids import assigned_ids
 from hubless.index.live import SIDES, row_statistics_names
 from hubless.index.lock import write_lock
 from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
@@ -153,9 +154,11 @@ def commit_pending(index, files: list[Path]) -> dict:
                 n = int(data["rows"].shape[0])
                 has_ids = "ids" in data.files
                 table = table_from_bytes(data["metadata"].tobytes()) if "metadata" in data.files else None
-            entry["rows"] = n
-            if not has_ids:
-                entry["first_id"] = int(snap.next_id)
+        entry["rows"] = n
+        if not has_ids:
+            assigned_ids(snap.next_id, n)  # an InvalidInput past the largest id
+            entry["first_id"] = int(snap.next_id)
+        with _parsing(path, f.name):
             meta_before = snap.metadata
             if table is not None or meta_before is not None:  # typed against the index's schema now
                 meta_before = (meta_before if meta_before is not None else Metadata.empty(snap.n_rows)).appended(table, n)

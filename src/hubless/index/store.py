@@ -33,8 +33,13 @@ commit, keeping the previous version's files for readers that loaded it a moment
 Checksums: every file's sha256 and size are recorded when it is written. A load checks the
 manifest's own sha256, every field, and the size of every file; it verifies the sha256 of every
 file it reads whole: all of them by default, and with ``mmap=True`` all but the memory-mapped
-ones (gallery, statistics, banks, IVF lists), which ``hubless index verify`` checks
-(:func:`verify`). Damage is a :class:`~hubless.errors.Corrupt` naming the file.
+ones (gallery, statistics, banks, the FAISS structure, mapped whole by FAISS's
+``IO_FLAG_MMAP_IFC`` so that it stays self-contained), which ``hubless index verify`` checks
+(:func:`verify`, with the FAISS structure as a search reads it). A write through a mapped load
+checksums the mapped files it computes from before writing (:class:`MappedFiles`): a damaged file
+is never copied into a new base. Damage is a :class:`~hubless.errors.Corrupt` naming the file.
+
+Item ids are any int64 from 0 to 2**63 - 2 (``next_id``, one past the largest, is an int64).
 
 Other writers (hubless.distributed) add items with :mod:`hubless.index.segments`.
 Indexes of formats 3 and 4 are read by :mod:`hubless.index.legacy` and converted at their next write.
@@ -42,9 +47,11 @@ Indexes of formats 3 and 4 are read by :mod:`hubless.index.legacy` and converted
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import mmap as _mmap_module
 import os
 import re
 import shutil
@@ -62,9 +69,10 @@ import numpy as np
 from hubless._io import file_sha256, umask_mode
 from hubless.corrections import make_additive, make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import Busy, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
+from hubless.errors import Busy, Conflict, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
 from hubless.index.config import IndexConfig
-from hubless.index.faiss_build import plan_layout, stored_rows
+from hubless.index.faiss_build import plan_layout, self_contained, stored_rows
+from hubless.index.ids import MAX_ID
 from hubless.index.live import SIDES, Snapshot, row_statistics_names
 from hubless.index.metadata import Metadata, canonical, table_bytes, table_from_bytes
 
@@ -104,6 +112,14 @@ _REQUIRED_BASE_FILES = ("gallery.npy", "ids.npy", "bias.npy", "state.npz")
 #: Files ``load(mmap=True)`` maps instead of reading (size and header checked, sha256 by ``verify``).
 _MAPPED = ("gallery.npy", "index.faiss", "query_bank.npy", "gallery_bank.npy")
 _MAX_POINTER = 16 << 20
+#: How ``load(mmap=True)`` maps a FAISS structure: FAISS's own whole-file map
+#: (``IO_FLAG_MMAP_IFC``, FAISS >= 1.11: the lists, codes and graph are views of the file, the
+#: index stays self-contained and is written back whole; FAISS advises the kernel of random
+#: access). The older ``IO_FLAG_MMAP`` is not used: it turns IVF lists into
+#: ``OnDiskInvertedLists`` that name a file, which ``write_index`` then saves as a reference to
+#: an empty file name (a copy or compaction of such an index cannot be loaded). Without
+#: ``IO_FLAG_MMAP_IFC`` the structure is read whole (and checksummed).
+_MAP_FAISS = getattr(faiss, "IO_FLAG_MMAP_IFC", 0)
 #: Legacy (format 3/4) names a commit removes once the index is converted.
 _LEGACY_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
 _LEGACY_VERSION = re.compile(r"v\d{6}")
@@ -183,6 +199,12 @@ def write_base(path: Path, snap: Snapshot, version: int) -> dict:
     its manifest entry. Nothing names it until :func:`commit`."""
     if snap.n_tail or snap.n_dead:  # pragma: no cover - callers compact first
         raise InvalidInput("only a compacted snapshot is written as a base")
+    if snap.mapped is not None:  # what a mapped load has not checksummed is verified before it is copied
+        snap.mapped.verify()
+    if snap.faiss is not None and not self_contained(snap.faiss):
+        raise InvalidInput(
+            "this FAISS index keeps its inverted lists in another file (OnDiskInvertedLists): it cannot be saved in an index"
+        )
     name = f"b{version:06d}"
     folder = path / name
     shutil.rmtree(folder, ignore_errors=True)  # a leftover of an interrupted write of this version
@@ -258,7 +280,7 @@ def segment_arrays(old: Snapshot, new: Snapshot) -> dict[str, np.ndarray]:
             out[f"act.{side}.replace.ids"] = lists[changed]
             out[f"act.{side}.replace.scores"] = getattr(new.bank, f"{side}_activation_scores")[changed]
     if new.metadata is not None and new.metadata.schema.names and new.n_rows > start:
-        out["metadata"] = np.frombuffer(table_bytes(new.metadata.table.slice(start)), dtype=np.uint8)
+        out["metadata"] = np.frombuffer(table_bytes(new.metadata.rows_from(start)), dtype=np.uint8)
     info = {"start": start, "next_id": int(new.next_id)}
     out["info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
     return out
@@ -281,6 +303,11 @@ def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int, *, sync:
     """Write what ``new`` changed since ``old`` as the segment ``s{version}.seg``; its entry.
     ``sync=False``: not fsynced yet; pass the file to :func:`commit`'s ``unsynced``."""
     arrays = segment_arrays(old, new)
+    if new.mapped is not None:  # the mapped files this write's values were computed from, verified first
+        used = {"query_bank.npy", "gallery_bank.npy"} if arrays["rows"].shape[0] else set()
+        if any(key.startswith("act.") for key in arrays):  # activation lists recomputed over the gallery
+            used |= {"gallery.npy", "query_bank.npy", "gallery_bank.npy"}
+        new.mapped.verify(sorted(used))
     entry = _write_segment_file(path / f"s{version:06d}.seg", arrays, sync=sync)
     return {**entry, "rows": int(arrays["rows"].shape[0])}
 
@@ -449,7 +476,7 @@ def _validate_manifest(m: Any, what: str) -> dict:
     dim = field_("dim", int, lambda v: 0 < v < 1 << 20, "a positive dimension")
     field_("faiss_dim", int, lambda v: v == 0 or dim <= v < 1 << 20, "0 or a dimension >= dim")
     field_("bias_columns", int, lambda v: 0 < v < 16, "a number of bias columns")
-    field_("next_id", int, *count)
+    field_("next_id", int, lambda v: 0 <= v <= MAX_ID + 1, "an id count: 0 to 2**63 - 1")  # ids are any int64 >= 0
     field_("n_items", int, *count)
     field_("n_rows", int, *count)
     try:
@@ -492,7 +519,8 @@ def _validate_manifest(m: Any, what: str) -> dict:
         _check_entry(entry, entry["name"], what)
         field_("rows", int, *count, source=entry)
         if "first_id" in entry:
-            field_("first_id", int, *count, source=entry)
+            last = MAX_ID + 1 - entry["rows"]  # the segment's ids run from first_id on
+            field_("first_id", int, lambda v, last=last: 0 <= v <= last, "an id", source=entry)
     return m
 
 
@@ -506,6 +534,35 @@ def _check_entry(entry: Any, name: str, what: str) -> None:
         or entry["bytes"] < 0
     ):
         raise Corrupt(f"{what}: the entry of {name} is invalid (needs sha256 and bytes)")
+
+
+class MappedFiles:
+    """The files of a base that a memory-mapped load uses without having checksummed them
+    (gallery, statistics, banks, FAISS structure). A write that carries their contents into a
+    new file checksums them first (:meth:`verify`; once: the files never change), so a damaged
+    file is refused (a :class:`~hubless.errors.Corrupt` naming it) instead of being copied into a
+    new base that verifies (issue 38). Shared by every snapshot derived from one load."""
+
+    def __init__(self, parts: Sequence[_Part]) -> None:
+        self._parts = {part.file.name: part for part in parts}
+        self._lock = threading.Lock()
+
+    def verify(self, names: Sequence[str] | None = None) -> None:
+        """Checksum the files ``names`` (file names such as "gallery.npy"; None: all) not
+        verified yet: a Corrupt naming a damaged one; a Conflict when one was removed meanwhile
+        (another writer compacted the index: reload it)."""
+        with self._lock:
+            for name, part in list(self._parts.items()):
+                if names is not None and name not in names:
+                    continue
+                try:
+                    part.verify()
+                except Gone:
+                    raise Conflict(
+                        f"{part.root}: {part.label}, which this index maps, was removed (another writer compacted the "
+                        "index) before it was verified: load the index again"
+                    ) from None
+                del self._parts[name]
 
 
 class Gone(Exception):
@@ -525,6 +582,16 @@ class _Part:
             raise Gone from None
         if size != self.entry["bytes"]:
             raise Corrupt(f"{self.root}: {self.label} is truncated or altered (size differs from the manifest)")
+
+    def verify(self) -> None:
+        """Check the file's size and sha256 (streamed: nothing kept in memory)."""
+        self.check_size()
+        try:
+            digest = file_sha256(self.file)
+        except FileNotFoundError:
+            raise Gone from None
+        if digest != self.entry["sha256"]:
+            raise Corrupt(f"{self.root}: {self.label} is corrupt (checksum mismatch)")
 
     def read_bytes(self) -> bytes:
         self.check_size()
@@ -639,7 +706,15 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
         return _Part(path, folder / name, files[name], f"{base['name']}/{name}")
 
     n, dim, columns = base["rows"], m["dim"], m["bias_columns"]
-    gallery = part("gallery.npy").array(mmap=mmap)
+    mapped: list[_Part] = []  # the parts mapped, not checksummed (MappedFiles)
+
+    def read_array(name: str) -> np.ndarray:
+        one = part(name)
+        if mmap:
+            mapped.append(one)
+        return one.array(mmap=mmap)
+
+    gallery = read_array("gallery.npy")
     ids = part("ids.npy").array(mmap=False)
     bias = part("bias.npy").array(mmap=False)
     expect = {"gallery.npy": ((n, dim), np.float32), "ids.npy": ((n,), np.int64), "bias.npy": ((n, columns), np.float32)}
@@ -653,7 +728,7 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
         raise Corrupt(f"{path}: the base holds statistics {listed}; {m['method']} needs {sorted(names)}")
     stats = {}
     for name in names:
-        stats[name] = part(f"stat.{name}.npy").array(mmap=mmap)
+        stats[name] = read_array(f"stat.{name}.npy")
         if stats[name].shape[0] != n:
             raise Corrupt(f"{path}: {base['name']}/stat.{name}.npy has {stats[name].shape[0]} rows for {n} items")
     state = part("state.npz")
@@ -664,16 +739,17 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
     banks = {}
     for name in ("query_bank", "gallery_bank"):
         if f"{name}.npy" in files:
-            banks[name] = part(f"{name}.npy").array(mmap=mmap)
+            banks[name] = read_array(f"{name}.npy")
             if banks[name].ndim != 2 or banks[name].shape[1] != dim or banks[name].dtype != np.float32:
                 raise Corrupt(f"{path}: {base['name']}/{name}.npy is not a ({dim}-d) float32 bank")
     faiss_index = None
     if "index.faiss" in files:
         faiss_part = part("index.faiss")
-        with faiss_part.parsing():
-            if mmap:
+        with faiss_part.parsing(), _lists_elsewhere(path, faiss_part.label):
+            if mmap and _MAP_FAISS:
                 faiss_part.check_size()
-                faiss_index = faiss.read_index(str(faiss_part.file), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+                faiss_index = faiss.read_index(str(faiss_part.file), _MAP_FAISS | faiss.IO_FLAG_READ_ONLY)
+                mapped.append(faiss_part)
             else:
                 raw = faiss_part.read_bytes()
                 faiss_index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
@@ -686,6 +762,8 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
         offsets = {dim, plan_layout(config.factory, dim, columns)[2]}
         if config.bias_offset is not None and (config.bias_offset not in offsets or config.bias_offset + columns > faiss_index.d):
             raise Corrupt(f"{path}: the manifest puts the bias at column {config.bias_offset} of {faiss_index.d}; {config.factory} cannot")
+    if mmap and faiss_index is not None:
+        _advise_random(gallery)  # an ANN index reads its candidates' rows, scattered (FAISS advises its own map)
     schema = None if m["metadata_schema"] is None else Metadata.schema_from_text(m["metadata_schema"])
     metadata = None
     if schema is not None:
@@ -707,7 +785,36 @@ def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
     return Snapshot.from_arrays(
         spec=m["method"], normalize=m["normalize"], config=config, gallery=gallery, bias=bias, ids=ids, stats=stats, bank=bank,
         gallery_sum=gallery_sum, banks=banks, metadata=metadata, faiss=faiss_index, faiss_dim=m["faiss_dim"], next_id=m["next_id"],
+        mapped=MappedFiles(mapped) if mapped else None,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _lists_elsewhere(path: Path, label: str):
+    """A FAISS file whose inverted lists name another file (what an earlier hubless wrote when a
+    memory-mapped IVF index was compacted or saved: issue 38) said as such, not as FAISS's error."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "OnDiskInvertedLists" not in str(exc):
+            raise
+        raise Corrupt(
+            f"{path}: {label} keeps its inverted lists in another file (OnDiskInvertedLists), which cannot be opened: "
+            "the IVF lists are not in the index (an index compacted or saved from a memory-mapped load by an earlier "
+            "hubless); build the index again from its items"
+        ) from None
+
+
+def _advise_random(array: np.ndarray) -> None:
+    """``madvise(MADV_RANDOM)`` on a memory-mapped array: each page fault reads that page only,
+    not the kernel's read-ahead around it (most of which a scattered reader never uses; measured
+    in ``benchmarks/index_writes.py``). Left to the default where the platform lacks it."""
+    advice = getattr(_mmap_module, "MADV_RANDOM", None)
+    mapping = getattr(array, "_mmap", None)
+    if advice is None or mapping is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        mapping.madvise(advice)
 
 
 def _bank_from_state(arrays: dict, n: int, dim: int, request) -> tuple[BankStatistics, np.ndarray]:
@@ -791,7 +898,9 @@ def _parse_segment(raw: bytes, entry: dict, snap: Snapshot, schema) -> dict:
         raise ValueError(f"its metadata has {table.num_rows} rows for {n}")
     meta = snap.metadata
     if schema is not None and (table is not None or meta is not None):
-        meta = Metadata(schema, [*(meta.parts if meta is not None else ([(snap.n_rows, None)] if snap.n_rows else [])), (n, table)])
+        meta = Metadata(
+            schema, [*(meta.parts if meta is not None else ([(snap.n_rows, None)] if snap.n_rows else [])), (n, table)]
+        ).folded()
     elif table is not None:
         raise ValueError("it holds metadata but the manifest has no metadata schema")
     start = info.get("start")
@@ -804,9 +913,13 @@ def _parse_segment(raw: bytes, entry: dict, snap: Snapshot, schema) -> dict:
 
 # ---------------------------------------------------------------------------------- verify
 def verify(path: str | os.PathLike) -> dict:
-    """Check every file of the current version against its recorded size and sha256 (what a
-    memory-mapped load skips), then load it; returns ``{"files", "bytes", "items"}``.
-    Damage is a :class:`~hubless.errors.Corrupt` naming the file."""
+    """Check what a load and a search read: every file of the current version against its
+    recorded size and sha256 (what a memory-mapped load skips), then the version loaded as a
+    mapped load reads it, then the FAISS structure as a search reads it (its lists or graph in
+    the file itself, every stored row's id a row of the base, a search of a few base rows
+    answered with rows of the base; :func:`check_faiss`). Returns ``{"files", "bytes",
+    "items", "faiss"}``. Damage is a :class:`~hubless.errors.Corrupt` naming the file and what
+    is wrong with it."""
     path = _check_index_dir(Path(path))
     manifest, _ = read_manifest(path)
     if manifest is None:
@@ -829,4 +942,53 @@ def verify(path: str | os.PathLike) -> dict:
         checked += 1
         total += entry["bytes"]
     loaded = load(path, mmap=True)
-    return {"files": checked, "bytes": total, "items": loaded.snapshot.n_alive, "format": VERSION}
+    base_snap = loaded.base if loaded.base is not None else loaded.snapshot
+    faiss_text = None
+    if base_snap.faiss is not None:
+        faiss_text = check_faiss(base_snap, path, f"{base['name']}/index.faiss")
+    return {"files": checked, "bytes": total, "items": loaded.snapshot.n_alive, "format": VERSION, "faiss": faiss_text}
+
+
+def check_faiss(snap: Snapshot, root: Path, label: str, *, probes: int = 8) -> str:
+    """Check a base's FAISS structure as a search reads it: its data in the file itself (not
+    lists of another file: ``OnDiskInvertedLists``), as many stored entries as the base needs,
+    every entry's id a row of the base, and ``probes`` base rows searched (every list probed)
+    answered with finite scores and rows of the base. Returns a description ("IVF: 8 lists,
+    700 entries"); a Corrupt naming ``label`` (the file, under the index ``root``) and saying what
+    is wrong."""
+    from hubless.index.faiss_build import _hnsw, _ivf, search_parameters, search_rows, self_contained
+
+    what = f"{root}: {label}"
+    index, n = snap.faiss, snap.n_base
+    expect = stored_rows(snap.bias, snap.config.spill_below)
+    if not self_contained(index):
+        raise Corrupt(f"{what} keeps its inverted lists in another file (OnDiskInvertedLists): a load cannot read them")
+    if index.ntotal != expect:
+        raise Corrupt(f"{what} holds {index.ntotal} entries; the base's {n} items need {expect}")
+    ivf, text = _ivf(index), type(faiss.downcast_index(index)).__name__
+    if ivf is not None:
+        lists = ivf.invlists
+        sizes = np.array([lists.list_size(i) for i in range(ivf.nlist)], dtype=np.int64)
+        if sizes.sum() != expect:
+            raise Corrupt(f"{what}: its {ivf.nlist} inverted lists hold {int(sizes.sum())} entries; the base needs {expect}")
+        for i in np.flatnonzero(sizes):
+            ids = faiss.rev_swig_ptr(lists.get_ids(int(i)), int(sizes[i]))
+            bad = (ids < 0) | (ids >= n)
+            if bad.any():
+                raise Corrupt(f"{what}: inverted list {int(i)} holds id {int(ids[bad][0])}, not a row of the base's {n} items")
+        text = f"IVF: {ivf.nlist} lists, {expect} entries"
+    elif _hnsw(index) is not None:
+        hnsw = _hnsw(index)
+        if faiss.downcast_index(hnsw.storage).ntotal != index.ntotal:
+            raise Corrupt(f"{what}: its HNSW graph and its stored vectors differ in size")
+        text = f"HNSW: {index.ntotal} nodes"
+    rows = np.linspace(0, n - 1, num=min(probes, n)).astype(np.int64)
+    knob = ivf.nlist if ivf is not None else 64
+    params = search_parameters(index, nprobe=knob, ef_search=knob)
+    zeros = np.zeros((rows.size, snap.bias.shape[1]), np.float32)
+    with _parsing(root, label):
+        scores, found = search_rows(index, np.ascontiguousarray(snap.gather(rows)), zeros, 1, params, snap.layout)
+    hit = found[:, 0]
+    if ((hit < 0) | (hit >= n)).any() or not np.isfinite(scores[:, 0]).all():
+        raise Corrupt(f"{what}: a search of {rows.size} of the base's rows did not answer rows of the base")
+    return text
