@@ -1,5 +1,6 @@
-"""``hubless index build|info|add|remove|get|compact|verify|calibrate`` and ``hubless search``: serve a
-correction from FAISS, write to it live (stable ids, one segment per write), filter by metadata."""
+"""``hubless index build|info|add|remove|update-metadata|get|compact|verify|calibrate`` and ``hubless
+search``: serve a correction from FAISS, write to it live (stable ids, one segment per write), filter
+by metadata (and remove or update items by a filter)."""
 
 from __future__ import annotations
 
@@ -309,16 +310,55 @@ def _print_calibration(result: dict) -> None:
 @friendly_errors
 def remove_command(
     path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
-    ids: str = typer.Option(..., help="Ids of the items to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    ids: str = typer.Option(None, help="Ids of the items to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    where: str = typer.Option(
+        None, help='Instead of --ids: remove every item matching this metadata filter (JSON, as search\'s --where): {"split": "old"}.'
+    ),
 ) -> None:
-    """Remove items by id (all or nothing: an unknown id removes none); the other items' biases are kept."""
+    """Remove items by id (all or nothing: an unknown id removes none) or by a metadata filter; the other items' biases are kept."""
     from hubless.index import Index
     from hubless.inputs import read_ids
 
-    item_ids = read_ids(ids)
+    if (ids is None) == (where is None):
+        raise typer.BadParameter("give --ids or --where (the items to remove), one of them")
+    item_ids = None if ids is None else read_ids(ids)
+    condition = _parse_where(where)
     with Index.update(path, mmap=True) as index:
-        removed = index.remove(item_ids)
-    typer.echo(f"removed {removed.size} items: {index!r}")
+        removed = index.remove(item_ids) if condition is None else index.remove(where=condition)
+    shown = "" if condition is None or not removed.size else f" (ids {_shown_ids(removed)})"
+    typer.echo(f"removed {removed.size} items{shown}: {index!r}")
+
+
+@app.command("update-metadata")
+@friendly_errors
+def update_metadata_command(
+    path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
+    ids: str = typer.Option(None, help="The items to change: comma-separated ids (3,17,42) or a .npy/.txt file of them."),
+    where: str = typer.Option(None, help="Instead of --ids: every item matching this metadata filter (JSON, as search's --where)."),
+    set_: str = typer.Option(None, "--set", help='Keys to set on every item, as a JSON object: {"split": "test", "year": 2024}.'),
+    unset: list[str] = typer.Option(None, "--unset", help="A key to set to null (repeatable)."),
+) -> None:
+    """Set or unset metadata keys of items (by id or filter) without sending their embeddings again; types are checked as on add."""
+    from hubless.index import Index
+    from hubless.inputs import read_ids
+
+    if (ids is None) == (where is None):
+        raise typer.BadParameter("give --ids or --where (the items to change), one of them")
+    if set_ is None and not unset:
+        raise typer.BadParameter("give --set and/or --unset (what to change)")
+    values = None
+    if set_ is not None:
+        try:
+            values = json.loads(set_)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f'--set must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
+        if not isinstance(values, dict) or not values:
+            raise InvalidInput("--set must be a non-empty JSON object of keys and values")
+    item_ids = None if ids is None else read_ids(ids)
+    with Index.update(path, mmap=True) as index:
+        changed = index.update_metadata(item_ids, where=_parse_where(where), values=values, unset=list(unset or []) or None)
+    shown = f": ids {_shown_ids(changed)}" if changed.size else ""
+    typer.echo(f"updated the metadata of {changed.size} items{shown}")
 
 
 @app.command("get")

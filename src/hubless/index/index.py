@@ -667,13 +667,47 @@ class Index:
         rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
         return self._write(lambda snap: snap.added(rows, ids, metadata, progress=progress))
 
-    def remove(self, ids, *, progress: bool | None = None) -> np.ndarray:
+    def remove(self, ids=None, *, where: dict | None = None, progress: bool | None = None) -> np.ndarray:
         """Remove items by id; returns the ids removed. An unknown id is a NotFound naming it,
         and nothing is removed. The other items' biases do not change (DIS/DualDIS recompute
-        the activation lists of bank items that lose a nearest item)."""
+        the activation lists of bank items that lose a nearest item).
+
+        ``where`` (instead of ids): remove every item matching this metadata filter (the
+        syntax of :meth:`search`; evaluated on the version the write commits over), as one
+        write that marks their rows dead (O(matches) written, no rewrite); returns their ids,
+        sorted (none when nothing matches)."""
+        if where is not None or ids is None:
+            if ids is not None or where is None:
+                raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
+            return self._write(lambda snap: snap.removed_where(where, progress=progress))
         ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
         self._write(lambda snap: (snap.removed(ids, progress=progress), None))
         return ids
+
+    def update_metadata(self, ids=None, *, where: dict | None = None, values=None, unset=None) -> np.ndarray:
+        """Change the metadata of items without sending their embeddings again: the items
+        ``ids`` (an unknown id is a NotFound, nothing changed) or every item matching ``where``
+        (a metadata filter, as :meth:`search`'s). ``values``: a dict of keys to set on every
+        item (a new key adds a column), or with ``ids`` a list of dicts, one per id, each
+        setting only its own keys; ``unset``: keys set to null. Types are checked as on
+        :meth:`add` (a value of another type than its key's changes nothing). Returns the ids
+        changed (in the order given, or the index's order for ``where``).
+
+        Embeddings, biases and bank statistics are kept, so no similarity is computed: each item
+        is written again at the end of the index as an upsert with the same embedding would
+        write it (see :meth:`hubless.index.live.Snapshot.with_metadata`), one segment of
+        O(items changed). Like an upsert, the items move to the end of :attr:`ids` (ties in a
+        ranking now fall to the items written before them)."""
+        if (ids is None) == (where is None):
+            raise InvalidInput("update_metadata takes ids or where (a metadata filter), one of them")
+        if where is not None and values is not None and not isinstance(values, dict):
+            raise InvalidInput("with where, values is one dict of keys to set on every matching item")
+
+        def change(snap):
+            rows = snap.rows_of(ids) if ids is not None else snap.matching_rows(where)
+            return snap.with_metadata(rows, values, unset), snap.ids[rows].copy()
+
+        return self._write(change)
 
     def upsert(self, ids, embeddings, metadata=None, *, progress: bool | None = None) -> np.ndarray:
         """Set items ``ids`` to ``embeddings`` (and ``metadata``): present ones are replaced,

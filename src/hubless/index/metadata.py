@@ -19,6 +19,14 @@ operators ``eq``, ``ne``, ``in``, ``not_in``, ``gt``, ``gte``, ``lt``, ``lte`` (
 On a list column a condition holds when it holds for some element (``{"tags": "cat"}``: the
 item has the tag). A null never matches (not even ``ne``). Unknown keys or operators and values
 of another type than the column's are refused, naming them.
+
+Filters combine (the query language of MongoDB, as Qdrant's ``should`` / ``must_not`` and
+LanceDB's SQL ``OR`` / ``NOT``): ``{"$or": [f, g]}`` (some filter of the list matches),
+``{"$and": [f, g]}`` (all do), ``{"$not": f}`` (the complement: also the items where ``f``'s
+keys are null), beside other keys of the same object (a conjunction), nested up to
+:data:`MAX_DEPTH` levels. A dotted key reads a field of a struct column (``{"info.source":
+"web"}``), through lists of structs too (``{"objects.label": "cat"}``: some object's label is
+"cat"); a column whose own name holds a dot is read by that name first.
 """
 
 from __future__ import annotations
@@ -33,10 +41,14 @@ import numpy as np
 
 from hubless.errors import InvalidInput, InvalidType, optional_import
 
-__all__ = ["Metadata", "OPERATORS", "as_columns", "pyarrow"]
+__all__ = ["LOGICAL", "MAX_DEPTH", "Metadata", "OPERATORS", "as_columns", "pyarrow"]
 
 #: The operators a ``where`` condition may use.
 OPERATORS = ("eq", "ne", "in", "not_in", "gt", "gte", "lt", "lte")
+#: The keys that combine filters: ``{"$or": [f, g]}``, ``{"$and": [f, g]}``, ``{"$not": f}``.
+LOGICAL = ("$and", "$or", "$not")
+#: How deep ``$and`` / ``$or`` / ``$not`` may nest (a bound for filters sent over HTTP).
+MAX_DEPTH = 16
 
 
 def pyarrow():
@@ -241,15 +253,7 @@ class Metadata:
         """Boolean (n_rows,) mask of the rows matching ``where`` (see the module docstring)."""
         if not isinstance(where, Mapping) or not where:
             raise InvalidInput('where must be a non-empty dict of metadata conditions, e.g. {"split": "test", "year": {"gte": 2020}}')
-        out = np.ones(self.n_rows, dtype=bool)
-        for key, condition in where.items():
-            if not isinstance(key, str) or key not in self.schema.names:
-                known = ", ".join(self.schema.names) or "none"
-                raise InvalidInput(f"where: no metadata key {key!r} in this index (keys: {known})")
-            column = self.table.column(key)
-            for op, value in _conditions(key, condition):
-                out &= _evaluate(column, key, op, value, self.n_rows)
-        return out
+        return _where_mask(self, where, 0)
 
     # ------------------------------------------------------------------ files
     def schema_text(self) -> str:
@@ -358,3 +362,103 @@ def _check_value(key: str, kind, value, op: str) -> None:
     )
     if not ok:
         raise InvalidType(f"where {key!r}: the key holds {_describe(kind)} values; {op} got {value!r} ({type(value).__name__})")
+
+
+# ---------------------------------------------------------------------------------- filter trees
+def _where_mask(meta: Metadata, where: Mapping, depth: int) -> np.ndarray:
+    """Rows matching one filter object: the conjunction of its keys, where a key is a column
+    (``"split"``), a dotted path into struct columns (``"info.source"``, through lists of
+    structs too: ``"objects.label"``) or one of :data:`LOGICAL`."""
+    if depth > MAX_DEPTH:
+        raise InvalidInput(f"where: $and / $or / $not nest deeper than {MAX_DEPTH} levels")
+    out = np.ones(meta.n_rows, dtype=bool)
+    for key, condition in where.items():
+        if not isinstance(key, str):
+            raise InvalidInput(f"where: keys must be strings; got {key!r}")
+        if key in LOGICAL and key not in meta.schema.names:
+            out &= _logical(meta, key, condition, depth)
+            continue
+        if key.startswith("$") and key not in meta.schema.names:
+            raise InvalidInput(f"where: unknown logical operator {key!r}; use {', '.join(LOGICAL)}")
+        if key in meta.schema.names:
+            column = meta.table.column(key)
+            if pyarrow().types.is_struct(column.type) and isinstance(condition, Mapping) and condition:
+                fields = [f.name for f in column.type]
+                if any(op not in OPERATORS for op in condition):
+                    raise InvalidInput(f"where {key!r}: a struct column is filtered by its fields, e.g. {key + '.' + fields[0]!r}")
+            for op, value in _conditions(key, condition):
+                out &= _evaluate(column, key, op, value, meta.n_rows)
+            continue
+        values, parents, defined = _path(meta, key)
+        for op, value in _conditions(key, condition):
+            out &= _evaluate_path(values, parents, defined, key, op, value, meta.n_rows)
+    return out
+
+
+def _logical(meta: Metadata, key: str, condition, depth: int) -> np.ndarray:
+    def sub(item, where_: str) -> np.ndarray:
+        if not isinstance(item, Mapping) or not item:
+            raise InvalidInput(f"where {where_}: each filter must be a non-empty dict of conditions; got {item!r}")
+        return _where_mask(meta, item, depth + 1)
+
+    if key == "$not":
+        return ~sub(condition, "$not")
+    if isinstance(condition, (str, bytes, Mapping)) or not isinstance(condition, Sequence) or not condition:
+        raise InvalidInput(f'where {key}: takes a non-empty list of filters, e.g. {{"{key}": [{{"split": "test"}}, {{"year": 2020}}]}}')
+    masks = [sub(item, f"{key}[{i}]") for i, item in enumerate(condition)]
+    return np.logical_or.reduce(masks) if key == "$or" else np.logical_and.reduce(masks)
+
+
+def _path(meta: Metadata, key: str):
+    """A dotted key's values, flattened: ``(values, parents, defined)``: the values (one pyarrow
+    array), the row each value belongs to (None: the values are the rows) and which rows have
+    the path (not null; for a path through a list, the list is not null)."""
+    pa = pyarrow()
+    import pyarrow.compute as pc
+
+    head, *fields = key.split(".")
+    if not fields or head not in meta.schema.names or not all(fields):
+        known = ", ".join(meta.schema.names) or "none"
+        raise InvalidInput(f"where: no metadata key {key!r} in this index (keys: {known}; a dotted key reads a field of a struct column)")
+    array = meta.table.column(head)
+    array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+    parents: np.ndarray | None = None
+    defined: np.ndarray | None = None
+    walked = head
+
+    def flatten(array, parents, defined):
+        if defined is None:  # the first list on the path: a row has the path when its list is not null
+            defined = array.is_valid().to_numpy(zero_copy_only=False)
+        at = pc.list_parent_indices(array).to_numpy(zero_copy_only=False).astype(np.int64)
+        return pc.list_flatten(array), (at if parents is None else parents[at]), defined
+
+    for name in fields:
+        if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+            array, parents, defined = flatten(array, parents, defined)
+        if not pa.types.is_struct(array.type) or array.type.get_field_index(name) < 0:
+            shown = _describe(array.type)
+            raise InvalidInput(f"where: no metadata key {key!r}: {walked!r} holds {shown} values, without a field {name!r}")
+        array = pc.struct_field(array, name)
+        walked += f".{name}"
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        array, parents, defined = flatten(array, parents, defined)
+    elif defined is None:
+        defined = array.is_valid().to_numpy(zero_copy_only=False)
+    assert defined is not None
+    return array, parents, defined
+
+
+def _evaluate_path(values, parents, defined: np.ndarray, key: str, op: str, value, n: int) -> np.ndarray:
+    """Rows meeting one condition on a dotted path's values (see :func:`_path`): a row matches
+    when one of its values does; ``ne`` / ``not_in``: it has the path and none of its values
+    is the one(s) named; nulls never match."""
+    if op == "is_null":
+        return ~defined
+    if op in ("ne", "not_in"):
+        return defined & ~_evaluate_path(values, parents, defined, key, "eq" if op == "ne" else "in", value, n)
+    hits = _compare(values, values.type, key, op, value)
+    if parents is None:
+        return hits
+    out = np.zeros(n, dtype=bool)
+    out[parents[hits]] = True
+    return out

@@ -1,8 +1,9 @@
 """Items, by their stable ids: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image``
 (only from the server's image root), and the writes (write key needed): ``POST /items/{name}``
 (add, with ``ids`` or assigned ones; ``upsert`` replaces present ids), ``DELETE
-/items/{name}/{id}`` (remove), ``POST /bank/{name}`` (add query-bank queries; every bias is
-updated). A write is all or nothing and committed at once as one segment under the index's
+/items/{name}/{id}`` (remove), ``POST /items/{name}/delete`` (remove by ids or a ``where``
+filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
+no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated). A write is all or nothing and committed at once as one segment under the index's
 write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse
 
-from hubless.service.convert import rows, summary
+from hubless.service.convert import check_count, rows, summary
 from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
 from hubless.service.images import image_file
-from hubless.service.schemas import ItemsRequest
+from hubless.service.schemas import DeleteRequest, ItemsRequest, MetadataRequest
 
 router = APIRouter()
 
@@ -75,3 +76,33 @@ def add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceDe
     s.write(lambda index: index.add_query_bank(new))
     audit(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
+
+
+@router.post("/items/{name}/delete")
+def delete_items(name: str, body: DeleteRequest, request: Request, service: ServiceDep) -> dict:
+    s = writable(service, name)
+    if (body.ids is None) == (body.where is None):
+        raise HTTPException(422, "give ids or where (the items to remove), one of them")
+    if body.ids is not None:
+        check_count(body.ids, service.limits, "ids")
+        removed = s.write(lambda index: index.remove(body.ids)).tolist()
+    else:
+        removed = s.write(lambda index: index.remove(where=body.where)).tolist()
+    audit(service, request, name, removed)
+    return {**summary(s), "removed": removed}
+
+
+@router.post("/items/{name}/metadata")
+def update_metadata(name: str, body: MetadataRequest, request: Request, service: ServiceDep) -> dict:
+    s = writable(service, name)
+    if (body.ids is None) == (body.where is None):
+        raise HTTPException(422, "give ids or where (the items to change), one of them")
+    if body.set is None and not body.unset:
+        raise HTTPException(422, "give set and/or unset (what to change)")
+    if body.ids is not None:
+        check_count(body.ids, service.limits, "ids")
+    if isinstance(body.set, list):
+        check_count(body.set, service.limits, "metadata records")
+    changed = s.write(lambda index: index.update_metadata(body.ids, where=body.where, values=body.set, unset=body.unset)).tolist()
+    audit(service, request, name, changed)
+    return {**summary(s), "updated": changed}
