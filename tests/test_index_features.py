@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.corrections import make_correction
-from hubless.errors import InvalidInput, NotFound
+from hubless.errors import InvalidInput, MissingFile, NotFound
 from hubless.index.metadata import Metadata
 from tests.conftest import unit_rows
 
@@ -432,3 +432,82 @@ def test_scalar_indexes_over_a_base_and_its_writes_equal_brute_force(tmp_path, s
             found = index.search(GALLERY[:1], 400, where=where)[1][0]  # top 400: every matching item
             assert sorted(i for i in found.tolist() if i >= 0) == sorted(index.ids[keep].tolist()), where
     assert any(entry[1] is not None for entry in scalar_indexes_on_small_chunks._scalar_cache.values())
+
+
+# ---------------------------------------------------------------------------------- versions
+def test_versions_are_kept_searched_as_of_restored_and_pruned(tmp_path):
+    path = tmp_path / "idx"
+    index = hubless.Index.build(GALLERY[:300], BANK, "dis:k_activation=2", "IVF8,Flat", metadata=META[:300], nprobe=8)
+    index.set_keep_versions(4)
+    index.save(path)
+    live = hubless.Index.open(path)
+    seen = {live.storage()["version"]: (live.ids.copy(), live.search(QUERIES, 10))}
+    writes = [
+        lambda: live.add(GALLERY[300:340], META[300:340]),
+        lambda: live.remove(where={"s": "a"}),
+        lambda: live.update_metadata(where={"s": "b"}, values={"y": 1}),
+        lambda: live.compact(),
+        lambda: live.add(GALLERY[340:350], META[340:350]),
+    ]
+    for write in writes:
+        write()
+        seen[live.storage()["version"]] = (live.ids.copy(), live.search(QUERIES, 10))
+    listed = hubless.Index.versions(path)
+    numbers = [v["version"] for v in listed]
+    assert numbers == sorted(seen)[-4:] and listed[-1]["current"] and not any(v["current"] for v in listed[:-1])
+    for number in numbers:  # each kept version reads back as it was committed, after later writes and a compaction
+        old = hubless.Index.load(path, version=number)
+        np.testing.assert_array_equal(old.ids, seen[number][0])
+        np.testing.assert_array_equal(old.search(QUERIES, 10)[1], seen[number][1][1])
+        np.testing.assert_allclose(old.search(QUERIES, 10)[0], seen[number][1][0], rtol=1e-6)
+    with pytest.raises(MissingFile, match="keeps no version"):
+        hubless.Index.load(path, version=min(seen))  # pruned: beyond the newest 4
+    before_restore = live.info()["next_id"]
+    new = hubless.Index.restore(path, numbers[0])
+    restored = hubless.Index.load(path)
+    np.testing.assert_array_equal(restored.ids, seen[numbers[0]][0])
+    np.testing.assert_array_equal(restored.search(QUERIES, 10)[1], seen[numbers[0]][1][1])
+    assert restored.info()["next_id"] == before_restore and restored.keep_versions == 4
+    assert hubless.Index.versions(path)[-1]["version"] == new
+    assert live.add(GALLERY[350:351])[0] == before_restore  # the live handle catches up; assigned ids are never reused
+    from hubless.index.store import verify
+
+    assert verify(path)["items"] == restored.ntotal + 1
+    live.set_keep_versions(0)  # keeps none any more: the records and their files go
+    assert not (path / "versions").exists() and [v["version"] for v in hubless.Index.versions(path)] == [live.storage()["version"]]
+    live.add(GALLERY[351:352])  # the next write removes what only the pruned versions named
+    names = {live._manifest["base"]["name"], *(seg["name"] for seg in live._manifest["segments"])}
+    assert len([p for p in path.iterdir() if p.name.startswith(("b0", "s0"))]) <= len(names) + 2  # + the previous version's
+
+
+def test_cli_and_service_versions(tmp_path):
+    idx = str(tmp_path / "idx")
+    hubless.Index.build(GALLERY[:200], BANK, "nnn:k=8", "Flat", metadata=[{"s": r["s"]} for r in META[:200]]).save(idx)
+    np.save(tmp_path / "q.npy", QUERIES[:2])
+    np.save(tmp_path / "new.npy", GALLERY[200:210])
+    r = runner.invoke(app, ["index", "versions", idx, "--keep", "3"])
+    assert r.exit_code == 0 and "keeps 3 versions" in r.output, r.output
+    first = hubless.Index.load(idx).storage()["version"]
+    before = hubless.Index.load(idx).search(QUERIES[:2], 5)[1]
+    assert runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy")]).exit_code == 0
+    r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--as-of", str(first), "--top-k", "5", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [[h["id"] for h in json.loads(line)["results"]] for line in r.output.strip().splitlines()] == before.tolist()
+    r = runner.invoke(app, ["index", "versions", idx])
+    assert r.exit_code == 0 and "current" in r.output and str(first) in r.output
+    r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--as-of", "999"])
+    assert r.exit_code == 2 and "keeps no version 999" in r.output
+    pytest.importorskip("fastapi")
+    from starlette.testclient import TestClient
+
+    from hubless.service import create_app
+
+    with TestClient(base_url="http://localhost", app=create_app({"idx": idx})) as c:
+        listed = c.get("/versions/idx").json()
+        assert listed["keep_versions"] == 3 and [v["version"] for v in listed["versions"]][0] == first
+        old = c.post("/search", json={"embeddings": QUERIES[:2].tolist(), "top_k": 5, "version": first}).json()
+        assert [[h["id"] for h in q["hits"]] for q in old["results"]] == before.tolist()
+        assert c.post("/search", json={"embeddings": QUERIES[:2].tolist(), "version": 999}).status_code == 404
+    r = runner.invoke(app, ["index", "restore", idx, "--version", str(first)])
+    assert r.exit_code == 0 and f"restored version {first}" in r.output, r.output
+    assert hubless.Index.load(idx).ntotal == 200

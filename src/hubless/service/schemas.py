@@ -35,6 +35,9 @@ class SearchRequest(BaseModel):
         description='A metadata filter: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (Index.search(where=...)).',
     )
     rerank: bool = Field(False, description="Rerank the corrected top rerank_k with the server's cross-encoder (text queries).")
+    version: int | None = Field(
+        None, ge=1, description="Search this kept version of the index instead of the current one (GET /versions/{name} lists them)."
+    )
 
 
 class ItemsRequest(BaseModel):
