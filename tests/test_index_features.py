@@ -511,3 +511,76 @@ def test_cli_and_service_versions(tmp_path):
     r = runner.invoke(app, ["index", "restore", idx, "--version", str(first)])
     assert r.exit_code == 0 and f"restored version {first}" in r.output, r.output
     assert hubless.Index.load(idx).ntotal == 200
+
+
+# ---------------------------------------------------------------------------------- random sequences
+_WRITE = st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 6)),
+    st.tuples(st.just("remove_where"), LEAVES),
+    st.tuples(st.just("update_where"), LEAVES, st.sampled_from(["a", "b", "zz"])),
+    st.tuples(st.just("update_ids"), st.integers(0, 10_000), st.sampled_from([1990, 2020, None])),
+    st.tuples(st.just("reopen")),
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(_WRITE, min_size=3, max_size=10))
+def test_random_sequences_of_filtered_writes_equal_a_model_and_a_fresh_build(tmp_path_factory, steps):
+    """Adds, removals by filter, metadata updates by filter and by id, and reopening, in any order:
+    the saved index holds the model's items, in the model's order, with the model's records, and
+    searches (filtered or not) as a fresh build over them."""
+    path = tmp_path_factory.mktemp("seq") / "idx"
+    method = "dis:k_activation=2"
+    start = 120
+    hubless.Index.build(GALLERY[:start], BANK, method, "Flat", metadata=META[:start]).save(path)
+    live = hubless.Index.open(path)
+    order = list(range(start))  # the model: ids in the index's order, and their records
+    records = {i: dict(META[i]) for i in order}
+    nxt = start
+    for step in steps:
+        kind = step[0]
+        if kind == "add":
+            new = list(range(nxt, min(nxt + step[1], N)))
+            if not new:
+                continue
+            assert live.add(GALLERY[new], [META[i] for i in new]).tolist() == new
+            order += new
+            records.update({i: dict(META[i]) for i in new})
+            nxt = new[-1] + 1
+        elif kind == "remove_where":
+            hit = [i for i in order if matches(records[i], step[1])]
+            if len(hit) >= len(order) - 10:  # keep a few items (DIS needs some; every item is refused)
+                continue
+            assert live.remove(where=step[1]).tolist() == sorted(hit)
+            order = [i for i in order if i not in hit]
+        elif kind == "update_where":
+            hit = [i for i in order if matches(records[i], step[1])]
+            assert live.update_metadata(where=step[1], values={"s": step[2]}, unset=["tags"]).tolist() == hit
+            for i in hit:
+                records[i].update(s=step[2], tags=None)
+            order = [i for i in order if i not in hit] + hit
+        elif kind == "update_ids":
+            target = order[step[1] % len(order)]
+            live.update_metadata([target], values=[{"y": step[2]}])
+            records[target]["y"] = step[2]
+            order = [i for i in order if i != target] + [target]
+        else:
+            live = hubless.Index.open(path)
+    loaded = hubless.Index.load(path)
+    fresh = hubless.Index.build(GALLERY[order], BANK, method, "Flat", ids=order, metadata=[records[i] for i in order])
+    for index in (live, loaded):
+        np.testing.assert_array_equal(index.ids, order)
+        assert index.records(order) == [records[i] for i in order]
+        for where in (None, {"s": "a"}, {"$or": [{"y": 2020}, {"$not": {"info.src": "web"}}]}):
+            np.testing.assert_array_equal(index.search(QUERIES, 10, where=where)[1], fresh.search(QUERIES, 10, where=where)[1])
+
+
+def test_a_struct_with_a_null_field_fits_its_column_and_a_wrong_field_type_is_refused():
+    meta = Metadata.from_records([{"info": {"src": "web", "n": 1}, "objs": [{"l": "a"}]}], 1)
+    more = meta.appended([{"info": {"src": None, "n": 3}, "objs": [{"l": None}]}], 1)  # inferred struct<src: null>
+    assert more.schema == meta.schema and more.table.to_pylist()[1] == {"info": {"src": None, "n": 3}, "objs": [{"l": None}]}
+    with pytest.raises(InvalidInput, match="'info' holds struct<src: string, n: int64>"):
+        meta.appended([{"info": {"src": 3, "n": 3}}], 1)
+    with pytest.raises(InvalidInput, match="'info' holds struct"):
+        meta.appended([{"info": {"src": "x"}}], 1)  # a field missing: another struct type

@@ -149,7 +149,21 @@ def _compatible(expected, given) -> bool:
         or (pa.types.is_integer(expected) and pa.types.is_integer(given))
         or (text(expected) and text(given))
         or (pa.types.is_list(expected) and pa.types.is_list(given) and pa.types.is_null(given.value_type))  # empty lists
+        or _nested_fits(expected, given)
     )
+
+
+def _nested_fits(expected, given) -> bool:
+    """Lists and structs whose parts fit (a struct with a null field, ``{"src": None}``, is
+    inferred as ``struct<src: null>``; it fits ``struct<src: string>``): the same field names,
+    each field's values fitting its column's type."""
+    pa = pyarrow()
+    if pa.types.is_list(expected) and pa.types.is_list(given):
+        return _compatible(expected.value_type, given.value_type)
+    if pa.types.is_struct(expected) and pa.types.is_struct(given):
+        names = [f.name for f in expected]
+        return names == [f.name for f in given] and all(_compatible(expected.field(n).type, given.field(n).type) for n in names)
+    return False
 
 
 def _refuse_first_offender(key: str, values: list, expected) -> None:

@@ -20,6 +20,9 @@ Layout (format version 5)::
       s000012.seg        one write (an uncompressed .npz): the new rows, their ids, bias,
                          statistics and metadata (Arrow IPC), the rows it removed, and the
                          activation lists it changed
+      versions/          with ``config.keep_versions`` = N > 0: v000012.json, the manifest of
+                         each of the N latest versions as ``CURRENT`` held it (same header and
+                         checksum); the files they name are kept (:func:`record_version`)
 
 A write appends one segment file and replaces ``CURRENT`` (both written, then fsynced together,
 then the rename, then the directory fsynced): the file it adds is the only one written, no
