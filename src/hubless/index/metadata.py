@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -590,7 +591,7 @@ class ScalarIndex:
 
 
 _scalar_cache: dict = {}  # key -> (chunk kept alive, ScalarIndex or None: seen once)
-_scalar_lock = __import__("threading").Lock()
+_scalar_lock = threading.Lock()
 
 
 def _chunk_key(chunk) -> tuple:
