@@ -524,7 +524,7 @@ _WRITE = st.one_of(
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(_WRITE, min_size=3, max_size=10))
 def test_random_sequences_of_filtered_writes_equal_a_model_and_a_fresh_build(tmp_path_factory, steps):
     """Adds, removals by filter, metadata updates by filter and by id, and reopening, in any order:
@@ -568,7 +568,8 @@ def test_random_sequences_of_filtered_writes_equal_a_model_and_a_fresh_build(tmp
         else:
             live = hubless.Index.open(path)
     loaded = hubless.Index.load(path)
-    fresh = hubless.Index.build(GALLERY[order], BANK, method, "Flat", ids=order, metadata=[records[i] for i in order])
+    fresh = hubless.Index.build(GALLERY[order], BANK, method, "Flat", ids=order, metadata=[records[i] for i in order],
+                                metadata_schema=loaded.metadata_schema)  # fmt: skip
     for index in (live, loaded):
         np.testing.assert_array_equal(index.ids, order)
         assert index.records(order) == [records[i] for i in order]
