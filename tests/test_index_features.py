@@ -508,9 +508,18 @@ def test_cli_and_service_versions(tmp_path):
         old = c.post("/search", json={"embeddings": QUERIES[:2].tolist(), "top_k": 5, "version": first}).json()
         assert [[h["id"] for h in q["hits"]] for q in old["results"]] == before.tolist()
         assert c.post("/search", json={"embeddings": QUERIES[:2].tolist(), "version": 999}).status_code == 404
-    r = runner.invoke(app, ["index", "restore", idx, "--version", str(first)])
-    assert r.exit_code == 0 and f"restored version {first}" in r.output, r.output
+    key = {"Authorization": "Bearer secret-key-of-20-chars"}
+    with TestClient(base_url="http://localhost", app=create_app({"idx": idx}, api_key="secret-key-of-20-chars")) as c:
+        assert c.post(f"/versions/idx/{first}/restore").status_code == 401
+        done = c.post(f"/versions/idx/{first}/restore", headers=key)
+        assert done.status_code == 200 and done.json()["restored"] == first and done.json()["n_items"] == 200
+        assert c.post("/versions/idx/999/restore", headers=key).status_code == 404
     assert hubless.Index.load(idx).ntotal == 200
+    assert runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy")]).exit_code == 0
+    oldest = hubless.Index.versions(idx)[0]
+    r = runner.invoke(app, ["index", "restore", idx, "--version", str(oldest["version"])])
+    assert r.exit_code == 0 and f"restored version {oldest['version']}" in r.output, r.output
+    assert hubless.Index.load(idx).ntotal == oldest["items"]
 
 
 # ---------------------------------------------------------------------------------- random sequences

@@ -3,7 +3,8 @@
 (add, with ``ids`` or assigned ones; ``upsert`` replaces present ids), ``DELETE
 /items/{name}/{id}`` (remove), ``POST /items/{name}/delete`` (remove by ids or a ``where``
 filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
-no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated). A write is all or nothing and committed at once as one segment under the index's
+no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated),
+``POST /versions/{name}/{version}/restore`` (make a kept version current again). A write is all or nothing and committed at once as one segment under the index's
 write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
 
 from __future__ import annotations
@@ -106,3 +107,16 @@ def update_metadata(name: str, body: MetadataRequest, request: Request, service:
     changed = s.write(lambda index: index.update_metadata(body.ids, where=body.where, values=body.set, unset=body.unset)).tolist()
     audit(service, request, name, changed)
     return {**summary(s), "updated": changed}
+
+
+@router.post("/versions/{name}/{version}/restore")
+def restore_version(name: str, version: int, request: Request, service: ServiceDep) -> dict:
+    """Make a kept version of a saved index current again, as a new version (write key)."""
+    from hubless.index import Index
+
+    s = writable(service, name)
+    if s.path is None:
+        raise HTTPException(422, f"index {name!r} is served from memory: it keeps no versions")
+    number = s.write(lambda index: Index.restore(s.path, version, timeout=s.lock_timeout))
+    audit(service, request, name, {"restored": version, "as_version": number})
+    return {**summary(s), "restored": version, "version": number}
