@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -529,26 +529,38 @@ _WRITE = st.one_of(
     st.tuples(st.just("update_where"), LEAVES, st.sampled_from(["a", "b", "zz"])),
     st.tuples(st.just("update_ids"), st.integers(0, 10_000), st.sampled_from([1990, 2020, None])),
     st.tuples(st.just("reopen")),
+    st.tuples(st.just("restore")),
 )
 
 
 @pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(_WRITE, min_size=3, max_size=10))
+@example(steps=[("add", 3), ("remove_where", {"s": "a"}), ("restore",), ("add", 2), ("update_where", {"s": "b"}, "zz"), ("restore",)])
 def test_random_sequences_of_filtered_writes_equal_a_model_and_a_fresh_build(tmp_path_factory, steps):
-    """Adds, removals by filter, metadata updates by filter and by id, and reopening, in any order:
-    the saved index holds the model's items, in the model's order, with the model's records, and
-    searches (filtered or not) as a fresh build over them."""
+    """Adds, removals by filter, metadata updates by filter and by id, reopening and restoring a
+    kept version, in any order: the saved index holds the model's items, in the model's order,
+    with the model's records, and searches (filtered or not) as a fresh build over them; every
+    kept version reads back as the model was then."""
     path = tmp_path_factory.mktemp("seq") / "idx"
     method = "dis:k_activation=2"
     start = 120
-    hubless.Index.build(GALLERY[:start], BANK, method, "Flat", metadata=META[:start]).save(path)
+    hubless.Index.build(GALLERY[:start], BANK, method, "Flat", metadata=META[:start]).set_keep_versions(4).save(path)
     live = hubless.Index.open(path)
     order = list(range(start))  # the model: ids in the index's order, and their records
     records = {i: dict(META[i]) for i in order}
     nxt = start
+    states = {}  # version -> the model then
     for step in steps:
+        states[live.storage()["version"]] = (list(order), {i: dict(r) for i, r in records.items()})
         kind = step[0]
+        if kind == "restore":
+            kept = [v["version"] for v in hubless.Index.versions(path) if not v["current"]]
+            if kept:
+                hubless.Index.restore(path, kept[0])
+                order, records = list(states[kept[0]][0]), {i: dict(r) for i, r in states[kept[0]][1].items()}
+                live.refresh()
+            continue
         if kind == "add":
             new = list(range(nxt, min(nxt + step[1], N)))
             if not new:
@@ -576,6 +588,11 @@ def test_random_sequences_of_filtered_writes_equal_a_model_and_a_fresh_build(tmp
             order = [i for i in order if i != target] + [target]
         else:
             live = hubless.Index.open(path)
+    states[live.storage()["version"]] = (list(order), {i: dict(r) for i, r in records.items()})
+    for v in hubless.Index.versions(path):  # every kept version reads back as the model was then
+        as_of = hubless.Index.load(path, version=v["version"])
+        assert as_of.ids.tolist() == states[v["version"]][0]
+        assert as_of.records(as_of.ids) == [states[v["version"]][1][i] for i in as_of.ids.tolist()]
     loaded = hubless.Index.load(path)
     fresh = hubless.Index.build(GALLERY[order], BANK, method, "Flat", ids=order, metadata=[records[i] for i in order],
                                 metadata_schema=loaded.metadata_schema)  # fmt: skip
