@@ -28,10 +28,16 @@ exported from git into a temporary directory and run in its own processes on the
   IVF256,Flat index (nprobe 16), against the pages the search touches, with and without the
   random-access hint (``MADV_RANDOM``).
 
+* filters (issue 38): the rows of ``benchmarks/index_filters.py``: a filtered exact search
+  matching 0.1% of ``--filter-n`` x ``--filter-dim`` against the unfiltered one, and the bytes a
+  delete by filter of 1% of ``--n`` x ``--filter-dim`` items writes.
+
 Floors: issue 27: a 1-row write into 100k x 512 writes < 1 MB and takes <= 20 ms p50 in process
 and <= 50 ms through the service; a mmap load of 1M x 512 reads < 5% of the index's bytes.
 Issue 38: a 1-row add with metadata after 2,000 adds <= 1.3x the first adds; a mapped IVF search
-reads <= 2x the bytes of the pages it touches.
+reads <= 2x the bytes of the pages it touches; a filtered search matching 0.1% of 1M x 128 costs
+<= 0.05x the unfiltered exact search; a delete by filter of 1% of 100k items writes < 1% of the
+index.
 """
 
 from __future__ import annotations
@@ -468,7 +474,17 @@ def mapped_ivf_reads(args, work: Path) -> tuple[list[tuple[str, str, str]], bool
 
 #: The measured rows by name (``--rows``): each function returns its (measure, value, floor) rows
 #: and whether it ran at the size its floors are set for.
-ROWS = {"writes": writes_and_loads, "metadata-adds": metadata_adds, "mapped-ivf": mapped_ivf_reads}
+def filters(args, work: Path) -> tuple[list[tuple[str, str, str]], bool]:
+    """The rows of ``benchmarks/index_filters.py``: a selective filter's cost, and what a delete
+    by filter writes."""
+    from index_filters import filter_rows
+
+    (work / "filters").mkdir(exist_ok=True)
+    rows = filter_rows(args.filter_n, args.filter_dim, args.n, 100, 9, work / "filters")
+    return rows, (args.filter_n, args.filter_dim, args.n) == (1_000_000, 128, 100_000)
+
+
+ROWS = {"writes": writes_and_loads, "metadata-adds": metadata_adds, "mapped-ivf": mapped_ivf_reads, "filters": filters}
 
 
 def main() -> None:
@@ -484,6 +500,8 @@ def main() -> None:
     parser.add_argument("--ivf-n", type=int, default=100_000, help="items of the mapped IVF index")
     parser.add_argument("--ivf-dim", type=int, default=256)
     parser.add_argument("--ivf-queries", type=int, default=10, help="queries measured (one per fresh load)")
+    parser.add_argument("--filter-n", type=int, default=1_000_000, help="items of the filtered-search index (benchmarks/index_filters.py)")
+    parser.add_argument("--filter-dim", type=int, default=128)
     parser.add_argument("--rows", default="all", help=f"which rows: all or a comma-separated list of {', '.join(ROWS)}")
     parser.add_argument("--workdir", default=None, help="where to write the indexes (default: a temporary directory)")
     args = parser.parse_args()

@@ -211,6 +211,25 @@ class Searcher:
         """The current version of index ``name`` (the only one when None)."""
         return self._indexes[self.name(name)]
 
+    def version(self, name: str, version: int):
+        """Kept version ``version`` of the saved index ``name``, read (memory-mapped) on first use
+        and kept for later searches (the 8 most recently used)."""
+        from hubless.index import Index
+
+        path = self.paths.get(self.name(name))
+        if path is None:
+            raise InvalidInput(f"index {name!r} is served from memory: it keeps no versions")
+        key = (name, int(version))
+        cache = self.__dict__.setdefault("_versions", {})
+        with self._loading:
+            hit = cache.pop(key, None)
+            if hit is None:
+                hit = Index.load(path, version=int(version), mmap=True)
+            cache[key] = hit  # most recently used last
+            while len(cache) > 8:
+                cache.pop(next(iter(cache)))
+        return hit
+
     def replace(self, name: str, index) -> None:
         """Make ``index`` the version of ``name`` that later searches use (e.g. after a write)."""
         self._indexes[self.name(name)] = index
@@ -314,13 +333,15 @@ class Searcher:
         ef_search: int | None = None,
         rescore: bool | None = None,
         runner: Callable | None = None,
+        version: int | None = None,
     ) -> SearchResult:
         """The top ``top_k`` of each query in index ``index`` (the only one when None).
 
         Queries: exactly one of ``embeddings``, ``texts``, ``images`` or ``item`` (see
         :meth:`queries`). ``weight``: the correction's weight for this call (NNN's alpha, DN's
         lambda; a scalar or one per query). ``compare``: also the uncorrected ranking through
-        the same index structure. ``where``: a metadata filter, passed to
+        the same index structure. ``version``: search that kept version of a saved index
+        (:meth:`hubless.Index.versions`) instead of the current one. ``where``: a metadata filter, passed to
         :meth:`hubless.Index.search`. ``rerank``: rerank the corrected top ``rerank_k`` with the
         reranker, which reads ``query_items`` (default: the texts or images given).
         ``nprobe`` / ``ef_search`` / ``rescore``: ANN knobs for this call. ``runner``: what
@@ -328,7 +349,7 @@ class Searcher:
         ``index.search``; the service passes its batcher).
         """
         name = self.name(index)
-        current = self._indexes[name].snapshot()  # one consistent version for the whole call
+        current = self._indexes[name].snapshot() if version is None else self.version(name, version)  # one version for the call
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
         top_k = _top_k(top_k, current.ntotal)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)

@@ -1,5 +1,6 @@
-"""``hubless index build|info|add|remove|get|compact|verify|calibrate`` and ``hubless search``: serve a
-correction from FAISS, write to it live (stable ids, one segment per write), filter by metadata."""
+"""``hubless index build|info|add|remove|update-metadata|get|compact|verify|calibrate|versions|restore``
+and ``hubless search``: serve a correction from FAISS, write to it live (stable ids, one segment per write), filter
+by metadata (and remove or update items by a filter)."""
 
 from __future__ import annotations
 
@@ -310,16 +311,55 @@ def _print_calibration(result: dict) -> None:
 @friendly_errors
 def remove_command(
     path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
-    ids: str = typer.Option(..., help="Ids of the items to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    ids: str = typer.Option(None, help="Ids of the items to remove: comma-separated (3,17,42) or a .npy/.txt file of them."),
+    where: str = typer.Option(
+        None, help='Instead of --ids: remove every item matching this metadata filter (JSON, as search\'s --where): {"split": "old"}.'
+    ),
 ) -> None:
-    """Remove items by id (all or nothing: an unknown id removes none); the other items' biases are kept."""
+    """Remove items by id (all or nothing: an unknown id removes none) or by a metadata filter; the other items' biases are kept."""
     from hubless.index import Index
     from hubless.inputs import read_ids
 
-    item_ids = read_ids(ids)
+    if (ids is None) == (where is None):
+        raise typer.BadParameter("give --ids or --where (the items to remove), one of them")
+    item_ids = None if ids is None else read_ids(ids)
+    condition = _parse_where(where)
     with Index.update(path, mmap=True) as index:
-        removed = index.remove(item_ids)
-    typer.echo(f"removed {removed.size} items: {index!r}")
+        removed = index.remove(item_ids) if condition is None else index.remove(where=condition)
+    shown = "" if condition is None or not removed.size else f" (ids {_shown_ids(removed)})"
+    typer.echo(f"removed {removed.size} items{shown}: {index!r}")
+
+
+@app.command("update-metadata")
+@friendly_errors
+def update_metadata_command(
+    path: Path = typer.Argument(..., help="Index directory (updated in place: one segment per write)."),
+    ids: str = typer.Option(None, help="The items to change: comma-separated ids (3,17,42) or a .npy/.txt file of them."),
+    where: str = typer.Option(None, help="Instead of --ids: every item matching this metadata filter (JSON, as search's --where)."),
+    set_: str = typer.Option(None, "--set", help='Keys to set on every item, as a JSON object: {"split": "test", "year": 2024}.'),
+    unset: list[str] = typer.Option(None, "--unset", help="A key to set to null (repeatable)."),
+) -> None:
+    """Set or unset metadata keys of items (by id or filter) without sending their embeddings again; types are checked as on add."""
+    from hubless.index import Index
+    from hubless.inputs import read_ids
+
+    if (ids is None) == (where is None):
+        raise typer.BadParameter("give --ids or --where (the items to change), one of them")
+    if set_ is None and not unset:
+        raise typer.BadParameter("give --set and/or --unset (what to change)")
+    values = None
+    if set_ is not None:
+        try:
+            values = json.loads(set_)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f'--set must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
+        if not isinstance(values, dict) or not values:
+            raise InvalidInput("--set must be a non-empty JSON object of keys and values")
+    item_ids = None if ids is None else read_ids(ids)
+    with Index.update(path, mmap=True) as index:
+        changed = index.update_metadata(item_ids, where=_parse_where(where), values=values, unset=list(unset or []) or None)
+    shown = f": ids {_shown_ids(changed)}" if changed.size else ""
+    typer.echo(f"updated the metadata of {changed.size} items{shown}")
 
 
 @app.command("get")
@@ -356,6 +396,44 @@ def compact_command(path: Path = typer.Argument(..., help="Index directory (rewr
         f"compacted {path}: {before['base_rows']} + {before['rows_since_base']} rows in {before['segments']} segments, "
         f"{before['removed_rows']} removed -> {after['base_rows']} rows"
     )
+
+
+@app.command("versions")
+@friendly_errors
+def versions_command(
+    path: Path = typer.Argument(..., help="Index directory."),
+    keep: int = typer.Option(None, help="Keep this many versions from now on (the current one included; 0: none besides it)."),
+) -> None:
+    """List the versions the index keeps (search one with `hubless search --as-of`, restore one with `hubless index restore`)."""
+    from hubless.index import Index
+
+    if keep is not None:
+        with Index.update(path, mmap=True) as index:
+            index.set_keep_versions(keep)
+        typer.echo(f"{path} keeps {keep} versions")
+    table = Table(title=f"versions of {path}")
+    for column in ("version", "items", "rows", "segments", "base", "committed", ""):
+        table.add_column(column, justify="right" if column in ("version", "items", "rows", "segments") else "left")
+    for v in Index.versions(path):
+        if v.get("damaged"):
+            table.add_row(str(v["version"]), "", "", "", "", str(v["committed"]), "damaged record")
+            continue
+        table.add_row(str(v["version"]), str(v["items"]), str(v["rows"]), str(v["segments"]), v["base"], str(v["committed"]),
+                      "current" if v["current"] else "")  # fmt: skip
+    wide_console().print(table)
+
+
+@app.command("restore")
+@friendly_errors
+def restore_command(
+    path: Path = typer.Argument(..., help="Index directory (a new version is committed, atomically)."),
+    version: int = typer.Option(..., help="The kept version to make current again (see `hubless index versions`)."),
+) -> None:
+    """Make a kept version current again, as a new version (ids assigned since are never assigned again)."""
+    from hubless.index import Index
+
+    number = Index.restore(path, version)
+    typer.echo(f"restored version {version} of {path} as version {number}")
 
 
 @app.command("verify")
@@ -403,6 +481,7 @@ def search_command(
         None, help='Metadata filter as JSON: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (docs/live-index.md).'
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
+    as_of: int = typer.Option(None, "--as-of", help="Search this kept version of the index (see `hubless index versions`)."),
     rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
     rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
     fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
@@ -429,8 +508,8 @@ def search_command(
     if is_store_uri(path):
         if condition is not None:
             raise InvalidInput("--where filters an index; a store is filtered with its own query language")
-        if rerank or rescore is not None:
-            raise InvalidInput("--rerank and --rescore need the index itself; a store is searched with its own engine")
+        if rerank or rescore is not None or as_of is not None:
+            raise InvalidInput("--rerank, --rescore and --as-of need the index itself; a store is searched with its own engine")
         import hubless.export
 
         info = hubless.export.describe(path)
@@ -444,7 +523,12 @@ def search_command(
         raise InvalidInput("--target-recall applies to a store; on an index, run `hubless index calibrate` (Index.calibrate)")
     from hubless.search import Searcher
 
-    searcher = Searcher({Path(path).name: Path(path)}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
+    source = Path(path)
+    if as_of is not None:
+        from hubless.index import Index
+
+        source = Index.load(path, version=as_of, mmap=True)  # that version, read only
+    searcher = Searcher({Path(path).name: source}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
                         reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
     index = searcher.index()
     info = index.info()

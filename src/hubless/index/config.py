@@ -35,6 +35,9 @@ class IndexConfig:
     bias_offset: int | None = None
     #: What `hubless index build --target-recall` chose and measured (hubless.index.tuner).
     tuning: dict[str, Any] | None = None
+    #: Versions of a saved index kept after they are replaced (the current one included; 0:
+    #: only the current one and, for a moment, the previous one): see hubless.index.store.
+    keep_versions: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.factory, str) or not self.factory.strip():
@@ -64,9 +67,19 @@ class IndexConfig:
             self.bias_offset = check_positive_int(self.bias_offset, "bias_offset")
         if self.tuning is not None and not isinstance(self.tuning, dict):
             raise InvalidInput(f"tuning must be None or a mapping; got {self.tuning!r}")
+        if (
+            isinstance(self.keep_versions, bool)
+            or not isinstance(self.keep_versions, (int, np.integer))
+            or not 0 <= self.keep_versions <= 10_000
+        ):
+            raise InvalidInput(f"keep_versions must be a number of versions from 0 to 10000; got {self.keep_versions!r}")
+        self.keep_versions = int(self.keep_versions)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not out["keep_versions"]:  # the manifests of indexes that keep no versions stay as they were
+            del out["keep_versions"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> IndexConfig:

@@ -681,13 +681,47 @@ class Index:
         rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
         return self._write(lambda snap: snap.added(rows, ids, metadata, progress=progress))
 
-    def remove(self, ids, *, progress: bool | None = None) -> np.ndarray:
+    def remove(self, ids=None, *, where: dict | None = None, progress: bool | None = None) -> np.ndarray:
         """Remove items by id; returns the ids removed. An unknown id is a NotFound naming it,
         and nothing is removed. The other items' biases do not change (DIS/DualDIS recompute
-        the activation lists of bank items that lose a nearest item)."""
+        the activation lists of bank items that lose a nearest item).
+
+        ``where`` (instead of ids): remove every item matching this metadata filter (the
+        syntax of :meth:`search`; evaluated on the version the write commits over), as one
+        write that marks their rows dead (O(matches) written, no rewrite); returns their ids,
+        sorted (none when nothing matches)."""
+        if where is not None or ids is None:
+            if ids is not None or where is None:
+                raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
+            return self._write(lambda snap: snap.removed_where(where, progress=progress))
         ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
         self._write(lambda snap: (snap.removed(ids, progress=progress), None))
         return ids
+
+    def update_metadata(self, ids=None, *, where: dict | None = None, values=None, unset=None) -> np.ndarray:
+        """Change the metadata of items without sending their embeddings again: the items
+        ``ids`` (an unknown id is a NotFound, nothing changed) or every item matching ``where``
+        (a metadata filter, as :meth:`search`'s). ``values``: a dict of keys to set on every
+        item (a new key adds a column), or with ``ids`` a list of dicts, one per id, each
+        setting only its own keys; ``unset``: keys set to null. Types are checked as on
+        :meth:`add` (a value of another type than its key's changes nothing). Returns the ids
+        changed (in the order given, or the index's order for ``where``).
+
+        Embeddings, biases and bank statistics are kept, so no similarity is computed: each item
+        is written again at the end of the index as an upsert with the same embedding would
+        write it (see :meth:`hubless.index.live.Snapshot.with_metadata`), one segment of
+        O(items changed). Like an upsert, the items move to the end of :attr:`ids` (ties in a
+        ranking now fall to the items written before them)."""
+        if (ids is None) == (where is None):
+            raise InvalidInput("update_metadata takes ids or where (a metadata filter), one of them")
+        if where is not None and values is not None and not isinstance(values, dict):
+            raise InvalidInput("with where, values is one dict of keys to set on every matching item")
+
+        def change(snap):
+            rows = snap.rows_of(ids) if ids is not None else snap.matching_rows(where)
+            return snap.with_metadata(rows, values, unset), snap.ids[rows].copy()
+
+        return self._write(change)
 
     def upsert(self, ids, embeddings, metadata=None, *, progress: bool | None = None) -> np.ndarray:
         """Set items ``ids`` to ``embeddings`` (and ``metadata``): present ones are replaced,
@@ -924,11 +958,20 @@ class Index:
         return index
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, mmap: bool = False) -> Index:
+    def load(cls, path: str | os.PathLike, *, mmap: bool = False, version: int | None = None) -> Index:
         """Read an index saved by :meth:`save` (any format; see :mod:`hubless.index.store` for
         what is verified). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
         instead of reading them. Writes to the loaded index stay in memory until :meth:`save`;
-        use :meth:`open` to commit each write at once."""
+        use :meth:`open` to commit each write at once.
+
+        ``version``: that version, as it was committed (one the index keeps: see
+        :meth:`versions`), as an in-memory index not bound to the directory (``save`` it
+        elsewhere for a copy of that version, or :meth:`restore` it)."""
+        if version is not None:
+            loaded_version = store.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
+            pinned = cls.__new__(cls)
+            pinned._setup(loaded_version.snapshot, mmap=mmap)
+            return pinned
         path = Path(path)
         loaded, base = _load(path, mmap)
         index = cls.__new__(cls)
@@ -948,6 +991,55 @@ class Index:
         index = cls.load(path, mmap=mmap)
         index._live = True
         return index
+
+    # ------------------------------------------------------------------ versions
+    @staticmethod
+    def versions(path: str | os.PathLike) -> list[dict]:
+        """The versions of the saved index at ``path`` that can be read, oldest first: the current
+        one and those kept by ``keep_versions`` (:meth:`set_keep_versions`), each with its number,
+        items, rows, segments, base and commit time (:func:`hubless.index.store.list_versions`).
+        A kept version's files are never changed or removed while it is kept: a copy of them
+        (or ``Index.load(path, version=v).save(backup)``) is a backup, while writes go on."""
+        return store.list_versions(Path(path))
+
+    @property
+    def keep_versions(self) -> int:
+        """How many versions the saved index keeps (the current one included; 0: none besides it)."""
+        return self.config.keep_versions
+
+    def set_keep_versions(self, n: int) -> Index:
+        """Keep the ``n`` most recent versions of this index (the current one included) when it
+        is saved or written: their manifests in ``versions/`` and every file they name, so each
+        can be searched (``Index.load(path, version=v)``, ``hubless search --as-of``) and
+        restored (:meth:`restore`); older ones are removed by the next write. 0 keeps none."""
+        config = dataclasses.replace(self.config, keep_versions=n)  # validated by IndexConfig
+        self._write(lambda snap: (snap.with_config(config), None))
+        return self
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike, version: int, *, timeout: float | None = None) -> int:
+        """Make a kept version of the saved index at ``path`` current again, as a new version
+        (under the write lock; the versions after it stay kept as retention allows). Its files
+        are checked first (as a load checks them); the index keeps its ``next_id`` (an id
+        assigned since is never assigned again) and its ``keep_versions``. Returns the new
+        version's number."""
+        path = Path(path)
+        version = check_positive_int(version, "version")
+        with write_lock(path, timeout=timeout):
+            current, _ = store.read_manifest(path)
+            if current is None:
+                raise InvalidInput(f"{path} is of an earlier format: it keeps no versions")
+            store.load_version(path, version, mmap=True)  # every file there and readable
+            target = store.read_version(path, version)
+            config = dict(target["config"])
+            keep = int(current["config"].get("keep_versions") or 0)
+            config.pop("keep_versions", None)
+            if keep:
+                config["keep_versions"] = keep
+            number = _next_number(path, current)
+            body = {**target, "version": number, "config": config, "next_id": max(int(target["next_id"]), int(current["next_id"]))}
+            store.commit(path, body, keep=store.names_in(current))
+        return number
 
 
 def _load(path: Path, mmap: bool) -> tuple[store.Loaded, Snapshot]:

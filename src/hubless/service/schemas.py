@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hubless.index.ids import MAX_ID
 
-__all__ = ["MAX_ID", "MAX_WEIGHT", "ItemsRequest", "SearchRequest"]
+__all__ = ["MAX_ID", "MAX_WEIGHT", "DeleteRequest", "ItemsRequest", "MetadataRequest", "SearchRequest"]
 
 #: An item id in a body: an int64 >= 0.
 Id = Annotated[int, Field(ge=0, le=MAX_ID)]
@@ -46,6 +46,9 @@ class SearchRequest(BaseModel):
         description='A metadata filter: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (Index.search(where=...)).',
     )
     rerank: bool = Field(False, description="Rerank the corrected top rerank_k with the server's cross-encoder (text queries).")
+    version: int | None = Field(
+        None, ge=1, description="Search this kept version of the index instead of the current one (GET /versions/{name} lists them)."
+    )
 
 
 class ItemsRequest(BaseModel):
@@ -57,3 +60,28 @@ class ItemsRequest(BaseModel):
     metadata: list[dict[str, Any]] | None = Field(None, description="One record per new item (typed by the index's metadata schema).")
     ids: list[Id] | None = Field(None, description="The new items' ids (int64 >= 0; default: assigned by the index, never reused).")
     upsert: bool = Field(False, description="Replace the items whose ids are present (needs ids) instead of refusing them (409).")
+
+
+class DeleteRequest(BaseModel):
+    """``POST /items/{name}/delete``: the items to remove, by ``ids`` or by a ``where`` filter."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: list[Id] | None = Field(None, description="Ids of the items to remove (all or nothing: an unknown id removes none, 404).")
+    where: dict[str, Any] | None = Field(
+        None, description='Instead of ids: remove every item matching this metadata filter, e.g. {"split": "old"} (as search\'s where).'
+    )
+
+
+class MetadataRequest(BaseModel):
+    """``POST /items/{name}/metadata``: set / unset metadata keys of items (by ``ids`` or a
+    ``where`` filter) without sending their embeddings again."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: list[Id] | None = Field(None, description="The items to change (an unknown id changes nothing, 404).")
+    where: dict[str, Any] | None = Field(None, description="Instead of ids: every item matching this metadata filter.")
+    set: dict[str, Any] | list[dict[str, Any]] | None = Field(
+        None, description="Keys to set: one object for every item, or with ids one object per id (typed as on add; 422 otherwise)."
+    )
+    unset: list[str] | None = Field(None, description="Keys to set to null.")

@@ -1,5 +1,6 @@
 """What is served: ``GET /indexes``, ``GET /indexes/{name}``, ``GET /hubness/{name}`` (the
-bank-based figures and the hubness of what was served)."""
+bank-based figures and the hubness of what was served), ``GET /versions/{name}`` (the versions a
+saved index keeps, searched with ``POST /search``'s ``version``)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ def describe(name: str, service: ServiceDep) -> dict:
 def hubness(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
     return {**bank_hubness(s), "served": s.sketch.summary()}
+
+
+@router.get("/versions/{name}")
+def versions(name: str, service: ServiceDep) -> dict:
+    s = get_served(service, name)
+    path = s.path
+    if path is None:
+        return {"name": name, "keep_versions": 0, "versions": []}
+    from hubless.index import Index
+
+    return {"name": name, "keep_versions": s.index.keep_versions, "versions": Index.versions(path)}

@@ -1,8 +1,10 @@
 """Items, by their stable ids: ``GET /items/{name}/{id}`` (metadata), ``GET /items/{name}/{id}/image``
 (only from the server's image root), and the writes (write key needed): ``POST /items/{name}``
 (add, with ``ids`` or assigned ones; ``upsert`` replaces present ids), ``DELETE
-/items/{name}/{id}`` (remove), ``POST /bank/{name}`` (add query-bank queries; every bias is
-updated). A write is all or nothing and committed at once as one segment under the index's
+/items/{name}/{id}`` (remove), ``POST /items/{name}/delete`` (remove by ids or a ``where``
+filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
+no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated),
+``POST /versions/{name}/{version}/restore`` (make a kept version current again). A write is all or nothing and committed at once as one segment under the index's
 write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Request
 
 from hubless.service.body import json_body, read_json
-from hubless.service.convert import rows, summary
+from hubless.service.convert import check_count, rows, summary
 from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
 from hubless.service.images import OpenFileResponse, open_image
-from hubless.service.schemas import MAX_ID, ItemsRequest
+from hubless.service.schemas import MAX_ID, DeleteRequest, ItemsRequest, MetadataRequest
 from hubless.service.state import ServiceState
 
 router = APIRouter()
@@ -99,3 +101,62 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
     s.write(lambda index: index.add_query_bank(new))
     audit(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
+
+
+@router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest))
+async def delete_items(name: str, request: Request, service: ServiceDep) -> dict:
+    from starlette.concurrency import run_in_threadpool
+
+    writable(service, name)  # refused before the body is read
+    body = await read_json(request, DeleteRequest)
+    return await run_in_threadpool(_delete_items, name, body, request, service)
+
+
+def _delete_items(name: str, body: DeleteRequest, request: Request, service: ServiceState) -> dict:
+    s = writable(service, name)
+    if (body.ids is None) == (body.where is None):
+        raise HTTPException(422, "give ids or where (the items to remove), one of them")
+    if body.ids is not None:
+        check_count(body.ids, service.limits, "ids")
+        removed = s.write(lambda index: index.remove(body.ids)).tolist()
+    else:
+        removed = s.write(lambda index: index.remove(where=body.where)).tolist()
+    audit(service, request, name, removed)
+    return {**summary(s), "removed": removed}
+
+
+@router.post("/items/{name}/metadata", openapi_extra=json_body(MetadataRequest))
+async def update_metadata(name: str, request: Request, service: ServiceDep) -> dict:
+    from starlette.concurrency import run_in_threadpool
+
+    writable(service, name)  # refused before the body is read
+    body = await read_json(request, MetadataRequest)
+    return await run_in_threadpool(_update_metadata, name, body, request, service)
+
+
+def _update_metadata(name: str, body: MetadataRequest, request: Request, service: ServiceState) -> dict:
+    s = writable(service, name)
+    if (body.ids is None) == (body.where is None):
+        raise HTTPException(422, "give ids or where (the items to change), one of them")
+    if body.set is None and not body.unset:
+        raise HTTPException(422, "give set and/or unset (what to change)")
+    if body.ids is not None:
+        check_count(body.ids, service.limits, "ids")
+    if isinstance(body.set, list):
+        check_count(body.set, service.limits, "metadata records")
+    changed = s.write(lambda index: index.update_metadata(body.ids, where=body.where, values=body.set, unset=body.unset)).tolist()
+    audit(service, request, name, changed)
+    return {**summary(s), "updated": changed}
+
+
+@router.post("/versions/{name}/{version}/restore")
+def restore_version(name: str, version: int, request: Request, service: ServiceDep) -> dict:
+    """Make a kept version of a saved index current again, as a new version (write key)."""
+    from hubless.index import Index
+
+    s = writable(service, name)
+    if s.path is None:
+        raise HTTPException(422, f"index {name!r} is served from memory: it keeps no versions")
+    number = s.write(lambda index: Index.restore(s.path, version, timeout=s.lock_timeout))
+    audit(service, request, name, {"restored": version, "as_version": number})
+    return {**summary(s), "restored": version, "version": number}

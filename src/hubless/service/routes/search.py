@@ -81,7 +81,7 @@ def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
     n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images or [])
     return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
                             dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
-                            weight=request.weight, where=request.where))  # fmt: skip
+                            weight=request.weight, where=request.where, version=request.version))  # fmt: skip
 
 
 @router.post("/search/binary", response_class=FastJSON)
