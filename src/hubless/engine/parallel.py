@@ -78,7 +78,7 @@ _controller: tuple[int, ThreadpoolController] | None = None
 _controller_lock = threading.Lock()
 
 
-def _one_blas_thread():
+def one_blas_thread():
     """``threadpool_limits(limits=1, user_api="blas")`` without its scan of the loaded libraries
     on every call (a few ms: ``dl_iterate_phdr`` over every shared object, which a 1-row write
     would pay on each product): the scan is kept and done again only when modules were imported
@@ -152,12 +152,12 @@ def run_blocks(
     single_threaded_blas = single_threaded_blas or total < SMALL_BATCH
     try:
         if threads <= 1:
-            with _one_blas_thread() if single_threaded_blas else contextlib.nullcontext():
+            with one_blas_thread() if single_threaded_blas else contextlib.nullcontext():
                 for start, stop in bounds:
                     work(start, stop)
                     bar.update(stop - start)
             return
-        with _one_blas_thread(), ThreadPoolExecutor(threads) as pool:
+        with one_blas_thread(), ThreadPoolExecutor(threads) as pool:
             futures = {pool.submit(work, start, stop): stop - start for start, stop in bounds}
             try:
                 for future in as_completed(futures):

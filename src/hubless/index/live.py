@@ -667,9 +667,9 @@ class Snapshot:
             return np.full((nq, k), -np.inf, np.float32), np.full((nq, k), MISSING, np.int64)
         gathered = self.gather(rows)
         if nq * rows.size * self.dim <= SMALL_PRODUCT:  # a thread team's wake-up would cost more than the product
-            from hubless.engine.parallel import _one_blas_thread
+            from hubless.engine.parallel import one_blas_thread
 
-            with _one_blas_thread():
+            with one_blas_thread():
                 sims = batch.vectors @ gathered.T
         else:
             sims = batch.vectors @ gathered.T
