@@ -1,0 +1,428 @@
+"""The device-resident torch engine: every block's product AND its reduction on the device.
+
+Used whenever a torch device is in effect (``device="cuda"`` / ``"cpu"`` on ``fit`` and
+``search``, :func:`hubless.engine.use_device`, ``HUBLESS_DEVICE``; see
+:mod:`hubless.engine.device`). The column side (a bank, or the gallery of a search) and the row
+side are uploaded once, every similarity block ``rows @ cols.T`` is computed and reduced on the
+device, and only the per-row results (n x small: top-k values, log-sum-exp sums, activation
+sets, the (scores, ids) of a search) come back to host memory. The numpy engine
+(:mod:`hubless.engine.stream`) stays the default and never imports this module.
+
+The reductions are the numpy engine's, with the same semantics:
+
+* top-k values (NNN, CSLS): the k largest similarities of each row, descending;
+* top-k with ids (the activation sets of DIS / DualDIS, searches): ordered by (value descending,
+  id ascending), so ties go to the lower id as in :class:`hubless.engine.stream.TopK`;
+* log-sum-exp at several betas (IS, DIS, DualIS, DualDIS): the formulas of
+  :mod:`hubless.engine.formulas` (the same code as the numpy engine, run on torch tensors), around
+  the running row maximum (the numpy engine refreshes its shift only when a term would overflow,
+  a pass saved on a CPU; on a device the maximum costs less than the host sync the check needs);
+* sorted probe rows (GC), the nearest row of every column (bank coverage), the means (DN).
+
+Blocks are :data:`BLOCK_ELEMENTS` similarities at most (512 MiB of float32 on a GPU), as wide as
+the column side allows. Products in float16 / bfloat16 (``dtype=``) are reduced in float32.
+TF32 products stay off unless asked for (:func:`hubless.engine.device.use_device` ``tf32=True``
+or ``HUBLESS_TF32=1``; CUDA only).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from hubless.engine.device import tf32_products
+from hubless.engine.formulas import LseTerm, lse_add, lse_finish, lse_recentre, lse_terms
+from hubless.errors import optional_import
+
+__all__ = [
+    "BLOCK_ELEMENTS",
+    "exact_search",
+    "mean",
+    "nearest_gallery_items",
+    "resident",
+    "row_statistics",
+    "torch_namespace",
+]
+
+#: Similarities per block on a CUDA device (2^27 float32 = 512 MiB) and on any other device.
+BLOCK_ELEMENTS = {"cuda": 2**27, "other": 2**22}
+#: The widest column block (a block spans the whole column side up to this).
+MAX_COL_BLOCK = 2**18
+#: (rows, columns) of every block instead of the sizes above (tests cut uneven blocks with it).
+BLOCK_SHAPE: tuple[int, int] | None = None
+#: Arrays kept on the device between calls (the galleries and biases of fitted corrections).
+KEPT_ARRAYS = 4
+
+_SCOPE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hubless_resident", default=None)
+_KEPT: collections.OrderedDict[tuple, tuple[Any, Any]] = collections.OrderedDict()
+_KEPT_LOCK = threading.RLock()  # reentrant: a finalizer may run inside (a garbage collection)
+
+
+def _torch():
+    return optional_import("torch", "the torch engine (a torch device)", "models")
+
+
+def torch_namespace() -> types.SimpleNamespace:
+    """The array namespace of :mod:`hubless.engine.formulas` on torch tensors."""
+    torch = _torch()
+    return types.SimpleNamespace(
+        multiply=lambda a, factor, out: torch.mul(a, factor, out=out),
+        maximum=lambda a, low, out: torch.clamp(a, min=low, out=out),
+        exp=lambda a, out=None: torch.exp(a, out=out),
+        exp2=lambda a, out=None: torch.exp2(a, out=out),
+        expm1=lambda a, out=None: torch.expm1(a, out=out),
+        log=torch.log,
+        row_sum=lambda a: a.sum(dim=1),
+        row_sum64=lambda a: a.sum(dim=1, dtype=torch.float64),
+    )
+
+
+# ---------------------------------------------------------------------- arrays on the device
+@contextlib.contextmanager
+def resident() -> Iterator[None]:
+    """Inside the block, each array is uploaded once per (device, dtype) however often it is
+    used (a fit reads the gallery in up to four passes). Nested blocks share the outer one."""
+    if _SCOPE.get() is not None:
+        yield
+        return
+    token = _SCOPE.set({})
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+
+
+def _put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
+    """``array`` on ``device`` as ``dtype``: uploaded, or the copy made earlier in this
+    :func:`resident` block, or (``keep``) the copy kept for this very array object across calls
+    (the gallery of a fitted correction: arrays it holds are never modified in place)."""
+    torch = _torch()
+    key = (id(array), device, dtype)
+    scope = _SCOPE.get()
+    for cache in (scope, _KEPT if keep else None):
+        if cache is not None and key in cache and cache[key][0]() is array:
+            return cache[key][1]
+    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=getattr(torch, dtype))
+    ref = weakref.ref(array)
+    if scope is not None:
+        scope[key] = (ref, tensor)
+    if keep:
+        with _KEPT_LOCK:
+            _KEPT[key] = (ref, tensor)
+            while len(_KEPT) > KEPT_ARRAYS:
+                _KEPT.popitem(last=False)
+        weakref.finalize(array, _forget, key, ref)
+    return tensor
+
+
+def _forget(key: tuple, ref) -> None:
+    with _KEPT_LOCK:
+        if key in _KEPT and _KEPT[key][0] is ref:
+            del _KEPT[key]
+
+
+def _host(tensor) -> np.ndarray:
+    """A host copy (never a view of a device or reused buffer)."""
+    return tensor.detach().to("cpu", copy=True).numpy()
+
+
+def mean(array: np.ndarray, device: str, dtype: str) -> np.ndarray:
+    """The float64 mean of the rows, on the device (the uploaded float32 copy) or, for half
+    precision products, on the host (the half copy would lose digits)."""
+    if dtype != "float32" or not len(array):
+        return array.mean(axis=0, dtype=np.float64) if len(array) else np.zeros(array.shape[1])
+    torch = _torch()
+    return _host(_put(array, device, dtype).mean(dim=0, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------- blocks
+def block_shape(n_rows: int, n_cols: int, device: str) -> tuple[int, int]:
+    """(rows, columns) of one block: as wide as the columns allow, within the device's budget."""
+    if BLOCK_SHAPE is not None:
+        return BLOCK_SHAPE
+    budget = BLOCK_ELEMENTS["cuda" if device.startswith("cuda") else "other"]
+    cols = max(1, min(n_cols, MAX_COL_BLOCK, budget // 64))
+    return max(1, min(n_rows, budget // cols)), cols
+
+
+class _State:
+    """One reducer over one row block (rows r0:r1) on the device."""
+
+    def update(self, block, c0: int) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def finish(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _stream(rows, cols, makers: Sequence[Callable[[int, int], _State]], device: str, transform=None) -> None:
+    """Feed every block of ``rows @ cols.T`` (device tensors) to new states of ``makers`` per
+    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first."""
+    torch = _torch()
+    n, m = rows.shape[0], cols.shape[0]
+    rb, cb = block_shape(n, m, device)
+    with torch.no_grad(), tf32_products(device):
+        for r0 in range(0, n, rb):
+            r1 = min(n, r0 + rb)
+            states = [make(r0, r1) for make in makers]
+            block_rows = rows[r0:r1]
+            for c0 in range(0, m, cb):
+                c1 = min(m, c0 + cb)
+                block = block_rows @ cols[c0:c1].T
+                if block.dtype != torch.float32:
+                    block = block.float()
+                if transform is not None:
+                    transform(block, r0, r1, c0, c1)
+                for state in states:
+                    state.update(block, c0)
+            for state in states:
+                state.finish()
+
+
+# ---------------------------------------------------------------------- reducers
+class _TopKValues(_State):
+    """The k largest values of each row (sorted descending at the end), into ``out[r0:r1]``."""
+
+    def __init__(self, out, r0: int, r1: int, k: int, initial=None) -> None:
+        torch = _torch()
+        self.out, self.r0, self.r1, self.k = out, r0, r1, k
+        if initial is None:
+            self.values = torch.full((r1 - r0, k), -torch.inf, dtype=torch.float32, device=out.device)
+        else:
+            self.values = initial[r0:r1].clone()
+
+    def update(self, block, c0: int) -> None:
+        torch = _torch()
+        new = torch.topk(block, min(self.k, block.shape[1]), dim=1, sorted=False).values
+        self.values = torch.topk(torch.cat([self.values, new], dim=1), self.k, dim=1, sorted=False).values
+
+    def finish(self) -> None:
+        self.out[self.r0 : self.r1] = self.values.sort(dim=1, descending=True).values
+
+
+def _ordered_topk(block, k: int):
+    """(values, column ids) of each row's ``k`` largest entries of ``block``, ordered by value
+    descending then id ascending: ties go to the lower id, also at the k-th place (rows whose
+    k-th value is tied beyond the k-th place are taken from a stable sort)."""
+    torch = _torch()
+    values, ids = torch.topk(block, k, dim=1)
+    tied = (block >= values[:, -1:]).sum(dim=1) > k
+    if bool(tied.any()):
+        rows = tied.nonzero().squeeze(1)
+        sorted_values, sorted_ids = torch.sort(block[rows], dim=1, descending=True, stable=True)
+        values[rows], ids[rows] = sorted_values[:, :k], sorted_ids[:, :k]
+    ids, order = torch.sort(ids, dim=1)
+    values = values.gather(1, order)
+    values, order = torch.sort(values, dim=1, descending=True, stable=True)
+    return values, ids.gather(1, order)
+
+
+class _TopKIds(_State):
+    """The k best (value, id) of each row, by (value descending, id ascending), into
+    ``values[r0:r1]`` and ``ids[r0:r1]``. Column blocks arrive in increasing id order and an
+    initial top-k holds lower ids, so a stable merge keeps ties at the lower id."""
+
+    def __init__(self, values, ids, r0: int, r1: int, k: int, offset: int, initial=None) -> None:
+        torch = _torch()
+        self.out_values, self.out_ids, self.r0, self.r1, self.k, self.offset = values, ids, r0, r1, k, offset
+        if initial is None:
+            self.values = torch.full((r1 - r0, k), -torch.inf, dtype=torch.float32, device=values.device)
+            self.ids = torch.full((r1 - r0, k), np.iinfo(np.int64).max, dtype=torch.int64, device=values.device)
+        else:
+            self.values, self.ids = initial[0][r0:r1].clone(), initial[1][r0:r1].clone()
+
+    def update(self, block, c0: int) -> None:
+        torch = _torch()
+        values, ids = _ordered_topk(block, min(self.k, block.shape[1]))
+        values = torch.cat([self.values, values], dim=1)
+        ids = torch.cat([self.ids, ids + (c0 + self.offset)], dim=1)
+        values, order = torch.sort(values, dim=1, descending=True, stable=True)
+        self.values, self.ids = values[:, : self.k], ids.gather(1, order[:, : self.k])
+
+    def finish(self) -> None:
+        self.out_values[self.r0 : self.r1] = self.values
+        self.out_ids[self.r0 : self.r1] = self.ids
+
+
+class _LogSumExp(_State):
+    """log sum_j exp(beta s_ij) per beta (the formulas of :mod:`hubless.engine.formulas`), into
+    ``out[r0:r1]`` (float64)."""
+
+    def __init__(self, out, r0: int, r1: int, betas: list[float], terms: list[LseTerm], xp) -> None:
+        torch = _torch()
+        self.out, self.r0, self.r1, self.betas, self.terms, self.xp = out, r0, r1, betas, terms, xp
+        self.peak = torch.full((r1 - r0,), -torch.inf, dtype=torch.float64, device=out.device)
+        self.sums = torch.zeros((r1 - r0, len(betas)), dtype=torch.float64, device=out.device)
+        self.count = 0
+
+    def update(self, block, c0: int) -> None:
+        torch = _torch()
+        if self.terms:
+            new = torch.maximum(self.peak, block.max(dim=1).values.double())
+            diff = block - new.float()[:, None]  # s - m, formed before scaling
+            x = torch.empty_like(diff)
+            for term in self.terms:
+                added = lse_add(self.xp, diff, term, x)
+                col = term.column
+                self.sums[:, col] = lse_recentre(self.xp, self.sums[:, col], added, term, self.peak, new, self.count)
+            self.peak = new
+        self.count += block.shape[1]
+
+    def finish(self) -> None:
+        by_column = {term.column: term for term in self.terms}
+        for t in range(len(self.betas)):
+            self.out[self.r0 : self.r1, t] = lse_finish(self.xp, by_column.get(t), self.peak, self.sums[:, t], self.count)
+
+
+class _SortedRows(_State):
+    """Every similarity of each row, sorted ascending, into ``out[r0:r1]`` (host)."""
+
+    def __init__(self, out: np.ndarray, r0: int, r1: int, n_cols: int, device) -> None:
+        torch = _torch()
+        self.out, self.r0, self.r1 = out, r0, r1
+        self.rows = torch.empty((r1 - r0, n_cols), dtype=torch.float32, device=device)
+
+    def update(self, block, c0: int) -> None:
+        self.rows[:, c0 : c0 + block.shape[1]] = block
+
+    def finish(self) -> None:
+        self.out[self.r0 : self.r1] = _host(self.rows.sort(dim=1).values)
+
+
+class _ColumnNearest(_State):
+    """The nearest row of every column (ties: the lower row) over all row blocks, in
+    ``values`` / ``ids`` (device tensors); row blocks arrive in order, so only a strictly larger
+    value replaces the best so far."""
+
+    def __init__(self, values, ids, r0: int) -> None:
+        self.values, self.ids, self.r0 = values, ids, r0
+
+    def update(self, block, c0: int) -> None:
+        best, rows = block.max(dim=0)  # the first maximal row of each column
+        c1 = c0 + block.shape[1]
+        better = best > self.values[c0:c1]
+        self.values[c0:c1] = self.values[c0:c1].where(~better, best)
+        self.ids[c0:c1] = self.ids[c0:c1].where(~better, rows + self.r0)
+
+    def finish(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- passes
+def row_statistics(
+    gallery: np.ndarray,
+    bank: np.ndarray,
+    *,
+    k: int,
+    betas: list[float],
+    probes: bool,
+    nearest: bool,
+    initial_topk: np.ndarray | None,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """What :func:`hubless.engine.statistics.row_statistics` computes, on the device: (top-k
+    values, {beta: log-sum-exp}, sorted probes, (scores, ids) of each bank item's nearest gallery
+    item)."""
+    torch = _torch()
+    n, m = gallery.shape[0], bank.shape[0]
+    dev = torch.device(device)
+    rows, cols = _put(gallery, device, dtype), _put(bank, device, dtype)
+    makers: list[Callable[[int, int], _State]] = []
+    topk = lse = probe_rows = None
+    if k:
+        topk = torch.empty((n, k), dtype=torch.float32, device=dev)
+        initial = None if initial_topk is None else torch.from_numpy(np.ascontiguousarray(initial_topk, dtype=np.float32)).to(dev)
+        makers.append(lambda r0, r1: _TopKValues(topk, r0, r1, k, initial))
+    if betas:
+        lse = torch.empty((n, len(betas)), dtype=torch.float64, device=dev)
+        terms, xp = lse_terms(list(betas), base2=False), torch_namespace()
+        makers.append(lambda r0, r1: _LogSumExp(lse, r0, r1, list(betas), terms, xp))
+    if probes:
+        probe_rows = np.empty((n, m), dtype=np.float32)
+        makers.append(lambda r0, r1: _SortedRows(probe_rows, r0, r1, m, dev))
+    near = None
+    if nearest:
+        near = (
+            torch.full((m,), -torch.inf, dtype=torch.float32, device=dev),
+            torch.full((m,), np.iinfo(np.int64).max, dtype=torch.int64, device=dev),
+        )
+        makers.append(lambda r0, r1: _ColumnNearest(near[0], near[1], r0))
+    if makers:
+        _stream(rows, cols, makers, device)
+    lse_host = None if lse is None else _host(lse)
+    return (
+        None if topk is None else _host(topk),
+        {} if lse_host is None else {b: lse_host[:, t] for t, b in enumerate(betas)},
+        probe_rows,
+        None if near is None else (_host(near[0]), _host(near[1])),
+    )
+
+
+def nearest_gallery_items(
+    bank: np.ndarray,
+    gallery: np.ndarray,
+    k: int,
+    *,
+    initial: tuple[np.ndarray, np.ndarray] | None,
+    id_offset: int,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the ``k`` gallery items nearest to each bank item, on the device (as
+    :func:`hubless.engine.statistics.nearest_gallery_items`)."""
+    scores, ids = _topk_with_ids(_put(bank, device, dtype), _put(gallery, device, dtype), k, device, initial=initial, offset=id_offset)
+    return _host(scores), _host(ids)
+
+
+def _topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int = 0, transform=None):
+    torch = _torch()
+    n = rows.shape[0]
+    values = torch.empty((n, k), dtype=torch.float32, device=rows.device)
+    ids = torch.empty((n, k), dtype=torch.int64, device=rows.device)
+    if initial is not None:
+        initial = tuple(torch.from_numpy(np.ascontiguousarray(a)).to(rows.device) for a in initial)
+    _stream(rows, cols, [lambda r0, r1: _TopKIds(values, ids, r0, r1, k, offset, initial)], device, transform=transform)
+    return values, ids
+
+
+def exact_search(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    top_k: int,
+    *,
+    additive: tuple[np.ndarray, np.ndarray] | None,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``top_k`` gallery items of each query on the device, by ``q . r`` or, with
+    ``additive = (W, bias_columns)``, by the corrected ``q . r - W(q) . bias_columns(r)``
+    (ties: the lower id). The gallery and its biases stay on the device between calls; only
+    the queries, W and the (scores, ids) move."""
+    torch = _torch()
+    dev = torch.device(device)
+    gallery_t = _put(gallery, device, dtype, keep=True)
+    queries_t = torch.from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
+    transform = None
+    if additive is not None:
+        weights, columns = additive
+        w = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
+        bias = _put(columns, device, "float32", keep=True)
+
+        def transform(block, r0, r1, c0, c1):
+            wb, bb = w[r0:r1], bias[c0:c1]
+            if wb.shape[1] == 1:
+                block.sub_(wb[:, :1] * bb[:, 0])  # w_q * b_r by broadcasting, as the numpy ranking
+            else:
+                block.sub_(wb @ bb.T)
+
+    values, ids = _topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform)
+    return _host(values), _host(ids)
