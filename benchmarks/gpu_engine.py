@@ -207,12 +207,16 @@ def main() -> None:
     if not args.skip_numpy:
         search["hubless numpy"], _ = timed(lambda: numpy_corr.search(q, TOP), 1, warm=False)
     agree = float(np.mean(ids == raw_ids))
-    row(f"corrected top-{TOP} search of {len(q):,} queries (ids = raw torch's: {agree:.4f})", search, "hubless device <= 1.0x nnn-retrieval")
+    row(
+        f"corrected top-{TOP} search of {len(q):,} queries (ids = raw torch's: {agree:.4f})", search, "hubless device <= 1.0x nnn-retrieval"
+    )
 
     # IS beta=20 fit
     is_fit: dict[str, float] = {}
     is_fit["raw torch"], raw_lse = timed(lambda: raw_is_fit(torch, device, g, b), args.repeats)
-    is_fit["hubless device"], is_corr = timed(lambda: make_correction(f"is:beta={BETA}").fit(g, b, device=device, progress=False), args.repeats)
+    is_fit["hubless device"], is_corr = timed(
+        lambda: make_correction(f"is:beta={BETA}").fit(g, b, device=device, progress=False), args.repeats
+    )
     if not args.skip_numpy:
         is_fit["hubless numpy"], _ = timed(lambda: make_correction(f"is:beta={BETA}").fit(g, b, progress=False), 1, warm=False)
     lse = is_corr.statistics_.query_lse[BETA]
@@ -246,7 +250,11 @@ def main() -> None:
             t, (_, half_ids) = timed(lambda half=half: half.search(q, TOP), 1)
         overlap = np.mean([len(set(x) & set(y)) / TOP for x, y in zip(half_ids, ids)])
         rows.append(
-            (f"{dtype} products: NNN fit + search", f"max abs(bias - float32 bias) {np.abs(half.bias_ - corr.bias_).max():.1e}; top-{TOP} agreement {overlap:.4f}", "")
+            (
+                f"{dtype} products: NNN fit + search",
+                f"max abs(bias - float32 bias) {np.abs(half.bias_ - corr.bias_).max():.1e}; top-{TOP} agreement {overlap:.4f}",
+                "",
+            )
         )
     print_table(rows, full_size=full, size="gallery 100k x bank 50k x 512, 10k queries, on one GPU")
 

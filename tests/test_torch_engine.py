@@ -241,3 +241,47 @@ def test_the_default_path_never_imports_torch(tmp_path):
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
+    """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
+    methods whole there, GC and published DualDIS ranked on the host from device blocks)."""
+    monkeypatch.setattr(te, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]  # one or two relevant items
+    methods = ["nnn:k=5", "dis:k_activation=3", "dualdis:k_activation=2", "gc"]
+    kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
+    want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    with use_device("cpu"):
+        got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    for w, o in zip(want.results, got.results):
+        assert o.method == w.method
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
+def test_evaluate_ranks_ties_by_index_on_the_device():
+    rng = np.random.default_rng(5)
+    base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)
+    gallery = np.concatenate([base, base])  # every item twice: exact ties
+    queries = rng.integers(-2, 3, size=(40, 6)).astype(np.float32) + 0.5
+    truth = rng.integers(0, 60, size=40)
+    kwargs = dict(bootstrap=0, progress=False)  # normalised duplicates stay exact duplicates
+    want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
+    with use_device("cpu"):
+        got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
+    np.testing.assert_array_equal(got.results[0].per_query["R@1"], want.results[0].per_query["R@1"])
+    assert got.results[0].metrics == want.results[0].metrics
+
+
+def test_tune_on_the_device_chooses_what_numpy_chooses(data):
+    g, qb = data["gallery"], data["query_bank"]
+    q = g[:80] + 0.9 * data["queries"]  # near their truth: R@1 well above 0
+    truth = np.arange(len(q))
+    grids = {"nnn": {"alpha": (0.25, 0.75), "k": (3, 8)}, "is": {"beta": (5.0, 20.0)}}
+    want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
+    with use_device("cpu"):
+        got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
+    assert repr(got) == repr(want)

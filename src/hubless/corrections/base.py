@@ -477,7 +477,7 @@ class Correction:
             out[start : start + rows] = self.method_scores(batch.rows(start, start + rows), out[start : start + rows])
         return out
 
-    def _additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
+    def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
         """``(W, bias_columns_)`` when this batch's ranking is exactly ``s - W . bias_columns_``
         (the torch engine then ranks on the device), else None."""
         return None
@@ -505,7 +505,7 @@ class Correction:
         top_k = check_top_k(top_k, self.n_gallery_)
         with use_device(device):
             self.query_statistics(batch, progress=progress)
-            additive = self._additive_ranking(batch) if torch_device() is not None else None  # ranked on the device
+            additive = self.additive_ranking(batch) if torch_device() is not None else None  # ranked on the device
             ranking, ids = exact_search(
                 batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), additive=additive, progress=progress
             )
@@ -547,7 +547,7 @@ class AdditiveCorrection(Correction):
         w = np.asarray(w, dtype=np.float32).reshape(-1, 1)
         return np.broadcast_to(w, (len(batch), self.bias_columns_.shape[1]))
 
-    def _additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
+    def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
         if not self.exactly_additive:
             return None
         return np.ascontiguousarray(self.weights(batch), dtype=np.float32), self.bias_columns_

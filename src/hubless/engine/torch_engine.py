@@ -31,6 +31,7 @@ import collections
 import contextlib
 import contextvars
 import threading
+import time
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -426,3 +427,100 @@ def exact_search(
 
     values, ids = _topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform)
     return _host(values), _host(ids)
+
+
+#: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
+#: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
+HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
+
+
+def rank_queries(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    rankers: Sequence[tuple[np.ndarray, np.ndarray] | HostRanker],
+    truth_rows: np.ndarray,
+    truth_indptr: np.ndarray,
+    truth_indices: np.ndarray,
+    *,
+    ties: str,
+    depth: int,
+    device: str,
+    dtype: str,
+) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+    """Rank ``queries`` over ``gallery`` for several rankings in one pass on the device: per
+    ranking, the 1-based rank of every relevant item (``truth_indices``, CSR by query) with the
+    tie convention of :func:`hubless.metrics.relevant_ranks`, the top ``depth`` ids (ties: the
+    lower id) and the seconds it would take alone.
+
+    A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
+    on the device, or a host function (a non-additive correction) given each block of raw
+    similarities. Each block of query rows spans the whole gallery (one product shared by every
+    ranking); only the ranks and top ids come back.
+    """
+    torch = _torch()
+    dev = torch.device(device)
+    n, m = queries.shape[0], gallery.shape[0]
+    most = int(np.diff(truth_indptr).max()) if n else 1
+    one_each = truth_indices.size == n  # one relevant item per query: rows are the queries
+    budget = BLOCK_ELEMENTS["cuda" if device.startswith("cuda") else "other"]
+    rb = BLOCK_SHAPE[0] if BLOCK_SHAPE is not None else max(1, min(n, budget // max(1, m * max(1, most))))
+    G = _put(gallery, device, dtype, keep=True)
+    Q = torch.from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
+    rows_t, cols_t = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
+    prepared: list[Any] = []
+    for ranker in rankers:
+        if callable(ranker):
+            prepared.append(ranker)
+        else:
+            w, bias = ranker
+            prepared.append((torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), _put(bias, device, "float32", keep=True)))
+    rank_type = torch.float64 if ties == "average" else torch.int64
+    ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
+    tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
+    seconds = [0.0] * len(rankers)
+    positions = torch.arange(m, device=dev)
+
+    def clock() -> float:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(dev)
+        return time.perf_counter()
+
+    with torch.no_grad(), tf32_products(device):
+        for start in range(0, n, rb):
+            stop = min(n, start + rb)
+            t0 = clock()
+            sims = Q[start:stop] @ G.T
+            if sims.dtype != torch.float32:
+                sims = sims.float()
+            shared = clock() - t0
+            lo, hi = int(truth_indptr[start]), int(truth_indptr[stop])
+            r, c = rows_t[lo:hi] - start, cols_t[lo:hi]
+            host = None
+            for i, ranker in enumerate(prepared):
+                t0 = clock()
+                if callable(ranker):
+                    host = _host(sims) if host is None else host
+                    scores = torch.from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
+                else:
+                    w, bias = ranker[0][start:stop], ranker[1]
+                    scores = sims - w[:, :1] * bias[:, 0] if bias.shape[1] == 1 else sims - w @ bias.T
+                block = scores if one_each else scores.index_select(0, r)
+                target = block.gather(1, c[:, None])
+                above = (block > target).sum(dim=1)
+                if ties == "optimistic":
+                    ranks[i][lo:hi] = above + 1
+                else:
+                    equal = (block == target).sum(dim=1)
+                    if ties == "average":
+                        ranks[i][lo:hi] = above + 1 + (equal - 1) / 2.0
+                    else:  # "index": among equal scores, the lower gallery index first
+                        tied = (equal > 1).nonzero().squeeze(1)
+                        if tied.numel():
+                            before = (block[tied] == target[tied]) & (positions[None, :] < c[tied, None])
+                            equal[tied] = before.sum(dim=1) + 1
+                        ranks[i][lo:hi] = above + equal
+                top = tops[i]
+                if top is not None:
+                    top[start:stop] = _ordered_topk(scores, depth)[1]
+                seconds[i] += shared + clock() - t0
+    return [(_host(ranks[i]), None if tops[i] is None else _host(tops[i]), seconds[i]) for i in range(len(rankers))]
