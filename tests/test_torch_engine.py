@@ -282,6 +282,5 @@ def test_tune_on_the_device_chooses_what_numpy_chooses(data):
     truth = np.arange(len(q))
     grids = {"nnn": {"alpha": (0.25, 0.75), "k": (3, 8)}, "is": {"beta": (5.0, 20.0)}}
     want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
-    with use_device("cpu"):
-        got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
+    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device="cpu")
     assert repr(got) == repr(want)
