@@ -93,9 +93,12 @@ def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
 
 
-def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape):
+@pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
+def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape, streamed, monkeypatch):
     """The whole request at once (several betas on both banks, top-k, activation sets, probes
-    and the nearest gallery item of every bank item) in one device pass per bank."""
+    and the nearest gallery item of every bank item) in one device pass per bank; also with
+    the banks streamed from host memory block by block (a bank larger than the device)."""
+    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     request = StatisticsRequest(
         query_topk=7,
@@ -140,7 +143,9 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
 
 
 @pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dualdis:k_activation=2"])
-def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape):
+@pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
+def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
+    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     with use_device("cpu"):
         whole = make_correction(spec).fit(g, qb, gb)

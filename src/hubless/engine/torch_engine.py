@@ -20,7 +20,10 @@ The reductions are the numpy engine's, with the same semantics:
 * sorted probe rows (GC), the nearest row of every column (bank coverage), the means (DN).
 
 Blocks are :data:`BLOCK_ELEMENTS` similarities at most (512 MiB of float32 on a GPU), as wide as
-the column side allows. Products in float16 / bfloat16 (``dtype=``) are reduced in float32.
+the column side allows. A bank larger than half the CUDA device's free memory
+(:data:`STREAM_BANKS`) is not uploaded whole: its blocks are copied in one after another through
+pinned staging buffers, each copy on a side stream overlapping the work on the previous block
+(:class:`_Streamed`), so one GPU handles a bank of any size (the gallery must fit). Products in float16 / bfloat16 (``dtype=``) are reduced in float32.
 TF32 products stay off unless asked for (:func:`hubless.engine.device.use_device` ``tf32=True``
 or ``HUBLESS_TF32=1``; CUDA only).
 """
@@ -61,6 +64,11 @@ MAX_COL_BLOCK = 2**18
 BLOCK_SHAPE: tuple[int, int] | None = None
 #: Arrays kept on the device between calls (the galleries and biases of fitted corrections).
 KEPT_ARRAYS = 4
+#: Stream the bank from host memory instead of uploading it whole: None decides by the CUDA
+#: device's free memory (a bank above :data:`STREAM_FRACTION` of it is streamed; other devices
+#: never stream), True / False force it (the tests stream on CPU torch).
+STREAM_BANKS: bool | None = None
+STREAM_FRACTION = 0.5
 
 _SCOPE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hubless_resident", default=None)
 _KEPT: collections.OrderedDict[tuple, tuple[Any, Any]] = collections.OrderedDict()
@@ -138,10 +146,76 @@ def _host(tensor) -> np.ndarray:
 def mean(array: np.ndarray, device: str, dtype: str) -> np.ndarray:
     """The float64 mean of the rows, on the device (the uploaded float32 copy) or, for half
     precision products, on the host (the half copy would lose digits)."""
-    if dtype != "float32" or not len(array):
+    if dtype != "float32" or not len(array) or streams(array, device, dtype):
         return array.mean(axis=0, dtype=np.float64) if len(array) else np.zeros(array.shape[1])
     torch = _torch()
     return _host(_put(array, device, dtype).mean(dim=0, dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------- banks larger than the device
+def streams(array: np.ndarray, device: str, dtype: str) -> bool:
+    """Whether ``array`` (a bank) is streamed from host memory rather than uploaded whole: see
+    :data:`STREAM_BANKS`."""
+    if STREAM_BANKS is not None:
+        return STREAM_BANKS
+    if not device.startswith("cuda"):
+        return False
+    torch = _torch()
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return array.nbytes * getattr(torch, dtype).itemsize / 4 > STREAM_FRACTION * free
+
+
+class _Streamed:
+    """Blocks of rows of a host array copied to the device one after another: each block goes
+    through one of two staging buffers (pinned host memory on CUDA), and on CUDA its copy runs
+    on a side stream while the device computes on the previous block (events order the reuse of
+    each buffer). Memory on the device: two blocks, whatever the array's size."""
+
+    def __init__(self, array: np.ndarray, device: str, dtype: str, block: int) -> None:
+        torch = _torch()
+        self.array, self.kind, self.block = array, getattr(torch, dtype), max(1, min(block, len(array)))
+        self.cuda = device.startswith("cuda")
+        shape = (self.block, array.shape[1])
+        self.host = [torch.empty(shape, dtype=torch.float32, pin_memory=self.cuda) for _ in range(2)]
+        self.dev = [torch.empty(shape, dtype=torch.float32, device=device) for _ in range(2)]
+        if self.cuda:
+            self.stream = torch.cuda.Stream(torch.device(device))
+            self.copied = [torch.cuda.Event() for _ in range(2)]
+            self.used = [torch.cuda.Event() for _ in range(2)]
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def _issue(self, i: int, c0: int, c1: int) -> None:
+        torch = _torch()
+        slot, width = i % 2, c1 - c0
+        if self.cuda:
+            self.copied[slot].synchronize()  # the last copy out of this staging buffer is done
+        self.host[slot][:width].copy_(torch.from_numpy(np.ascontiguousarray(self.array[c0:c1], dtype=np.float32)))
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                self.stream.wait_event(self.used[slot])  # the device is done with this buffer
+                self.dev[slot][:width].copy_(self.host[slot][:width], non_blocking=True)
+                self.copied[slot].record(self.stream)
+        else:
+            self.dev[slot][:width].copy_(self.host[slot][:width])
+
+    def blocks(self) -> Iterator[tuple[int, int, Any]]:
+        """(start, stop, the rows start:stop on the device), the next block's copy in flight."""
+        torch = _torch()
+        bounds = [(c0, min(len(self.array), c0 + self.block)) for c0 in range(0, len(self.array), self.block)]
+        if bounds:
+            self._issue(0, *bounds[0])
+        for i, (c0, c1) in enumerate(bounds):
+            if i + 1 < len(bounds):
+                self._issue(i + 1, *bounds[i + 1])
+            slot = i % 2
+            if self.cuda:
+                torch.cuda.current_stream().wait_event(self.copied[slot])
+            on_device = self.dev[slot][: c1 - c0]
+            yield c0, c1, on_device if self.kind == torch.float32 else on_device.to(self.kind)
+            if self.cuda:
+                self.used[slot].record(torch.cuda.current_stream())
 
 
 # ---------------------------------------------------------------------- blocks
@@ -166,10 +240,31 @@ class _State:
 
 def _stream(rows, cols, makers: Sequence[Callable[[int, int], _State]], device: str, transform=None) -> None:
     """Feed every block of ``rows @ cols.T`` (device tensors) to new states of ``makers`` per
-    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first."""
+    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first.
+
+    ``cols`` may be a :class:`_Streamed` host array (a bank larger than the device): then each
+    column block is copied in once and meets every row block (the states of all row blocks
+    live through the pass: they are n x small)."""
     torch = _torch()
-    n, m = rows.shape[0], cols.shape[0]
+    n, m = rows.shape[0], len(cols)
     rb, cb = block_shape(n, m, device)
+    if isinstance(cols, _Streamed):
+        with torch.no_grad(), tf32_products(device):
+            row_bounds = [(r0, min(n, r0 + rb)) for r0 in range(0, n, rb)]
+            per_row_block = [[make(r0, r1) for make in makers] for r0, r1 in row_bounds]
+            for c0, c1, column_block in cols.blocks():
+                for (r0, r1), row_states in zip(row_bounds, per_row_block):
+                    block = rows[r0:r1] @ column_block.T
+                    if block.dtype != torch.float32:
+                        block = block.float()
+                    if transform is not None:
+                        transform(block, r0, r1, c0, c1)
+                    for row_state in row_states:
+                        row_state.update(block, c0)
+            for row_states in per_row_block:
+                for row_state in row_states:
+                    row_state.finish()
+        return
     with torch.no_grad(), tf32_products(device):
         for r0 in range(0, n, rb):
             r1 = min(n, r0 + rb)
@@ -336,7 +431,8 @@ def row_statistics(
     torch = _torch()
     n, m = gallery.shape[0], bank.shape[0]
     dev = torch.device(device)
-    rows, cols = _put(gallery, device, dtype), _put(bank, device, dtype)
+    rows = _put(gallery, device, dtype)
+    cols = _Streamed(bank, device, dtype, block_shape(n, m, device)[1]) if m and streams(bank, device, dtype) else _put(bank, device, dtype)
     makers: list[Callable[[int, int], _State]] = []
     topk = lse = probe_rows = None
     if k:
@@ -380,8 +476,18 @@ def nearest_gallery_items(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) of the ``k`` gallery items nearest to each bank item, on the device (as
     :func:`hubless.engine.statistics.nearest_gallery_items`)."""
-    scores, ids = _topk_with_ids(_put(bank, device, dtype), _put(gallery, device, dtype), k, device, initial=initial, offset=id_offset)
-    return _host(scores), _host(ids)
+    columns = _put(gallery, device, dtype)
+    if not streams(bank, device, dtype):
+        scores, ids = _topk_with_ids(_put(bank, device, dtype), columns, k, device, initial=initial, offset=id_offset)
+        return _host(scores), _host(ids)
+    # a bank larger than the device: its row blocks stream in, their results go out block by block
+    scores_out, ids_out = np.empty((len(bank), k), np.float32), np.empty((len(bank), k), np.int64)
+    rows = block_shape(len(bank), len(gallery), device)[0]
+    for r0, r1, block_rows in _Streamed(bank, device, dtype, rows).blocks():
+        part = None if initial is None else (initial[0][r0:r1], initial[1][r0:r1])
+        scores, ids = _topk_with_ids(block_rows, columns, k, device, initial=part, offset=id_offset)
+        scores_out[r0:r1], ids_out[r0:r1] = _host(scores), _host(ids)
+    return scores_out, ids_out
 
 
 def _topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int = 0, transform=None):
