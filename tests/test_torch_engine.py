@@ -289,3 +289,27 @@ def test_tune_on_the_device_chooses_what_numpy_chooses(data):
     want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
     got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device="cpu")
     assert repr(got) == repr(want)
+
+
+def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(data, monkeypatch):
+    """device="cpu,cpu" (as "cuda:0,cuda:1"): each device takes a share of the rows (gallery
+    rows for the statistics, bank rows for the activation sets, queries for search and
+    evaluate); the merged results equal the numpy engine's."""
+    monkeypatch.setattr(te, "BLOCK_SHAPE", (37, 101))
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    assert resolve(["cpu", "cpu"]) == ("cpu,cpu", "float32")
+    request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), query_activation_k=3, query_probes=True, query_nearest=True)
+    want = compute_statistics(g, qb, gb, request)
+    with use_device("cpu,cpu"):
+        got = compute_statistics(g, qb, gb, request)
+    np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
+    np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
+    for name in ("query_activation", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
+    for spec in ("dis:k_activation=3", "gc"):
+        fitted = make_correction(spec).fit(g, qb, gb)
+        np.testing.assert_array_equal(fitted.search(q, 10, device="cpu,cpu")[1], fitted.search(q, 10)[1])
+    truth = np.arange(len(q))
+    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", "cpu,cpu")]
+    assert [r.metrics for r in ev[1].results] == [r.metrics for r in ev[0].results]

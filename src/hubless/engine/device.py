@@ -6,7 +6,8 @@ or torch on a device.
     with hubless.engine.use_device("cuda", dtype="bfloat16"): ...
 
 The default (``device=None`` and no ``HUBLESS_DEVICE``, or ``"numpy"``) never imports torch. A
-torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``) runs the bank statistics (every
+torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; several as ``"cuda:0,cuda:1"``, which
+split the rows between them) runs the bank statistics (every
 :func:`hubless.engine.compute_statistics` pass) and exact searches (raw, or ranked by an
 additive correction's bias) in the device-resident engine, :mod:`hubless.engine.torch_engine`:
 each block's product and its reduction run on the device and only per-row results come back.
@@ -62,6 +63,8 @@ def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, s
     """(device, dtype) in effect: the arguments, else :func:`use_device`'s, else
     ``HUBLESS_DEVICE`` / ``HUBLESS_DTYPE``, else ("numpy", "float32"). Checks both."""
     ctx_device, ctx_dtype = _CURRENT.get()
+    if isinstance(device, (list, tuple)):  # several devices: "cuda:0,cuda:1"
+        device = ",".join(device)
     device = device or ctx_device or os.environ.get("HUBLESS_DEVICE") or "numpy"
     dtype = dtype or ctx_dtype or os.environ.get("HUBLESS_DTYPE") or "float32"
     if dtype not in DTYPES:
@@ -73,7 +76,8 @@ def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, s
     from hubless._torch import resolve_device
 
     optional_import("torch", f"the torch engine (device={device!r})", "models")
-    return resolve_device(device), dtype
+    # several devices ("cuda:0,cuda:1"): the torch engine splits its rows between them
+    return ",".join(resolve_device(part.strip()) for part in str(device).split(",")), dtype
 
 
 def torch_device(device: str | None = None, dtype: str | None = None) -> tuple[str, str] | None:
@@ -118,6 +122,7 @@ def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None
 
         return numpy_product
     torch = optional_import("torch", f"the torch engine (device={device!r})", "models")
+    device = device.split(",")[0]  # this path uses one device (the first of several)
     kind = getattr(torch, dtype)
     on_device = torch.from_numpy(cols).to(device=device, dtype=kind)
 

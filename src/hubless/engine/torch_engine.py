@@ -146,6 +146,7 @@ def _host(tensor) -> np.ndarray:
 def mean(array: np.ndarray, device: str, dtype: str) -> np.ndarray:
     """The float64 mean of the rows, on the device (the uploaded float32 copy) or, for half
     precision products, on the host (the half copy would lose digits)."""
+    device = device.split(",")[0]
     if dtype != "float32" or not len(array) or streams(array, device, dtype):
         return array.mean(axis=0, dtype=np.float64) if len(array) else np.zeros(array.shape[1])
     torch = _torch()
@@ -412,6 +413,27 @@ class _ColumnNearest(_State):
         pass
 
 
+# ---------------------------------------------------------------------- several devices
+def _parts(device: str, n: int) -> list[tuple[str, int, int]] | None:
+    """(device, start, stop) of each device's contiguous share of ``n`` rows when ``device``
+    names several ("cuda:0,cuda:1"), else None."""
+    devices = device.split(",")
+    if len(devices) == 1:
+        return None
+    bounds = np.linspace(0, n, len(devices) + 1).astype(np.int64)
+    return [(d, int(a), int(b)) for d, a, b in zip(devices, bounds[:-1], bounds[1:])]
+
+
+def _on_parts(parts: list[tuple[str, int, int]], work: Callable[[str, int, int], Any]) -> list[Any]:
+    """``work(device, start, stop)`` for every part, each device in its own thread (with this
+    thread's context: the TF32 setting, the uploads of a :func:`resident` block)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(parts)) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, work, d, a, b) for d, a, b in parts]
+        return [f.result() for f in futures]
+
+
 # ---------------------------------------------------------------------- passes
 def row_statistics(
     gallery: np.ndarray,
@@ -427,7 +449,31 @@ def row_statistics(
 ) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
     """What :func:`hubless.engine.statistics.row_statistics` computes, on the device: (top-k
     values, {beta: log-sum-exp}, sorted probes, (scores, ids) of each bank item's nearest gallery
-    item)."""
+    item). Several devices split the gallery rows (the nearest rows are merged: ties to the
+    lower row)."""
+    parts = _parts(device, gallery.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            initial = None if initial_topk is None else initial_topk[a:b]
+            return row_statistics(
+                gallery[a:b], bank, k=k, betas=betas, probes=probes, nearest=nearest, initial_topk=initial, device=dev, dtype=dtype
+            )
+
+        results = _on_parts(parts, part)
+        near = None
+        if nearest:
+            values, ids = np.full(len(bank), -np.inf, np.float32), np.full(len(bank), np.iinfo(np.int64).max, np.int64)
+            for (_, a, _), result in zip(parts, results):
+                better = result[3][0] > values  # parts in row order: a tie keeps the lower row
+                values[better], ids[better] = result[3][0][better], result[3][1][better] + a
+            near = (values, ids)
+        return (
+            None if not k else np.concatenate([r[0] for r in results]),
+            {b: np.concatenate([r[1][b] for r in results]) for b in betas},
+            None if not probes else np.concatenate([r[2] for r in results]),
+            near,
+        )
     torch = _torch()
     n, m = gallery.shape[0], bank.shape[0]
     dev = torch.device(device)
@@ -475,7 +521,16 @@ def nearest_gallery_items(
     dtype: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) of the ``k`` gallery items nearest to each bank item, on the device (as
-    :func:`hubless.engine.statistics.nearest_gallery_items`)."""
+    :func:`hubless.engine.statistics.nearest_gallery_items`). Several devices split the bank rows."""
+    parts = _parts(device, bank.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            first = None if initial is None else (initial[0][a:b], initial[1][a:b])
+            return nearest_gallery_items(bank[a:b], gallery, k, initial=first, id_offset=id_offset, device=dev, dtype=dtype)
+
+        results = _on_parts(parts, part)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
     columns = _put(gallery, device, dtype)
     if not streams(bank, device, dtype):
         scores, ids = _topk_with_ids(_put(bank, device, dtype), columns, k, device, initial=initial, offset=id_offset)
@@ -484,8 +539,8 @@ def nearest_gallery_items(
     scores_out, ids_out = np.empty((len(bank), k), np.float32), np.empty((len(bank), k), np.int64)
     rows = block_shape(len(bank), len(gallery), device)[0]
     for r0, r1, block_rows in _Streamed(bank, device, dtype, rows).blocks():
-        part = None if initial is None else (initial[0][r0:r1], initial[1][r0:r1])
-        scores, ids = _topk_with_ids(block_rows, columns, k, device, initial=part, offset=id_offset)
+        earlier = None if initial is None else (initial[0][r0:r1], initial[1][r0:r1])
+        scores, ids = _topk_with_ids(block_rows, columns, k, device, initial=earlier, offset=id_offset)
         scores_out[r0:r1], ids_out[r0:r1] = _host(scores), _host(ids)
     return scores_out, ids_out
 
@@ -513,7 +568,16 @@ def exact_search(
     """Top ``top_k`` gallery items of each query on the device, by ``q . r`` or, with
     ``additive = (W, bias_columns)``, by the corrected ``q . r - W(q) . bias_columns(r)``
     (ties: the lower id). The gallery and its biases stay on the device between calls; only
-    the queries, W and the (scores, ids) move."""
+    the queries, W and the (scores, ids) move. Several devices split the queries."""
+    parts = _parts(device, queries.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            share = None if additive is None else (additive[0][a:b], additive[1])
+            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype)
+
+        results = _on_parts(parts, part)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
     torch = _torch()
     dev = torch.device(device)
     gallery_t = _put(gallery, device, dtype, keep=True)
@@ -561,8 +625,30 @@ def rank_queries(
     A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
     on the device, or a host function (a non-additive correction) given each block of raw
     similarities. Each block of query rows spans the whole gallery (one product shared by every
-    ranking); only the ranks and top ids come back.
+    ranking); only the ranks and top ids come back. Several devices split the queries.
     """
+    parts = _parts(device, queries.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
+            shares = [
+                (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r) else (r[0][a:b], r[1]) for r in rankers
+            ]  # fmt: skip
+            return rank_queries(
+                queries[a:b], gallery, shares, truth_rows[lo:hi] - a, truth_indptr[a : b + 1] - lo, truth_indices[lo:hi],
+                ties=ties, depth=depth, device=dev, dtype=dtype,
+            )  # fmt: skip
+
+        results = _on_parts(parts, part)
+        return [
+            (
+                np.concatenate([r[i][0] for r in results]),
+                None if not depth else np.concatenate([r[i][1] for r in results]),
+                sum(r[i][2] for r in results),
+            )
+            for i in range(len(rankers))
+        ]
     torch = _torch()
     dev = torch.device(device)
     n, m = queries.shape[0], gallery.shape[0]
