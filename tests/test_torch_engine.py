@@ -313,3 +313,31 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     truth = np.arange(len(q))
     ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", "cpu,cpu")]
     assert [r.metrics for r in ev[1].results] == [r.metrics for r in ev[0].results]
+
+
+@pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dis:k_activation=3", "dualdis:k_activation=2", "gc"])
+def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkeypatch):
+    """fit_scores (score matrices, not embeddings) with a torch device: each block of bank rows
+    is read and checked on the host, reduced on the device (rows cut by a small block budget)."""
+    from hubless.engine import score_statistics
+
+    monkeypatch.setattr(score_statistics, "SCORE_BLOCK_ELEMENTS", 300 * 97)  # 97 bank rows a block
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    sb, sg = qb @ g.T, gb @ g.T
+    want = make_correction(spec).fit_scores(sb, sg)
+    with use_device("cpu"):
+        got = make_correction(spec).fit_scores(sb, sg)
+    ws, gs = want.statistics_, got.statistics_
+    for name in ("query_topk", "query_probes"):
+        if getattr(ws, name) is not None:
+            np.testing.assert_allclose(getattr(gs, name), getattr(ws, name), atol=1e-7)
+    for side in ("query_lse", "gallery_lse"):
+        for beta, values in getattr(ws, side).items():
+            np.testing.assert_allclose(getattr(gs, side)[beta], values, rtol=1e-7)
+    for name in ("query_activation", "gallery_activation"):
+        if getattr(ws, name) is not None:
+            np.testing.assert_array_equal(getattr(gs, name), getattr(ws, name))
+    scores = q @ g.T
+    np.testing.assert_array_equal(
+        np.argsort(-got.correct(scores), axis=1, kind="stable"), np.argsort(-want.correct(scores), axis=1, kind="stable")
+    )

@@ -716,3 +716,57 @@ def rank_queries(
                     top[start:stop] = _ordered_topk(scores, depth)[1]
                 seconds[i] += shared + clock() - t0
     return [(_host(ranks[i]), None if tops[i] is None else _host(tops[i]), seconds[i]) for i in range(len(rankers))]
+
+
+def score_bank_pass(
+    blocks: Iterator[tuple[int, np.ndarray]],
+    n_rows: int,
+    n_cols: int,
+    *,
+    k: int,
+    betas: list[float],
+    probes_out: np.ndarray | None,
+    activation_k: int,
+    device: str,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The score-matrix pass of :func:`hubless.engine.score_statistics.score_statistics` on the
+    device: ``blocks`` yields (start, checked float32 rows) of one bank's (n_rows, n_cols) score
+    matrix; each block is uploaded once, its columns (gallery items) fed to the column reducers
+    (top-k, log-sum-exp, probes) and its rows give their top-``activation_k`` items (ties: the
+    lower id); ``probes_out`` (n_cols, n_rows) receives the sorted probes when given. Returns
+    (top-k values, log-sum-exp (n_cols, len(betas)), activation scores, activation ids), host
+    arrays or None. Several devices: the first is used."""
+    torch = _torch()
+    device = device.split(",")[0]
+    dev = torch.device(device)
+    topk = torch.empty((n_cols, k), dtype=torch.float32, device=dev) if k else None
+    lse = torch.empty((n_cols, len(betas)), dtype=torch.float64, device=dev) if betas else None
+    probe_rows = probes_out
+    states: list[_State] = []
+    if topk is not None:
+        states.append(_TopKValues(topk, 0, n_cols, k))
+    if lse is not None:
+        states.append(_LogSumExp(lse, 0, n_cols, betas, lse_terms(betas, base2=False), torch_namespace()))
+    if probe_rows is not None:
+        states.append(_SortedRows(probe_rows, 0, n_cols, n_rows, dev))
+    act_k = min(activation_k, n_cols)
+    act_scores = np.empty((n_rows, act_k), np.float32) if act_k else None
+    act_ids = np.empty((n_rows, act_k), np.int64) if act_k else None
+    with torch.no_grad():
+        for start, rows in blocks:
+            block = torch.from_numpy(rows).to(dev)
+            if act_scores is not None and act_ids is not None:
+                values, ids = _ordered_topk(block, act_k)
+                act_scores[start : start + len(rows)], act_ids[start : start + len(rows)] = _host(values), _host(ids)
+            if states:
+                columns = block.T.contiguous()  # gallery items x bank rows, as the reducers expect
+                for state in states:
+                    state.update(columns, start)
+        for state in states:
+            state.finish()
+    return (
+        None if topk is None else _host(topk),
+        None if lse is None else _host(lse),
+        act_scores,
+        act_ids,
+    )
