@@ -341,3 +341,17 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
     np.testing.assert_array_equal(
         np.argsort(-got.correct(scores), axis=1, kind="stable"), np.argsort(-want.correct(scores), axis=1, kind="stable")
     )
+
+
+def test_read_only_arrays_go_to_the_device_without_a_warning(data):
+    """Memory maps and a loaded index's arrays are read-only: torch's warning about them would
+    reach users (the engine never writes into those tensors)."""
+    import warnings
+
+    g, qb, q = (data[name].copy() for name in ("gallery", "query_bank", "queries"))
+    for array in (g, qb, q):
+        array.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        corr = hubless.NNN(k=5).fit(g, qb, device="cpu")
+        corr.search(q, 5, device="cpu")

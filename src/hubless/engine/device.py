@@ -124,11 +124,13 @@ def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None
     torch = optional_import("torch", f"the torch engine (device={device!r})", "models")
     device = device.split(",")[0]  # this path uses one device (the first of several)
     kind = getattr(torch, dtype)
-    on_device = torch.from_numpy(cols).to(device=device, dtype=kind)
+    from hubless.engine.torch_engine import from_numpy  # quiet on read-only arrays
+
+    on_device = from_numpy(cols).to(device=device, dtype=kind)
 
     def torch_product(rows, c0, c1, out):
         with torch.no_grad(), tf32_products(device):
-            block = torch.from_numpy(rows).to(device=device, dtype=kind) @ on_device[c0:c1].T
+            block = from_numpy(rows).to(device=device, dtype=kind) @ on_device[c0:c1].T
             out[...] = block.to(dtype=torch.float32).cpu().numpy()
 
     return torch_product

@@ -36,6 +36,7 @@ import contextvars
 import threading
 import time
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -49,6 +50,7 @@ from hubless.errors import optional_import
 __all__ = [
     "BLOCK_ELEMENTS",
     "exact_search",
+    "from_numpy",
     "mean",
     "nearest_gallery_items",
     "resident",
@@ -77,6 +79,17 @@ _KEPT_LOCK = threading.RLock()  # reentrant: a finalizer may run inside (a garba
 
 def _torch():
     return optional_import("torch", "the torch engine (a torch device)", "models")
+
+
+def from_numpy(array: np.ndarray):
+    """``torch.from_numpy`` without torch's warning about read-only arrays (memory maps, the
+    arrays of a loaded index): the engine never writes into the tensors it makes from them."""
+    torch = _torch()
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def torch_namespace() -> types.SimpleNamespace:
@@ -119,7 +132,7 @@ def _put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
     for cache in (scope, _KEPT if keep else None):
         if cache is not None and key in cache and cache[key][0]() is array:
             return cache[key][1]
-    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=getattr(torch, dtype))
+    tensor = from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=getattr(torch, dtype))
     ref = weakref.ref(array)
     if scope is not None:
         scope[key] = (ref, tensor)
@@ -192,7 +205,7 @@ class _Streamed:
         slot, width = i % 2, c1 - c0
         if self.cuda:
             self.copied[slot].synchronize()  # the last copy out of this staging buffer is done
-        self.host[slot][:width].copy_(torch.from_numpy(np.ascontiguousarray(self.array[c0:c1], dtype=np.float32)))
+        self.host[slot][:width].copy_(from_numpy(np.ascontiguousarray(self.array[c0:c1], dtype=np.float32)))
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 self.stream.wait_event(self.used[slot])  # the device is done with this buffer
@@ -483,7 +496,7 @@ def row_statistics(
     topk = lse = probe_rows = None
     if k:
         topk = torch.empty((n, k), dtype=torch.float32, device=dev)
-        initial = None if initial_topk is None else torch.from_numpy(np.ascontiguousarray(initial_topk, dtype=np.float32)).to(dev)
+        initial = None if initial_topk is None else from_numpy(np.ascontiguousarray(initial_topk, dtype=np.float32)).to(dev)
         makers.append(lambda r0, r1: _TopKValues(topk, r0, r1, k, initial))
     if betas:
         lse = torch.empty((n, len(betas)), dtype=torch.float64, device=dev)
@@ -551,7 +564,7 @@ def _topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int
     values = torch.empty((n, k), dtype=torch.float32, device=rows.device)
     ids = torch.empty((n, k), dtype=torch.int64, device=rows.device)
     if initial is not None:
-        initial = tuple(torch.from_numpy(np.ascontiguousarray(a)).to(rows.device) for a in initial)
+        initial = tuple(from_numpy(np.ascontiguousarray(a)).to(rows.device) for a in initial)
     _stream(rows, cols, [lambda r0, r1: _TopKIds(values, ids, r0, r1, k, offset, initial)], device, transform=transform)
     return values, ids
 
@@ -581,11 +594,11 @@ def exact_search(
     torch = _torch()
     dev = torch.device(device)
     gallery_t = _put(gallery, device, dtype, keep=True)
-    queries_t = torch.from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
+    queries_t = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
     transform = None
     if additive is not None:
         weights, columns = additive
-        w = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
+        w = from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
         bias = _put(columns, device, "float32", keep=True)
 
         def transform(block, r0, r1, c0, c1):
@@ -657,15 +670,15 @@ def rank_queries(
     budget = BLOCK_ELEMENTS["cuda" if device.startswith("cuda") else "other"]
     rb = BLOCK_SHAPE[0] if BLOCK_SHAPE is not None else max(1, min(n, budget // max(1, m * max(1, most))))
     G = _put(gallery, device, dtype, keep=True)
-    Q = torch.from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
-    rows_t, cols_t = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
+    Q = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
+    rows_t, cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
     prepared: list[Any] = []
     for ranker in rankers:
         if callable(ranker):
             prepared.append(ranker)
         else:
             w, bias = ranker
-            prepared.append((torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), _put(bias, device, "float32", keep=True)))
+            prepared.append((from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), _put(bias, device, "float32", keep=True)))
     rank_type = torch.float64 if ties == "average" else torch.int64
     ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
     tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
@@ -692,7 +705,7 @@ def rank_queries(
                 t0 = clock()
                 if callable(ranker):
                     host = _host(sims) if host is None else host
-                    scores = torch.from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
+                    scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
                 else:
                     w, bias = ranker[0][start:stop], ranker[1]
                     scores = sims - w[:, :1] * bias[:, 0] if bias.shape[1] == 1 else sims - w @ bias.T
@@ -754,7 +767,7 @@ def score_bank_pass(
     act_ids = np.empty((n_rows, act_k), np.int64) if act_k else None
     with torch.no_grad():
         for start, rows in blocks:
-            block = torch.from_numpy(rows).to(dev)
+            block = from_numpy(rows).to(dev)
             if act_scores is not None and act_ids is not None:
                 values, ids = _ordered_topk(block, act_k)
                 act_scores[start : start + len(rows)], act_ids[start : start + len(rows)] = _host(values), _host(ids)
