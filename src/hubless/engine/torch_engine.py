@@ -77,8 +77,13 @@ _KEPT: collections.OrderedDict[tuple, tuple[Any, Any]] = collections.OrderedDict
 _KEPT_LOCK = threading.RLock()  # reentrant: a finalizer may run inside (a garbage collection)
 
 
+_TORCH: list[Any] = []  # the torch module, once imported
+
+
 def _torch():
-    return optional_import("torch", "the torch engine (a torch device)", "models")
+    if not _TORCH:
+        _TORCH.append(optional_import("torch", "the torch engine (a torch device)", "models"))
+    return _TORCH[0]
 
 
 def from_numpy(array: np.ndarray):
@@ -323,8 +328,10 @@ def _ordered_topk(block, k: int):
     descending then id ascending: ties go to the lower id, also at the k-th place (rows whose
     k-th value is tied beyond the k-th place are taken from a stable sort)."""
     torch = _torch()
-    values, ids = torch.topk(block, k, dim=1)
-    tied = (block >= values[:, -1:]).sum(dim=1) > k
+    # the (k+1)-th largest equals the k-th exactly when a tie straddles the k-th place
+    values, ids = torch.topk(block, min(k + 1, block.shape[1]), dim=1)
+    tied = values[:, k] == values[:, k - 1] if values.shape[1] > k else torch.zeros(len(block), dtype=torch.bool, device=block.device)
+    values, ids = values[:, :k], ids[:, :k]
     if bool(tied.any()):
         rows = tied.nonzero().squeeze(1)
         sorted_values, sorted_ids = torch.sort(block[rows], dim=1, descending=True, stable=True)
