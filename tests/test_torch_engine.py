@@ -220,6 +220,16 @@ def test_tf32_is_off_unless_asked_for(monkeypatch):
     assert tf32_enabled()
     with use_device("cpu", tf32=False):
         assert not tf32_enabled()
+    # on CUDA the products follow the setting and torch's flag is restored after (the flag exists
+    # on CPU torch too; no CUDA is needed to set it)
+    from hubless.engine.device import tf32_products
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    with use_device(None, tf32=not before), tf32_products("cuda:0"):
+        assert torch.backends.cuda.matmul.allow_tf32 is (not before)
+    assert torch.backends.cuda.matmul.allow_tf32 is before
+    with use_device(None, tf32=True), tf32_products("cpu"):
+        assert torch.backends.cuda.matmul.allow_tf32 is before  # other devices: untouched
 
 
 def test_a_torch_device_without_torch_names_the_extra(tmp_path):
