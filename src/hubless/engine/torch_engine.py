@@ -23,9 +23,13 @@ Blocks are :data:`BLOCK_ELEMENTS` similarities at most (512 MiB of float32 on a 
 the column side allows. A bank larger than half the CUDA device's free memory
 (:data:`STREAM_BANKS`) is not uploaded whole: its blocks are copied in one after another through
 pinned staging buffers, each copy on a side stream overlapping the work on the previous block
-(:class:`_Streamed`), so one GPU handles a bank of any size (the gallery must fit). Products in float16 / bfloat16 (``dtype=``) are reduced in float32.
-TF32 products stay off unless asked for (:func:`hubless.engine.device.use_device` ``tf32=True``
-or ``HUBLESS_TF32=1``; CUDA only).
+(:class:`_Streamed`), so one GPU handles a bank of any size (the gallery must fit). Several
+devices (``"cuda:0,cuda:1"``) split the rows between them, one thread each. Products in float16
+/ bfloat16 (``dtype=``) are reduced in float32. TF32 products stay off unless asked for
+(:func:`hubless.engine.device.use_device` ``tf32=True`` or ``HUBLESS_TF32=1``; CUDA only).
+
+Also here: the ranking pass of the evaluation (:func:`rank_queries`) and the score-matrix bank
+pass (:func:`score_bank_pass`).
 """
 
 from __future__ import annotations
@@ -53,8 +57,11 @@ __all__ = [
     "from_numpy",
     "mean",
     "nearest_gallery_items",
+    "rank_queries",
     "resident",
     "row_statistics",
+    "score_bank_pass",
+    "streams",
     "torch_namespace",
 ]
 
