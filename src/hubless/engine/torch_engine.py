@@ -610,7 +610,7 @@ def exact_search(
     gallery_t = _put(gallery, device, dtype, keep=True)
     queries_t = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
     transform = None
-    if additive is not None:
+    if additive is not None and np.any(additive[0]):  # W = 0 (the baseline, closed gates): raw scores
         weights, columns = additive
         w = from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
         bias = _put(columns, device, "float32", keep=True)
@@ -692,6 +692,9 @@ def rank_queries(
             prepared.append(ranker)
         else:
             w, bias = ranker
+            if not np.any(w):  # W = 0 (the baseline, closed gates): the raw scores rank
+                prepared.append(None)
+                continue
             prepared.append((from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), _put(bias, device, "float32", keep=True)))
     rank_type = torch.float64 if ties == "average" else torch.int64
     ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
@@ -717,7 +720,9 @@ def rank_queries(
             host = None
             for i, ranker in enumerate(prepared):
                 t0 = clock()
-                if callable(ranker):
+                if ranker is None:
+                    scores = sims
+                elif callable(ranker):
                     host = _host(sims) if host is None else host
                     scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
                 else:
