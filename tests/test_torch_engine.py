@@ -1,9 +1,11 @@
-"""The torch engine (issue 20): block products on a torch device give the numpy engine's fits
-and searches (here on CPU torch); half precision stays within its documented error; the default
-path never imports torch."""
+"""The torch engine (issues 20, 39): the device-resident engine (products and reductions on a
+torch device, here CPU torch) gives the numpy engine's fits and searches, for blocks that cut
+the bank and the gallery unevenly; half precision stays within its documented error; the
+default path never imports torch, and a torch device without torch names the extra."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,11 +14,48 @@ import pytest
 
 import hubless
 from hubless.corrections import make_correction
-from hubless.engine import use_device
-from hubless.engine.device import resolve
+from hubless.engine import StatisticsRequest, compute_statistics, exact_search, use_device
+from hubless.engine import torch_engine as te
+from hubless.engine.device import resolve, tf32_enabled
 from tests.conftest import unit_rows
 
-METHODS = ["nnn:k=5", "csls:k=4", "dn", "is:beta=20.0", "dis:k_activation=3", "dualis", "dualdis:k_activation=2", "gc"]
+torch = pytest.importorskip("torch", reason="the torch engine needs torch (the models extra)")
+
+METHODS = [
+    "baseline",
+    "nnn:k=5",
+    "csls:k=4",
+    "dn",
+    "is:beta=20.0",
+    "is:beta=0.5",
+    "dis:k_activation=3",
+    "dualis",
+    "dualdis:k_activation=2",
+    "dualdis:k_activation=2,ungated=exp",
+    "gc",
+]
+#: (rows, columns) of the device blocks: 300 gallery / 1200 and 500 bank rows cut unevenly,
+#: and one block over everything
+SHAPES = [(37, 101), None]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """CPU torch on one thread: on a loaded 2-core machine its thread pool spins for ms per op."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(params=SHAPES, ids=["uneven-blocks", "one-block"])
+def block_shape(request, monkeypatch):
+    monkeypatch.setattr(te, "BLOCK_SHAPE", request.param)
+    return request.param
+
+
+def _same_biases(got, want):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +65,7 @@ def data():
 
 
 @pytest.mark.parametrize("spec", METHODS)
-def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data):
+def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     want = make_correction(spec).fit(g, qb, gb)
     got = make_correction(spec).fit(g, qb, gb, device="cpu")
@@ -37,13 +76,103 @@ def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data):
         np.testing.assert_allclose(gs.query_topk, ws.query_topk, rtol=1e-6, atol=1e-6)
     for beta, values in ws.query_lse.items():
         np.testing.assert_allclose(gs.query_lse[beta], values, rtol=1e-6)
+    for beta, values in ws.gallery_lse.items():
+        np.testing.assert_allclose(gs.gallery_lse[beta], values, rtol=1e-6)
     for name in ("query_activation", "gallery_activation"):
         if getattr(ws, name) is not None:
             np.testing.assert_array_equal(getattr(gs, name), getattr(ws, name))
+    if ws.query_probes is not None:
+        np.testing.assert_allclose(gs.query_probes, ws.query_probes, atol=1e-6)
+    np.testing.assert_allclose(gs.gallery_mean, ws.gallery_mean, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(gs.query_bank_mean, ws.query_bank_mean, rtol=1e-6, atol=1e-9)
+    if hasattr(want, "bias_columns_"):
+        _same_biases(got.bias_columns_, want.bias_columns_)
     want_scores, want_ids = want.search(q, 10)
     got_scores, got_ids = got.search(q, 10, device="cpu")
-    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_array_equal(got_ids, want_ids)  # random unit vectors: no float ties
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
+def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape, streamed, monkeypatch):
+    """The whole request at once (several betas on both banks, top-k, activation sets, probes
+    and the nearest gallery item of every bank item) in one device pass per bank; also with
+    the banks streamed from host memory block by block (a bank larger than the device)."""
+    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    request = StatisticsRequest(
+        query_topk=7,
+        query_betas=frozenset({0.0, 1e-3, 1.0, 20.0, 100.0}),
+        gallery_betas=frozenset({5.0, 0.5}),
+        query_activation_k=4,
+        gallery_activation_k=2,
+        query_probes=True,
+        query_nearest=True,
+    )
+    want = compute_statistics(g, qb, gb, request)
+    with use_device("cpu"):
+        got = compute_statistics(g, qb, gb, request)
+    np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
+    for side in ("query_lse", "gallery_lse"):
+        for beta, values in getattr(want, side).items():
+            # the bias is (lse - log n) / beta: 1e-5 of it relative
+            np.testing.assert_allclose(getattr(got, side)[beta], values, rtol=1e-7, atol=1e-6 * max(beta, 1e-2))
+    for name in ("query_activation", "gallery_activation", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    for name in ("query_activation_scores", "gallery_activation_scores", "query_nearest_scores", "query_probes"):
+        np.testing.assert_allclose(getattr(got, name), getattr(want, name), atol=1e-6)
+
+
+def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
+    """Exact ties (duplicate gallery rows, integer-valued vectors) are ordered by id, at the
+    k-th place too, in searches and activation sets, whatever the column blocks."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(-2, 3, size=(40, 6)).astype(np.float32)
+    gallery = np.concatenate([base, base[::-1], base[:13]])  # every row duplicated, some thrice
+    queries = rng.integers(-2, 3, size=(25, 6)).astype(np.float32)
+    want = exact_search(queries, gallery, 9)
+    with use_device("cpu"):
+        got = exact_search(queries, gallery, 9)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+    block = torch.from_numpy(rng.integers(0, 3, size=(30, 50)).astype(np.float32))
+    values, ids = te._ordered_topk(block, 5)
+    order = np.lexsort((np.arange(50)[None, :].repeat(30, 0), -block.numpy()), axis=1)[:, :5]
+    np.testing.assert_array_equal(ids.numpy(), order)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(block.numpy(), order, axis=1))
+
+
+@pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dualdis:k_activation=2"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
+def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
+    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    with use_device("cpu"):
+        whole = make_correction(spec).fit(g, qb, gb)
+        pieces = make_correction(spec).fit(g, qb[:433], gb[:171])
+        pieces.add_query_bank(qb[433:1000]).add_query_bank(qb[1000:])
+        if pieces.gallery_bank_use != "ignored":
+            pieces.add_gallery_bank(gb[171:])
+    _same_biases(pieces.bias_columns_, whole.bias_columns_)
+    q = data["queries"]
+    np.testing.assert_array_equal(pieces.search(q, 10, device="cpu")[1], whole.search(q, 10, device="cpu")[1])
+
+
+def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    with use_device("cpu"):
+        whole = make_correction("dualdis:k_activation=2").fit(g, qb, gb)
+        grown = make_correction("dualdis:k_activation=2").fit(g[:211], qb, gb).add_items(g[211:], qb, gb)
+    np.testing.assert_array_equal(grown.activation_masks_, whole.activation_masks_)
+    _same_biases(grown.bias_columns_, whole.bias_columns_)
+
+
+def test_the_gallery_stays_on_the_device_between_searches(data):
+    corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
+    first = corr.search(data["queries"], 5, device="cpu")
+    key = (id(corr.gallery_), "cpu", "float32")
+    assert key in te._KEPT and te._KEPT[key][0]() is corr.gallery_
+    np.testing.assert_array_equal(corr.search(data["queries"], 5, device="cpu")[1], first[1])
 
 
 def test_the_environment_variable_selects_the_device(data, monkeypatch):
@@ -82,6 +211,42 @@ def test_bad_devices_and_dtypes_are_refused_clearly():
             resolve("cuda")
 
 
+def test_tf32_is_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("HUBLESS_TF32", raising=False)
+    assert not tf32_enabled()
+    with use_device(None, tf32=True):
+        assert tf32_enabled()
+    monkeypatch.setenv("HUBLESS_TF32", "1")
+    assert tf32_enabled()
+    with use_device("cpu", tf32=False):
+        assert not tf32_enabled()
+    # on CUDA the products follow the setting and torch's flag is restored after (the flag exists
+    # on CPU torch too; no CUDA is needed to set it)
+    from hubless.engine.device import tf32_products
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    with use_device(None, tf32=not before), tf32_products("cuda:0"):
+        assert torch.backends.cuda.matmul.allow_tf32 is (not before)
+    assert torch.backends.cuda.matmul.allow_tf32 is before
+    with use_device(None, tf32=True), tf32_products("cpu"):
+        assert torch.backends.cuda.matmul.allow_tf32 is before  # other devices: untouched
+
+
+def test_a_torch_device_without_torch_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np, hubless\n"
+        "x = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32)\n"
+        "try:\n"
+        "    hubless.NNN(k=3).fit(x, x, device='cuda')\n"
+        "except hubless.errors.MissingDependency as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True).stdout
+    assert "the torch engine (device='cuda') needs torch: pip install 'hubless[models]'" in out
+
+
 def test_the_default_path_never_imports_torch(tmp_path):
     code = (
         "import sys, numpy as np, hubless\n"
@@ -89,5 +254,114 @@ def test_the_default_path_never_imports_torch(tmp_path):
         "hubless.NNN(k=3).fit(x, x).search(x[:5], 3)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
+    """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
+    methods whole there, GC and published DualDIS ranked on the host from device blocks)."""
+    monkeypatch.setattr(te, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]  # one or two relevant items
+    methods = ["nnn:k=5", "dis:k_activation=3", "dualdis:k_activation=2", "gc"]
+    kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
+    want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    with use_device("cpu"):
+        got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    for w, o in zip(want.results, got.results):
+        assert o.method == w.method
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
+def test_evaluate_ranks_ties_by_index_on_the_device():
+    rng = np.random.default_rng(5)
+    base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)
+    gallery = np.concatenate([base, base])  # every item twice: exact ties
+    queries = rng.integers(-2, 3, size=(40, 6)).astype(np.float32) + 0.5
+    truth = rng.integers(0, 60, size=40)
+    kwargs = dict(bootstrap=0, progress=False)  # normalised duplicates stay exact duplicates
+    want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
+    with use_device("cpu"):
+        got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
+    np.testing.assert_array_equal(got.results[0].per_query["R@1"], want.results[0].per_query["R@1"])
+    assert got.results[0].metrics == want.results[0].metrics
+
+
+def test_tune_on_the_device_chooses_what_numpy_chooses(data):
+    g, qb = data["gallery"], data["query_bank"]
+    q = g[:80] + 0.9 * data["queries"]  # near their truth: R@1 well above 0
+    truth = np.arange(len(q))
+    grids = {"nnn": {"alpha": (0.25, 0.75), "k": (3, 8)}, "is": {"beta": (5.0, 20.0)}}
+    want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
+    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device="cpu")
+    assert repr(got) == repr(want)
+
+
+def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(data, monkeypatch):
+    """device="cpu,cpu" (as "cuda:0,cuda:1"): each device takes a share of the rows (gallery
+    rows for the statistics, bank rows for the activation sets, queries for search and
+    evaluate); the merged results equal the numpy engine's."""
+    monkeypatch.setattr(te, "BLOCK_SHAPE", (37, 101))
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    assert resolve(["cpu", "cpu"]) == ("cpu,cpu", "float32")
+    request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), query_activation_k=3, query_probes=True, query_nearest=True)
+    want = compute_statistics(g, qb, gb, request)
+    with use_device("cpu,cpu"):
+        got = compute_statistics(g, qb, gb, request)
+    np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
+    np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
+    for name in ("query_activation", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
+    for spec in ("dis:k_activation=3", "gc"):
+        fitted = make_correction(spec).fit(g, qb, gb)
+        np.testing.assert_array_equal(fitted.search(q, 10, device="cpu,cpu")[1], fitted.search(q, 10)[1])
+    truth = np.arange(len(q))
+    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", "cpu,cpu")]
+    assert [r.metrics for r in ev[1].results] == [r.metrics for r in ev[0].results]
+
+
+@pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dis:k_activation=3", "dualdis:k_activation=2", "gc"])
+def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkeypatch):
+    """fit_scores (score matrices, not embeddings) with a torch device: each block of bank rows
+    is read and checked on the host, reduced on the device (rows cut by a small block budget)."""
+    from hubless.engine import score_statistics
+
+    monkeypatch.setattr(score_statistics, "SCORE_BLOCK_ELEMENTS", 300 * 97)  # 97 bank rows a block
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    sb, sg = qb @ g.T, gb @ g.T
+    want = make_correction(spec).fit_scores(sb, sg)
+    with use_device("cpu"):
+        got = make_correction(spec).fit_scores(sb, sg)
+    ws, gs = want.statistics_, got.statistics_
+    for name in ("query_topk", "query_probes"):
+        if getattr(ws, name) is not None:
+            np.testing.assert_allclose(getattr(gs, name), getattr(ws, name), atol=1e-7)
+    for side in ("query_lse", "gallery_lse"):
+        for beta, values in getattr(ws, side).items():
+            np.testing.assert_allclose(getattr(gs, side)[beta], values, rtol=1e-7)
+    for name in ("query_activation", "gallery_activation"):
+        if getattr(ws, name) is not None:
+            np.testing.assert_array_equal(getattr(gs, name), getattr(ws, name))
+    scores = q @ g.T
+    np.testing.assert_array_equal(
+        np.argsort(-got.correct(scores), axis=1, kind="stable"), np.argsort(-want.correct(scores), axis=1, kind="stable")
+    )
+
+
+def test_read_only_arrays_go_to_the_device_without_a_warning(data):
+    """Memory maps and a loaded index's arrays are read-only: torch's warning about them would
+    reach users (the engine never writes into those tensors)."""
+    import warnings
+
+    g, qb, q = (data[name].copy() for name in ("gallery", "query_bank", "queries"))
+    for array in (g, qb, q):
+        array.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        corr = hubless.NNN(k=5).fit(g, qb, device="cpu")
+        corr.search(q, 5, device="cpu")

@@ -25,7 +25,7 @@ import numpy as np
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
-from hubless.engine import StatisticsRequest
+from hubless.engine import StatisticsRequest, use_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.evaluation.evaluate import evaluate
@@ -144,6 +144,7 @@ def tune(
     progress: bool | None = None,
     ties: str = "index",
     coverage: bool = False,
+    device: str | None = None,
 ) -> TuneResult:
     """Grid-search each method's parameters on the validation queries; returns the best per method.
 
@@ -153,7 +154,12 @@ def tune(
     only used to check that no validation query is also a test query. ``ties``: the tie
     convention of the ranks (see :func:`hubless.metrics.relevant_ranks`). ``coverage``: also
     measure the query bank's coverage of the gallery in the fitting pass (``TuneResult.bank``).
+    ``device``: where the fits and the ranking pass run, as in :func:`hubless.evaluate`.
     """
+    if device is not None:  # the whole call with this device in effect
+        arguments = {name: value for name, value in locals().items() if name != "device"}
+        with use_device(device):
+            return tune(**arguments)
     check_ties(ties)
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     dim = gallery.shape[1]

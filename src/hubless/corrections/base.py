@@ -30,6 +30,7 @@ import numpy as np
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
+from hubless.engine.device import torch_device
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
 
@@ -478,6 +479,11 @@ class Correction:
             out[start : start + rows] = self.method_scores(batch.rows(start, start + rows), out[start : start + rows])
         return out
 
+    def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(W, bias_columns_)`` when this batch's ranking is exactly ``s - W . bias_columns_``
+        (the torch engine then ranks on the device), else None."""
+        return None
+
     def _block_transform(self, batch: QueryBatch):
         """The engine transform that turns a block of raw similarities into ranking scores."""
 
@@ -501,7 +507,10 @@ class Correction:
         top_k = check_top_k(top_k, self.n_gallery_)
         with use_device(device):
             self.query_statistics(batch, progress=progress)
-            ranking, ids = exact_search(batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), progress=progress)
+            additive = self.additive_ranking(batch) if torch_device() is not None else None  # ranked on the device
+            ranking, ids = exact_search(
+                batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), additive=additive, progress=progress
+            )
         return self.method_scores(batch, ranking), ids
 
 
@@ -539,6 +548,11 @@ class AdditiveCorrection(Correction):
         w = self.weight() if batch.weight is None else batch.weight
         w = np.asarray(w, dtype=np.float32).reshape(-1, 1)
         return np.broadcast_to(w, (len(batch), self.bias_columns_.shape[1]))
+
+    def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        if not self.exactly_additive:
+            return None
+        return np.ascontiguousarray(self.weights(batch), dtype=np.float32), self.bias_columns_
 
     def query_weights(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> np.ndarray:
         """W for ``queries`` (see :meth:`weights`): the extra query coordinates ``-W`` to serve

@@ -1,18 +1,25 @@
-"""Where the engine's similarity blocks (its GEMMs) run: numpy on the CPU, or torch on a device.
+"""Where the engine's similarity blocks (its GEMMs and their reductions) run: numpy on the CPU,
+or torch on a device.
 
-    HUBLESS_DEVICE=cuda hubless eval ...                # every block product on the GPU
+    HUBLESS_DEVICE=cuda hubless eval ...                # the bank statistics and searches on the GPU
     nnn.fit(gallery, bank, device="cuda"); nnn.search(q, device="cuda")
     with hubless.engine.use_device("cuda", dtype="bfloat16"): ...
 
-Only the products ``rows @ cols.T`` move: the reducers (top-k, log-sum-exp, ...) receive the
-same float32 numpy blocks either way, so every statistic and search is computed as before. The
-default (``device=None`` and no ``HUBLESS_DEVICE``, or ``"numpy"``) never imports torch. A torch
-device (``cpu``, ``cuda``, ``cuda:1``, ``mps``) keeps the column side (the bank, or the gallery
-for a search) on the device for the whole pass, so it must fit in the device's memory (split a
-larger bank into tiles: :mod:`hubless.distributed`). ``dtype`` (``HUBLESS_DTYPE``):
-``float32`` (default), or ``float16`` / ``bfloat16`` products accumulated by the device's
-kernels and returned as float32 (their error against float32 is measured in
-``benchmarks/torch_engine.py`` and bounded in the tests).
+The default (``device=None`` and no ``HUBLESS_DEVICE``, or ``"numpy"``) never imports torch. A
+torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; several as ``"cuda:0,cuda:1"``, which
+split the rows between them) runs the bank statistics (every
+:func:`hubless.engine.compute_statistics` pass) and exact searches (raw, or ranked by an
+additive correction's bias) in the device-resident engine, :mod:`hubless.engine.torch_engine`:
+each block's product and its reduction run on the device and only per-row results come back.
+Other streamed work (a non-additive correction's search, dense scores, the evaluation's
+streams) runs its block products on the device and reduces the blocks on the host
+(:func:`block_product`). The column side (the bank, or the gallery for a search) stays on the
+device for the whole pass, so it must fit in the device's memory (split a larger bank into
+tiles: :mod:`hubless.distributed`). ``dtype`` (``HUBLESS_DTYPE``): ``float32`` (default), or
+``float16`` / ``bfloat16`` products returned as float32 (their error against float32 is
+measured in ``benchmarks/gpu_engine.py`` and bounded in the tests). ``tf32``
+(``HUBLESS_TF32=1``): let CUDA run float32 products as TF32 (off by default: TF32 keeps 10
+bits of mantissa, about 1e-3 relative error per product).
 """
 
 from __future__ import annotations
@@ -24,35 +31,40 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from hubless.errors import InvalidInput
+from hubless.errors import InvalidInput, optional_import
 
-__all__ = ["DTYPES", "block_product", "resolve", "use_device"]
+__all__ = ["DTYPES", "block_product", "resolve", "tf32_products", "torch_device", "use_device"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 _CURRENT: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar("hubless_device", default=(None, None))
+_TF32: contextvars.ContextVar[bool | None] = contextvars.ContextVar("hubless_tf32", default=None)
 
 #: ``product(rows, c0, c1, out)`` writes ``rows @ cols[c0:c1].T`` into ``out`` (float32).
 Product = Callable[[np.ndarray, int, int, np.ndarray], None]
 
 
 @contextlib.contextmanager
-def use_device(device: str | None, dtype: str | None = None) -> Iterator[None]:
-    """Run the engine's block products on ``device`` (and ``dtype``) inside the block; None
-    keeps the surrounding setting (the environment's by default)."""
-    if device is None and dtype is None:
-        yield
-        return
-    token = _CURRENT.set((device, dtype))
+def use_device(device: str | None, dtype: str | None = None, *, tf32: bool | None = None) -> Iterator[None]:
+    """Run the engine's blocks on ``device`` (and ``dtype``; ``tf32``: allow TF32 float32
+    products on CUDA) inside the block; None keeps the surrounding setting (the environment's
+    by default)."""
+    token = _CURRENT.set((device, dtype)) if device is not None or dtype is not None else None
+    tf32_token = _TF32.set(tf32) if tf32 is not None else None
     try:
         yield
     finally:
-        _CURRENT.reset(token)
+        if token is not None:
+            _CURRENT.reset(token)
+        if tf32_token is not None:
+            _TF32.reset(tf32_token)
 
 
 def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, str]:
     """(device, dtype) in effect: the arguments, else :func:`use_device`'s, else
     ``HUBLESS_DEVICE`` / ``HUBLESS_DTYPE``, else ("numpy", "float32"). Checks both."""
     ctx_device, ctx_dtype = _CURRENT.get()
+    if isinstance(device, (list, tuple)):  # several devices: "cuda:0,cuda:1"
+        device = ",".join(device)
     device = device or ctx_device or os.environ.get("HUBLESS_DEVICE") or "numpy"
     dtype = dtype or ctx_dtype or os.environ.get("HUBLESS_DTYPE") or "float32"
     if dtype not in DTYPES:
@@ -63,7 +75,41 @@ def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, s
         return device, dtype
     from hubless._torch import resolve_device
 
-    return resolve_device(device), dtype
+    optional_import("torch", f"the torch engine (device={device!r})", "models")
+    # several devices ("cuda:0,cuda:1"): the torch engine splits its rows between them
+    return ",".join(resolve_device(part.strip()) for part in str(device).split(",")), dtype
+
+
+def torch_device(device: str | None = None, dtype: str | None = None) -> tuple[str, str] | None:
+    """(device, dtype) of the torch engine when a torch device is in effect, else None."""
+    device, dtype = resolve(device, dtype)
+    return None if device == "numpy" else (device, dtype)
+
+
+def tf32_enabled() -> bool:
+    """Whether TF32 float32 products are allowed: :func:`use_device`'s ``tf32``, else
+    ``HUBLESS_TF32`` (1/true/yes/on), else False."""
+    chosen = _TF32.get()
+    if chosen is not None:
+        return chosen
+    return os.environ.get("HUBLESS_TF32", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@contextlib.contextmanager
+def tf32_products(device: str) -> Iterator[None]:
+    """Inside the block, CUDA float32 products are TF32 exactly when :func:`tf32_enabled`
+    (``torch.backends.cuda.matmul.allow_tf32``, restored after); nothing changes elsewhere."""
+    if not str(device).startswith("cuda"):
+        yield
+        return
+    import torch
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32_enabled()
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None = None) -> Product:
@@ -75,15 +121,16 @@ def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None
             np.matmul(rows, cols[c0:c1].T, out=out)
 
         return numpy_product
-    from hubless._torch import require
-
-    torch = require("torch")
+    torch = optional_import("torch", f"the torch engine (device={device!r})", "models")
+    device = device.split(",")[0]  # this path uses one device (the first of several)
     kind = getattr(torch, dtype)
-    on_device = torch.from_numpy(cols).to(device=device, dtype=kind)
+    from hubless.engine.torch_engine import from_numpy  # quiet on read-only arrays
+
+    on_device = from_numpy(cols).to(device=device, dtype=kind)
 
     def torch_product(rows, c0, c1, out):
-        with torch.no_grad():
-            block = torch.from_numpy(rows).to(device=device, dtype=kind) @ on_device[c0:c1].T
+        with torch.no_grad(), tf32_products(device):
+            block = from_numpy(rows).to(device=device, dtype=kind) @ on_device[c0:c1].T
             out[...] = block.to(dtype=torch.float32).cpu().numpy()
 
     return torch_product

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from hubless.engine.device import torch_device
 from hubless.engine.parallel import num_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.engine.stream import LogSumExp, SortedRows, TopK
@@ -114,6 +115,21 @@ def _bank_pass(
     act_scores = np.empty((n_rows, act_k), np.float32) if act_k else None
     act_ids = np.empty((n_rows, act_k), np.int64) if act_k else None
     if not reducers and not act_k:
+        return topk, lse, sorted_rows, act_scores, act_ids
+    on_device = torch_device()
+    if on_device is not None:  # the reductions on the device; the rows are read and checked here
+        from hubless.engine import torch_engine
+
+        blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
+        checked = ((start, read_rows(matrix, start, stop, name)) for start, stop in blocks)
+        values, sums, act_scores, act_ids = torch_engine.score_bank_pass(
+            checked, n_rows, n_cols, k=k, betas=betas, probes_out=None if sorted_rows is None else sorted_rows.values,
+            activation_k=activation_k, device=on_device[0],
+        )  # fmt: skip
+        if topk is not None:
+            topk.values[:] = values
+        if lse is not None:
+            lse.values[:] = sums
         return topk, lse, sorted_rows, act_scores, act_ids
     threads = max(1, min(num_threads(), n_cols))
     width = -(-n_cols // threads)

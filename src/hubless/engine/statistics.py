@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hubless.engine.device import torch_device
 from hubless.engine.stream import ColumnNearest, LogSumExp, SortedRows, TopK, stream_reduce
 from hubless.errors import InvalidInput
 
@@ -228,12 +229,25 @@ def compute_statistics(
     (new gallery items against stored banks): then the banks are only read by the similarity
     pass the request needs, not averaged again (an O(bank) step a 1-row write would pay).
     """
+    on_device = torch_device()
+    if on_device is None:
+        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean)
+    from hubless.engine import torch_engine
+
+    def mean(x: np.ndarray) -> np.ndarray:
+        return torch_engine.mean(x, *on_device)
+
+    with torch_engine.resident():  # each array is uploaded once for all the passes
+        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean)
+
+
+def _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean) -> BankStatistics:
     n_gallery = gallery.shape[0]
     if query_bank is None:
         query_bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
     if bank_means is None:
-        query_mean = _mean(query_bank) if len(query_bank) else np.zeros(gallery.shape[1])
-        gallery_bank_mean = None if gallery_bank is None else _mean(gallery_bank)
+        query_mean = mean(query_bank) if len(query_bank) else np.zeros(gallery.shape[1])
+        gallery_bank_mean = None if gallery_bank is None else mean(gallery_bank)
     else:
         query_mean, gallery_bank_mean = bank_means
     stats = BankStatistics(
@@ -241,7 +255,7 @@ def compute_statistics(
         n_query_bank=query_bank.shape[0],
         n_gallery_bank=None if gallery_bank is None else gallery_bank.shape[0],
         query_bank_mean=query_mean,
-        gallery_mean=_mean(gallery),
+        gallery_mean=mean(gallery),
         gallery_bank_mean=gallery_bank_mean,
     )
     by_query_bank = row_statistics(
@@ -302,6 +316,23 @@ def row_statistics(
     betas = sorted(betas)
     if bank is None:  # nothing to stream against
         bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
+    on_device = torch_device()
+    if on_device is not None and (k or betas or probes or nearest):
+        from hubless.engine import torch_engine
+
+        return RowStatistics(
+            *torch_engine.row_statistics(
+                gallery,
+                bank,
+                k=k,
+                betas=betas,
+                probes=probes,
+                nearest=nearest,
+                initial_topk=initial_topk,
+                device=on_device[0],
+                dtype=on_device[1],
+            )
+        )
     topk = TopK(n, k, initial=None if initial_topk is None else (initial_topk, None)) if k else None
     lse = LogSumExp(n, betas) if betas else None
     rows = SortedRows(n, bank.shape[0]) if probes else None
@@ -328,6 +359,13 @@ def nearest_gallery_items(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, ids) of the ``k`` gallery items nearest to each bank item (ties: lower id),
     optionally merged into an ``initial`` (scores, ids) over earlier gallery items."""
+    on_device = torch_device()
+    if on_device is not None:
+        from hubless.engine import torch_engine
+
+        return torch_engine.nearest_gallery_items(
+            bank, gallery, k, initial=initial, id_offset=id_offset, device=on_device[0], dtype=on_device[1]
+        )
     nearest = TopK(bank.shape[0], k, with_ids=True, initial=initial, id_offset=id_offset)
     stream_reduce(bank, gallery, [nearest], progress=progress, desc="activation sets", fixed_blocks=True)
     return nearest.values, nearest.ids_

@@ -22,6 +22,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hubless.engine.device import block_product
+from hubless.engine.formulas import (  # noqa: F401 - the constants are re-exported (tests move EXP_MIN_BETA)
+    CLAMP_FROM_BETA,
+    EXP_MIN_BETA,
+    LOWEST_EXPONENT,
+    LOWEST_EXPONENT_2,
+    NUMPY,
+    lse_add,
+    lse_finish,
+    lse_recentre,
+    lse_terms,
+)
 from hubless.engine.parallel import num_threads, run_blocks
 from hubless.engine.topk import NO_ID, RunningTopK
 from hubless.errors import InvalidInput
@@ -123,22 +134,9 @@ class _TopKState(ReducerState):
             self.parent.ids[self.start : self.stop] = ids
 
 
-#: Below this inverse temperature the log-sum-exp sums expm1 (see :class:`LogSumExp`); from it
-#: on, exp (as exp2 where that is vectorised). Measured (``tests/test_one_pass.py``): the exp form's bias error, about
-#: 1e-7 / beta, is then below the float32 rounding of the similarities themselves.
-EXP_MIN_BETA = 2.0
 #: Rows of a block reduced at a time by :class:`LogSumExp`, so that its scratch rows (2 x 8 x
 #: 16384 float32 = 1 MiB) stay in the core's cache across its few elementwise passes.
 LSE_CHUNK_ROWS = 8
-#: Exponents are clamped at these values: exp / exp2 / expm1 take a slow path (about 30 ns an element,
-#: 80 times a normal one) below float32's smallest normal (2^-126, e^-87.3), and a term of 2^-115
-#: (or e^-80) next to the largest (1) changes no digit of the sum.
-LOWEST_EXPONENT_2 = -115.0
-LOWEST_EXPONENT = -80.0
-#: Betas above this get the clamp (one more cached pass): with unit vectors s - m >= -2, so
-#: smaller betas never reach it (with raw vectors they may: slower then, never less exact).
-CLAMP_FROM_BETA = -LOWEST_EXPONENT / 2
-_LOG2_E = 1.0 / np.log(2.0)
 
 
 @functools.cache
@@ -194,17 +192,7 @@ class _LogSumExpState(ReducerState):
     def __init__(self, parent: LogSumExp, start: int, stop: int) -> None:
         self.parent, self.start, self.stop = parent, start, stop
         n = stop - start
-        # (column, beta, exp form?, the float32 factor of s - m, the clamp or None)
-        self.terms = []
-        base2 = exp2_is_vectorised()
-        for t, beta in enumerate(parent.betas):
-            if beta != 0.0:
-                exp_form = beta >= EXP_MIN_BETA
-                in_base2 = exp_form and base2
-                factor = np.float32(beta * _LOG2_E if in_base2 else beta)
-                clamp = np.float32(LOWEST_EXPONENT_2 if in_base2 else LOWEST_EXPONENT) if beta > CLAMP_FROM_BETA else None
-                function = (np.exp2 if in_base2 else np.exp) if exp_form else np.expm1
-                self.terms.append((t, beta, exp_form, factor, clamp, function))
+        self.terms = lse_terms(parent.betas, exp2_is_vectorised(), EXP_MIN_BETA)  # the formulas: hubless.engine.formulas
         self.peak = np.full(n, -np.inf)  # running max m of s
         # per beta: S = sum exp(beta (s - m)) (exp form) or D = sum expm1(beta (s - m)) (expm1 form)
         self.sums = np.zeros((n, len(parent.betas)))
@@ -242,33 +230,20 @@ class _LogSumExpState(ReducerState):
         sums = self.sums[r0:r1]
         added = np.empty((r1 - r0, len(self.terms)))
         with np.errstate(over="ignore"):
-            for i, (_, _, exp_form, factor, clamp, function) in enumerate(self.terms):
-                np.multiply(diff, factor, out=x)
-                if clamp is not None:
-                    np.maximum(x, clamp, out=x)
-                function(x, out=x)  # exp(beta (s - m)) (maybe as 2^(beta log2(e) (s - m))), or its expm1
-                added[:, i] = x.sum(axis=1) if exp_form else x.sum(axis=1, dtype=np.float64)
+            for i, term in enumerate(self.terms):
+                added[:, i] = lse_add(NUMPY, diff, term, x)
         if new is old and not np.isfinite(added).all():
             return False
-        for i, (t, beta, exp_form, _, _, _) in enumerate(self.terms):
-            shift = beta * (old - new)  # re-centre what was summed so far on the new shift (<= 0)
-            if exp_form:
-                sums[:, t] = sums[:, t] * np.exp(shift) + added[:, i]
-            else:
-                recentred = self.count * np.expm1(shift) + sums[:, t] * np.exp(shift) if self.count else sums[:, t]
-                sums[:, t] = recentred + added[:, i]
+        for i, term in enumerate(self.terms):
+            sums[:, term.column] = lse_recentre(NUMPY, sums[:, term.column], added[:, i], term, old, new, self.count)
         self.peak[r0:r1] = new
         return True
 
     def finish(self) -> None:
         out = self.parent.values[self.start : self.stop]
-        for t, beta in enumerate(self.parent.betas):
-            if beta == 0.0:
-                out[:, t] = np.log(self.count)
-            elif beta >= EXP_MIN_BETA:
-                out[:, t] = beta * self.peak + np.log(self.sums[:, t])
-            else:
-                out[:, t] = beta * self.peak + np.log(self.count + self.sums[:, t])
+        by_column = {term.column: term for term in self.terms}
+        for t in range(len(self.parent.betas)):
+            out[:, t] = lse_finish(NUMPY, by_column.get(t), self.peak, self.sums[:, t], self.count)
 
 
 class SortedRows(Reducer):

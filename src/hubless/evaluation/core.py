@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.corrections import Correction, make_correction
+from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
 from hubless.errors import InvalidInput
@@ -94,6 +95,9 @@ def rank_queries(
     batches = [c.queries(queries) for c in corrections]
     n_queries, n_gallery = len(batches[0]), gallery.shape[0]
     depth = min(depth, n_gallery)
+    on_device = torch_device()
+    if on_device is not None:
+        return _rank_on_device(corrections, batches, gallery, truth, depth, ties, on_device)
     ranks = [np.empty(truth.indices.size, dtype=np.float64 if ties == "average" else np.int64) for _ in corrections]
     tops = [np.empty((n_queries, depth), dtype=np.int64) if depth else None for _ in corrections]
     rows = query_block_rows(n_gallery)
@@ -122,3 +126,34 @@ def rank_queries(
     run_blocks(work, [(s, min(s + rows, n_queries)) for s in range(0, n_queries, rows)], progress=progress, desc=desc, unit="queries")
     seconds = seconds.sum(axis=0).tolist()
     return [Ranked(r, t, s) for r, t, s in zip(ranks, tops, seconds)]
+
+
+def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str]) -> list[Ranked]:
+    """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_engine.rank_queries`):
+    additive corrections rank on the device; the others rank each block on the host."""
+    from hubless.engine import torch_engine
+
+    def host_ranker(corr: Correction, batch):
+        def rank(start: int, stop: int, sims: np.ndarray) -> np.ndarray:
+            return corr.rank(batch.rows(start, stop), sims, out=np.empty_like(sims))
+
+        return rank
+
+    rankers = []
+    for corr, batch in zip(corrections, batches):
+        corr.query_statistics(batch)  # a gated correction's raw top-1, searched on the device
+        additive = corr.additive_ranking(batch)
+        rankers.append(host_ranker(corr, batch) if additive is None else additive)
+    results = torch_engine.rank_queries(
+        batches[0].vectors,
+        gallery,
+        rankers,
+        truth.rows,
+        truth.indptr,
+        truth.indices,
+        ties=ties,
+        depth=depth,
+        device=on_device[0],
+        dtype=on_device[1],
+    )
+    return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]

@@ -27,7 +27,7 @@ import numpy as np
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
-from hubless.engine import StatisticsRequest
+from hubless.engine import StatisticsRequest, use_device
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.metrics.bootstrap import bootstrap_ci
@@ -132,6 +132,7 @@ def evaluate(
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
+    device: str | None = None,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -150,7 +151,13 @@ def evaluate(
     :func:`hubless.banks.coverage_report`) in the pass that fits the methods. ``refit=False``
     uses corrections already fitted on this very gallery array as they are (e.g. the ones
     :func:`hubless.tune` chose), so their bank is not read again.
+    ``device``: where the fits and the ranking pass run ("cuda", "cpu" for torch, "numpy";
+    default ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
     """
+    if device is not None:  # the whole call with this device in effect
+        arguments = {name: value for name, value in locals().items() if name != "device"}
+        with use_device(device):
+            return evaluate(**arguments)
     gallery = as_embeddings(gallery, "gallery", normalize=normalize)
     queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
     truth = load_truth(truth, queries.shape[0], gallery.shape[0])
