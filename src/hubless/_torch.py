@@ -22,6 +22,20 @@ def require(module: str):
     return optional_import(module, "encoders and rerankers", "models")
 
 
+def from_numpy(array):
+    """``torch.from_numpy`` without torch's warning about read-only arrays (memory maps, the
+    arrays of a loaded index): hubless never writes into the tensors it makes from them."""
+    import warnings
+
+    import torch
+
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
 def resolve_device(device: str | None) -> str:
     """'cuda' when available and not specified, else 'cpu'; an explicit device is checked."""
     torch = require("torch")

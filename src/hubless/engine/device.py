@@ -124,7 +124,7 @@ def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None
     torch = optional_import("torch", f"the torch engine (device={device!r})", "models")
     device = device.split(",")[0]  # this path uses one device (the first of several)
     kind = getattr(torch, dtype)
-    from hubless.engine.torch_engine import from_numpy  # quiet on read-only arrays
+    from hubless._torch import from_numpy  # quiet on read-only arrays
 
     on_device = from_numpy(cols).to(device=device, dtype=kind)
 

@@ -40,13 +40,13 @@ import contextvars
 import threading
 import time
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from hubless._torch import from_numpy
 from hubless.engine.device import tf32_products
 from hubless.engine.formulas import LseTerm, lse_add, lse_finish, lse_recentre, lse_terms
 from hubless.errors import optional_import
@@ -91,17 +91,6 @@ def _torch():
     if not _TORCH:
         _TORCH.append(optional_import("torch", "the torch engine (a torch device)", "models"))
     return _TORCH[0]
-
-
-def from_numpy(array: np.ndarray):
-    """``torch.from_numpy`` without torch's warning about read-only arrays (memory maps, the
-    arrays of a loaded index): the engine never writes into the tensors it makes from them."""
-    torch = _torch()
-    if array.flags.writeable:
-        return torch.from_numpy(array)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
 
 
 def torch_namespace() -> types.SimpleNamespace:
