@@ -1,0 +1,286 @@
+"""Attaching a correction to a collection the user already has (hubless.attached), one contract
+for every source, on the real engines: FAISS (IndexFlatIP, IndexIVFFlat, IndexHNSWFlat wrapped
+in IndexIDMap2 with the user's ids), LanceDB and Qdrant (qdrant-client's own engine standing in
+for a server). Small collections.
+
+Attached search equals exact corrected search (brute force here) when k' covers the collection;
+certified answers are exact; ids are the store's; a changed collection is refused until
+updated; an update reads only the added items and equals a fresh attach.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hubless
+from hubless.attached import AttachedCollection, attach, read_sidecar, update
+from hubless.errors import Conflict, InvalidInput, InvalidType
+from tests.conftest import QDRANT_TEST_URL, unit_rows
+
+pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
+
+D = 16
+KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant"]
+EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant"]
+
+
+def hub_prone(rng, n, d=D, hubs=6):
+    """Unit rows where a few directions attract many items (so the correction matters)."""
+    centres = unit_rows(rng, hubs, d)
+    x = rng.standard_normal((n, d)) * 0.6 + centres[rng.integers(0, hubs, n)] * rng.lognormal(0, 0.6, (n, 1))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(7)
+    n = 240
+    return {
+        "x": hub_prone(rng, n),
+        "ids": rng.permutation(np.arange(n) * 5 + 11).astype(np.int64),  # the user's ids, not positions, not sorted
+        "bank": hub_prone(rng, 300),
+        "gallery_bank": hub_prone(rng, 100),
+        "queries": hub_prone(rng, 30),
+        "new": hub_prone(rng, 12),
+    }
+
+
+class Collection:
+    """A plain collection of one kind the test writes as a user would (never through hubless)."""
+
+    def __init__(self, kind, tmp_path):
+        self.kind, self.tmp = kind, tmp_path
+
+    def create(self, x, ids):
+        kind = self.kind
+        if kind.startswith("faiss"):
+            import faiss
+
+            if kind == "faiss-flat":
+                inner = faiss.IndexFlatIP(D)
+            elif kind == "faiss-ivf":
+                inner = faiss.IndexIVFFlat(faiss.IndexFlatIP(D), D, 4, faiss.METRIC_INNER_PRODUCT)
+                inner.train(x)
+            else:
+                inner = faiss.IndexHNSWFlat(D, 8, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexIDMap2(inner)
+            index.add_with_ids(x, ids)
+            self.index = index
+            self.uri = str(self.tmp / "c.faiss")
+            self._write()
+        elif kind == "lancedb":
+            import lancedb
+
+            db = lancedb.connect(str(self.tmp / "ldb"))
+            self.table = db.create_table("docs", self._arrow(x, ids))
+            self.uri = f"lancedb://{self.tmp / 'ldb'}/docs"
+        else:
+            from qdrant_client import models
+
+            self.client.create_collection("docs", vectors_config=models.VectorParams(size=D, distance=models.Distance.DOT))
+            self._upsert(x, ids)
+            self.uri = f"qdrant+{QDRANT_TEST_URL}/docs"
+        return self.uri
+
+    def _write(self):
+        import faiss
+
+        faiss.write_index(self.index, self.uri)
+
+    def _arrow(self, x, ids):
+        import pyarrow as pa
+
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), D)
+        return pa.table({"id": pa.array(ids, pa.int64()), "vector": vectors, "caption": [f"item {i}" for i in ids.tolist()]})
+
+    def _upsert(self, x, ids):
+        from qdrant_client import models
+
+        points = [models.PointStruct(id=int(i), vector=v.tolist(), payload={"caption": f"item {i}"}) for i, v in zip(ids, x)]
+        self.client.upsert("docs", points)
+
+    def add(self, x, ids):
+        if self.kind.startswith("faiss"):
+            self.index.add_with_ids(x, ids)
+            self._write()
+        elif self.kind == "lancedb":
+            self.table.add(self._arrow(x, ids))
+        else:
+            self._upsert(x, ids)
+
+    def remove(self, ids):
+        if self.kind in ("faiss-ivf", "faiss-hnsw"):  # FAISS cannot remove from these under an id map: a user rebuilds
+            import faiss
+
+            index = faiss.downcast_index(self.index.index)
+            keep = ~np.isin(faiss.vector_to_array(self.index.id_map), ids)
+            x = index.reconstruct_n(0, index.ntotal)[keep]
+            kept_ids = faiss.vector_to_array(self.index.id_map)[keep]
+            self.create(x, kept_ids)
+        elif self.kind.startswith("faiss"):
+            self.index.remove_ids(np.asarray(ids, np.int64))
+            self._write()
+        elif self.kind == "lancedb":
+            self.table.delete(f"id IN ({', '.join(str(int(i)) for i in ids)})")
+        else:
+            from qdrant_client import models
+
+            self.client.delete("docs", points_selector=models.PointIdsList(points=[int(i) for i in ids]))
+
+
+@pytest.fixture
+def collection(request, tmp_path):
+    kind = request.param
+    made = Collection(kind, tmp_path)
+    if kind == "qdrant":
+        made.client = request.getfixturevalue("qdrant_server")
+    return made
+
+
+def brute_force_nnn(x, bank, queries, alpha, k):
+    """NNN by its formula: s(q, r) - alpha * mean of the k largest s(b, r) over the bank."""
+    bias = -np.sort(-(bank @ x.T), axis=0)[:k].mean(axis=0)
+    return queries @ x.T - alpha * bias[None, :]
+
+
+def exact_top(scores, ids, k):
+    order = np.lexsort((np.broadcast_to(ids, scores.shape), -scores), axis=1)[:, :k]
+    return ids[order], np.take_along_axis(scores, order, axis=1)
+
+
+@pytest.mark.parametrize("collection", KINDS, indirect=True)
+def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the_collection(collection, data, tmp_path):
+    x, ids, q = data["x"], data["ids"], data["queries"]
+    uri = collection.create(x, ids)
+    attached = attach(uri, data["bank"], "nnn:alpha=0.75,k=8", out=tmp_path / "side", batch=50)
+    n = len(ids)
+    knobs = {"ef_search": 512} if collection.kind == "faiss-hnsw" else {"nprobe": 4} if collection.kind == "faiss-ivf" else {}
+    result = attached.search_certified(q, 10, candidates=n, **knobs)
+    want_ids, want_scores = exact_top(brute_force_nnn(x, data["bank"], q, 0.75, 8), ids, 10)
+    np.testing.assert_array_equal(result.ids, want_ids)  # the store's ids, exact order
+    np.testing.assert_allclose(result.scores, want_scores, atol=2e-5)
+    assert result.certified.all()
+    # a per-call weight, as Index.search takes it
+    scores, got = attached.search(q, 10, candidates=n, alpha=0.3, **knobs)
+    np.testing.assert_array_equal(got, exact_top(brute_force_nnn(x, data["bank"], q, 0.3, 8), ids, 10)[0])
+
+
+SPECS = ["nnn:alpha=1.0,k=8", "dn:lam=0.5", "csls:k=5", "is:beta=15.0", "dis:beta=15.0,k_activation=2", "dualis", "dualdis:ungated=exp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collection", EXACT_KINDS, indirect=True)
+def test_certified_answers_are_exact_for_every_attachable_method(collection, data, tmp_path):
+    x, ids, q, gb = data["x"], data["ids"], data["queries"], data["gallery_bank"]
+    uri = collection.create(x, ids)
+    uncertified = 0
+    for spec in SPECS:
+        attached = attach(uri, data["bank"], spec, out=tmp_path / "side", gallery_bank=gb)
+        corr = hubless.make_correction(spec).fit(x, data["bank"], gb)
+        want_scores, want_pos = corr.search(q, 10)
+        # narrow: k' = 2k and no widening, so some queries stay uncertified; the certified ones are exact
+        narrow = attached.search_certified(q, 10, candidates=20, max_candidates=20)
+        np.testing.assert_array_equal(narrow.ids[narrow.certified], ids[want_pos][narrow.certified], err_msg=spec)
+        uncertified += int((~narrow.certified).sum())
+        # default: widened until certified, all exact
+        result = attached.search_certified(q, 10)
+        assert result.certified.all(), (spec, result.candidates)
+        np.testing.assert_array_equal(result.ids, ids[want_pos], err_msg=spec)
+        np.testing.assert_allclose(result.scores, want_scores, rtol=1e-4, atol=2e-5, err_msg=spec)
+    assert uncertified > 0  # the narrow search did leave some uncertified: the certificate is not vacuous
+
+
+@pytest.mark.parametrize("collection", KINDS, indirect=True)
+def test_a_changed_collection_is_refused_until_updated_and_the_update_reads_only_what_changed(collection, data, tmp_path):
+    x, ids, bank = data["x"], data["ids"], data["bank"]
+    uri = collection.create(x, ids)
+    side = tmp_path / "side"
+    attached = attach(uri, bank, "nnn:alpha=0.75,k=8", out=side)
+    new_ids = np.arange(len(data["new"]), dtype=np.int64) * 7 + 100_000
+    collection.add(data["new"], new_ids)
+    with pytest.raises(Conflict, match="--update"):
+        attached.search(data["queries"], 5)
+    with pytest.raises(Conflict, match="--update"):
+        AttachedCollection.open(uri, side)
+    report = update(side, uri, bank)
+    assert (report["added"], report["removed"], report["read_items"], report["refit"]) == (len(new_ids), 0, len(new_ids), None)
+    n_all = len(ids) + len(new_ids)
+    # ids of every item, the added items' vectors, the sample hash's 32 vectors: nothing else
+    assert report["bytes_read"] <= 8 * n_all + (8 + 4 * D) * (len(new_ids) + 32)
+    removed = ids[:9]
+    collection.remove(removed)
+    report = update(side, uri, bank)
+    assert (report["added"], report["removed"], report["read_items"]) == (0, 9, 0)
+    # equal to a fresh attach over the same items
+    fresh = attach(uri, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "fresh")
+    updated = read_sidecar(side)
+    np.testing.assert_array_equal(updated.ids, fresh.sidecar.ids)
+    np.testing.assert_allclose(updated.bias, fresh.sidecar.bias, atol=1e-6)
+    kept = np.concatenate([x[9:], data["new"]])
+    kept_ids = np.concatenate([ids[9:], new_ids])
+    knobs = {"ef_search": 512} if collection.kind == "faiss-hnsw" else {"nprobe": 4} if collection.kind == "faiss-ivf" else {}
+    got = AttachedCollection.open(uri, side).search(data["queries"], 10, candidates=len(kept_ids), **knobs)[1]
+    np.testing.assert_array_equal(got, exact_top(brute_force_nnn(kept, bank, data["queries"], 0.75, 8), kept_ids, 10)[0])
+
+
+@pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)
+def test_update_refits_gallery_wide_statistics_only_for_the_methods_that_have_them(collection, data, tmp_path):
+    x, ids, bank = data["x"], data["ids"], data["bank"]
+    uri = collection.create(x, ids)
+    attach(uri, bank, "dis:beta=15.0,k_activation=2", out=tmp_path / "dis")
+    attach(uri, bank, "dualis", out=tmp_path / "dualis", gallery_bank=data["gallery_bank"])
+    new_ids = np.arange(len(data["new"]), dtype=np.int64) + 50_000
+    collection.add(data["new"], new_ids)
+    report = update(tmp_path / "dis", uri, bank)
+    assert "activation sets" in report["refit"] and report["read_items"] == len(ids) + len(new_ids)
+    report = update(tmp_path / "dualis", uri, bank, gallery_bank=data["gallery_bank"])
+    assert report["refit"] is None and report["read_items"] == len(new_ids)  # DualIS: row-local biases
+    all_x, all_ids = np.concatenate([x, data["new"]]), np.concatenate([ids, new_ids])
+    for name, spec, gb in (("dis", "dis:beta=15.0,k_activation=2", None), ("dualis", "dualis", data["gallery_bank"])):
+        corr = hubless.make_correction(spec).fit(all_x, bank, gb)
+        want = all_ids[corr.search(data["queries"], 10)[1]]
+        got = AttachedCollection.open(uri, tmp_path / name).search(data["queries"], 10)[1]
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+def test_bad_input_is_refused_naming_it_and_writes_no_sidecar(data, tmp_path):
+    import faiss
+
+    x, ids = data["x"], data["ids"]
+    l2 = faiss.IndexIDMap2(faiss.IndexFlatL2(D))
+    l2.add_with_ids(x, ids)
+    faiss.write_index(l2, str(tmp_path / "l2.faiss"))
+    with pytest.raises(InvalidInput, match="L2"):
+        attach(str(tmp_path / "l2.faiss"), data["bank"], out=tmp_path / "s1")
+    raw = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    raw.add_with_ids(x * 3, ids)
+    with pytest.raises(InvalidInput, match="norm"):
+        attach(raw, data["bank"], out=tmp_path / "s2")
+    ok = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    ok.add_with_ids(x, ids)
+    with pytest.raises(InvalidType, match="not additive"):
+        attach(ok, data["bank"], "gc", out=tmp_path / "s3")
+    with pytest.raises(InvalidInput, match="dimension"):
+        attach(ok, data["bank"][:, :8], out=tmp_path / "s4")
+    with pytest.raises(InvalidInput, match="not a bias"):
+        attach(ok, data["bank"], "dualdis", gallery_bank=data["gallery_bank"], out=tmp_path / "s5")
+    with pytest.raises(InvalidInput, match="attach supports"):
+        attach("milvus://x/y", data["bank"], out=tmp_path / "s6")
+    assert not any((tmp_path / f"s{i}").exists() for i in range(1, 7))
+    faiss.write_index(ok, str(tmp_path / "ok.faiss"))
+    attach(str(tmp_path / "ok.faiss"), data["bank"], out=tmp_path / "good")
+    with pytest.raises(InvalidInput, match="fingerprint"):
+        update(tmp_path / "good", str(tmp_path / "ok.faiss"), data["bank"][::-1])
+
+
+@pytest.mark.filterwarnings("ignore::hubless.UnnormalizedEmbeddingsWarning")
+def test_a_raw_faiss_index_needs_unit_vectors_unless_normalize_is_off(data, tmp_path):
+    import faiss
+
+    x = data["x"] * np.linspace(0.5, 2.0, len(data["x"]), dtype=np.float32)[:, None]
+    index = faiss.IndexFlatIP(D)  # no id map: ids are the positions
+    index.add(x)
+    attached = attach(index, data["bank"], "nnn:alpha=0.5,k=8,normalize=false", out=tmp_path / "side")
+    corr = hubless.NNN(alpha=0.5, k=8, normalize=False).fit(x, data["bank"])
+    np.testing.assert_array_equal(attached.search(data["queries"], 10)[1], corr.search(data["queries"], 10)[1])
