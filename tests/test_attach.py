@@ -21,8 +21,8 @@ from tests.conftest import QDRANT_TEST_URL, unit_rows
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 
 D = 16
-KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant"]
-EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant"]
+KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant", "qdrant-edge"]
+EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant", "qdrant-edge"]
 
 
 def hub_prone(rng, n, d=D, hubs=6):
@@ -51,6 +51,7 @@ class Collection:
 
     def __init__(self, kind, tmp_path):
         self.kind, self.tmp = kind, tmp_path
+        self.options = {}  # the source options a user passes for this collection
 
     def create(self, x, ids):
         kind = self.kind
@@ -75,6 +76,14 @@ class Collection:
             db = lancedb.connect(str(self.tmp / "ldb"))
             self.table = db.create_table("docs", self._arrow(x, ids))
             self.uri = f"lancedb://{self.tmp / 'ldb'}/docs"
+        elif kind == "qdrant-edge":  # Qdrant's in-process engine, one unnamed vector, Cosine
+            import qdrant_edge as qd
+
+            config = qd.EdgeConfig(vectors=qd.EdgeVectorParams(size=D, distance=qd.Distance.Cosine))
+            self.shard = qd.EdgeShard.create(str(self.tmp / "qd" / "docs"), config)
+            self.options = {"shard": self.shard}  # the engine lets one holder open it: the user's own handle
+            self._upsert(x, ids)
+            self.uri = f"qdrant://{self.tmp / 'qd'}/docs"
         else:
             from qdrant_client import models
 
@@ -95,6 +104,14 @@ class Collection:
         return pa.table({"id": pa.array(ids, pa.int64()), "vector": vectors, "caption": [f"item {i}" for i in ids.tolist()]})
 
     def _upsert(self, x, ids):
+        if self.kind == "qdrant-edge":
+            import qdrant_edge as qd
+
+            self.shard.update(
+                qd.UpdateOperation.upsert_points([qd.Point(int(i), v.tolist(), {"caption": f"item {i}"}) for i, v in zip(ids, x)])
+            )
+            self.shard.flush()
+            return
         from qdrant_client import models
 
         points = [models.PointStruct(id=int(i), vector=v.tolist(), payload={"caption": f"item {i}"}) for i, v in zip(ids, x)]
@@ -123,6 +140,11 @@ class Collection:
             self._write()
         elif self.kind == "lancedb":
             self.table.delete(f"id IN ({', '.join(str(int(i)) for i in ids)})")
+        elif self.kind == "qdrant-edge":
+            import qdrant_edge as qd
+
+            self.shard.update(qd.UpdateOperation.delete_points([int(i) for i in ids]))
+            self.shard.flush()
         else:
             from qdrant_client import models
 
@@ -153,7 +175,7 @@ def exact_top(scores, ids, k):
 def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the_collection(collection, data, tmp_path):
     x, ids, q = data["x"], data["ids"], data["queries"]
     uri = collection.create(x, ids)
-    attached = attach(uri, data["bank"], "nnn:alpha=0.75,k=8", out=tmp_path / "side", batch=50)
+    attached = attach(uri, data["bank"], "nnn:alpha=0.75,k=8", out=tmp_path / "side", batch=50, **collection.options)
     n = len(ids)
     knobs = {"ef_search": 512} if collection.kind == "faiss-hnsw" else {"nprobe": 4} if collection.kind == "faiss-ivf" else {}
     result = attached.search_certified(q, 10, candidates=n, **knobs)
@@ -175,8 +197,11 @@ def test_certified_answers_are_exact_for_every_attachable_method(collection, dat
     x, ids, q, gb = data["x"], data["ids"], data["queries"], data["gallery_bank"]
     uri = collection.create(x, ids)
     uncertified = 0
-    for spec in SPECS:
-        attached = attach(uri, data["bank"], spec, out=tmp_path / "side", gallery_bank=gb)
+    for n, spec in enumerate(SPECS):
+        # every other method without a reserve: the bound then uses the collection's smallest bias
+        reserve = 0 if n % 2 else None
+        attached = attach(uri, data["bank"], spec, out=tmp_path / "side", gallery_bank=gb, reserve=reserve, **collection.options)
+        assert attached.sidecar.info["reserve"]["size"] == (0 if n % 2 else 64)
         corr = hubless.make_correction(spec).fit(x, data["bank"], gb)
         want_scores, want_pos = corr.search(q, 10)
         # narrow: k' = 2k and no widening, so some queries stay uncertified; the certified ones are exact
@@ -196,31 +221,32 @@ def test_a_changed_collection_is_refused_until_updated_and_the_update_reads_only
     x, ids, bank = data["x"], data["ids"], data["bank"]
     uri = collection.create(x, ids)
     side = tmp_path / "side"
-    attached = attach(uri, bank, "nnn:alpha=0.75,k=8", out=side)
+    opts = collection.options
+    attached = attach(uri, bank, "nnn:alpha=0.75,k=8", out=side, **opts)
     new_ids = np.arange(len(data["new"]), dtype=np.int64) * 7 + 100_000
     collection.add(data["new"], new_ids)
     with pytest.raises(Conflict, match="--update"):
         attached.search(data["queries"], 5)
     with pytest.raises(Conflict, match="--update"):
-        AttachedCollection.open(uri, side)
-    report = update(side, uri, bank)
+        AttachedCollection.open(uri, side, **opts)
+    report = update(side, uri, bank, **opts)
     assert (report["added"], report["removed"], report["read_items"], report["refit"]) == (len(new_ids), 0, len(new_ids), None)
     n_all = len(ids) + len(new_ids)
     # ids of every item, the added items' vectors, the sample hash's 32 vectors: nothing else
     assert report["bytes_read"] <= 8 * n_all + (8 + 4 * D) * (len(new_ids) + 32)
     removed = ids[:9]
     collection.remove(removed)
-    report = update(side, uri, bank)
+    report = update(side, uri, bank, **opts)
     assert (report["added"], report["removed"], report["read_items"]) == (0, 9, 0)
     # equal to a fresh attach over the same items
-    fresh = attach(uri, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "fresh")
+    fresh = attach(uri, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "fresh", **opts)
     updated = read_sidecar(side)
     np.testing.assert_array_equal(updated.ids, fresh.sidecar.ids)
     np.testing.assert_allclose(updated.bias, fresh.sidecar.bias, atol=1e-6)
     kept = np.concatenate([x[9:], data["new"]])
     kept_ids = np.concatenate([ids[9:], new_ids])
     knobs = {"ef_search": 512} if collection.kind == "faiss-hnsw" else {"nprobe": 4} if collection.kind == "faiss-ivf" else {}
-    got = AttachedCollection.open(uri, side).search(data["queries"], 10, candidates=len(kept_ids), **knobs)[1]
+    got = AttachedCollection.open(uri, side, **opts).search(data["queries"], 10, candidates=len(kept_ids), **knobs)[1]
     np.testing.assert_array_equal(got, exact_top(brute_force_nnn(kept, bank, data["queries"], 0.75, 8), kept_ids, 10)[0])
 
 

@@ -19,9 +19,13 @@ puts r after it), hence
 
     ranking(q, r) = s(q, r) - sum_c W_c(q) bias_c(r) <= s_k' - sum_c W_c(q) b_min[c] =: bound(q).
 
-So when the k-th best corrected candidate scores strictly above ``bound(q)`` (strictly: an
-outside item at the bound could tie and win on a lower id), no outside item can enter the
-top-k, and the answer equals exact corrected search over the collection *relative to the
+The *reserve* tightens this: the sidecar keeps the vectors of the items of smallest bias (1% of
+the collection by default; the items a correction promotes most), which are scored exactly on
+every search next to the store's candidates, so ``b_min`` above need only bound the items
+*outside* the reserve: ``t[c]``, each column's smallest bias outside it (``t = b_min`` with no
+reserve). So when the k-th best corrected candidate scores strictly above
+``bound(q) = s_k' - sum_c W_c(q) t[c]`` (strictly: an outside item at the bound could tie and
+win on a lower id), no outside item can enter the top-k, and the answer equals exact corrected search over the collection *relative to the
 store's plain ranking* (exact when the store searches exactly; for an ANN index, exact over what
 its plain top-k' is). A query whose candidates cover the whole collection is certified too.
 Uncertified queries are asked again with k' doubled, up to ``max_candidates``; the answer says
@@ -58,9 +62,11 @@ __all__ = ["AttachedCollection", "AttachedResult", "attach", "update"]
 #: How far a collection's vector norms may be from 1 when the correction expects unit vectors.
 UNIT_TOLERANCE = 1e-3
 #: Default first k' (candidates per query) as a multiple of top_k.
-CANDIDATE_FACTOR = 4
+CANDIDATE_FACTOR = 8
 #: Default largest k': this many times top_k (at least 1024), at most the collection.
 MAX_FACTOR = 64
+#: Default reserve: 1% of the collection, at least / at most these many items.
+DEFAULT_RESERVE = (64, 16384)
 
 
 def _correction(method, normalize: bool | None):
@@ -113,10 +119,30 @@ class _Fitted:
     bias: np.ndarray
     gallery_sum: np.ndarray
     activation: dict  # side -> (scores, rows in stream order)
+    reserve_ids: np.ndarray  # the reserve's ids and vectors (see _keep_reserve)
+    reserve_vectors: np.ndarray
 
 
-def _fit_stream(corr, source: Source, batches, request: StatisticsRequest, qb, gb, n_total: int, progress) -> _Fitted:
-    """Biases of every (ids, vectors) batch, and the merged gallery-wide statistics."""
+def _keep_reserve(kept: tuple[np.ndarray, np.ndarray, np.ndarray], ids, rows, bias, size: int, below) -> tuple:
+    """The reserve after one more batch: the ``size`` items of smallest summed bias so far, or
+    (``below`` given: an update) every new item with a bias column under its threshold."""
+    if below is not None:
+        take = np.flatnonzero((bias < np.asarray(below, np.float32)[None, :]).any(axis=1))
+    else:
+        take = np.arange(ids.size)
+    keys = np.concatenate([kept[2], bias[take].sum(axis=1, dtype=np.float64)])
+    all_ids = np.concatenate([kept[0], ids[take]])
+    all_rows = np.concatenate([kept[1], rows[take]])
+    if below is None and keys.size > size:
+        pick = np.argpartition(keys, size - 1)[:size] if size else np.zeros(0, np.int64)
+        return all_ids[pick], all_rows[pick], keys[pick]
+    return all_ids, all_rows, keys
+
+
+def _fit_stream(
+    corr, source: Source, batches, request: StatisticsRequest, qb, gb, n_total: int, progress, *, reserve: int = 0, below=None
+) -> _Fitted:
+    """Biases of every (ids, vectors) batch, the merged gallery-wide statistics and the reserve."""
     from hubless.progress import progress_bar
 
     means = (
@@ -127,12 +153,15 @@ def _fit_stream(corr, source: Source, batches, request: StatisticsRequest, qb, g
     total = np.zeros(source.dim, np.float64)
     activation: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     seen = 0
+    kept = (np.zeros(0, np.int64), np.zeros((0, source.dim), np.float32), np.zeros(0, np.float64))
     bar = progress_bar(None, progress, total=n_total, desc="attach", unit="item") if n_total else None
     for ids, vectors in batches:
         rows = _rows(corr, source, vectors, seen)
         part = compute_statistics(rows, qb, gb, request, bank_means=means)
-        bias_parts.append(corr.row_bias(rows, part))
+        bias = corr.row_bias(rows, part)
+        bias_parts.append(bias)
         id_parts.append(np.asarray(ids, np.int64))
+        kept = _keep_reserve(kept, id_parts[-1], rows, bias, reserve, below)
         total += rows.sum(axis=0, dtype=np.float64)
         for side, k in (("query", request.query_activation_k), ("gallery", request.gallery_activation_k)):
             if not k:
@@ -151,7 +180,7 @@ def _fit_stream(corr, source: Source, batches, request: StatisticsRequest, qb, g
     ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
     width = bias_parts[0].shape[1] if bias_parts else 1
     bias = np.concatenate(bias_parts) if bias_parts else np.zeros((0, width), np.float32)
-    return _Fitted(ids, bias, total, activation)
+    return _Fitted(ids, bias, total, activation, kept[0], kept[1])
 
 
 def _global_statistics(request: StatisticsRequest, n: int, qb, gb, gallery_mean, activation: dict) -> BankStatistics:
@@ -206,6 +235,7 @@ def attach(
     out,
     gallery_bank=None,
     normalize: bool | None = None,
+    reserve: int | None = None,
     batch: int = BATCH,
     progress: bool | None = None,
     **source_options,
@@ -216,8 +246,11 @@ def attach(
     sidecar to ``out`` (atomically; an existing sidecar there is replaced). The collection is
     only read. Returns the :class:`AttachedCollection`, ready to search.
 
-    ``source_options``: the source's own (``id_field``, ``vector_field``, ``metric``);
-    ``normalize``: the correction's (default: the method's, True: unit vectors expected).
+    ``source_options``: the source's own (``id_field``, ``vector_field``, ``metric``, ``shard``);
+    ``normalize``: the correction's (default: the method's, True: unit vectors expected);
+    ``reserve``: how many lowest-bias items the sidecar keeps the vectors of, to score them
+    exactly on every search and tighten the certificate (default 1% of the collection, at
+    least 64, at most 16,384; 0: none, the bound then uses the collection's smallest bias).
     """
     batch = check_positive_int(batch, "batch")
     if out is None or not isinstance(out, (str, Path)):
@@ -229,15 +262,35 @@ def attach(
     if n == 0:
         raise InvalidInput(f"{src.uri} holds no items")
     corr.check_sizes(n, None if qb is None else qb.shape[0], None if gb is None else gb.shape[0])
+    requested = reserve
+    if reserve is None:
+        reserve = min(n, max(DEFAULT_RESERVE[0], n // 100), DEFAULT_RESERVE[1])
+    elif isinstance(reserve, bool) or not isinstance(reserve, (int, np.integer)) or reserve < 0:
+        raise InvalidInput(f"reserve must be a whole number of items >= 0; got {reserve!r}")
     started, before = time.perf_counter(), src.bytes_read
-    fitted = _fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress)
+    fitted = _fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress, reserve=min(int(reserve), n))
     ids, bias, activation = _sorted(fitted, src.uri)
+    reserve_ids, reserve_vectors = _reserve_sorted(fitted.reserve_ids, fitted.reserve_vectors)
     info = _info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True)
+    info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, bias, reserve_ids), "requested": requested}
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     stats = _global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
-    sidecar = Sidecar(ids, bias, stats, info)
+    sidecar = Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors)
     write_sidecar(out, sidecar)
     return AttachedCollection(src, sidecar, verify=False)
+
+
+def _reserve_sorted(ids: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(ids, kind="stable")
+    return np.ascontiguousarray(ids[order]), np.ascontiguousarray(vectors[order], np.float32)
+
+
+def _thresholds(ids: np.ndarray, bias: np.ndarray, reserve_ids: np.ndarray) -> list[float]:
+    """Each bias column's smallest value over the items *outside* the reserve (the certificate's
+    bound; the collection's smallest when everything is in the reserve)."""
+    outside = ~np.isin(ids, reserve_ids)
+    part = bias[outside] if outside.any() else bias
+    return [float(v) for v in part.min(axis=0).astype(np.float64)]
 
 
 def _info(corr, src: Source, ids, bias, qb, gb, gallery_sum, *, exact_mean: bool) -> dict:
@@ -339,7 +392,13 @@ def update(
             ids = added[lo : lo + batch]
             yield ids, src.fetch(ids, batch)
 
-    fitted = _fit_stream(corr, src, new_batches(), request, qb, gb, int(added.size), progress)
+    threshold = np.asarray(old.info["reserve"]["threshold"], np.float32)
+    fitted = _fit_stream(corr, src, new_batches(), request, qb, gb, int(added.size), progress, below=threshold)
+    keep_reserve = ~np.isin(old.reserve_ids, removed)  # the threshold stays a lower bound: removals only raise the minimum
+    reserve_ids, reserve_vectors = _reserve_sorted(
+        np.concatenate([old.reserve_ids[keep_reserve], fitted.reserve_ids]),
+        np.concatenate([old.reserve_vectors[keep_reserve], fitted.reserve_vectors]),
+    )
     keep = ~np.isin(old.ids, removed)
     ids = np.concatenate([old.ids[keep], fitted.ids])
     bias = np.concatenate([old.bias[keep], fitted.bias])
@@ -349,8 +408,9 @@ def update(
     exact_mean = bool(old.info.get("gallery_mean_exact", True)) and removed.size == 0
     info = _info(corr, src, ids, bias, qb, gb, gallery_sum, exact_mean=exact_mean)
     info["attached"] = old.info.get("attached")
+    info["reserve"] = {**old.info["reserve"], "size": int(reserve_ids.size), "threshold": [float(v) for v in threshold]}
     stats = _global_statistics(request, ids.size, qb, gb, gallery_sum / max(ids.size, 1), {})
-    write_sidecar(out, Sidecar(ids, bias, stats, info))
+    write_sidecar(out, Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors))
     return {
         "added": int(added.size),
         "removed": int(removed.size),
@@ -387,6 +447,11 @@ class AttachedCollection:
         info = sidecar.info
         self.correction = _correction(info["spec"], bool(info["normalize"])).for_rows(sidecar.bias, sidecar.statistics)
         self.b_min = np.asarray(info["b_min"], np.float64)
+        #: each bias column's smallest value outside the reserve: the certificate's bound
+        self.threshold = np.asarray(info["reserve"]["threshold"], np.float64)
+        self.reserve_ids = sidecar.reserve_ids
+        self.reserve_vectors = sidecar.reserve_vectors
+        self.reserve_rows = np.searchsorted(sidecar.ids, sidecar.reserve_ids)
         if verify:
             self.verify()
 
@@ -462,7 +527,7 @@ class AttachedCollection:
         first = check_positive_int(candidates, "candidates") if candidates is not None else CANDIDATE_FACTOR * k
         limit = check_positive_int(max_candidates, "max_candidates") if max_candidates is not None else max(1024, MAX_FACTOR * k)
         limit = min(max(limit, k), n)
-        first = min(max(first, k, depth), n)
+        first = min(max(first, k, depth), limit if candidates is None else n)
         self._check_count()
         nq = len(batch)
         scores = np.full((nq, top_k), -np.inf, np.float32)
@@ -482,11 +547,15 @@ class AttachedCollection:
         return AttachedResult(scores, ids, certified, used)
 
     def _answer(self, batch, k: int, kp: int, knobs: dict):
+        """One round: the store's plain top-``kp`` plus the reserve, re-scored exactly, and the
+        certificate of each query (see the module docstring)."""
+        from hubless.corrections import QueryStatistics
+
         corr = self.correction
+        nq, m = len(batch), self.reserve_ids.size
         plain, found = self.source.search(batch.vectors, kp, **knobs)
         valid = found >= 0
-        pos = np.searchsorted(self.sidecar.ids, found)
-        pos = np.minimum(pos, self.ntotal - 1)
+        pos = np.minimum(np.searchsorted(self.sidecar.ids, found), self.ntotal - 1)
         unknown = valid & (self.sidecar.ids[pos] != found)
         if unknown.any():
             raise Conflict(
@@ -494,25 +563,33 @@ class AttachedCollection:
                 "since it was attached; run hubless attach --update"
             )
         pos = np.where(valid, pos, 0)
-        sims = np.where(valid, plain, 0).astype(np.float32)
-        from hubless.corrections import QueryStatistics
-
         request = corr.query_request
-        if request.depth:
+        if request.depth:  # raw top-1 (DIS/DualDIS gates), raw top-k (CSLS's shown r_q): the store's plain ranking
             batch.statistics = QueryStatistics.from_neighbours(request, plain, pos)
-        ranking = np.array(corr.rank(batch, sims, columns=pos), dtype=np.float32, copy=True)
-        ranking[~valid] = -np.inf
-        order = np.lexsort((np.where(valid, found, np.iinfo(np.int64).max), -ranking.astype(np.float64)), axis=1)[:, :k]
+        # the reserve: scored exactly for every query, except where the store returned it already
+        in_store = np.zeros((nq, m), bool)
+        if m:
+            at = np.minimum(np.searchsorted(self.reserve_ids, found), m - 1)
+            hit = valid & (self.reserve_ids[at] == found)
+            in_store[np.nonzero(hit)[0], at[hit]] = True
+        reserve_sims = batch.vectors @ self.reserve_vectors.T if m else np.zeros((nq, 0), np.float32)
+        sims = np.hstack([np.where(valid, plain, 0), reserve_sims]).astype(np.float32)
+        columns = np.hstack([pos, np.broadcast_to(self.reserve_rows, (nq, m))])
+        ids = np.hstack([np.where(valid, found, -1), np.broadcast_to(self.reserve_ids, (nq, m))])
+        ok_slot = np.hstack([valid, ~in_store])
+        ranking = np.array(corr.rank(batch, sims, columns=columns), dtype=np.float32, copy=True)
+        ranking[~ok_slot] = -np.inf
+        order = np.lexsort((np.where(ok_slot, ids, np.iinfo(np.int64).max), -ranking.astype(np.float64)), axis=1)[:, :k]
         top_rank = np.take_along_axis(ranking, order, axis=1)
-        top_ids = np.take_along_axis(np.where(valid, found, -1), order, axis=1)
+        top_ids = np.where(np.isfinite(top_rank), np.take_along_axis(ids, order, axis=1), -1)
         n_valid = valid.sum(axis=1)
-        covered = n_valid >= self.ntotal
-        last = np.where(n_valid > 0, plain[np.arange(len(plain)), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
+        covered = ok_slot.sum(axis=1) >= self.ntotal
+        last = np.where(n_valid > 0, plain[np.arange(nq), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
         w = np.asarray(corr.weights(batch), np.float64)
-        bound = last - w @ self.b_min
-        slack = 8 * np.finfo(np.float32).eps * (np.abs(last) + np.abs(w) @ np.abs(self.b_min) + 1.0)
+        bound = last - w @ self.threshold
+        slack = 8 * np.finfo(np.float32).eps * (np.abs(last) + np.abs(w) @ np.abs(self.threshold) + 1.0)
         kth = top_rank[:, k - 1].astype(np.float64)
-        ok = covered | ((n_valid >= k) & (kth > bound + slack))
+        ok = covered | (np.isfinite(kth) & (kth > bound + slack))
         shown = np.where(np.isfinite(top_rank), corr.method_scores(batch, np.where(np.isfinite(top_rank), top_rank, 0)), -np.inf)
         return shown.astype(np.float32), top_ids, ok
 

@@ -4,6 +4,9 @@ Layout: ``<sidecar>/CURRENT`` names the live version ``v-<hex>/``, which holds
 
 * ``ids.npy`` (n,) int64: the collection's ids, ascending;
 * ``bias.npy`` (n, n_columns) float32: each item's bias columns, row for row with ``ids.npy``;
+* ``reserve_ids.npy`` / ``reserve.npy``: the reserve, the ids (ascending) and vectors of the items
+  of smallest bias (1% by default), scored exactly on every search (the certificate's bound then
+  uses the smallest bias *outside* the reserve, ``reserve.threshold`` in ``attach.json``);
 * ``statistics.npz``: the gallery-wide part of the bank statistics (bank sizes and means, the
   collection's mean, DIS/DualDIS activation sets as rows of ``ids.npy``), what the correction's
   query side reads;
@@ -23,7 +26,7 @@ import hashlib
 import json
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +58,9 @@ class Sidecar:
     statistics: BankStatistics
     info: dict
     path: Path | None = None
+    #: the reserve: the lowest-bias items' ids (ascending) and vectors, scored exactly on every search
+    reserve_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    reserve_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
     @property
     def spec(self) -> str:
@@ -86,6 +92,8 @@ def write_sidecar(folder, sidecar: Sidecar) -> Path:
     try:
         save_npy(version / "ids.npy", np.ascontiguousarray(sidecar.ids, np.int64))
         save_npy(version / "bias.npy", np.ascontiguousarray(sidecar.bias, np.float32))
+        save_npy(version / "reserve_ids.npy", np.ascontiguousarray(sidecar.reserve_ids, np.int64))
+        save_npy(version / "reserve.npy", np.ascontiguousarray(sidecar.reserve_vectors, np.float32))
         with open(version / "statistics.npz", "wb") as fh:
             arrays: dict = sidecar.statistics.to_arrays()
             np.savez(fh, **arrays)
@@ -111,6 +119,8 @@ def read_sidecar(folder) -> Sidecar:
         info = json.loads((version / "attach.json").read_text())
         ids = np.load(version / "ids.npy", allow_pickle=False)
         bias = np.load(version / "bias.npy", allow_pickle=False)
+        reserve_ids = np.load(version / "reserve_ids.npy", allow_pickle=False)
+        reserve_vectors = np.load(version / "reserve.npy", allow_pickle=False)
         with np.load(version / "statistics.npz", allow_pickle=False) as data:
             stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
     except (OSError, ValueError, KeyError) as exc:
@@ -119,4 +129,4 @@ def read_sidecar(folder) -> Sidecar:
         raise Corrupt(f"sidecar {folder} has format version {info.get('format_version')}; this hubless reads {FORMAT_VERSION}")
     if ids.shape[0] != bias.shape[0] or bias.ndim != 2:
         raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but bias rows of shape {bias.shape}")
-    return Sidecar(ids, bias, stats, info, folder)
+    return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors)

@@ -12,10 +12,15 @@ Sources (:func:`open_source`):
 
 * ``path/to/index.faiss`` (any FAISS index with the inner-product metric; an ``IndexIDMap`` /
   ``IndexIDMap2`` gives the user's ids, else ids are the positions): vectors by
-  ``reconstruct_n`` over the inner index, search with ``nprobe`` (IVF) / ``ef_search`` (HNSW);
+  ``reconstruct_n`` over the inner index, search with ``nprobe`` (IVF) / ``ef_search`` (HNSW;
+  default the larger of the index's own and 2 k': a beam as long as the list asked for finds
+  its last entries poorly); the file is read again when it is rewritten;
 * ``lancedb://dir/table``: columns ``id`` and ``vector`` (``id_field=`` / ``vector_field=`` to
   name others), scanned in record batches, searched with LanceDB's dot (or ``metric="cosine"``)
   distance turned back into a similarity (1 - distance);
+* ``qdrant://dir/collection``: a shard of Qdrant's in-process engine (``qdrant-edge-py``) in the
+  directory ``dir/collection``; the engine lets one holder open a shard, so a process that
+  holds it open passes its ``EdgeShard`` as ``shard=``;
 * ``qdrant+http://host:port/collection`` (and ``qdrant+https``): a collection of a Qdrant server
   (through ``qdrant-client``; integer point ids; its unnamed vector or ``vector_field=``; Dot or
   Cosine distance), scrolled and searched with ``hnsw_ef`` (``ef_search``).
@@ -36,7 +41,7 @@ import numpy as np
 
 from hubless.errors import InvalidInput, MissingFile, NotFound, optional_import
 
-__all__ = ["FaissSource", "LanceSource", "QdrantSource", "Source", "open_source", "sample_hash"]
+__all__ = ["FaissSource", "LanceSource", "QdrantEdgeSource", "QdrantSource", "Source", "open_source", "sample_hash"]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -51,6 +56,8 @@ class Source(abc.ABC):
     kind: ClassVar[str] = ""
     #: The search knobs this collection takes (name -> help).
     knobs: ClassVar[dict[str, str]] = {}
+    #: Whether the store ranks by cosine (then its vectors need not be unit length).
+    cosine: bool = False
 
     def __init__(self, uri: str) -> None:
         self.uri = str(uri)
@@ -265,6 +272,9 @@ class FaissSource(Source):
         faiss = self._faiss
         params = None
         ef, nprobe = knobs.get("ef_search"), knobs.get("nprobe")
+        if ef is None and isinstance(self.inner, faiss.IndexHNSW):
+            # a list as long as the beam is poor at its end: at least twice k' (the index's own when larger)
+            ef = max(int(self.inner.hnsw.efSearch), 2 * k)
         if ef is not None and isinstance(self.inner, faiss.IndexHNSW):
             params = faiss.SearchParametersHNSW(efSearch=int(ef))
         elif nprobe is not None and faiss.try_extract_index_ivf(self.inner) is not None:
@@ -309,6 +319,7 @@ class LanceSource(Source):
                     f"LanceDB table {uri} has no column {name!r} (columns: {', '.join(names)}); name it with id_field= / vector_field="
                 )
         self.id_field, self.vector_field, self.metric = id_field, vector_field, metric
+        self.cosine = metric == "cosine"
         self._dim = int(self.table.schema.field(vector_field).type.list_size)
 
     @property
@@ -320,6 +331,7 @@ class LanceSource(Source):
         return int(self.table.count_rows())
 
     def _batches(self, columns: list[str], batch: int, where: str | None = None):
+        self.table.checkout_latest()
         query = self.table.search().select(columns).limit(None)
         if where is not None:
             query = query.where(where)
@@ -410,6 +422,7 @@ class QdrantSource(Source):
         distance = str(getattr(params.distance, "value", params.distance)).lower()
         if distance not in ("dot", "cosine"):
             raise InvalidInput(f"Qdrant collection {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
+        self.cosine = distance == "cosine"
         self.vector_field, self._dim = vector_field, int(params.size)
 
     @property
@@ -472,6 +485,122 @@ class QdrantSource(Source):
         return _pad([[(p.score, int(p.id)) for p in a.points] for a in answers], k)
 
 
+class QdrantEdgeSource(Source):
+    """A shard of Qdrant's in-process engine (``qdrant-edge-py``): ``qdrant://dir/collection`` is
+    the shard directory ``dir/collection`` (its ``edge_config.json`` gives the vectors' size and
+    distance). The engine serves one process at a time."""
+
+    kind = "qdrant"
+    knobs = {"ef_search": "HNSW candidates kept per query (hnsw_ef)", "exact": "scan every point (true/false)"}
+
+    def __init__(self, uri: str, *, vector_field: str | None = None, shard=None) -> None:
+        super().__init__(uri)
+        import json
+
+        from hubless.export.base import split_location
+
+        self.qd = optional_import("qdrant_edge", "attaching to Qdrant in process", "qdrant", "qdrant_edge")
+        location, name = split_location(uri, "qdrant", "qdrant://path/collection")
+        folder = Path(location) / name
+        try:
+            config = json.loads((folder / "edge_config.json").read_text())
+        except (OSError, ValueError):
+            hint = " (a collection hubless exported: search it with hubless search instead)" if (folder / "CURRENT").is_file() else ""
+            raise NotFound(f"no Qdrant in-process shard at {folder} (no edge_config.json){hint}") from None
+        vectors = config.get("vectors") or {}
+        if vector_field is None:
+            if len(vectors) != 1:
+                raise InvalidInput(f"Qdrant shard {uri} has vectors {', '.join(map(repr, vectors))}: choose one with vector_field=")
+            vector_field = next(iter(vectors))
+        if vector_field not in vectors:
+            raise InvalidInput(f"Qdrant shard {uri} has no vector {vector_field!r} (it has {', '.join(map(repr, vectors))})")
+        params = vectors[vector_field]
+        distance = str(params.get("distance", "")).lower()
+        if distance not in ("dot", "cosine"):
+            raise InvalidInput(f"Qdrant shard {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
+        self.cosine = distance == "cosine"
+        self.vector_field, self._dim = vector_field, int(params["size"])
+        self._owned = shard is None
+        if shard is not None:  # the process's own open shard (the engine lets one holder open it)
+            self.shard = shard
+            return
+        try:
+            self.shard = self.qd.EdgeShard.load(str(folder))
+        except Exception as exc:
+            from hubless.export.base import StoreUnavailable
+
+            raise StoreUnavailable(
+                f"cannot open the Qdrant shard {folder}: {exc} (Qdrant's in-process engine serves one process at a time)"
+            ) from None
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def count(self) -> int:
+        return int(self.shard.count(self.qd.CountRequest(exact=True)))
+
+    def _vector(self, record) -> list[float]:
+        v = record.vector
+        return v[self.vector_field] if isinstance(v, dict) else v
+
+    def _with(self) -> Any:
+        return True if self.vector_field == "" else [self.vector_field]
+
+    def _pages(self, batch: int, with_vectors: bool):
+        offset = None
+        while True:
+            request = self.qd.ScrollRequest(
+                offset=offset, limit=batch, with_vector=self._with() if with_vectors else False, with_payload=False
+            )
+            records, offset = self.shard.scroll(request)
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def _ids(self, records) -> np.ndarray:
+        ids = [r.id for r in records]
+        if any(not isinstance(i, int) for i in ids):
+            raise InvalidInput(f"Qdrant shard {self.uri} has UUID point ids: hubless attaches to integer ids")
+        return np.asarray(ids, np.int64)
+
+    def scan(self, batch: int = BATCH):
+        for records in self._pages(batch, True):
+            ids = self._ids(records)
+            vectors = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+
+    def scan_ids(self, batch: int = BATCH):
+        for records in self._pages(batch, False):
+            ids = self._ids(records)
+            self._count(ids.size)
+            yield ids
+
+    def _fetch(self, ids):
+        records = self.shard.retrieve([int(i) for i in ids.tolist()], False, self._with())
+        found = self._ids(records) if records else np.zeros(0, np.int64)
+        out = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+        self._count(found.size, out.size)
+        return found, out
+
+    def _search(self, queries, k, knobs):
+        qd = self.qd
+        ef = knobs.get("ef_search")
+        params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=None if ef is None else max(int(ef), k))
+        using = None if self.vector_field == "" else self.vector_field
+        requests = [
+            qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), with_payload=False, params=params) for q in queries.tolist()
+        ]
+        answers = self.shard.query_batch(qd.QueryBatchRequest(requests))
+        return _pad([[(p.score, int(p.id)) for p in hits] for hits in answers], k)
+
+    def close(self) -> None:
+        if self._owned:
+            self.shard.close()
+
+
 # ---------------------------------------------------------------------------------------- opening
 def open_source(source, **options) -> Source:
     """The collection ``source`` names: a FAISS index file (a path, or a ``faiss.Index``), a
@@ -489,12 +618,17 @@ def open_source(source, **options) -> Source:
         raise InvalidInput(f"source must be a FAISS index file, a faiss.Index or a store URI; got {type(source).__name__}")
     text = str(source)
     scheme, sep, _ = text.partition("://")
-    kinds: dict[str, type[Source]] = {"lancedb": LanceSource, "qdrant+http": QdrantSource, "qdrant+https": QdrantSource}
+    kinds: dict[str, type[Source]] = {
+        "lancedb": LanceSource,
+        "qdrant": QdrantEdgeSource,
+        "qdrant+http": QdrantSource,
+        "qdrant+https": QdrantSource,
+    }
     if sep:
         if scheme not in kinds:
             raise InvalidInput(
-                f"cannot attach to {text!r}: attach supports a FAISS index file, lancedb://path/table and "
-                "qdrant+http://host:port/collection"
+                f"cannot attach to {text!r}: attach supports a FAISS index file, lancedb://path/table, "
+                "qdrant://path/collection (in process) and qdrant+http://host:port/collection"
             )
         return kinds[scheme](text, **options)
     allowed = {"id_field", "vector_field", "metric"} & set(options)
