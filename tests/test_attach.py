@@ -310,3 +310,38 @@ def test_a_raw_faiss_index_needs_unit_vectors_unless_normalize_is_off(data, tmp_
     attached = attach(index, data["bank"], "nnn:alpha=0.5,k=8,normalize=false", out=tmp_path / "side")
     corr = hubless.NNN(alpha=0.5, k=8, normalize=False).fit(x, data["bank"])
     np.testing.assert_array_equal(attached.search(data["queries"], 10)[1], corr.search(data["queries"], 10)[1])
+
+
+def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
+    import json
+
+    import faiss
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    runner = CliRunner()
+    x, ids = data["x"], data["ids"]
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    index.add_with_ids(x, ids)
+    path = str(tmp_path / "c.faiss")
+    faiss.write_index(index, path)
+    np.save(tmp_path / "bank.npy", data["bank"])
+    np.save(tmp_path / "q.npy", data["queries"][:4])
+    side = str(tmp_path / "side")
+    result = runner.invoke(app, ["attach", path, "--query-bank", str(tmp_path / "bank.npy"), "-m", "nnn:alpha=0.75,k=8", "--out", side])
+    assert result.exit_code == 0, result.output
+    assert "attached nnn:alpha=0.75,k=8" in result.output
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    want = exact_top(brute_force_nnn(x, data["bank"], data["queries"][:4], 0.75, 8), ids, 3)[0]
+    assert [line["ids"] for line in lines] == want.tolist() and all(line["certified"] for line in lines)
+    index.add_with_ids(data["new"], np.arange(len(data["new"]), dtype=np.int64) + 10**6)
+    faiss.write_index(index, path)
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy")])
+    assert result.exit_code == 2 and "--update" in result.output
+    result = runner.invoke(app, ["attach", path, "--query-bank", str(tmp_path / "bank.npy"), "--out", side, "--update"])
+    assert result.exit_code == 0 and f"{len(data['new'])} added" in result.output, result.output
+    result = runner.invoke(app, ["attach", path, "--out", side, "--update"])
+    assert result.exit_code == 2 and "--query-bank" in result.output
