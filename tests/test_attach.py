@@ -21,8 +21,8 @@ from tests.conftest import QDRANT_TEST_URL, unit_rows
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 
 D = 16
-KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant", "qdrant-edge"]
-EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant", "qdrant-edge"]
+KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant", "qdrant-edge", "postgresql", "chroma"]
+EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant", "qdrant-edge", "postgresql"]
 
 
 def hub_prone(rng, n, d=D, hubs=6):
@@ -76,6 +76,23 @@ class Collection:
             db = lancedb.connect(str(self.tmp / "ldb"))
             self.table = db.create_table("docs", self._arrow(x, ids))
             self.uri = f"lancedb://{self.tmp / 'ldb'}/docs"
+        elif kind == "postgresql":  # a table with a pgvector column (no index: exact)
+            import uuid
+
+            self.table = f"docs_{uuid.uuid4().hex[:8]}"
+            with self._pg() as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                conn.execute(f"CREATE TABLE {self.table} (id bigint PRIMARY KEY, embedding vector({D}), caption text)")
+            self._insert(x, ids)
+            base, _, query = self.pg_dsn.partition("?")
+            self.uri = f"{base}/{self.table}" + (f"?{query}" if query else "")  # the database, then the table
+        elif kind == "chroma":  # space "ip", ids as text
+            import chromadb
+
+            self.chroma = chromadb.PersistentClient(path=str(self.tmp / "chroma"))
+            self.coll = self.chroma.create_collection("docs", configuration={"hnsw": {"space": "ip"}}, embedding_function=None)
+            self._insert(x, ids)
+            self.uri = f"chroma://{self.tmp / 'chroma'}/docs"
         elif kind == "qdrant-edge":  # Qdrant's in-process engine, one unnamed vector, Cosine
             import qdrant_edge as qd
 
@@ -91,6 +108,19 @@ class Collection:
             self._upsert(x, ids)
             self.uri = f"qdrant+{QDRANT_TEST_URL}/docs"
         return self.uri
+
+    def _pg(self):
+        import psycopg
+
+        return psycopg.connect(self.pg_dsn, autocommit=True)
+
+    def _insert(self, x, ids):
+        if self.kind == "chroma":
+            self.coll.add(ids=[str(int(i)) for i in ids], embeddings=x, metadatas=[{"caption": f"item {i}"} for i in ids])
+            return
+        rows = [(int(i), "[" + ",".join(f"{v:.9g}" for v in row) + "]", f"item {i}") for i, row in zip(ids, x.tolist())]
+        with self._pg() as conn, conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {self.table} (id, embedding, caption) VALUES (%s, %s::vector, %s)", rows)
 
     def _write(self):
         import faiss
@@ -118,7 +148,9 @@ class Collection:
         self.client.upsert("docs", points)
 
     def add(self, x, ids):
-        if self.kind.startswith("faiss"):
+        if self.kind in ("postgresql", "chroma"):
+            self._insert(x, ids)
+        elif self.kind.startswith("faiss"):
             self.index.add_with_ids(x, ids)
             self._write()
         elif self.kind == "lancedb":
@@ -140,6 +172,11 @@ class Collection:
             self._write()
         elif self.kind == "lancedb":
             self.table.delete(f"id IN ({', '.join(str(int(i)) for i in ids)})")
+        elif self.kind == "postgresql":
+            with self._pg() as conn:
+                conn.execute(f"DELETE FROM {self.table} WHERE id = ANY(%s)", ([int(i) for i in ids],))
+        elif self.kind == "chroma":
+            self.coll.delete(ids=[str(int(i)) for i in ids])
         elif self.kind == "qdrant-edge":
             import qdrant_edge as qd
 
@@ -151,12 +188,24 @@ class Collection:
             self.client.delete("docs", points_selector=models.PointIdsList(points=[int(i) for i in ids]))
 
 
+@pytest.fixture(scope="module")
+def pg_dsn(tmp_path_factory):
+    """A real PostgreSQL with pgvector (pgserver) for this module: its libpq URI without a database."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    yield server.get_uri()  # postgresql://user:@/postgres?host=...
+    server.cleanup()
+
+
 @pytest.fixture
 def collection(request, tmp_path):
     kind = request.param
     made = Collection(kind, tmp_path)
     if kind == "qdrant":
         made.client = request.getfixturevalue("qdrant_server")
+    if kind == "postgresql":
+        made.pg_dsn = request.getfixturevalue("pg_dsn")
     return made
 
 

@@ -41,7 +41,17 @@ import numpy as np
 
 from hubless.errors import InvalidInput, MissingFile, NotFound, optional_import
 
-__all__ = ["FaissSource", "LanceSource", "QdrantEdgeSource", "QdrantSource", "Source", "open_source", "sample_hash"]
+__all__ = [
+    "ChromaSource",
+    "FaissSource",
+    "LanceSource",
+    "PgvectorSource",
+    "QdrantEdgeSource",
+    "QdrantSource",
+    "Source",
+    "open_source",
+    "sample_hash",
+]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -601,6 +611,223 @@ class QdrantEdgeSource(Source):
             self.shard.close()
 
 
+# ---------------------------------------------------------------------------------------- pgvector
+class PgvectorSource(Source):
+    """A PostgreSQL table with a pgvector column: ``postgresql://user@host:port/db/table``,
+    columns ``id`` (an integer) and ``embedding`` (``id_field=`` / ``vector_field=`` to name
+    others). Scanned by id with a cursor (``WHERE id > last ORDER BY id LIMIT batch``, vectors by
+    binary COPY), searched with ``<#>`` (the negative inner product; ``metric="cosine"``: ``<=>``,
+    1 - distance) through the table's index when it has one (``ef_search`` sets
+    ``hnsw.ef_search``, ``nprobe`` ``ivfflat.probes``)."""
+
+    kind = "postgresql"
+    knobs = {"ef_search": "HNSW candidates kept per query (hnsw.ef_search)", "nprobe": "IVFFlat lists probed (ivfflat.probes)"}
+
+    def __init__(self, uri: str, *, id_field: str = "id", vector_field: str = "embedding", metric: str = "dot") -> None:
+        super().__init__(uri)
+        import re
+
+        from hubless.export.pgvector_store import PgvectorStore, _connect
+
+        parsed = PgvectorStore.parse(uri)
+        for name in (id_field, vector_field):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
+                raise InvalidInput(f"column name {name!r}: use letters, digits and underscores")
+        if metric not in ("dot", "cosine"):
+            raise InvalidInput(f"metric must be 'dot' or 'cosine' (an inner product) for an attached pgvector table; got {metric!r}")
+        self.conn = _connect(parsed.location, autocommit=True)
+        self.table, self.id_field, self.vector_field, self.metric = parsed.table, id_field, vector_field, metric
+        self.cosine = metric == "cosine"
+        row = self.conn.execute(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
+            (f'"{self.table}"', vector_field),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no table {self.table!r} with a column {vector_field!r} in {parsed.location}")
+        import re as _re
+
+        match = _re.fullmatch(r"vector\((\d+)\)", row[0])
+        if match is None:
+            raise InvalidInput(f"column {vector_field!r} of {self.table!r} is {row[0]}, not a pgvector vector(d)")
+        self._dim = int(match.group(1))
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _t(self) -> str:
+        return f'"{self.table}"'
+
+    def count(self) -> int:
+        return int(self.conn.execute(f"SELECT count(*) FROM {self._t()}").fetchone()[0])
+
+    def _copy(self, sql: str, params: tuple) -> tuple[np.ndarray, np.ndarray]:
+        from psycopg import sql as psql
+
+        with self.conn.cursor() as cur:
+            buffer = bytearray()
+            query = psql.SQL(sql).format(*[psql.Literal(p) for p in params])
+            with cur.copy(psql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
+                for chunk in copy:
+                    buffer += chunk
+        row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
+                        ("v", ">f4", (self._dim,))])  # fmt: skip
+        body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
+        return body["id"].astype(np.int64), body["v"].astype(np.float32)
+
+    def scan(self, batch: int = BATCH):
+        last = None
+        while True:
+            where = "" if last is None else f"WHERE {self.id_field} > {{}} "
+            sql = f"SELECT {self.id_field}::bigint, {self.vector_field} FROM {self._t()} {where}ORDER BY {self.id_field} LIMIT {{}}"
+            ids, vectors = self._copy(sql, (batch,) if last is None else (last, batch))
+            if ids.size == 0:
+                return
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+            last = int(ids[-1])
+
+    def scan_ids(self, batch: int = BATCH):
+        last = None
+        while True:
+            where = "" if last is None else f"WHERE {self.id_field} > %s "
+            params = (batch,) if last is None else (last, batch)
+            rows = self.conn.execute(f"SELECT {self.id_field} FROM {self._t()} {where}ORDER BY {self.id_field} LIMIT %s", params).fetchall()
+            if not rows:
+                return
+            ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+            self._count(ids.size)
+            yield ids
+            last = int(ids[-1])
+
+    def _fetch(self, ids):
+        found, vectors = self._copy(
+            f"SELECT {self.id_field}::bigint, {self.vector_field} FROM {self._t()} WHERE {self.id_field} = ANY({{}})", (ids.tolist(),)
+        )
+        self._count(found.size, vectors.size)
+        return found, vectors
+
+    def _search(self, queries, k, knobs):
+        from hubless.export.pgvector_store import _vector_text
+
+        op = "<#>" if self.metric == "dot" else "<=>"
+        sql = (
+            f"SELECT q.i, t.id, t.dist FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
+            f"(SELECT {self.id_field}::bigint AS id, {self.vector_field} {op} q.v AS dist FROM {self._t()} "
+            f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
+        )
+        with self.conn.transaction():
+            if knobs.get("ef_search") is not None:
+                self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
+            if knobs.get("nprobe") is not None:
+                self.conn.execute(f"SET LOCAL ivfflat.probes = {int(knobs['nprobe'])}")
+            result = self.conn.execute(sql, (_vector_text(queries), k)).fetchall()
+        rows: list[list[tuple[float, int]]] = [[] for _ in range(len(queries))]
+        for qi, item, dist in result:
+            rows[qi - 1].append((-dist if op == "<#>" else 1.0 - dist, int(item)))
+        return _pad(rows, k)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------------------------- Chroma
+class ChromaSource(Source):
+    """A Chroma collection (embedded, ``chroma://path/collection``) whose ids are integers
+    written as text; space ``ip`` (score 1 - distance) or ``cosine`` (1 - distance); ``l2`` is
+    refused. Read with ``get`` in pages (``limit``/``offset``), searched with ``query``."""
+
+    kind = "chroma"
+
+    def __init__(self, uri: str, *, client=None) -> None:
+        super().__init__(uri)
+        from hubless.export.base import split_location
+
+        chromadb = optional_import("chromadb", "attaching to Chroma", "chroma", "chromadb")
+        location, name = split_location(uri, "chroma", "chroma://path/collection")
+        if client is None:
+            from chromadb.config import Settings
+
+            if not Path(location).is_dir():
+                raise NotFound(f"no Chroma database at {location}")
+            path = str(Path(location).absolute())
+            try:
+                client = chromadb.PersistentClient(path=path, settings=Settings(anonymized_telemetry=False))
+            except ValueError:  # this process opened it already with other settings: share that client
+                client = chromadb.PersistentClient(path=path)
+        try:
+            self.collection = client.get_collection(name, embedding_function=None)
+        except Exception as exc:  # chromadb raises its own NotFoundError / ValueError
+            raise NotFound(f"no collection {name!r} in Chroma database {location}: {exc}") from None
+        config = getattr(self.collection, "configuration_json", None) or {}
+        space = ((config.get("hnsw") or {}).get("space")) or (self.collection.metadata or {}).get("hnsw:space") or "l2"
+        if space not in ("ip", "cosine"):
+            raise InvalidInput(f"Chroma collection {uri} uses the {space} space: a correction attaches to ip or cosine")
+        self.cosine = space == "cosine"
+        first = self.collection.get(limit=1, include=["embeddings"])
+        if not first["ids"]:
+            raise InvalidInput(f"Chroma collection {uri} is empty")
+        self._dim = int(np.asarray(first["embeddings"]).shape[1])
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def count(self) -> int:
+        return int(self.collection.count())
+
+    def _ids(self, texts) -> np.ndarray:
+        try:
+            return np.asarray([int(t) for t in texts], np.int64)
+        except ValueError:
+            raise InvalidInput(f"Chroma collection {self.uri} has ids that are not integers (e.g. {texts[0]!r})") from None
+
+    def _pages(self, batch: int, include: list):
+        offset = 0
+        while True:
+            page = self.collection.get(limit=batch, offset=offset, include=include)
+            if not page["ids"]:
+                return
+            yield page
+            offset += len(page["ids"])
+
+    def scan(self, batch: int = BATCH):
+        for page in self._pages(batch, ["embeddings"]):
+            ids = self._ids(page["ids"])
+            vectors = np.asarray(page["embeddings"], np.float32).reshape(ids.size, self._dim)
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+
+    def scan_ids(self, batch: int = BATCH):
+        for page in self._pages(batch, []):
+            ids = self._ids(page["ids"])
+            self._count(ids.size)
+            yield ids
+
+    def _fetch(self, ids):
+        page = self.collection.get(ids=[str(int(i)) for i in ids.tolist()], include=["embeddings"])
+        found = self._ids(page["ids"]) if page["ids"] else np.zeros(0, np.int64)
+        vectors = (
+            np.asarray(page["embeddings"], np.float32).reshape(found.size, self._dim)
+            if found.size
+            else np.zeros((0, self._dim), np.float32)
+        )
+        self._count(found.size, vectors.size)
+        return found, vectors
+
+    def _search(self, queries, k, knobs):
+        n = self.count()
+        depth = min(k, n)
+        scores = np.full((len(queries), k), -np.inf, np.float32)
+        ids = np.full((len(queries), k), -1, np.int64)
+        if depth:
+            res = self.collection.query(query_embeddings=queries, n_results=depth, include=["distances"])
+            for i, (found, dist) in enumerate(zip(res["ids"], res["distances"])):
+                ids[i, : len(found)] = self._ids(found) if found else []
+                scores[i, : len(found)] = 1.0 - np.asarray(dist, np.float64)
+        return scores, ids
+
+
 # ---------------------------------------------------------------------------------------- opening
 def open_source(source, **options) -> Source:
     """The collection ``source`` names: a FAISS index file (a path, or a ``faiss.Index``), a
@@ -623,12 +850,16 @@ def open_source(source, **options) -> Source:
         "qdrant": QdrantEdgeSource,
         "qdrant+http": QdrantSource,
         "qdrant+https": QdrantSource,
+        "postgresql": PgvectorSource,
+        "postgres": PgvectorSource,
+        "chroma": ChromaSource,
     }
     if sep:
         if scheme not in kinds:
             raise InvalidInput(
                 f"cannot attach to {text!r}: attach supports a FAISS index file, lancedb://path/table, "
-                "qdrant://path/collection (in process) and qdrant+http://host:port/collection"
+                "qdrant://path/collection (in process), qdrant+http://host:port/collection, "
+                "postgresql://user@host:port/db/table and chroma://path/collection"
             )
         return kinds[scheme](text, **options)
     allowed = {"id_field", "vector_field", "metric"} & set(options)
