@@ -21,7 +21,7 @@ from tests.conftest import QDRANT_TEST_URL, unit_rows
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
 
 D = 16
-KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant", "qdrant-edge", "postgresql", "chroma"]
+KINDS = ["faiss-flat", "faiss-ivf", "faiss-hnsw", "lancedb", "qdrant", "qdrant-edge", "postgresql", "chroma", "milvus"]
 EXACT_KINDS = ["faiss-flat", "lancedb", "qdrant", "qdrant-edge", "postgresql"]
 
 
@@ -93,6 +93,14 @@ class Collection:
             self.coll = self.chroma.create_collection("docs", configuration={"hnsw": {"space": "ip"}}, embedding_function=None)
             self._insert(x, ids)
             self.uri = f"chroma://{self.tmp / 'chroma'}/docs"
+        elif kind == "milvus":  # Milvus Lite, a FLAT index with the IP metric
+            from pymilvus import MilvusClient
+
+            self.milvus = MilvusClient(str(self.tmp / "user.db"))
+            self.milvus.create_collection("docs", dimension=D, metric_type="IP", index_type="FLAT", consistency_level="Strong")
+            self._insert(x, ids)
+            self.uri = f"milvus://{self.tmp / 'user.db'}/docs"
+            self.options = {"client": self.milvus}  # Milvus Lite: one client per file and process
         elif kind == "qdrant-edge":  # Qdrant's in-process engine, one unnamed vector, Cosine
             import qdrant_edge as qd
 
@@ -115,6 +123,9 @@ class Collection:
         return psycopg.connect(self.pg_dsn, autocommit=True)
 
     def _insert(self, x, ids):
+        if self.kind == "milvus":
+            self.milvus.insert("docs", [{"id": int(i), "vector": v.tolist(), "caption": f"item {i}"} for i, v in zip(ids, x)])
+            return
         if self.kind == "chroma":
             self.coll.add(ids=[str(int(i)) for i in ids], embeddings=x, metadatas=[{"caption": f"item {i}"} for i in ids])
             return
@@ -148,7 +159,7 @@ class Collection:
         self.client.upsert("docs", points)
 
     def add(self, x, ids):
-        if self.kind in ("postgresql", "chroma"):
+        if self.kind in ("postgresql", "chroma", "milvus"):
             self._insert(x, ids)
         elif self.kind.startswith("faiss"):
             self.index.add_with_ids(x, ids)
@@ -177,6 +188,8 @@ class Collection:
                 conn.execute(f"DELETE FROM {self.table} WHERE id = ANY(%s)", ([int(i) for i in ids],))
         elif self.kind == "chroma":
             self.coll.delete(ids=[str(int(i)) for i in ids])
+        elif self.kind == "milvus":
+            self.milvus.delete("docs", ids=[int(i) for i in ids])
         elif self.kind == "qdrant-edge":
             import qdrant_edge as qd
 
