@@ -129,7 +129,6 @@ def main() -> None:
     ap.add_argument("--bank", type=int, default=5000)
     ap.add_argument("--single", type=int, default=100, help="single queries timed (interleaved)")
     ap.add_argument("--stores", default="faiss,lancedb,qdrant")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.ERROR)

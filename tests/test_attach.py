@@ -233,6 +233,7 @@ def exact_top(scores, ids, k):
     return ids[order], np.take_along_axis(scores, order, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("collection", KINDS, indirect=True)
 def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the_collection(collection, data, tmp_path):
     x, ids, q = data["x"], data["ids"], data["queries"]
@@ -354,7 +355,7 @@ def test_bad_input_is_refused_naming_it_and_writes_no_sidecar(data, tmp_path):
     with pytest.raises(InvalidInput, match="not a bias"):
         attach(ok, data["bank"], "dualdis", gallery_bank=data["gallery_bank"], out=tmp_path / "s5")
     with pytest.raises(InvalidInput, match="attach supports"):
-        attach("milvus://x/y", data["bank"], out=tmp_path / "s6")
+        attach("weaviate://x/y", data["bank"], out=tmp_path / "s6")
     assert not any((tmp_path / f"s{i}").exists() for i in range(1, 7))
     faiss.write_index(ok, str(tmp_path / "ok.faiss"))
     attach(str(tmp_path / "ok.faiss"), data["bank"], out=tmp_path / "good")

@@ -252,9 +252,16 @@ def attach(
     exactly on every search and tighten the certificate (default 1% of the collection, at
     least 64, at most 16,384; 0: none, the bound then uses the collection's smallest bias).
     """
-    batch = check_positive_int(batch, "batch")
+    from hubless.index.lock import write_lock
+
     if out is None or not isinstance(out, (str, Path)):
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
+    with write_lock(Path(out)):  # one attach or update of a sidecar at a time
+        return _attach(source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options)
+
+
+def _attach(source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options) -> AttachedCollection:
+    batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
     corr = _correction(method, normalize)
     request, qb, gb = _banks(corr, query_bank, gallery_bank, src.dim)
@@ -330,6 +337,13 @@ def update(
     The banks must be the ones the sidecar was fitted on (checked by fingerprint). Returns
     ``{"added", "removed", "items", "bytes_read", "read_items", "refit"}``.
     """
+    from hubless.index.lock import write_lock
+
+    with write_lock(Path(out)):  # one attach or update of a sidecar at a time
+        return _update(out, source, query_bank, gallery_bank, batch, progress, source_options)
+
+
+def _update(out, source, query_bank, gallery_bank, batch, progress, source_options) -> dict:
     batch = check_positive_int(batch, "batch")
     old = read_sidecar(out)
     src = open_source(source, **source_options)
@@ -365,16 +379,8 @@ def update(
     elif mean_read and removed.size:
         refit = "DN without a gallery bank shows scores with the collection's mean, which removals change: every item was re-read"
     if refit is not None:
-        attach(
-            src,
-            query_bank,
-            old.spec,
-            out=out,
-            gallery_bank=gallery_bank,
-            normalize=bool(old.info["normalize"]),
-            batch=batch,
-            progress=progress,
-        )
+        requested = old.info["reserve"].get("requested")
+        _attach(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, {})
         return {
             "added": int(added.size),
             "removed": int(removed.size),

@@ -112,9 +112,19 @@ def write_sidecar(folder, sidecar: Sidecar) -> Path:
 def read_sidecar(folder) -> Sidecar:
     """The current version of the sidecar in ``folder`` (MissingFile when there is none)."""
     folder = Path(folder)
-    version = _current(folder)
-    if version is None:
-        raise MissingFile(f"no attached sidecar in {folder} (run hubless attach ... --out {folder})")
+    for attempt in range(3):  # an update may switch versions (and remove this one) while it is read
+        version = _current(folder)
+        if version is None:
+            raise MissingFile(f"no attached sidecar in {folder} (run hubless attach ... --out {folder})")
+        try:
+            return _read_version(folder, version)
+        except Corrupt:
+            if attempt == 2 or _current(folder) == version:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _read_version(folder: Path, version: Path) -> Sidecar:
     try:
         info = json.loads((version / "attach.json").read_text())
         ids = np.load(version / "ids.npy", allow_pickle=False)
