@@ -246,6 +246,8 @@ def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the
     np.testing.assert_array_equal(result.ids, want_ids)  # the store's ids, exact order
     np.testing.assert_allclose(result.scores, want_scores, atol=2e-5)
     assert result.certified.all()
+    # the attached collection's own brute force (what `--exact` measures against) agrees
+    np.testing.assert_array_equal(attached.exact_search(q, 10, batch=64)[1], want_ids)
     # a per-call weight, as Index.search takes it
     scores, got = attached.search(q, 10, candidates=n, alpha=0.3, **knobs)
     np.testing.assert_array_equal(got, exact_top(brute_force_nnn(x, data["bank"], q, 0.3, 8), ids, 10)[0])
@@ -276,6 +278,9 @@ def test_certified_answers_are_exact_for_every_attachable_method(collection, dat
         assert result.certified.all(), (spec, result.candidates)
         np.testing.assert_array_equal(result.ids, ids[want_pos], err_msg=spec)
         np.testing.assert_allclose(result.scores, want_scores, rtol=1e-4, atol=2e-5, err_msg=spec)
+        exact_scores, exact_ids = attached.exact_search(q, 10, batch=100)
+        np.testing.assert_array_equal(exact_ids, ids[want_pos], err_msg=spec)
+        np.testing.assert_allclose(exact_scores, want_scores, rtol=1e-4, atol=2e-5, err_msg=spec)
     assert uncertified > 0  # the narrow search did leave some uncertified: the certificate is not vacuous
 
 
@@ -395,8 +400,9 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
     result = runner.invoke(app, ["attach", path, "--query-bank", str(tmp_path / "bank.npy"), "-m", "nnn:alpha=0.75,k=8", "--out", side])
     assert result.exit_code == 0, result.output
     assert "attached nnn:alpha=0.75,k=8" in result.output
-    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3"])
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3", "--exact"])
     assert result.exit_code == 0, result.output
+    assert "recall@3 against exact corrected search: 1.0000" in result.output
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     want = exact_top(brute_force_nnn(x, data["bank"], data["queries"][:4], 0.75, 8), ids, 3)[0]
     assert [line["ids"] for line in lines] == want.tolist() and all(line["certified"] for line in lines)

@@ -65,6 +65,8 @@ UNIT_TOLERANCE = 1e-3
 CANDIDATE_FACTOR = 8
 #: Default largest k': this many times top_k (at least 1024), at most the collection.
 MAX_FACTOR = 64
+#: Queries ranked per scan by :meth:`AttachedCollection.exact_search` (bounds its memory).
+EXACT_QUERY_BLOCK = 1024
 #: Default reserve: 1% of the collection, at least / at most these many items.
 DEFAULT_RESERVE = (64, 16384)
 
@@ -551,6 +553,59 @@ class AttachedCollection:
             todo = todo[~ok]
             kp = min(2 * kp, limit)
         return AttachedResult(scores, ids, certified, used)
+
+    def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> tuple[np.ndarray, np.ndarray]:
+        """Exact corrected search over every item of the collection, by brute force: the
+        collection is scanned (twice for DIS/DualDIS/CSLS, whose raw top neighbours come
+        first) and every item ranked ``s - W(q) . bias`` with the sidecar's biases; (scores,
+        ids) as :meth:`search`. What :meth:`search` is measured against (``hubless attach
+        --search Q --exact``); it reads the whole collection, so it is for evaluation, not
+        serving."""
+        from hubless.corrections import QueryStatistics
+
+        corr = self.correction
+        top_k = check_positive_int(top_k, "top_k")
+        batch = check_positive_int(batch, "batch")
+        all_queries = corr.queries(queries, **weight)
+        self._check_count()
+        n, nq = self.ntotal, len(all_queries)
+        k = min(top_k, n)
+        depth = corr.query_request.depth
+        scores = np.full((nq, top_k), -np.inf, np.float32)
+        ids = np.full((nq, top_k), -1, np.int64)
+        for lo in range(0, nq, EXACT_QUERY_BLOCK):
+            part = all_queries.rows(lo, min(nq, lo + EXACT_QUERY_BLOCK))
+            if depth:
+                raw, pos = self._scan_top(part, min(depth, n), batch, None)
+                part.statistics = QueryStatistics.from_neighbours(corr.query_request, raw, pos)
+            w = np.asarray(corr.weights(part), np.float32)
+            ranking, pos = self._scan_top(part, k, batch, w)
+            found = pos >= 0
+            shown = corr.method_scores(part, np.where(found, ranking, 0))
+            scores[lo : lo + len(part), :k] = np.where(found, shown, -np.inf)
+            ids[lo : lo + len(part), :k] = np.where(found, self.sidecar.ids[np.maximum(pos, 0)], -1)
+        return scores, ids
+
+    def _scan_top(self, part, k: int, batch: int, w) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` (values, sidecar rows) of each query over a scan of the collection: raw
+        similarities (``w`` None) or the ranking ``s - w . bias`` (exactly additive methods only,
+        as every attached one is)."""
+        from hubless.engine.merge import merge_topk_ids
+
+        nq = len(part)
+        best = (np.full((nq, 0), -np.inf, np.float32), np.zeros((nq, 0), np.int64))
+        seen = 0
+        for item_ids, vectors in self.source.scan(batch):
+            rows = _rows(self.correction, self.source, vectors, seen)
+            seen += rows.shape[0]
+            pos = np.minimum(np.searchsorted(self.sidecar.ids, item_ids), self.ntotal - 1)
+            if (self.sidecar.ids[pos] != item_ids).any():
+                raise Conflict(f"{self.source.uri} holds ids the sidecar does not: run hubless attach --update")
+            values = part.vectors @ rows.T
+            if w is not None:
+                values = values - w @ self.sidecar.bias[pos].T
+            best = merge_topk_ids(best, (values.astype(np.float32), np.broadcast_to(pos, values.shape)), k)
+        return best[0].astype(np.float32), best[1]
 
     def _answer(self, batch, k: int, kp: int, knobs: dict):
         """One round: the store's plain top-``kp`` plus the reserve, re-scored exactly, and the

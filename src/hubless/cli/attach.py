@@ -25,6 +25,9 @@ def attach_command(
     update: bool = typer.Option(False, "--update", help="Bring the sidecar in step with the collection: read only added items."),
     search: Path = typer.Option(None, "--search", help="Query embeddings to search the attached collection with (JSON lines out)."),
     top_k: int = typer.Option(10, help="With --search: results per query."),
+    exact: bool = typer.Option(
+        False, "--exact", help="With --search: also search exactly (a full scan) and print the recall@k of the attached search against it."
+    ),
     candidates: int = typer.Option(None, help="With --search: the first k' plain candidates per query (default 4 x top-k)."),
     max_candidates: int = typer.Option(None, help="With --search: the largest k' an uncertified query is widened to."),
     weight: float = typer.Option(None, help="With --search: the correction's weight (NNN's alpha, DN's lambda)."),
@@ -64,6 +67,10 @@ def attach_command(
                 )
             )
         typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
+        if exact:
+            want = attached.exact_search(queries, top_k, **({"weight": weight} if weight is not None else {}))[1]
+            hits = [len(set(g[g >= 0]) & set(w[w >= 0])) / max(1, int((w >= 0).sum())) for g, w in zip(result.ids, want)]
+            typer.echo(f"recall@{top_k} against exact corrected search: {sum(hits) / len(hits):.4f}", err=True)
         return
     if query_bank is None:
         raise InvalidInput("--query-bank is required to attach or update (the reference queries the biases are computed against)")
