@@ -18,6 +18,7 @@ Sources (:func:`open_source`):
 * ``lancedb://dir/table``: columns ``id`` and ``vector`` (``id_field=`` / ``vector_field=`` to
   name others), scanned in record batches, searched with LanceDB's dot (or ``metric="cosine"``)
   distance turned back into a similarity (1 - distance);
+* Qdrant (both): ``ef_search`` sets ``hnsw_ef``, by default 2 k' (as FAISS's HNSW);
 * ``qdrant://dir/collection``: a shard of Qdrant's in-process engine (``qdrant-edge-py``) in the
   directory ``dir/collection``; the engine lets one holder open a shard, so a process that
   holds it open passes its ``EdgeShard`` as ``shard=``;
@@ -488,7 +489,7 @@ class QdrantSource(Source):
         models = self.models
         exact = bool(knobs.get("exact", False))
         ef = knobs.get("ef_search")
-        params = models.SearchParams(exact=exact, hnsw_ef=None if ef is None else max(int(ef), k))
+        params = models.SearchParams(exact=exact, hnsw_ef=2 * k if ef is None else max(int(ef), k))
         requests = [
             models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, with_payload=False) for q in queries.tolist()
         ]
@@ -549,7 +550,7 @@ class QdrantEdgeSource(Source):
         return self._dim
 
     def count(self) -> int:
-        return int(self.shard.count(self.qd.CountRequest(exact=True)))
+        return int(self.shard.info().points_count)  # kept by the shard: no scan (an exact count reads every point)
 
     def _vector(self, record) -> list[float]:
         v = record.vector
@@ -599,7 +600,8 @@ class QdrantEdgeSource(Source):
     def _search(self, queries, k, knobs):
         qd = self.qd
         ef = knobs.get("ef_search")
-        params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=None if ef is None else max(int(ef), k))
+        ef = 2 * k if ef is None else max(int(ef), k)  # a beam as long as the list asked for finds its last entries poorly
+        params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=ef)
         using = None if self.vector_field == "" else self.vector_field
         requests = [
             qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), with_payload=False, params=params) for q in queries.tolist()
