@@ -414,3 +414,17 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
     assert result.exit_code == 0 and f"{len(data['new'])} added" in result.output, result.output
     result = runner.invoke(app, ["attach", path, "--out", side, "--update"])
     assert result.exit_code == 2 and "--query-bank" in result.output
+
+
+@pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)
+def test_queries_answered_in_blocks_equal_one_block(collection, data, tmp_path, monkeypatch):
+    from hubless.attached import core
+
+    uri = collection.create(data["x"], data["ids"])
+    attached = attach(uri, data["bank"], "dis:beta=15.0", out=tmp_path / "side")
+    whole = attached.search_certified(data["queries"], 10)
+    monkeypatch.setattr(core, "ANSWER_ELEMENTS", 200)  # a few queries per round
+    blocks = attached.search_certified(data["queries"], 10)
+    np.testing.assert_array_equal(blocks.ids, whole.ids)
+    np.testing.assert_array_equal(blocks.scores, whole.scores)
+    np.testing.assert_array_equal(blocks.certified, whole.certified)

@@ -65,6 +65,8 @@ UNIT_TOLERANCE = 1e-3
 CANDIDATE_FACTOR = 8
 #: Default largest k': this many times top_k (at least 1024), at most the collection.
 MAX_FACTOR = 64
+#: Candidate slots (queries x (k' + reserve)) re-scored at once by a search (bounds its temporaries).
+ANSWER_ELEMENTS = 1 << 22
 #: Queries ranked per scan by :meth:`AttachedCollection.exact_search` (bounds its memory).
 EXACT_QUERY_BLOCK = 1024
 #: Default reserve: 1% of the collection, at least / at most these many items.
@@ -545,9 +547,13 @@ class AttachedCollection:
         todo = np.arange(nq)
         kp = first
         while todo.size:
-            part = batch.rows(0, nq) if todo.size == nq else _take(batch, todo)
-            s, i, ok = self._answer(part, k, kp, options)
-            scores[todo, :k], ids[todo, :k], certified[todo], used[todo] = s, i, ok, kp
+            ok = np.zeros(todo.size, bool)
+            step = max(1, ANSWER_ELEMENTS // (kp + self.reserve_ids.size))  # queries per round: bounded temporaries
+            for lo in range(0, todo.size, step):
+                rows = todo[lo : lo + step]
+                part = batch.rows(0, nq) if rows.size == nq else _take(batch, rows)
+                s, i, ok[lo : lo + step] = self._answer(part, k, kp, options)
+                scores[rows, :k], ids[rows, :k], certified[rows], used[rows] = s, i, ok[lo : lo + step], kp
             if kp >= limit:
                 break
             todo = todo[~ok]
