@@ -1,5 +1,5 @@
-"""Attach a correction to a collection the user already has (a FAISS index file, a LanceDB table,
-a Qdrant collection): no re-export, a sidecar of biases keyed by the collection's ids, and
+"""Attach a correction to a collection the user already has (a FAISS index file, a LanceDB,
+Qdrant, pgvector, Chroma or Milvus Lite collection): no re-export, a sidecar of biases keyed by the collection's ids, and
 corrected search through the store's own ANN with a certificate of exactness
 (:mod:`hubless.attached.core`)."""
 

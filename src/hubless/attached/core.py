@@ -244,13 +244,15 @@ def attach(
     progress: bool | None = None,
     **source_options,
 ) -> AttachedCollection:
-    """Fit ``method`` on the collection ``source`` (a FAISS index file or ``faiss.Index``, a
-    ``lancedb://`` table, a ``qdrant+http://`` collection) against ``query_bank`` (and
+    """Fit ``method`` on the collection ``source`` (a FAISS index file or ``faiss.Index``, or a
+    store URI: ``lancedb://``, ``qdrant://``, ``qdrant+http://``, ``postgresql://``, ``chroma://``,
+    ``milvus://``; see :mod:`hubless.attached.sources`) against ``query_bank`` (and
     ``gallery_bank`` for DualIS/DualDIS) in one streamed pass of ``batch`` items, and save the
     sidecar to ``out`` (atomically; an existing sidecar there is replaced). The collection is
     only read. Returns the :class:`AttachedCollection`, ready to search.
 
-    ``source_options``: the source's own (``id_field``, ``vector_field``, ``metric``, ``shard``);
+    ``source_options``: the source's own (``id_field``, ``vector_field``, ``metric``, ``shard``,
+    ``client``);
     ``normalize``: the correction's (default: the method's, True: unit vectors expected);
     ``reserve``: how many lowest-bias items the sidecar keeps the vectors of, to score them
     exactly on every search and tighten the certificate (default 1% of the collection, at
@@ -522,7 +524,7 @@ class AttachedCollection:
     ) -> AttachedResult:
         """Corrected top-``top_k`` through the store's plain search (see the module docstring).
 
-        ``candidates``: the first k' (default ``4 * top_k``); ``max_candidates``: the largest k'
+        ``candidates``: the first k' (default ``8 * top_k``); ``max_candidates``: the largest k'
         an uncertified query is widened to (default ``max(1024, 64 * top_k)``, at most the
         collection). ``options``: the correction's weight (``alpha=``, ``lam=``, ``weight=``) and
         the store's search knobs (``nprobe``, ``ef_search``, ...).

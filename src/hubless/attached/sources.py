@@ -24,7 +24,13 @@ Sources (:func:`open_source`):
   holds it open passes its ``EdgeShard`` as ``shard=``;
 * ``qdrant+http://host:port/collection`` (and ``qdrant+https``): a collection of a Qdrant server
   (through ``qdrant-client``; integer point ids; its unnamed vector or ``vector_field=``; Dot or
-  Cosine distance), scrolled and searched with ``hnsw_ef`` (``ef_search``).
+  Cosine distance), scrolled and searched with ``hnsw_ef`` (``ef_search``);
+* ``postgresql://user@host:port/db/table``: a pgvector column (:class:`PgvectorSource`);
+* ``chroma://path/collection``: an embedded Chroma collection with integer ids (:class:`ChromaSource`);
+* ``milvus://path/file.db/collection``: a Milvus Lite collection (:class:`MilvusSource`).
+
+Every source's count is checked before each search (a changed collection is refused); the
+count is free for FAISS, LanceDB, Qdrant and Chroma, a ``count(*)`` for pgvector and Milvus.
 
 A collection whose distance is not an inner product (Euclidean) is refused: its ranking is not
 the similarity the correction corrects.

@@ -1,5 +1,5 @@
 """``hubless attach SOURCE --query-bank bank.npy -m SPEC --out sidecar/``: correct a collection the
-user already has (a FAISS index file, lancedb://, qdrant+http://) without re-exporting it;
+user already has (a FAISS index file or a vector database collection) without re-exporting it;
 ``--update`` keeps the sidecar in step, ``--search`` searches through the store's own ANN."""
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from hubless.errors import InvalidInput
 @friendly_errors
 def attach_command(
     source: str = typer.Argument(
-        ..., help="The collection: a FAISS index file (inner product), lancedb://path/table or qdrant+http://host:port/collection."
+        ...,
+        help="The collection: a FAISS index file (inner product), lancedb://path/table, qdrant://path/collection (in process), "
+        "qdrant+http://host:port/collection, postgresql://user@host:port/db/table (pgvector), chroma://path/collection or "
+        "milvus://path/file.db/collection.",
     ),
     out: Path = typer.Option(..., "--out", help="The sidecar directory (biases keyed by the collection's ids, the spec, fingerprints)."),
     query_bank: Path = typer.Option(None, help="Reference queries (.npy/.npz), the same bank for --update."),
@@ -28,14 +31,16 @@ def attach_command(
     exact: bool = typer.Option(
         False, "--exact", help="With --search: also search exactly (a full scan) and print the recall@k of the attached search against it."
     ),
-    candidates: int = typer.Option(None, help="With --search: the first k' plain candidates per query (default 4 x top-k)."),
+    candidates: int = typer.Option(None, help="With --search: the first k' plain candidates per query (default 8 x top-k)."),
     max_candidates: int = typer.Option(None, help="With --search: the largest k' an uncertified query is widened to."),
     weight: float = typer.Option(None, help="With --search: the correction's weight (NNN's alpha, DN's lambda)."),
     nprobe: int = typer.Option(None, help="With --search: IVF partitions probed (FAISS IVF, LanceDB)."),
     ef_search: int = typer.Option(None, help="With --search: HNSW beam (FAISS HNSW, Qdrant)."),
-    id_field: str = typer.Option(None, help="LanceDB: the id column (default id)."),
-    vector_field: str = typer.Option(None, help="LanceDB: the vector column (default vector); Qdrant: the named vector."),
-    metric: str = typer.Option(None, help="LanceDB: dot (default) or cosine."),
+    id_field: str = typer.Option(None, help="LanceDB, pgvector: the id column (default id)."),
+    vector_field: str = typer.Option(
+        None, help="LanceDB: the vector column (default vector); pgvector: (default embedding); Qdrant, Milvus: the named vector."
+    ),
+    metric: str = typer.Option(None, help="LanceDB, pgvector: dot (default) or cosine."),
     batch: int = typer.Option(8192, help="Items read per batch."),
 ) -> None:
     """Attach a correction to a collection you already have (only read; a sidecar is written)."""
