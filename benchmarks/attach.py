@@ -13,7 +13,8 @@ k 16) against a 5,000-query bank. Per store:
 * the queries certified at the default k' (8 x 10, no widening) and after widening (floor: >= 95%
   at the default k'), with the k' the certificate needed (median, 95th percentile, max);
 * p50 latency of one query: attached vs the store's own plain top-10 query at its defaults
-  (its own client call, no hubless in between) (floor: <= 2x);
+  (its own client call, no hubless in between; FAISS on one thread: its OpenMP threads only
+  add waiting to a one-query call on a loaded machine) (floor: <= 2x);
 * attach time against an in-process fit on the same arrays plus the store's read time (a full
   scan of ids and vectors), each timed twice, interleaved, medians (floor: <= 1.5x);
 * an update after adding 1% of items: bytes read against the added items' ids + vectors plus
@@ -179,11 +180,18 @@ def main() -> None:
                 plain = source.search(q, 10)[1]
             narrow = attached.search_certified(q, 10, max_candidates=80)
             result = attached.search_certified(q, 10)
+            if store == "faiss":  # one query per call: FAISS's OpenMP threads only add waiting on a loaded machine
+                import faiss
+
+                threads = faiss.omp_get_max_threads()
+                faiss.omp_set_num_threads(1)
             plain_p50 = p50_single(store_plain, q, args.single)
             attached_p50 = p50_single(lambda one, a=attached: a.search(one, 10), q, args.single)
             plain_p50 = min(plain_p50, p50_single(store_plain, q, args.single))  # interleaved, twice
             # where the attached query's time goes: the store's plain top-k' alone (through the source)
             kp_p50 = p50_single(lambda one, s_=source: s_.search(one, 80), q, args.single)
+            if store == "faiss":
+                faiss.omp_set_num_threads(threads)
             add(new, new_ids)
             report = update(folder / "sidecar", source, bank)
             expected = 8 * (args.n + n_new) + (8 + 4 * args.dim) * (n_new + 32)
