@@ -428,3 +428,45 @@ def test_queries_answered_in_blocks_equal_one_block(collection, data, tmp_path, 
     np.testing.assert_array_equal(blocks.ids, whole.ids)
     np.testing.assert_array_equal(blocks.scores, whole.scores)
     np.testing.assert_array_equal(blocks.certified, whole.certified)
+
+
+def test_the_sidecar_is_switched_atomically_and_names_what_it_belongs_to(data, tmp_path, monkeypatch):
+    import faiss
+
+    from hubless import _io
+    from hubless.errors import MissingFile
+
+    x, ids, bank = data["x"], data["ids"], data["bank"]
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    index.add_with_ids(x, ids)
+    path = str(tmp_path / "c.faiss")
+    faiss.write_index(index, path)
+    side = tmp_path / "side"
+    with pytest.raises(MissingFile, match="no attached sidecar"):
+        AttachedCollection.open(path, side)
+    first = attach(path, bank, "nnn:alpha=0.75,k=8", out=side)
+    # a failure while writing a new version leaves the previous one serving, and no leftover
+    calls = []
+
+    def failing(p, array):
+        calls.append(p)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return original(p, array)
+
+    original = _io.save_npy
+    monkeypatch.setattr(_io, "save_npy", failing)
+    with pytest.raises(OSError, match="disk full"):
+        attach(path, bank, "nnn:alpha=0.5,k=4", out=side)
+    monkeypatch.setattr(_io, "save_npy", original)
+    kept = read_sidecar(side)
+    assert kept.spec == first.spec and len(list(side.glob("v-*"))) == 1
+    np.testing.assert_array_equal(kept.bias, first.sidecar.bias)
+    # another collection (other ids): refused, naming what to do
+    other = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    other.add_with_ids(x, ids + 1)
+    faiss.write_index(other, str(tmp_path / "other.faiss"))
+    with pytest.raises(Conflict, match="--update"):
+        AttachedCollection.open(str(tmp_path / "other.faiss"), side)
+    with pytest.raises(Conflict, match="attached to"):
+        update(side, str(tmp_path / "other.faiss"), bank)
