@@ -246,6 +246,13 @@ def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the
     np.testing.assert_array_equal(result.ids, want_ids)  # the store's ids, exact order
     np.testing.assert_allclose(result.scores, want_scores, atol=2e-5)
     assert result.certified.all()
+    # metadata from the store (its payload or other columns), as the user wrote it
+    with_meta = attached.search_certified(q[:3], 5, candidates=n, metadata=True, **knobs)
+    want_meta = [[f"item {i}" for i in hits] for hits in with_meta.ids.tolist()]
+    if collection.kind.startswith("faiss"):  # FAISS keeps no metadata
+        assert [[r for r in hits] for hits in with_meta.metadata] == [[{"id": i} for i in hits] for hits in with_meta.ids.tolist()]
+    else:
+        assert [[r["caption"] for r in hits] for hits in with_meta.metadata] == want_meta
     # the attached collection's own brute force (what `--exact` measures against) agrees
     np.testing.assert_array_equal(attached.exact_search(q, 10, batch=64)[1], want_ids)
     # a per-call weight, as Index.search takes it
@@ -406,6 +413,9 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     want = exact_top(brute_force_nnn(x, data["bank"], data["queries"][:4], 0.75, 8), ids, 3)[0]
     assert [line["ids"] for line in lines] == want.tolist() and all(line["certified"] for line in lines)
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3", "--metadata"])
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [[r["id"] for r in line["metadata"]] for line in lines] == want.tolist()  # a FAISS index keeps no more than ids
     index.add_with_ids(data["new"], np.arange(len(data["new"]), dtype=np.int64) + 10**6)
     faiss.write_index(index, path)
     result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy")])

@@ -444,6 +444,8 @@ class AttachedResult:
     ids: np.ndarray
     certified: np.ndarray
     candidates: np.ndarray
+    #: with ``metadata=True``: per query, per hit ``{"id", **the store's payload}``
+    metadata: list | None = None
 
     def __iter__(self):  # scores, ids = result
         return iter((self.scores, self.ids))
@@ -520,6 +522,7 @@ class AttachedCollection:
         *,
         candidates: int | None = None,
         max_candidates: int | None = None,
+        metadata: bool = False,
         **options,
     ) -> AttachedResult:
         """Corrected top-``top_k`` through the store's plain search (see the module docstring).
@@ -527,8 +530,11 @@ class AttachedCollection:
         ``candidates``: the first k' (default ``8 * top_k``); ``max_candidates``: the largest k'
         an uncertified query is widened to (default ``max(1024, 64 * top_k)``, at most the
         collection). ``options``: the correction's weight (``alpha=``, ``lam=``, ``weight=``) and
-        the store's search knobs (``nprobe``, ``ef_search``, ...).
+        the store's search knobs (``nprobe``, ``ef_search``, ...). ``metadata``: also read the
+        hits' metadata from the store (its payload or other columns; one read for the batch).
         """
+        if not isinstance(metadata, (bool, np.bool_)):
+            raise InvalidType(f"metadata must be True or False; got {metadata!r}")
         corr = self.correction
         top_k = check_positive_int(top_k, "top_k")
         n = self.ntotal
@@ -560,7 +566,11 @@ class AttachedCollection:
                 break
             todo = todo[~ok]
             kp = min(2 * kp, limit)
-        return AttachedResult(scores, ids, certified, used)
+        found_meta: list | None = None
+        if metadata:
+            flat = iter(self.source.payloads(ids[ids >= 0]))
+            found_meta = [[{"id": int(i), **next(flat)} for i in hits[hits >= 0].tolist()] for hits in ids]
+        return AttachedResult(scores, ids, certified, used, found_meta)
 
     def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> tuple[np.ndarray, np.ndarray]:
         """Exact corrected search over every item of the collection, by brute force: the

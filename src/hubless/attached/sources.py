@@ -142,6 +142,20 @@ class Source(abc.ABC):
         scores, ids = self._search(np.ascontiguousarray(queries, np.float32), int(k), {k_: v for k_, v in knobs.items() if v is not None})
         return _ordered(scores, ids)
 
+    def payloads(self, ids) -> list[dict]:
+        """The stored metadata of ``ids`` (the store's payload or other columns, never the
+        vector), one dict per id in that order (empty for an id without any; a FAISS index has
+        none)."""
+        ids = np.asarray(ids, np.int64).ravel()
+        if ids.size == 0:
+            return []
+        found = self._payloads(np.unique(ids))
+        return [dict(found.get(int(i), {})) for i in ids.tolist()]
+
+    def _payloads(self, ids: np.ndarray) -> dict[int, dict]:
+        """id -> metadata of the (unique) ``ids`` (hook; none by default)."""
+        return {}
+
     def _count(self, n_ids: int, n_floats: int = 0) -> None:
         self.bytes_read += 8 * int(n_ids) + 4 * int(n_floats)
 
@@ -390,6 +404,16 @@ class LanceSource(Source):
         self._count(found.size, vectors.size)
         return found, vectors
 
+    def _payloads(self, ids):
+        columns = [c for c in self.table.schema.names if c not in (self.id_field, self.vector_field)]
+        if not columns:
+            return {}
+        where = f"{self.id_field} IN ({', '.join(str(int(i)) for i in ids.tolist())})"
+        data = self.table.search().where(where).select([self.id_field, *columns]).limit(None).to_arrow()
+        keys = data[self.id_field].to_pylist()
+        values = {c: data[c].to_pylist() for c in columns}
+        return {int(key): {c: values[c][n] for c in columns} for n, key in enumerate(keys)}
+
     def _search(self, queries, k, knobs):
         search = self.table.search(queries, vector_column_name=self.vector_field).distance_type(self.metric).limit(k)
         if knobs.get("nprobe") is not None:
@@ -495,6 +519,10 @@ class QdrantSource(Source):
         out = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
         self._count(found.size, out.size)
         return found, out
+
+    def _payloads(self, ids):
+        records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=True, with_vectors=False)
+        return {int(r.id): dict(r.payload or {}) for r in records}
 
     def _search(self, queries, k, knobs):
         models = self.models
@@ -607,6 +635,10 @@ class QdrantEdgeSource(Source):
         out = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
         self._count(found.size, out.size)
         return found, out
+
+    def _payloads(self, ids):
+        records = self.shard.retrieve([int(i) for i in ids.tolist()], True, False)
+        return {int(r.id): dict(r.payload or {}) for r in records}
 
     def _search(self, queries, k, knobs):
         qd = self.qd
@@ -721,6 +753,15 @@ class PgvectorSource(Source):
         self._count(found.size, vectors.size)
         return found, vectors
 
+    def _payloads(self, ids):
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {self._t()} WHERE {self.id_field} = ANY(%s)", (ids.tolist(),))
+            names = [d.name for d in cur.description or []]
+            rows = cur.fetchall()
+        keep = [n for n, name in enumerate(names) if name not in (self.id_field, self.vector_field)]
+        at = names.index(self.id_field)
+        return {int(row[at]): {names[n]: row[n] for n in keep} for row in rows}
+
     def _search(self, queries, k, knobs):
         from hubless.export.pgvector_store import _vector_text
 
@@ -828,6 +869,17 @@ class ChromaSource(Source):
         )
         self._count(found.size, vectors.size)
         return found, vectors
+
+    def _payloads(self, ids):
+        page = self.collection.get(ids=[str(int(i)) for i in ids.tolist()], include=["metadatas", "documents"])
+        out = {}
+        for n, key in enumerate(page["ids"]):
+            record = dict((page.get("metadatas") or [None] * len(page["ids"]))[n] or {})
+            document = (page.get("documents") or [None] * len(page["ids"]))[n]
+            if document is not None:
+                record["document"] = document
+            out[int(key)] = record
+        return out
 
     def _search(self, queries, k, knobs):
         n = self.count()
@@ -941,6 +993,10 @@ class MilvusSource(Source):
         vectors = np.asarray([r[self.vector_field] for r in rows], np.float32).reshape(found.size, self._dim)
         self._count(found.size, vectors.size)
         return found, vectors
+
+    def _payloads(self, ids):
+        rows = self.client.get(self.name, ids=[int(i) for i in ids.tolist()], output_fields=["*"])
+        return {int(r[self.id_field]): {k: v for k, v in r.items() if k not in (self.id_field, self.vector_field)} for r in rows}
 
     def _search(self, queries, k, knobs):
         ef = max(int(knobs.get("ef_search") or k), k)

@@ -28,6 +28,7 @@ def attach_command(
     update: bool = typer.Option(False, "--update", help="Bring the sidecar in step with the collection: read only added items."),
     search: Path = typer.Option(None, "--search", help="Query embeddings to search the attached collection with (JSON lines out)."),
     top_k: int = typer.Option(10, help="With --search: results per query."),
+    metadata: bool = typer.Option(False, "--metadata", help="With --search: also print each hit's metadata from the store."),
     exact: bool = typer.Option(
         False, "--exact", help="With --search: also search exactly (a full scan) and print the recall@k of the attached search against it."
     ),
@@ -57,7 +58,7 @@ def attach_command(
         knobs: dict[str, float] = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
         if weight is not None:
             knobs["weight"] = weight
-        result = attached.search_certified(queries, top_k, candidates=candidates, max_candidates=max_candidates, **knobs)
+        result = attached.search_certified(queries, top_k, candidates=candidates, max_candidates=max_candidates, metadata=metadata, **knobs)
         for i in range(len(result.ids)):
             found = result.ids[i] >= 0
             typer.echo(
@@ -68,7 +69,9 @@ def attach_command(
                         "scores": [round(float(s), 6) for s in result.scores[i][found]],
                         "certified": bool(result.certified[i]),
                         "candidates": int(result.candidates[i]),
-                    }
+                        **({"metadata": result.metadata[i]} if result.metadata is not None else {}),
+                    },
+                    default=str,
                 )
             )
         typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
