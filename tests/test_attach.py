@@ -170,7 +170,7 @@ class Collection:
             self._upsert(x, ids)
 
     def remove(self, ids):
-        if self.kind in ("faiss-ivf", "faiss-hnsw"):  # FAISS cannot remove from these under an id map: a user rebuilds
+        if self.kind in ("faiss-ivf", "faiss-hnsw"):  # HNSW has no remove_ids; an IVF under an id map is not renumbered: a user rebuilds
             import faiss
 
             index = faiss.downcast_index(self.index.index)
