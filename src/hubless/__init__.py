@@ -20,6 +20,8 @@ __version__ = "0.1.0"
 #: Public name -> module that defines it.
 _EXPORTS = {
     "AdditiveCorrection": "hubless.corrections",
+    "AttachedCollection": "hubless.attached",
+    "attach": "hubless.attached",
     "Baseline": "hubless.corrections",
     "CSLS": "hubless.corrections",
     "Correction": "hubless.corrections",

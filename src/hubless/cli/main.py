@@ -8,6 +8,7 @@ import typer
 
 from hubless import __version__
 from hubless.cli import bank, data, demo, index
+from hubless.cli.attach import attach_command
 from hubless.cli.augment import augment_command
 from hubless.cli.embed import embed_command
 from hubless.cli.eval import eval_command
@@ -88,6 +89,7 @@ app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
 app.command("search")(index.search_command)
 app.command("export")(export_command)
+app.command("attach")(attach_command)
 app.command("fairness")(fairness_command)
 app.command("serve")(serve_command)
 

@@ -1,0 +1,142 @@
+"""The sidecar of an attached collection: a directory beside the user's collection (never in it).
+
+Layout: ``<sidecar>/CURRENT`` names the live version ``v-<hex>/``, which holds
+
+* ``ids.npy`` (n,) int64: the collection's ids, ascending;
+* ``bias.npy`` (n, n_columns) float32: each item's bias columns, row for row with ``ids.npy``;
+* ``reserve_ids.npy`` / ``reserve.npy``: the reserve, the ids (ascending) and vectors of the items
+  of smallest bias (1% by default), scored exactly on every search (the certificate's bound then
+  uses the smallest bias *outside* the reserve, ``reserve.threshold`` in ``attach.json``);
+* ``statistics.npz``: the gallery-wide part of the bank statistics (bank sizes and means, the
+  collection's mean, DIS/DualDIS activation sets as rows of ``ids.npy``), what the correction's
+  query side reads;
+* ``attach.json``: format version, the spec, the source, the fingerprint of what was read
+  (count, id range, a sample hash: the ids and vectors of 32 evenly spaced items), the banks'
+  fingerprints (sha256 of their float32 rows), ``b_min`` (each bias column's smallest value, the
+  certificate's bound) and the running sum of the collection's vectors.
+
+A new version is written completely, then ``CURRENT`` is replaced atomically (a reader sees the
+old or the new sidecar, never a mix; a killed attach leaves the old one serving); older versions
+are removed after the switch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hubless.engine import BankStatistics
+from hubless.errors import Corrupt, MissingFile
+
+__all__ = ["FORMAT_VERSION", "Sidecar", "array_fingerprint", "read_sidecar", "write_sidecar"]
+
+FORMAT_VERSION = 1
+
+
+def array_fingerprint(x: np.ndarray | None) -> str | None:
+    """sha256 of a bank's validated float32 rows (with its shape)."""
+    if x is None:
+        return None
+    x = np.ascontiguousarray(x, "<f4")
+    h = hashlib.sha256(repr(x.shape).encode())
+    h.update(x.tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Sidecar:
+    """What ``attach`` saved: the ids, bias columns, gallery-wide statistics and ``info``."""
+
+    ids: np.ndarray
+    bias: np.ndarray
+    statistics: BankStatistics
+    info: dict
+    path: Path | None = None
+    #: the reserve: the lowest-bias items' ids (ascending) and vectors, scored exactly on every search
+    reserve_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    reserve_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+
+    @property
+    def spec(self) -> str:
+        return str(self.info["spec"])
+
+    @property
+    def fingerprint(self) -> dict:
+        return dict(self.info["fingerprint"])
+
+
+def _current(folder: Path) -> Path | None:
+    try:
+        name = (folder / "CURRENT").read_text().strip()
+    except OSError:
+        return None
+    return folder / name if name and (folder / name).is_dir() else None
+
+
+def write_sidecar(folder, sidecar: Sidecar) -> Path:
+    """Write ``sidecar`` as a new version of ``folder`` and switch to it atomically."""
+    from hubless._io import save_npy, write_json, write_text
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_file():
+        raise Corrupt(f"{folder} is a file, not a sidecar directory")
+    version = folder / f"v-{uuid.uuid4().hex[:12]}"
+    version.mkdir()
+    try:
+        save_npy(version / "ids.npy", np.ascontiguousarray(sidecar.ids, np.int64))
+        save_npy(version / "bias.npy", np.ascontiguousarray(sidecar.bias, np.float32))
+        save_npy(version / "reserve_ids.npy", np.ascontiguousarray(sidecar.reserve_ids, np.int64))
+        save_npy(version / "reserve.npy", np.ascontiguousarray(sidecar.reserve_vectors, np.float32))
+        with open(version / "statistics.npz", "wb") as fh:
+            arrays: dict = sidecar.statistics.to_arrays()
+            np.savez(fh, **arrays)
+        write_json(version / "attach.json", {"format_version": FORMAT_VERSION, **sidecar.info})
+        write_text(folder / "CURRENT", version.name)
+    except BaseException:
+        shutil.rmtree(version, ignore_errors=True)
+        raise
+    for old in folder.glob("v-*"):
+        if old != version:
+            shutil.rmtree(old, ignore_errors=True)
+    sidecar.path = folder
+    return folder
+
+
+def read_sidecar(folder) -> Sidecar:
+    """The current version of the sidecar in ``folder`` (MissingFile when there is none)."""
+    folder = Path(folder)
+    for attempt in range(3):  # an update may switch versions (and remove this one) while it is read
+        version = _current(folder)
+        if version is None:
+            raise MissingFile(f"no attached sidecar in {folder} (run hubless attach ... --out {folder})")
+        try:
+            return _read_version(folder, version)
+        except Corrupt:
+            if attempt == 2 or _current(folder) == version:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _read_version(folder: Path, version: Path) -> Sidecar:
+    try:
+        info = json.loads((version / "attach.json").read_text())
+        ids = np.load(version / "ids.npy", allow_pickle=False)
+        bias = np.load(version / "bias.npy", allow_pickle=False)
+        reserve_ids = np.load(version / "reserve_ids.npy", allow_pickle=False)
+        reserve_vectors = np.load(version / "reserve.npy", allow_pickle=False)
+        with np.load(version / "statistics.npz", allow_pickle=False) as data:
+            stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
+    except (OSError, ValueError, KeyError) as exc:
+        raise Corrupt(f"sidecar {folder} cannot be read: {exc}") from None
+    if info.get("format_version") != FORMAT_VERSION:
+        raise Corrupt(f"sidecar {folder} has format version {info.get('format_version')}; this hubless reads {FORMAT_VERSION}")
+    if ids.shape[0] != bias.shape[0] or bias.ndim != 2:
+        raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but bias rows of shape {bias.shape}")
+    return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors)
