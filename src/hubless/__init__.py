@@ -54,6 +54,8 @@ _EXPORTS = {
 
 if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-export); at run time they load lazily
     from hubless._validation import UnnormalizedEmbeddingsWarning as UnnormalizedEmbeddingsWarning
+    from hubless.attached import AttachedCollection as AttachedCollection
+    from hubless.attached import attach as attach
     from hubless.corrections import CSLS as CSLS
     from hubless.corrections import DN as DN
     from hubless.corrections import METHODS as METHODS

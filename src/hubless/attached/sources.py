@@ -445,11 +445,11 @@ class QdrantSource(Source):
     def __init__(self, uri: str, *, vector_field: str | None = None) -> None:
         super().__init__(uri)
         from hubless.export.base import parse_uri
-        from hubless.export.qdrant_server import _connect, _models
+        from hubless.export.qdrant_server import connect, qdrant_models
 
         parsed = parse_uri(uri)
-        self.models = _models()
-        self.client = _connect(parsed.location)
+        self.models = qdrant_models()
+        self.client = connect(parsed.location)
         self.collection = parsed.table
         if not self.client.collection_exists(self.collection):
             raise NotFound(f"no collection {self.collection!r} on the Qdrant server {parsed.location}")
@@ -673,7 +673,7 @@ class PgvectorSource(Source):
         super().__init__(uri)
         import re
 
-        from hubless.export.pgvector_store import PgvectorStore, _connect
+        from hubless.export.pgvector_store import PgvectorStore, connect
 
         parsed = PgvectorStore.parse(uri)
         for name in (id_field, vector_field):
@@ -681,7 +681,7 @@ class PgvectorSource(Source):
                 raise InvalidInput(f"column name {name!r}: use letters, digits and underscores")
         if metric not in ("dot", "cosine"):
             raise InvalidInput(f"metric must be 'dot' or 'cosine' (an inner product) for an attached pgvector table; got {metric!r}")
-        self.conn = _connect(parsed.location, autocommit=True)
+        self.conn = connect(parsed.location, autocommit=True)
         self.table, self.id_field, self.vector_field, self.metric = parsed.table, id_field, vector_field, metric
         self.cosine = metric == "cosine"
         row = self.conn.execute(
@@ -763,7 +763,7 @@ class PgvectorSource(Source):
         return {int(row[at]): {names[n]: row[n] for n in keep} for row in rows}
 
     def _search(self, queries, k, knobs):
-        from hubless.export.pgvector_store import _vector_text
+        from hubless.export.pgvector_store import vector_text
 
         op = "<#>" if self.metric == "dot" else "<=>"
         sql = (
@@ -776,7 +776,7 @@ class PgvectorSource(Source):
                 self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
             if knobs.get("nprobe") is not None:
                 self.conn.execute(f"SET LOCAL ivfflat.probes = {int(knobs['nprobe'])}")
-            result = self.conn.execute(sql, (_vector_text(queries), k)).fetchall()
+            result = self.conn.execute(sql, (vector_text(queries), k)).fetchall()
         rows: list[list[tuple[float, int]]] = [[] for _ in range(len(queries))]
         for qi, item, dist in result:
             rows[qi - 1].append((-dist if op == "<#>" else 1.0 - dist, int(item)))
@@ -911,18 +911,15 @@ class MilvusSource(Source):
         super().__init__(uri)
         from hubless.export.base import split_location
 
-        pymilvus = optional_import("pymilvus", "attaching to Milvus", "milvus", "pymilvus")
+        optional_import("pymilvus", "attaching to Milvus", "milvus", "pymilvus")
         location, name = split_location(uri, "milvus", "milvus://path/file.db/collection")
         db = Path(location) if location.endswith(".db") else Path(location) / "milvus.db"
         if client is None:
-            from hubless.export.milvus_store import _CLIENTS
+            from hubless.export.milvus_store import shared_client
 
-            key = str(db.absolute())
             if not db.exists():
                 raise NotFound(f"no Milvus Lite database {db}")
-            if key not in _CLIENTS:
-                _CLIENTS[key] = pymilvus.MilvusClient(key)
-            client = _CLIENTS[key]
+            client = shared_client(db)
         self.client, self.name = client, name
         if not client.has_collection(name):
             raise NotFound(f"no collection {name!r} in Milvus Lite database {db}")

@@ -74,6 +74,23 @@ class MilvusOptions:
             positive_int_or_none(getattr(self, name), name)
 
 
+def shared_client(db_file: Path):
+    """The process's one client of a Milvus Lite database file (Milvus Lite serves one process,
+    and a second client of the same file in one process fails): every store and attached source
+    of that file shares it."""
+    key = str(Path(db_file).absolute())
+    if key not in _CLIENTS:
+        pymilvus = _pymilvus()
+        try:
+            _CLIENTS[key] = pymilvus.MilvusClient(key)
+        except pymilvus.exceptions.MilvusException as exc:
+            raise StoreUnavailable(
+                f"cannot open Milvus Lite database {key} ({exc.message}): Milvus Lite serves one process at a time "
+                "(is it open in another process?)"
+            ) from None
+    return _CLIENTS[key]
+
+
 @register
 class MilvusLiteStore(VectorStore):
     schemes = ("milvus",)
@@ -90,18 +107,8 @@ class MilvusLiteStore(VectorStore):
 
     @property
     def client(self):
-        key = str(self.db_file.absolute())
-        if key not in _CLIENTS:
-            pymilvus = _pymilvus()
-            self.db_file.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                _CLIENTS[key] = pymilvus.MilvusClient(key)
-            except pymilvus.exceptions.MilvusException as exc:
-                raise StoreUnavailable(
-                    f"cannot open Milvus Lite database {key} ({exc.message}): Milvus Lite serves one process at a time "
-                    "(is it open in another process?)"
-                ) from None
-        return _CLIENTS[key]
+        self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        return shared_client(self.db_file)
 
     def writer_lock(self):
         return directory_lock(self.location, self.table)

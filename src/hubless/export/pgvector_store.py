@@ -35,7 +35,7 @@ def _ident(name: str) -> str:
     return '"' + name + '"'
 
 
-def _vector_text(rows: np.ndarray) -> list[str]:
+def vector_text(rows: np.ndarray) -> list[str]:
     """pgvector's text form of each (query) row, '[x,y,...]' (float32 round-trip precision)."""
     return ["[" + ",".join(f"{x:.9g}" for x in r) + "]" for r in rows.astype(np.float32).tolist()]
 
@@ -81,7 +81,7 @@ def _close_kept() -> None:
     _OPEN.clear()
 
 
-def _connect(dsn: str, *, autocommit: bool = False):
+def connect(dsn: str, *, autocommit: bool = False):
     psycopg = _psycopg()
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10)
@@ -94,7 +94,7 @@ def _search_connection(dsn: str):
     key = (dsn, threading.get_ident())  # a connection runs one transaction at a time: one per thread
     conn = _OPEN.get(key)
     if conn is None or conn.closed or conn.broken:
-        conn = _OPEN[key] = _connect(dsn)
+        conn = _OPEN[key] = connect(dsn)
     return conn
 
 
@@ -153,7 +153,7 @@ class PgvectorStore(VectorStore):
         from hubless.index.lock import wait_for_lock
 
         key = f"hubless export {self.table}"
-        conn = _connect(self.location, autocommit=True)
+        conn = connect(self.location, autocommit=True)
         try:
             wait_for_lock(
                 lambda: conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0],
@@ -182,13 +182,13 @@ class PgvectorStore(VectorStore):
             return self._exists(conn, self.table)
 
     def clean_leftovers(self) -> None:
-        with _connect(self.location) as conn:
+        with connect(self.location) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {_ident(self._tmp)}")
 
     def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
         n, d = rows.augmented.shape
         tmp = _ident(self._tmp)
-        with _connect(self.location) as conn:
+        with connect(self.location) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             conn.execute(f"CREATE TABLE {tmp} (id bigint PRIMARY KEY, vector vector({d}), plain vector({rows.plain.shape[1]}), meta jsonb)")
             conn.commit()  # a killed export leaves this table: the next one drops it
@@ -224,7 +224,7 @@ class PgvectorStore(VectorStore):
 
     def write_info(self, info: dict, conn=None) -> None:
         if conn is None:
-            with _connect(self.location) as own:
+            with connect(self.location) as own:
                 own.execute(f"COMMENT ON TABLE {_ident(self.table)} IS {_literal(own, json.dumps(info))}")
             return
         conn.execute(f"COMMENT ON TABLE {_ident(self.table)} IS {_literal(conn, json.dumps(info))}")
@@ -248,7 +248,7 @@ class PgvectorStore(VectorStore):
                 conn.execute("SET LOCAL enable_indexscan = off")
             else:
                 conn.execute(f"SET LOCAL hnsw.ef_search = {int(knobs['ef_search'])}")
-            result = conn.execute(sql_text, (_vector_text(vectors), k)).fetchall()
+            result = conn.execute(sql_text, (vector_text(vectors), k)).fetchall()
         slot = np.zeros(len(vectors), np.int64)
         for qi, item, dist, meta in result:
             i = qi - 1
@@ -280,7 +280,7 @@ class PgvectorStore(VectorStore):
     def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
         """Replace rows (inserting new ones), delete ``removed``, update the comment: one transaction."""
         table = _ident(self.table)
-        with _connect(self.location) as conn:
+        with connect(self.location) as conn:
             with conn.transaction(), conn.cursor() as cur:
                 gone = np.concatenate([rows.ids, removed]).astype(np.int64).tolist()
                 cur.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (gone,))
@@ -290,7 +290,7 @@ class PgvectorStore(VectorStore):
                 self.write_info(info, cur)
 
     def drop_table(self) -> bool:
-        with _connect(self.location) as conn:
+        with connect(self.location) as conn:
             existed = self._exists(conn, self.table)
             conn.execute(f"DROP TABLE IF EXISTS {_ident(self.table)}")
             conn.execute(f"DROP TABLE IF EXISTS {_ident(self._tmp)}")

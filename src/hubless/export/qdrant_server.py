@@ -34,14 +34,14 @@ INFO_ID = "00000000-0000-0000-0000-00000000b1a5"
 _CLIENTS: dict[str, Any] = {}  # url -> client, kept for searches
 
 
-def _models():
+def qdrant_models():
     return optional_import("qdrant_client.models", "exporting to a Qdrant server", "qdrant-server", "qdrant_client")
 
 
-def _connect(url: str):
+def connect(url: str):
     """The kept ``QdrantClient`` of ``url`` (``http://host:port``); one that does not answer is
     a StoreUnavailable error."""
-    _models()
+    qdrant_models()
     from qdrant_client import QdrantClient
 
     if url not in _CLIENTS:
@@ -114,7 +114,7 @@ class QdrantServerStore(VectorStore):
 
     @property
     def client(self):
-        return _connect(self.location)
+        return connect(self.location)
 
     def _target(self) -> str | None:
         """The physical collection that alias (or collection) ``table`` serves, or None."""
@@ -137,7 +137,7 @@ class QdrantServerStore(VectorStore):
                     self.client.delete_collection(c.name)
 
     def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
-        models = _models()
+        models = qdrant_models()
         check_point_ids(rows.ids, "Qdrant")
         with _answering(self.location):
             client = self.client
@@ -218,7 +218,7 @@ class QdrantServerStore(VectorStore):
         return json.loads(found[0].payload["hubless"])
 
     def write_info(self, info: dict) -> None:
-        models = _models()
+        models = qdrant_models()
         with _answering(self.location):
             self.client.upsert(self._physical(), [_info_point(models, info)], wait=True)
 
@@ -226,7 +226,7 @@ class QdrantServerStore(VectorStore):
         return {"hnsw_ef": max(value, k)}
 
     def query(self, vectors: np.ndarray, k: int, *, column: str, exact: bool, knobs: dict):
-        models = _models()
+        models = qdrant_models()
         name = self._physical()
         using = "corrected" if column == "vector" else "plain"
         params = models.SearchParams(exact=True) if exact or not knobs else models.SearchParams(hnsw_ef=int(knobs["hnsw_ef"]))
@@ -235,7 +235,7 @@ class QdrantServerStore(VectorStore):
             return collect_hits([res.points for res in self.client.query_batch_points(name, requests)], k)
 
     def read_rows(self):
-        models = _models()
+        models = qdrant_models()
         name = self._physical()
         skip = models.Filter(must_not=[models.HasIdCondition(has_id=[INFO_ID])])
         with _answering(self.location):
@@ -248,7 +248,7 @@ class QdrantServerStore(VectorStore):
     def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
         """Upsert rows, delete ``removed`` and rewrite the info point (each a server operation;
         an interrupted sync is completed by running it again)."""
-        models = _models()
+        models = qdrant_models()
         check_point_ids(rows.ids, "Qdrant")
         name = self._physical()
         with _answering(self.location):
@@ -266,7 +266,7 @@ class QdrantServerStore(VectorStore):
                 if alias.alias_name == self.table:
                     self.client.update_collection_aliases(
                         change_aliases_operations=[
-                            _models().DeleteAliasOperation(delete_alias=_models().DeleteAlias(alias_name=self.table))
+                            qdrant_models().DeleteAliasOperation(delete_alias=qdrant_models().DeleteAlias(alias_name=self.table))
                         ]
                     )
             for c in self.client.get_collections().collections:
