@@ -40,21 +40,26 @@ def transport_warnings(host: str, *, keys: bool, tls: bool, proxies=()) -> list[
 
 class SettingsCommand(TyperCommand):
     """``hubless serve``: its options are the fields of :class:`hubless.service.settings.ServeSettings`
-    (flag, type, default and help from each field), built when first needed (help, parsing), so
+    (flag, type, default and help from each field), built when first read (help, parsing), so
     ``hubless --help`` imports no pydantic. Only the options given are passed to the settings:
     the others come from ``HUBLESS_SERVE_*`` variables or the fields' defaults."""
 
     _paths: dict[str, tuple[str, ...]] | None = None
 
-    def get_params(self, ctx: Any) -> Any:
+    @property  # type: ignore[override]
+    def params(self) -> list[Any]:
         if self._paths is None:
             self._paths = {}
             try:
                 options, self._paths = settings_options()
             except ImportError:  # no pydantic-settings: the command says which extra to install
                 options = []
-            self.params.extend(options)
-        return super().get_params(ctx)
+            self._params.extend(options)
+        return self._params
+
+    @params.setter
+    def params(self, value: list[Any]) -> None:
+        self._params = value
 
     def invoke(self, ctx: Any) -> Any:
         given: dict[str, Any] = {}
