@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def transport_warnings(host: str, *, keys: bool, tls: bool, proxies=()) -> list[str]:
+def transport_warnings(host: str, *, keys: bool, tls: bool, proxies: Sequence[str] = ()) -> list[str]:
     """What ``hubless serve`` warns about how keys travel: a key sent in clear beyond loopback."""
     if keys and not tls and not _is_loopback(host):
         via = (
@@ -46,7 +47,7 @@ class SettingsCommand(TyperCommand):
 
     _paths: dict[str, tuple[str, ...]] | None = None
 
-    @property  # type: ignore[override]
+    @property
     def params(self) -> list[Any]:
         if self._paths is None:
             self._paths = {}

@@ -134,7 +134,7 @@ class Keys:
         return self.write is not None
 
     @classmethod
-    def from_files(cls, write: str | os.PathLike | None = None, read: str | os.PathLike | None = None) -> Keys:
+    def from_files(cls, write: str | os.PathLike[str] | None = None, read: str | os.PathLike[str] | None = None) -> Keys:
         """Keys read from files (one key each, surrounding whitespace dropped)."""
         return cls(_read_key(write, "--api-key-file"), _read_key(read, "--read-key-file"))
 
@@ -142,7 +142,7 @@ class Keys:
         return f"Keys(write={'set' if self.write else None}, read={'set' if self.read else None})"
 
 
-def _read_key(path, flag: str) -> str | None:
+def _read_key(path: str | os.PathLike[str] | None, flag: str) -> str | None:
     if path is None:
         return None
     try:
