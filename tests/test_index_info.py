@@ -38,3 +38,22 @@ def test_info_is_typed_and_reads_as_the_dict_it_was():
         assert "x" not in (index.info()["bias_error"] or {})
     with pytest.raises(AttributeError):
         info.dim = 3  # type: ignore[misc]
+
+
+def test_a_stores_description_is_typed_and_reads_as_the_dict_it_was(tmp_path):
+    pytest.importorskip("lancedb", reason="the lancedb extra: an embedded store")
+    from hubless.export import describe, export, open_store
+    from hubless.export.info import StoreInfo
+
+    rng = np.random.default_rng(1)
+    index = hubless.Index.build(unit_rows(rng, 30, 6), unit_rows(rng, 50, 6), "nnn:k=4", "Flat", metadata=[{"n": i} for i in range(30)])
+    uri = f"lancedb://{tmp_path / 'db'}/gallery"
+    export(index, uri)
+    info = describe(uri)
+    stored = dict(open_store(uri).read_info())
+    assert isinstance(info, StoreInfo) and info.to_dict() == stored == dict(info) and info == stored
+    assert list(info) == list(stored) and type(info.to_dict()) is dict
+    assert (info.spec, info.dim, info.n_items, info.metric, info.ann) == (index.correction.spec, 6, 30, "dot", None)
+    assert info.metadata_columns == stored["metadata_columns"] and info["spec"] == info.spec
+    info["layout"]["x"] = 1  # a copy: the description does not change
+    assert "x" not in info["layout"]

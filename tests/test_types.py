@@ -84,6 +84,7 @@ STRICT = [
     "src/hubless/service/settings.py",
     "src/hubless/service/answers.py",
     "src/hubless/cli/serve.py",
+    "src/hubless/export/info.py",
 ]
 
 
