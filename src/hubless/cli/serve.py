@@ -130,7 +130,7 @@ def serve_command(
 
     check_available("fastapi", "hubless serve", "serve")
     check_available("uvicorn", "hubless serve", "serve")
-    check_available("pydantic_settings", "hubless serve", "serve")
+    check_available("pydantic_settings", "hubless serve", "serve", "pydantic-settings")
     from hubless.cli._common import print_note
     from hubless.service.settings import DEFAULT_HOSTS, ServeSettings
 

@@ -21,10 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from hubless.errors import InvalidInput, optional_import
 
-from hubless.errors import InvalidInput
+try:
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+except ImportError:  # pragma: no cover - the serve extra is missing: say which one
+    optional_import("pydantic_settings", "the HTTP service's settings", "serve", "pydantic-settings")  # raises, naming the extra
+    raise
 
 __all__ = [
     "DEFAULT_HOSTS",
