@@ -185,6 +185,11 @@ def http_reference() -> str:
             name = _type(body, defs)
             target = defs.get(name, body)
             lines += [f"Request body (JSON, `{name}`): {_cell(target.get('description', ''))}", "", *_fields(target, defs), ""]
+        answer = op.get("responses", {}).get("200", {}).get("content", {}).get("application/json", {}).get("schema")
+        if answer and defs.get(_type(answer, defs).removeprefix("list of "), {}).get("properties"):  # hubless.service.answers
+            name = _type(answer, defs)
+            target = defs[name.removeprefix("list of ")]
+            lines += [f"Answer (JSON, `{name}`): {_cell(target.get('description', ''))}", "", *_fields(target, defs), ""]
         codes = ", ".join(f"{code} {_cell(r.get('description', ''))}" for code, r in op.get("responses", {}).items())
         lines += [f"Responses: {codes}.", ""]
     return "\n".join(lines)

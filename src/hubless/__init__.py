@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         if name.startswith("_") or importlib.util.find_spec(f"hubless.{name}") is None:

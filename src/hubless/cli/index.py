@@ -183,7 +183,7 @@ def info_command(path: Path = typer.Argument(..., help="Index directory.")) -> N
     from hubless.index import Index
 
     index = Index.load(path, mmap=True)
-    info = index.info()
+    info = index.info().to_dict()
     tuning = info.pop("tuning", None)
     table = Table(title=str(path), show_header=False)
     for key, value in {**info, **index.storage()}.items():

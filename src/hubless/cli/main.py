@@ -16,7 +16,7 @@ from hubless.cli.export import export_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
 from hubless.cli.scores import correct_command
-from hubless.cli.serve import serve_command
+from hubless.cli.serve import SettingsCommand, serve_command
 from hubless.cli.tune import tune_command
 
 
@@ -91,7 +91,7 @@ app.command("search")(index.search_command)
 app.command("export")(export_command)
 app.command("attach")(attach_command)
 app.command("fairness")(fairness_command)
-app.command("serve")(serve_command)
+app.command("serve", cls=SettingsCommand)(serve_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

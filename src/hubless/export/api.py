@@ -7,6 +7,7 @@ The functions here are the library's entry points; each opens the store a URI na
 from __future__ import annotations
 
 from hubless.export.base import open_store
+from hubless.export.info import StoreInfo
 
 __all__ = ["describe", "drop", "export", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
 
@@ -47,7 +48,7 @@ def sync(index, uri: str) -> dict:
     return open_store(uri).sync(index)
 
 
-def describe(store_uri: str) -> dict:
+def describe(store_uri: str) -> StoreInfo:
     """What a store written by :func:`export` holds: the hubless info kept with its table
     (format version, spec, model, metric, dimension, items, query state, metadata columns,
     ANN index and its measured recall curve)."""

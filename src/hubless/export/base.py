@@ -35,6 +35,7 @@ import numpy as np
 
 from hubless._registry import Registry
 from hubless.errors import AlreadyExists, Busy, InvalidInput, InvalidType
+from hubless.export.info import StoreInfo
 
 __all__ = [
     "FORMAT_VERSION",
@@ -405,10 +406,11 @@ class VectorStore(abc.ABC):
             self.apply_changes(rows.slice(0, 0) if not changed.size else _take(rows, changed), removed, new_info)
         return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(len(rows) - changed.size)}
 
-    def describe(self) -> dict:
+    def describe(self) -> StoreInfo:
         """The hubless info kept with the table: format version, spec, model, metric, dims,
-        number of items, query state, metadata columns, ANN index with its measured curve."""
-        return dict(self.read_info())
+        number of items, query state, metadata columns, ANN index with its measured curve
+        (:class:`hubless.export.info.StoreInfo`: typed, and read as the dict it was)."""
+        return StoreInfo(self.read_info())
 
     def drop(self) -> bool:
         """Remove the table (and every version, temp table and pointer hubless wrote for it)."""

@@ -2,5 +2,6 @@
 
 from hubless.index.config import IndexConfig
 from hubless.index.index import Index, ItemColumn, Items
+from hubless.index.info import IndexInfo
 
-__all__ = ["Index", "IndexConfig", "ItemColumn", "Items"]
+__all__ = ["Index", "IndexConfig", "IndexInfo", "ItemColumn", "Items"]

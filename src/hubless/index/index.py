@@ -62,6 +62,7 @@ from hubless.index.faiss_build import (
     with_spill,
 )
 from hubless.index.ids import check_ids
+from hubless.index.info import IndexInfo
 from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
 from hubless.index.lock import write_lock
 from hubless.index.metadata import Metadata, check_keys
@@ -435,7 +436,12 @@ class Index:
         row = snap.id_map.rows(np.asarray([item_id], dtype=np.int64), snap.n_rows)[0]
         return bool(row >= 0 and snap.alive[row])
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> IndexInfo:
+        """The index's description (:class:`hubless.index.info.IndexInfo`: typed fields that
+        also read as the dict they were, ``info()["dim"]``; ``.to_dict()`` for the plain dict)."""
+        return IndexInfo.from_dict(self._info())
+
+    def _info(self) -> dict[str, Any]:
         snap = self._snap
         corr = snap.serving
         bank = snap.bank

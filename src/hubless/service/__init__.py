@@ -9,6 +9,6 @@ See :mod:`hubless.service.app` for the endpoints and the layout of this package,
 
 from hubless.service.app import create_app
 from hubless.service.schemas import SearchRequest
-from hubless.service.settings import Keys, Limits, Settings
+from hubless.service.settings import Keys, Limits, ServeSettings, Settings
 
-__all__ = ["Keys", "Limits", "SearchRequest", "Settings", "create_app"]
+__all__ = ["Keys", "Limits", "SearchRequest", "ServeSettings", "Settings", "create_app"]

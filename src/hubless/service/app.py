@@ -50,36 +50,24 @@ from hubless.service import routes
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
 from hubless.service.schemas import ItemsRequest, SearchRequest
-from hubless.service.settings import DEFAULT_RATE_BURST, DEFAULT_RATE_LIMIT, Keys, Limits, Settings
+from hubless.service.settings import Keys, Limits, ServeSettings, Settings
 from hubless.service.state import ServiceState
 
-__all__ = ["ItemsRequest", "Keys", "Limits", "SearchRequest", "Settings", "create_app", "error_status"]
+__all__ = ["ItemsRequest", "Keys", "Limits", "SearchRequest", "ServeSettings", "Settings", "create_app", "error_status"]
 
 
 def app_from_environment() -> FastAPI:
     """The app `hubless serve` configured through ``HUBLESS_SERVE_CONFIG`` (one per worker
-    process). The configuration names the key files; each process reads them itself, so no key
-    is ever put in the environment."""
+    process): its :class:`ServeSettings` as JSON and the indexes. The settings name the key
+    files; each process reads them itself, so no key is ever put in the environment."""
     import json
     import sys
 
     config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
-    settings = Settings(
-        limits=Limits(**config["limits"]),
-        keys=Keys.from_files(config.get("api_key_file"), config.get("read_key_file")),
-        image_root=config.get("image_root"),
-        allowed_hosts=tuple(config["allowed_hosts"]),
-        cors_origins=tuple(config.get("cors_origins", ())),
-        audit_log=config.get("audit_log"),
-        lock_timeout=config.get("lock_timeout", 5.0),
-        header_timeout=config.get("header_timeout", 10.0),
-        body_timeout=config.get("body_timeout", 30.0),
-        writes=config["writes"],
-        rate_limit=config.get("rate_limit", DEFAULT_RATE_LIMIT),
-        rate_burst=config.get("rate_burst", DEFAULT_RATE_BURST),
-    )
-    app = create_app(config["indexes"], model=config["model"], allow_model_mismatch=config.get("allow_model_mismatch", False),
-                     settings=settings, reranker=config.get("rerank"), rerank_k=config.get("rerank_k", 20))  # fmt: skip
+    indexes = config.pop("indexes")
+    settings = ServeSettings(**config)
+    app = create_app(indexes, model=settings.model, allow_model_mismatch=settings.allow_model_mismatch, settings=settings,
+                     reranker=settings.rerank, rerank_k=settings.rerank_k)  # fmt: skip
     for name, problem in app.state.service.query_problems.items():
         if problem is not None:
             print(f"note: {name}: embedding and item queries only ({problem})", file=sys.stderr)

@@ -1,23 +1,46 @@
-"""The service's settings, one frozen object per application: limits on a request (each named
-in the error when exceeded), the API keys, and the network-facing security settings.
-
-``hubless serve`` fills them from its options; in Python::
+"""The service's settings, declared once: :class:`Settings` (one application: limits on a request,
+each named in the error when exceeded, the API keys, the network-facing security settings) and
+:class:`ServeSettings` (``hubless serve``: those plus the server process: address, workers, TLS,
+models). Each setting is one pydantic field with its help text; ``hubless serve`` builds its
+options from these fields (``--max-batch`` is ``Settings.limits.max_batch``), reads unset ones
+from ``HUBLESS_SERVE_*`` environment variables (pydantic-settings: ``HUBLESS_SERVE_RATE_LIMIT=50``,
+``HUBLESS_SERVE_LIMITS__MAX_BATCH=64``, lists as JSON), and hands the same object to each
+worker process. In Python::
 
     create_app({"coco": "idx/"}, settings=Settings(keys=Keys.from_files("write.key"), image_root="images/"))
 
-Keys are read from files into the application's state, never put in the environment (a
-worker process of ``hubless serve --workers N`` reads the files itself).
+A bad value is an :class:`hubless.errors.InvalidInput` naming the setting. Keys are read from
+files into the application's state, never put in the environment (a worker process of
+``hubless serve --workers N`` reads the files itself).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
-from hubless.errors import InvalidInput
+from hubless.errors import InvalidInput, optional_import
 
-__all__ = ["DEFAULT_HOSTS", "DEFAULT_RATE_BURST", "DEFAULT_RATE_LIMIT", "Keys", "Limits", "Settings"]
+try:
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+except ImportError:  # pragma: no cover - the serve extra is missing: say which one
+    optional_import("pydantic_settings", "the HTTP service's settings", "serve", "pydantic-settings")  # raises, naming the extra
+    raise
+
+__all__ = [
+    "DEFAULT_HOSTS",
+    "DEFAULT_RATE_BURST",
+    "DEFAULT_RATE_LIMIT",
+    "ENV_PREFIX",
+    "Keys",
+    "Limits",
+    "Option",
+    "ServeSettings",
+    "Settings",
+]
 
 #: Host names a loopback server answers to by default (besides the address it binds).
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
@@ -27,26 +50,67 @@ DEFAULT_RATE_LIMIT = 100.0
 DEFAULT_RATE_BURST = 200
 #: Shortest key accepted (e.g. ``openssl rand -hex 32`` gives 64 characters).
 MIN_KEY_LENGTH = 16
+#: Environment variables read for the settings not given: ``HUBLESS_SERVE_<FIELD>`` (a limit:
+#: ``HUBLESS_SERVE_LIMITS__<FIELD>``). Not ``HUBLESS_``: ``HUBLESS_LOCK_TIMEOUT`` is the library's.
+ENV_PREFIX = "HUBLESS_SERVE_"
 
 
 @dataclass(frozen=True)
-class Limits:
+class Option:
+    """How a setting shows on ``hubless serve``'s command line: ``flag`` (default ``--field-name``;
+    a repeatable option's is singular, e.g. ``--allowed-host``), or ``flag=None``: not an option."""
+
+    flag: str | None = ""
+
+
+def _invalid(exc: ValidationError) -> InvalidInput:
+    """One :class:`InvalidInput` naming each bad setting (a check's own message kept as it is)."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        if error["type"] == "value_error" and "error" in error.get("ctx", {}):
+            problems.append(str(error["ctx"]["error"]))
+            continue
+        name = str(error["loc"][-1]) if error["loc"] else "settings"
+        message = error["msg"][:1].lower() + error["msg"][1:]
+        problems.append(f"{name}: {message}; got {error['input']!r}")
+    return InvalidInput("; ".join(problems))
+
+
+def _not_a_bool(value: Any, name: str | None) -> Any:
+    if isinstance(value, bool):  # pydantic would take True for 1
+        raise ValueError(f"{name} must be a number; got {value!r}")
+    return value
+
+
+class _Checked:
+    """A pydantic model whose bad values are an :class:`InvalidInput` (a ValueError), not a
+    ``ValidationError``."""
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+
+
+class Limits(_Checked, BaseModel):
     """Caps on a request, each reported by name when exceeded: ``max_body_bytes`` (413, counted
     while the body is read, chunked bodies too), ``max_batch`` queries or rows, ``max_top_k``,
     ``max_text_chars`` per text query, and ``max_result_hits`` = queries x top_k x (1 +
     compare), the size of an answer (422)."""
 
-    max_body_bytes: int = 8 * 2**20
-    max_batch: int = 256
-    max_top_k: int = 1000
-    max_text_chars: int = 1000
-    max_result_hits: int = 50_000
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_batch", "max_top_k", "max_text_chars", "max_result_hits"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidInput(f"{name} must be a positive integer; got {value!r}")
+    max_body_bytes: int = Field(default=8 * 2**20, ge=1, description="Largest request body (chunked bodies too).")
+    max_batch: int = Field(default=256, ge=1, description="Most queries (or rows) per request.")
+    max_top_k: int = Field(default=1000, ge=1, description="Largest top_k.")
+    max_text_chars: int = Field(default=1000, ge=1, description="Longest text query, in characters.")
+    max_result_hits: int = Field(default=50_000, ge=1, description="Largest answer: queries x top_k x (2 with compare).")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integers(cls, value: Any, info: Any) -> Any:
+        return _not_a_bool(value, info.field_name)
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +138,7 @@ class Keys:
         return self.write is not None
 
     @classmethod
-    def from_files(cls, write: str | os.PathLike | None = None, read: str | os.PathLike | None = None) -> Keys:
+    def from_files(cls, write: str | os.PathLike[str] | None = None, read: str | os.PathLike[str] | None = None) -> Keys:
         """Keys read from files (one key each, surrounding whitespace dropped)."""
         return cls(_read_key(write, "--api-key-file"), _read_key(read, "--read-key-file"))
 
@@ -82,7 +146,7 @@ class Keys:
         return f"Keys(write={'set' if self.write else None}, read={'set' if self.read else None})"
 
 
-def _read_key(path, flag: str) -> str | None:
+def _read_key(path: str | os.PathLike[str] | None, flag: str) -> str | None:
     if path is None:
         return None
     try:
@@ -96,53 +160,131 @@ def _read_key(path, flag: str) -> str | None:
     return key
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything about one application but its indexes and models.
+class Settings(_Checked, BaseSettings):
+    """Everything about one application but its indexes and models; each field's description
+    is its ``hubless serve`` help. Unset fields are read from ``HUBLESS_SERVE_<FIELD>``.
 
-    ``image_root``: the folder item images are served from (``GET /items/{name}/{id}/image``;
-    None: no image endpoint); a metadata ``path`` is resolved inside it and must stay inside it.
-    ``allowed_hosts``: Host header values answered (default :data:`DEFAULT_HOSTS`; ``("*",)``
-    answers any, e.g. behind a proxy that checks it). ``cors_origins``: origins allowed to call
-    from a browser (none by default: CORS off). ``audit_log``: a file each write appends one
-    JSON line to (time, key, endpoint, ids). ``lock_timeout``: seconds a write waits for the
-    index's lock before a 503 with Retry-After. ``header_timeout`` / ``body_timeout``: seconds a
-    client has to send a request's headers / its body before the connection is closed (``hubless
-    serve``'s protocol; see :mod:`hubless.service.protocol`). ``writes``: False turns writes off
-    (several worker processes each hold their own copy). ``rate_limit``: requests per second
-    each client address may make on average (:data:`DEFAULT_RATE_LIMIT`; 0 turns the limit off),
-    ``rate_burst`` at once (:data:`DEFAULT_RATE_BURST`): beyond them a 429 with Retry-After
-    (``/health`` is never limited). The address is the connection's, or the one a trusted proxy
-    forwards (``hubless serve --trusted-proxy``)."""
+    ``keys``: the API keys (:class:`Keys`), or read from ``api_key_file`` / ``read_key_file``.
+    ``image_root`` is resolved; a metadata ``path`` must stay inside it. ``allowed_hosts``:
+    ``("*",)`` answers any Host (e.g. behind a proxy that checks it). ``header_timeout`` /
+    ``body_timeout`` apply under ``hubless serve``'s protocol (:mod:`hubless.service.protocol`).
+    ``writes``: False turns writes off (several worker processes each hold their own copy).
+    Beyond ``rate_limit`` / ``rate_burst`` a client gets a 429 with Retry-After (``/health`` is
+    never limited); the address is the connection's, or the one a trusted proxy forwards."""
 
-    limits: Limits = field(default_factory=Limits)
-    keys: Keys = field(default_factory=Keys)
-    image_root: Path | None = None
-    allowed_hosts: tuple[str, ...] = DEFAULT_HOSTS
-    cors_origins: tuple[str, ...] = ()
-    audit_log: Path | None = None
-    lock_timeout: float = 5.0
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    writes: bool = True
-    rate_limit: float = DEFAULT_RATE_LIMIT
-    rate_burst: int = DEFAULT_RATE_BURST
+    model_config = SettingsConfigDict(
+        frozen=True, extra="forbid", arbitrary_types_allowed=True, env_prefix=ENV_PREFIX, env_nested_delimiter="__"
+    )
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.rate_limit, (int, float)) or isinstance(self.rate_limit, bool) or not 0 <= self.rate_limit < 1e6:
-            raise InvalidInput(f"rate_limit must be a number of requests per second in [0, 1e6) (0: no limit); got {self.rate_limit!r}")
-        if not isinstance(self.rate_burst, int) or isinstance(self.rate_burst, bool) or self.rate_burst < 1:
-            raise InvalidInput(f"rate_burst must be a positive integer; got {self.rate_burst!r}")
-        if self.image_root is not None:
-            root = Path(self.image_root)
-            if not root.is_dir():
-                raise InvalidInput(f"the image root {root} is not a folder")
-            object.__setattr__(self, "image_root", root.resolve())
-        if self.audit_log is not None:
-            object.__setattr__(self, "audit_log", Path(self.audit_log))
-        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
-        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
-        for name in ("lock_timeout", "header_timeout", "body_timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 < value < 3600:
-                raise InvalidInput(f"{name} must be a number of seconds in (0, 3600); got {value!r}")
+    api_key_file: Path | None = Field(
+        default=None,
+        description="File holding the write key (Authorization: Bearer KEY); then every request needs a key. Required beyond loopback.",
+    )
+    read_key_file: Path | None = Field(default=None, description="File holding a read-only key (searches and reads, no writes).")
+    keys: Annotated[Keys, Option(None)] = Field(default_factory=lambda: Keys(), exclude=True, description="The API keys (never printed).")
+    image_root: Path | None = Field(
+        default=None, description="Folder item images are served from (metadata 'path' relative to it); none: no images."
+    )
+    allowed_hosts: Annotated[tuple[str, ...], Option("--allowed-host")] = Field(
+        default=DEFAULT_HOSTS,
+        description="Host header value to answer (repeatable; default: localhost names and the bind address; * for any).",
+    )
+    cors_origins: Annotated[tuple[str, ...], Option("--cors-origin")] = Field(
+        default=(), description="Browser origin allowed to call the API (repeatable; default: none)."
+    )
+    audit_log: Path | None = Field(default=None, description="Append one JSON line per write here (time, key, endpoint, ids).")
+    lock_timeout: float = Field(
+        default=5.0, gt=0, lt=3600, description="Seconds a write waits for the index's lock before answering 503 (Retry-After)."
+    )
+    header_timeout: float = Field(default=10.0, gt=0, lt=3600, description="Seconds a client has to send a request's headers.")
+    body_timeout: float = Field(default=30.0, gt=0, lt=3600, description="Seconds a client has to send a request's body.")
+    limits: Limits = Field(default_factory=lambda: Limits(), description="Caps on a request.")
+    writes: Annotated[bool, Option(None)] = Field(default=True, description="Whether writes are accepted (with a write key).")
+    rate_limit: float = Field(
+        default=DEFAULT_RATE_LIMIT,
+        ge=0,
+        lt=1e6,
+        allow_inf_nan=False,
+        description="Requests per second per client address, on average (0: no limit).",
+    )
+    rate_burst: int = Field(
+        default=DEFAULT_RATE_BURST, ge=1, description="Requests one client address may make at once before the rate limit applies."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "keys" not in data and (data.get("api_key_file") or data.get("read_key_file")):
+            data = {**data, "keys": Keys.from_files(data.get("api_key_file"), data.get("read_key_file"))}
+        return data
+
+    @field_validator("lock_timeout", "header_timeout", "body_timeout", "rate_limit", "rate_burst", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any, info: Any) -> Any:
+        return _not_a_bool(value, info.field_name)
+
+    @field_validator("image_root")
+    @classmethod
+    def _image_root(cls, root: Path | None) -> Path | None:
+        if root is not None and not root.is_dir():
+            raise ValueError(f"the image root {root} is not a folder")
+        return None if root is None else root.resolve()
+
+    @field_validator("api_key_file", "read_key_file", "audit_log")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.absolute()  # the same file for every worker process
+
+
+def _bind_hosts(host: str) -> tuple[str, ...]:
+    return (*DEFAULT_HOSTS, *([] if host in ("0.0.0.0", "::") else [host]))
+
+
+class ServeSettings(Settings):
+    """``hubless serve``'s settings: the application's (:class:`Settings`) and the server
+    process's: the address, the worker processes, TLS, the proxies trusted, the query and
+    rerank models. ``allowed_hosts`` defaults to the localhost names and the bound address, and
+    ``writes`` to ``workers == 1``."""
+
+    model: str | None = Field(
+        default=None,
+        description="Model (name or folder) that encodes text/image queries (default: the model each index records; must be the same model).",
+    )
+    allow_model_mismatch: bool = Field(default=False, description="Encode queries with --model even where an index records another model.")
+    host: str = Field(default="127.0.0.1", description="Address to bind (loopback by default).")
+    port: int = Field(default=8000, ge=0, lt=65536, description="Port.")
+    workers: int = Field(default=1, ge=1, description="Server processes, each with its own copy of the indexes (writes need 1).")
+    rerank: str | None = Field(
+        default=None, description="Cross-encoder (BLIP ITM or sentence-transformers name/folder) text searches may rerank with."
+    )
+    rerank_k: int = Field(default=20, ge=1, description="Candidates per query given to the reranker.")
+    tls_cert: Path | None = Field(default=None, description="TLS certificate (PEM) to serve HTTPS with (with --tls-key).")
+    tls_key: Path | None = Field(default=None, description="The TLS certificate's private key (PEM).")
+    trusted_proxies: Annotated[tuple[str, ...], Option("--trusted-proxy")] = Field(
+        default=(),
+        description="Address of a reverse proxy whose X-Forwarded-For/-Proto headers are trusted (repeatable; default: none are).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if "allowed_hosts" not in data:
+                data["allowed_hosts"] = _bind_hosts(str(data.get("host", "127.0.0.1")))
+            if "writes" not in data:
+                data["writes"] = str(data.get("workers", 1)).strip() == "1"
+        return data
+
+    @field_validator("tls_cert", "tls_key")
+    @classmethod
+    def _pem(cls, path: Path | None, info: Any) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{info.field_name.replace('_', '-')} {path} is not a file")
+        return None if path is None else path.absolute()
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServeSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give --tls-cert and --tls-key together (the certificate and its private key)")
+        return self

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from hubless.service.answers import HubnessAnswer, IndexDescription, IndexListing
 from hubless.service.convert import plain, public_model, summary
 from hubless.service.deps import ServiceDep, get_served
 from hubless.service.hubness import bank_hubness
@@ -16,13 +17,13 @@ router = APIRouter()
 PRIVATE_INFO = ("path", "model")
 
 
-@router.get("/indexes")
+@router.get("/indexes", response_model=list[IndexListing], response_model_exclude_unset=True)
 def list_indexes(service: ServiceDep) -> list[dict]:
     images = service.settings.image_root is not None
     return [{**summary(s), "images": images and "path" in summary(s)["metadata_columns"]} for s in service.served.values()]
 
 
-@router.get("/indexes/{name}")
+@router.get("/indexes/{name}", response_model=IndexDescription, response_model_exclude_unset=True)
 def describe(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
     info = {k: plain(v) for k, v in s.index.info().items() if k not in PRIVATE_INFO}
@@ -35,7 +36,7 @@ def describe(name: str, service: ServiceDep) -> dict:
     return {**summary(s), "info": info, "banks": banks, "format_version": VERSION}
 
 
-@router.get("/hubness/{name}")
+@router.get("/hubness/{name}", response_model=HubnessAnswer, response_model_exclude_unset=True)
 def hubness(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
     return {**bank_hubness(s), "served": s.sketch.summary()}

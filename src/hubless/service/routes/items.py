@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
 
+from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded
 from hubless.service.body import json_body, read_json
 from hubless.service.convert import check_count, rows, summary
 from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
@@ -26,7 +27,7 @@ router = APIRouter()
 ItemId = Annotated[int, Path(ge=0, le=MAX_ID, description="The item's id (an int64 >= 0).")]
 
 
-@router.get("/items/{name}/{item_id}")
+@router.get("/items/{name}/{item_id}", response_model=Item, response_model_exclude_unset=True)
 def item(name: str, item_id: ItemId, service: ServiceDep) -> dict:
     s = get_served(service, name)
     index = s.index
@@ -49,7 +50,7 @@ def image(name: str, item_id: ItemId, service: ServiceDep) -> OpenFileResponse:
     return OpenFileResponse(fd, media_type, {"cache-control": "private, max-age=3600"})  # the opened file, never reopened
 
 
-@router.post("/items/{name}", openapi_extra=json_body(ItemsRequest))
+@router.post("/items/{name}", openapi_extra=json_body(ItemsRequest), response_model=ItemsAdded, response_model_exclude_unset=True)
 async def add_items(name: str, request: Request, service: ServiceDep) -> dict:
     from starlette.concurrency import run_in_threadpool
 
@@ -78,7 +79,7 @@ def _add_items(name: str, body: ItemsRequest, request: Request, service: Service
     return {**summary(s), "added": added}
 
 
-@router.delete("/items/{name}/{item_id}")
+@router.delete("/items/{name}/{item_id}", response_model=ItemRemoved, response_model_exclude_unset=True)
 def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
     s.write(lambda index: index.remove([item_id]))  # an unknown id: 404, nothing removed
@@ -86,7 +87,7 @@ def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDe
     return {**summary(s), "removed": item_id}
 
 
-@router.post("/bank/{name}", openapi_extra=json_body(ItemsRequest))
+@router.post("/bank/{name}", openapi_extra=json_body(ItemsRequest), response_model=BankAdded, response_model_exclude_unset=True)
 async def add_bank(name: str, request: Request, service: ServiceDep) -> dict:
     from starlette.concurrency import run_in_threadpool
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from hubless.service.answers import Health
 from hubless.service.deps import ServiceDep
 from hubless.service.metrics import CONTENT_TYPE
 
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", response_model=Health, response_model_exclude_unset=True)
 async def health(service: ServiceDep) -> dict:
     keys = service.settings.keys
     return {

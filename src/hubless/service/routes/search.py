@@ -15,9 +15,10 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse
 
 from hubless._validation import exactly_one
+from hubless.service.answers import SearchAnswer
 from hubless.service.batching import omp_threads_for
 from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
@@ -29,8 +30,9 @@ from hubless.service.state import Served, ServiceState
 router = APIRouter()
 
 
-class FastJSON(Response):
-    """A JSON answer serialized by orjson (NaN and infinities become null)."""
+class FastJSON(JSONResponse):
+    """A JSON answer serialized by orjson (NaN and infinities become null). A JSONResponse, so
+    the OpenAPI schema shows the route's ``response_model``; returned as it is, never validated."""
 
     media_type = "application/json"
 
@@ -40,7 +42,7 @@ class FastJSON(Response):
         return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-@router.post("/search", response_class=FastJSON, openapi_extra=json_body(SearchRequest))
+@router.post("/search", response_class=FastJSON, openapi_extra=json_body(SearchRequest), response_model=SearchAnswer)
 async def search(http: Request, service: ServiceDep) -> FastJSON:
     """Search with a ``SearchRequest``: embeddings, texts, images or an item id, top_k, weight,
     compare, where, rerank (see docs/service.md). The body is parsed and checked off the event
@@ -84,7 +86,7 @@ def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
                             weight=request.weight, where=request.where, version=request.version))  # fmt: skip
 
 
-@router.post("/search/binary", response_class=FastJSON)
+@router.post("/search/binary", response_class=FastJSON, response_model=SearchAnswer)
 async def search_binary(
     request: Request,
     service: ServiceDep,

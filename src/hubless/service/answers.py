@@ -1,0 +1,191 @@
+"""The answers of the HTTP API (pydantic models, declared as each route's ``response_model``, so
+``/docs`` and ``/openapi.json`` show every answer). Each model lists its fields in the order the
+route writes them; the routes declare ``response_model_exclude_unset``, so an answer is the
+dict the route built, byte for byte (a field a route leaves out stays out, e.g. ``reranked``
+unless a search was reranked). The searches answer pre-serialised orjson (their model documents
+the answer; nothing is validated on that path, which stays as fast as before). Fields are kept
+(``extra="allow"``) rather than dropped should a route add one; tests/test_service_answers.py
+checks that every answer has exactly its model's fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "Auth",
+    "BankAdded",
+    "BankHub",
+    "Banks",
+    "HubnessAnswer",
+    "HubnessFigures",
+    "Health",
+    "Hit",
+    "IndexDescription",
+    "IndexListing",
+    "IndexSummary",
+    "Item",
+    "ItemsAdded",
+    "ItemRemoved",
+    "QueryResult",
+    "SearchAnswer",
+    "ServedHub",
+    "ServedHubness",
+    "Weight",
+]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Auth(_Answer):
+    required: bool = Field(description="Whether requests need a key (Authorization: Bearer KEY).")
+    read_only_key: bool = Field(description="Whether the server has a read-only key besides the write key.")
+
+
+class Health(_Answer):
+    """``GET /health``: liveness, what is served, whether keys are needed and writes accepted."""
+
+    status: str = Field(description='"ok".')
+    indexes: list[str] = Field(description="The names of the served indexes.")
+    auth: Auth
+    writes: bool = Field(description="Whether writes are accepted (a write key is set and one worker process).")
+
+
+class Weight(_Answer):
+    name: str = Field(description="The correction's query-time weight parameter (NNN alpha, DN lambda).")
+    value: float | None = Field(description="Its value in the index.")
+
+
+class IndexSummary(_Answer):
+    """One served index, as every answer about it starts."""
+
+    name: str
+    n_items: int = Field(description="Items in the index now.")
+    method: str = Field(description="The correction and its parameters (e.g. nnn:alpha=0.75,k=4).")
+    factory: str | None = Field(description="The FAISS index factory string.")
+    model: str | None = Field(description="The model the gallery was embedded with (a local folder by its last part).")
+    weight: Weight | None = Field(description="The query-time weight, when the correction has one.")
+    queries: list[str] = Field(description="What the index can be queried with: embeddings, item, texts, images.")
+    metadata_columns: list[str]
+
+
+class IndexListing(IndexSummary):
+    """``GET /indexes``: one per served index."""
+
+    images: bool = Field(description="Whether item images are served (an image root and a metadata path column).")
+
+
+class Banks(_Answer):
+    query_bank: int | None = Field(description="Stored query-bank rows (None: not kept).")
+    gallery_bank: int | None = Field(description="Stored gallery-bank rows (None: not kept).")
+
+
+class IndexDescription(IndexSummary):
+    """``GET /indexes/{name}``."""
+
+    info: dict[str, Any] = Field(description="Index.info() without what names the server's disk: parameters, sizes, build time.")
+    banks: Banks
+    format_version: int = Field(description="The on-disk format version.")
+
+
+class Item(_Answer):
+    """``GET /items/{name}/{id}``."""
+
+    id: int
+    metadata: dict[str, Any] | None = Field(description="The item's metadata record (None: the index has none).")
+
+
+class ItemsAdded(IndexSummary):
+    """``POST /items/{name}``: the index after the write and the new (or replaced) items' ids."""
+
+    added: list[int]
+
+
+class ItemRemoved(IndexSummary):
+    """``DELETE /items/{name}/{id}``."""
+
+    removed: int
+
+
+class BankAdded(IndexSummary):
+    """``POST /bank/{name}``."""
+
+    bank_queries_added: int
+
+
+class HubnessFigures(_Answer):
+    skewness: float | None = Field(description="Skewness of N_1 over the gallery.")
+    kurtosis: float | None
+    max: int = Field(description="The largest N_1.")
+
+
+class BankHub(_Answer):
+    id: int
+    n1_before: int
+    n1_after: int
+    metadata: dict[str, Any] | None
+
+
+class Histogram(_Answer):
+    before: list[int] = Field(description="Items with N_1 = 0, 1, 2, ... before the correction.")
+    after: list[int]
+
+
+class ServedHub(_Answer):
+    id: int
+    n1: int = Field(description="Queries served this item first.")
+    nk: int = Field(description="Queries served this item anywhere in their results.")
+
+
+class ServedHubness(_Answer):
+    queries: int = Field(description="Queries served since the server started.")
+    n1_skewness: float | None
+    top1pct_share: float | None = Field(description="Share of all returned results taken by the most returned 1% of items.")
+    n1_max: int
+    hubs: list[ServedHub]
+
+
+class HubnessAnswer(_Answer):
+    """``GET /hubness/{name}``: N_1 over the stored query bank before and after the correction
+    (``note`` instead when the index kept no bank), and ``served``: the hubness of the answers."""
+
+    index: str
+    n_bank_queries: int
+    note: str | None = None
+    before: HubnessFigures | None = None
+    after: HubnessFigures | None = None
+    coverage: float | None = Field(default=None, description="Share of the gallery that is some bank query's nearest item.")
+    hubs: list[BankHub] | None = None
+    histogram: Histogram | None = None
+    served: ServedHubness
+
+
+class Hit(_Answer):
+    id: int = Field(description="The item's id.")
+    score: float | None = Field(description="The method's score (the reranker's when reranked; None when not finite).")
+    metadata: dict[str, Any] | None = Field(default=None, description="The item's metadata (when the index has some).")
+    first_stage_score: float | None = Field(default=None, description="With rerank: the corrected score before reranking.")
+    uncorrected_rank: int | None = Field(
+        default=None, description="With compare: its rank without the correction (None: not in that top k)."
+    )
+    rank_change: int | None = Field(default=None, description="With compare: uncorrected_rank - rank (positive: moved up).")
+
+
+class QueryResult(_Answer):
+    query: int = Field(description="The query's position in the request.")
+    text: str | None = Field(default=None, description="The text query (text and image queries).")
+    hits: list[Hit]
+    uncorrected: list[Hit] | None = Field(default=None, description="With compare: the uncorrected top k.")
+
+
+class SearchAnswer(_Answer):
+    """``POST /search`` and ``POST /search/binary``."""
+
+    index: str
+    method: str
+    reranked: bool | None = Field(default=None, description="Present (true) when the hits were reranked.")
+    rerank_k: int | None = Field(default=None, description="With reranked: the candidates reranked per query.")
+    results: list[QueryResult]
