@@ -61,7 +61,7 @@ class IndexInfo(Mapping[str, Any]):
         return iter(self.to_dict())
 
     def __len__(self) -> int:
-        return len(_OWN) + len(_CONFIG)
+        return len(self.to_dict())
 
 
 _OWN = frozenset(f.name for f in fields(IndexInfo)) - {"config"}

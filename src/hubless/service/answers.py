@@ -189,3 +189,41 @@ class SearchAnswer(_Answer):
     reranked: bool | None = Field(default=None, description="Present (true) when the hits were reranked.")
     rerank_k: int | None = Field(default=None, description="With reranked: the candidates reranked per query.")
     results: list[QueryResult]
+
+
+class ItemsDeleted(IndexSummary):
+    """``POST /items/{name}/delete``."""
+
+    removed: list[int] = Field(description="The ids removed.")
+
+
+class MetadataUpdated(IndexSummary):
+    """``POST /items/{name}/metadata``."""
+
+    updated: list[int] = Field(description="The ids whose metadata changed.")
+
+
+class VersionRestored(IndexSummary):
+    """``POST /versions/{name}/{version}/restore``."""
+
+    restored: int = Field(description="The kept version made current again.")
+    version: int = Field(description="The new version it became (a restore is a write).")
+
+
+class Version(_Answer):
+    version: int
+    items: int | None = Field(default=None, description="Items in that version.")
+    rows: int | None = Field(default=None, description="Rows (items and removed rows not yet compacted away).")
+    segments: int | None = Field(default=None, description="Write segments on top of its base.")
+    base: str | None = Field(default=None, description="The base it reads.")
+    committed: str | None = Field(description="When it was committed (UTC, ISO 8601).")
+    current: bool
+    damaged: bool | None = Field(default=None, description="Present (true) when its record cannot be read.")
+
+
+class Versions(_Answer):
+    """``GET /versions/{name}``."""
+
+    name: str
+    keep_versions: int = Field(description="How many versions the index keeps (0: none besides the current one).")
+    versions: list[Version] = Field(description="The readable versions, oldest first.")

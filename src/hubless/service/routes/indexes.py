@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from hubless.service.answers import HubnessAnswer, IndexDescription, IndexListing
+from hubless.service.answers import HubnessAnswer, IndexDescription, IndexListing, Versions
 from hubless.service.convert import plain, public_model, summary
 from hubless.service.deps import ServiceDep, get_served
 from hubless.service.hubness import bank_hubness
@@ -42,7 +42,7 @@ def hubness(name: str, service: ServiceDep) -> dict:
     return {**bank_hubness(s), "served": s.sketch.summary()}
 
 
-@router.get("/versions/{name}")
+@router.get("/versions/{name}", response_model=Versions, response_model_exclude_unset=True)
 def versions(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
     path = s.path

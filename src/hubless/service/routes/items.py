@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
 
-from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded
+from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
 from hubless.service.body import json_body, read_json
 from hubless.service.convert import check_count, rows, summary
 from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
@@ -104,7 +104,7 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
 
 
-@router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest))
+@router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest), response_model=ItemsDeleted, response_model_exclude_unset=True)
 async def delete_items(name: str, request: Request, service: ServiceDep) -> dict:
     from starlette.concurrency import run_in_threadpool
 
@@ -126,7 +126,9 @@ def _delete_items(name: str, body: DeleteRequest, request: Request, service: Ser
     return {**summary(s), "removed": removed}
 
 
-@router.post("/items/{name}/metadata", openapi_extra=json_body(MetadataRequest))
+@router.post(
+    "/items/{name}/metadata", openapi_extra=json_body(MetadataRequest), response_model=MetadataUpdated, response_model_exclude_unset=True
+)
 async def update_metadata(name: str, request: Request, service: ServiceDep) -> dict:
     from starlette.concurrency import run_in_threadpool
 
@@ -150,7 +152,7 @@ def _update_metadata(name: str, body: MetadataRequest, request: Request, service
     return {**summary(s), "updated": changed}
 
 
-@router.post("/versions/{name}/{version}/restore")
+@router.post("/versions/{name}/{version}/restore", response_model=VersionRestored, response_model_exclude_unset=True)
 def restore_version(name: str, version: int, request: Request, service: ServiceDep) -> dict:
     """Make a kept version of a saved index current again, as a new version (write key)."""
     from hubless.index import Index
