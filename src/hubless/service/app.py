@@ -139,13 +139,14 @@ class _App(FastAPI):
         server has one, but the open ones (``/health``, the page, the docs); Swagger UI's
         Authorize button sends it."""
         if self.openapi_schema is None:
+            from hubless.service.body import BODY_MODELS
             from hubless.service.guard import OPEN_PATHS
 
             schema = super().openapi()
             components = schema.setdefault("components", {})
             models = components.setdefault("schemas", {})
-            for model in (SearchRequest, ItemsRequest):
-                models[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, model in BODY_MODELS.items():
+                models[name] = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components["securitySchemes"] = {
                 "bearer": {
                     "type": "http",
