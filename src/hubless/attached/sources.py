@@ -436,7 +436,42 @@ class LanceSource(Source):
 
 
 # ---------------------------------------------------------------------------------------- Qdrant
-class QdrantSource(Source):
+class _QdrantPoints(Source):
+    """What both Qdrant sources (a server's collection, an in-process shard) read alike: pages of
+    points (``_pages``, each source's own call) turned into integer ids and vectors."""
+
+    #: "collection" or "shard", in messages.
+    holder = "collection"
+    #: The vectors' dimension, read when the source opens.
+    _dim: int
+
+    def _pages(self, batch: int, with_vectors: bool):
+        raise NotImplementedError
+
+    def _vector(self, record) -> list[float]:
+        raise NotImplementedError
+
+    def _ids(self, records) -> np.ndarray:
+        ids = [r.id for r in records]
+        if any(not isinstance(i, int) for i in ids):
+            raise InvalidInput(f"Qdrant {self.holder} {self.uri} has UUID point ids: hubless attaches to integer ids")
+        return np.asarray(ids, np.int64)
+
+    def scan(self, batch: int = BATCH):
+        for records in self._pages(batch, True):
+            ids = self._ids(records)
+            vectors = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+
+    def scan_ids(self, batch: int = BATCH):
+        for records in self._pages(batch, False):
+            ids = self._ids(records)
+            self._count(ids.size)
+            yield ids
+
+
+class QdrantSource(_QdrantPoints):
     """A collection of a Qdrant server (see the module docstring)."""
 
     kind = "qdrant"
@@ -493,25 +528,6 @@ class QdrantSource(Source):
             if offset is None:
                 return
 
-    def _ids(self, records) -> np.ndarray:
-        ids = [r.id for r in records]
-        if any(not isinstance(i, int) for i in ids):
-            raise InvalidInput(f"Qdrant collection {self.uri} has UUID point ids: hubless attaches to integer ids")
-        return np.asarray(ids, np.int64)
-
-    def scan(self, batch: int = BATCH):
-        for records in self._pages(batch, True):
-            ids = self._ids(records)
-            vectors = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
-            self._count(ids.size, vectors.size)
-            yield ids, vectors
-
-    def scan_ids(self, batch: int = BATCH):
-        for records in self._pages(batch, False):
-            ids = self._ids(records)
-            self._count(ids.size)
-            yield ids
-
     def _fetch(self, ids):
         vectors: Any = [self.vector_field] if self.vector_field else True
         records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=False, with_vectors=vectors)
@@ -536,11 +552,12 @@ class QdrantSource(Source):
         return _pad([[(p.score, int(p.id)) for p in a.points] for a in answers], k)
 
 
-class QdrantEdgeSource(Source):
+class QdrantEdgeSource(_QdrantPoints):
     """A shard of Qdrant's in-process engine (``qdrant-edge-py``): ``qdrant://dir/collection`` is
     the shard directory ``dir/collection`` (its ``edge_config.json`` gives the vectors' size and
     distance). The engine serves one process at a time."""
 
+    holder = "shard"
     kind = "qdrant"
     knobs = {"ef_search": "HNSW candidates kept per query (hnsw_ef)", "exact": "scan every point (true/false)"}
 
@@ -609,25 +626,6 @@ class QdrantEdgeSource(Source):
                 yield records
             if offset is None:
                 return
-
-    def _ids(self, records) -> np.ndarray:
-        ids = [r.id for r in records]
-        if any(not isinstance(i, int) for i in ids):
-            raise InvalidInput(f"Qdrant shard {self.uri} has UUID point ids: hubless attaches to integer ids")
-        return np.asarray(ids, np.int64)
-
-    def scan(self, batch: int = BATCH):
-        for records in self._pages(batch, True):
-            ids = self._ids(records)
-            vectors = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
-            self._count(ids.size, vectors.size)
-            yield ids, vectors
-
-    def scan_ids(self, batch: int = BATCH):
-        for records in self._pages(batch, False):
-            ids = self._ids(records)
-            self._count(ids.size)
-            yield ids
 
     def _fetch(self, ids):
         records = self.shard.retrieve([int(i) for i in ids.tolist()], False, self._with())

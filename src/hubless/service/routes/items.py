@@ -52,11 +52,7 @@ def image(name: str, item_id: ItemId, service: ServiceDep) -> OpenFileResponse:
 
 @router.post("/items/{name}", openapi_extra=json_body(ItemsRequest), response_model=ItemsAdded, response_model_exclude_unset=True)
 async def add_items(name: str, request: Request, service: ServiceDep) -> dict:
-    from starlette.concurrency import run_in_threadpool
-
-    writable(service, name)  # refused before the body is read
-    body = await read_json(request, ItemsRequest)
-    return await run_in_threadpool(_add_items, name, body, request, service)
+    return await write_with_body(name, request, service, ItemsRequest, _add_items)
 
 
 def _add_items(name: str, body: ItemsRequest, request: Request, service: ServiceState) -> dict:
@@ -89,11 +85,7 @@ def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDe
 
 @router.post("/bank/{name}", openapi_extra=json_body(ItemsRequest), response_model=BankAdded, response_model_exclude_unset=True)
 async def add_bank(name: str, request: Request, service: ServiceDep) -> dict:
-    from starlette.concurrency import run_in_threadpool
-
-    writable(service, name)
-    body = await read_json(request, ItemsRequest)
-    return await run_in_threadpool(_add_bank, name, body, request, service)
+    return await write_with_body(name, request, service, ItemsRequest, _add_bank)
 
 
 def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceState) -> dict:
@@ -106,11 +98,7 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
 
 @router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest), response_model=ItemsDeleted, response_model_exclude_unset=True)
 async def delete_items(name: str, request: Request, service: ServiceDep) -> dict:
-    from starlette.concurrency import run_in_threadpool
-
-    writable(service, name)  # refused before the body is read
-    body = await read_json(request, DeleteRequest)
-    return await run_in_threadpool(_delete_items, name, body, request, service)
+    return await write_with_body(name, request, service, DeleteRequest, _delete_items)
 
 
 def _delete_items(name: str, body: DeleteRequest, request: Request, service: ServiceState) -> dict:
@@ -130,11 +118,7 @@ def _delete_items(name: str, body: DeleteRequest, request: Request, service: Ser
     "/items/{name}/metadata", openapi_extra=json_body(MetadataRequest), response_model=MetadataUpdated, response_model_exclude_unset=True
 )
 async def update_metadata(name: str, request: Request, service: ServiceDep) -> dict:
-    from starlette.concurrency import run_in_threadpool
-
-    writable(service, name)  # refused before the body is read
-    body = await read_json(request, MetadataRequest)
-    return await run_in_threadpool(_update_metadata, name, body, request, service)
+    return await write_with_body(name, request, service, MetadataRequest, _update_metadata)
 
 
 def _update_metadata(name: str, body: MetadataRequest, request: Request, service: ServiceState) -> dict:
@@ -163,3 +147,15 @@ def restore_version(name: str, version: int, request: Request, service: ServiceD
     number = s.write(lambda index: Index.restore(s.path, version, timeout=s.lock_timeout))
     audit(service, request, name, {"restored": version, "as_version": number})
     return {**summary(s), "restored": version, "version": number}
+
+
+async def write_with_body(name: str, request: Request, service: ServiceState, model, handler) -> dict:
+    """A write route with a JSON body: the index must be writable before the body is read (a
+    refused write reads nothing), the body is read and checked off the event loop as ``model``
+    (:func:`~hubless.service.body.read_json`), and ``handler(name, body, request, service)`` runs
+    in a worker thread."""
+    from starlette.concurrency import run_in_threadpool
+
+    writable(service, name)
+    body = await read_json(request, model)
+    return await run_in_threadpool(handler, name, body, request, service)
