@@ -106,3 +106,21 @@ def test_recall_at_k_counts_the_exact_ids_found():
     found = np.array([[1, 2, 3], [4, 5, -1]])
     exact = np.array([[3, 2, 9], [5, -1, -1]])
     assert recall_at_k(found, exact) == pytest.approx((2 / 3 + 1.0) / 2)
+
+
+def test_a_served_sidecar_reopens_its_collection_with_the_options_it_was_attached_with(tmp_path):
+    import lancedb
+    import pyarrow as pa
+
+    rng = np.random.default_rng(5)
+    x, bank, queries = hub_prone(rng, 120), hub_prone(rng, 150), hub_prone(rng, 3)
+    ids = np.arange(120, dtype=np.int64) * 3 + 1
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel(), pa.float32()), x.shape[1])
+    lancedb.connect(str(tmp_path / "ldb")).create_table("docs", pa.table({"key": pa.array(ids), "emb": emb, "tag": [f"t{i}" for i in ids]}))
+    uri = f"lancedb://{tmp_path / 'ldb'}/docs"
+    attached = attach(uri, bank, SPEC, out=tmp_path / "side", id_field="key", vector_field="emb")
+    assert attached.sidecar.info["source"]["options"] == {"id_field": "key", "vector_field": "emb"}
+    result = Searcher({"mine": tmp_path / "side"}).search("mine", embeddings=queries, top_k=4)
+    want = attached.search_certified(queries, 4, metadata=True)
+    np.testing.assert_array_equal(result.ids, want.ids)
+    assert [result.metadata[int(i)]["tag"] for i in want.ids[0]] == [f"t{i}" for i in want.ids[0]]

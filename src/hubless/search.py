@@ -151,7 +151,7 @@ class AttachedIndex:
     read-only index: what :class:`Searcher` and the service read of an index (size, method,
     weight, dimension, membership, an item's vector, metadata records), its search the certified
     attached one. Open one with :meth:`open` on a sidecar directory (the collection is the one
-    the sidecar names, opened with its default options) or wrap an open collection."""
+    the sidecar names, opened with the options it was attached with) or wrap an open collection."""
 
     read_only = True
     model = None  # an attached collection records no model: embedding and item queries
@@ -172,7 +172,8 @@ class AttachedIndex:
         from hubless.attached import AttachedCollection, read_sidecar
 
         found = read_sidecar(sidecar)
-        return cls(AttachedCollection(_open_source(found.info["source"]["uri"]), found), Path(sidecar))
+        source = found.info["source"]
+        return cls(AttachedCollection(_open_source(source["uri"], source.get("options", {})), found), Path(sidecar))
 
     def snapshot(self) -> AttachedIndex:
         return self
@@ -248,10 +249,10 @@ class AttachedIndex:
     add = remove = delete = update_metadata = add_bank = restore = _refuse
 
 
-def _open_source(uri: str):
+def _open_source(uri: str, options: dict):
     from hubless.attached import open_source
 
-    return open_source(uri)
+    return open_source(uri, **options)
 
 
 def _attached(value) -> AttachedIndex | None:

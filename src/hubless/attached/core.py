@@ -287,10 +287,18 @@ def _attach(source, query_bank, method, out, gallery_bank, normalize, reserve, b
     info = _info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True)
     info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, bias, reserve_ids), "requested": requested}
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
+    info["source"]["options"] = _recorded_options(source_options)
     stats = _global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
     sidecar = Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors)
     write_sidecar(out, sidecar)
     return AttachedCollection(src, sidecar, verify=False)
+
+
+def _recorded_options(options: dict) -> dict:
+    """The source options worth recording in the sidecar, so that the collection can be opened
+    again from it alone (``hubless serve``): plain values (``id_field``, ``vector_field``,
+    ``metric``), never an open client or shard."""
+    return {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool)) and v is not None}
 
 
 def _reserve_sorted(ids: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -386,7 +394,8 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
         refit = "DN without a gallery bank shows scores with the collection's mean, which removals change: every item was re-read"
     if refit is not None:
         requested = old.info["reserve"].get("requested")
-        _attach(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, {})
+        kept = old.info["source"].get("options", {})  # recorded again (src is open: open_source ignores them)
+        _attach(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, kept)
         return {
             "added": int(added.size),
             "removed": int(removed.size),
@@ -420,6 +429,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     exact_mean = bool(old.info.get("gallery_mean_exact", True)) and removed.size == 0
     info = _info(corr, src, ids, bias, qb, gb, gallery_sum, exact_mean=exact_mean)
     info["attached"] = old.info.get("attached")
+    info["source"]["options"] = old.info["source"].get("options", {})
     info["reserve"] = {**old.info["reserve"], "size": int(reserve_ids.size), "threshold": [float(v) for v in threshold]}
     stats = _global_statistics(request, ids.size, qb, gb, gallery_sum / max(ids.size, 1), {})
     write_sidecar(out, Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors))
