@@ -56,6 +56,9 @@ def test_service_serves_an_attached_collection_like_an_index(attached):
                 assert [{"id": h["id"], **h["metadata"]} for h in record["hits"]] == want.metadata[row]
             else:  # a FAISS file keeps none
                 assert all("metadata" not in h for h in record["hits"])
+        b = c.post("/search/binary?index=mine&top_k=5", content=queries.astype("<f4").tobytes(),
+                   headers={"content-type": "application/octet-stream"})  # fmt: skip
+        assert [[h["id"] for h in rec["hits"]] for rec in b.json()["results"]] == want.ids.tolist()
         # compare: the store's own plain ranking; an item query reads the item's vector from the store
         r = c.post("/search", json={"index": "mine", "embeddings": queries[:2].tolist(), "top_k": 5, "compare": True, "weight": 0.0})
         plain = AttachedCollection.open(read_uri(side), side).source.search(queries[:2], 5)[1]
