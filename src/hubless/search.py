@@ -11,6 +11,15 @@ structure (:meth:`hubless.Index.search_uncorrected`, the weight-0 query), passes
 (``where=``), reranks with a cross-encoder (:class:`hubless.rerank.Pipeline`) and returns hits
 with their metadata. ``hubless search`` and ``hubless serve`` are thin layers over it.
 
+An attached collection (a sidecar directory written by ``hubless attach``, see
+:mod:`hubless.attached`) is served by the same facade: a sidecar directory (or an
+:class:`hubless.attached.AttachedCollection`) given where an index is expected is opened as an
+:class:`AttachedIndex` on the collection its sidecar names. Its search is the certified attached
+search (:meth:`hubless.attached.AttachedCollection.search_certified`; the result says which
+queries were certified), ``compare`` is the store's own plain ranking, and the hits' metadata is
+the store's payload (none for a FAISS file). It is read only: a write goes to the store, then
+``hubless attach --update``; filters, reranking and versions are refused, naming why.
+
 The model rule (one rule, one override): text and image queries are encoded with the model the
 index records (``index build --model NAME``). A model given explicitly (``model=`` or a loaded
 ``encoder=``) must be that same model (same name, or the same last path part: a local copy of
@@ -30,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from hubless.errors import InvalidInput, NotFound
+from hubless.errors import Conflict, InvalidInput, NotFound
 
-__all__ = ["RERANK_COLUMNS", "SearchResult", "Searcher", "choose_model", "same_model"]
+__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "choose_model", "same_model"]
 
 #: Metadata columns that give what a reranker reads for a gallery item, in order of preference.
 RERANK_COLUMNS = ("path", "text", "caption", "item")
@@ -83,6 +92,8 @@ class SearchResult:
     reranked: bool = False
     rerank_k: int | None = None
     queries: list[str] | None = None
+    #: an attached collection's search: per query, whether its answer is certified exact
+    certified: np.ndarray | None = None
 
     def hits(self, row: int) -> list[dict]:
         """The found hits of query ``row``, best first: id, score (None when not finite), the
@@ -115,6 +126,8 @@ class SearchResult:
             record: dict[str, Any] = {"query": row}
             if self.queries is not None:
                 record["text"] = self.queries[row]
+            if self.certified is not None:
+                record["certified"] = bool(self.certified[row])
             record["hits"] = self.hits(row)
             if self.uncorrected is not None:
                 record["uncorrected"] = self.uncorrected_hits(row)
@@ -126,6 +139,135 @@ class SearchResult:
         if self.metadata is not None:
             hit["metadata"] = self.metadata[int(item_id)]
         return hit
+
+
+@dataclass
+class _Rows:
+    embeddings: np.ndarray
+
+
+class AttachedIndex:
+    """An attached collection (:class:`hubless.attached.AttachedCollection`) seen as a served,
+    read-only index: what :class:`Searcher` and the service read of an index (size, method,
+    weight, dimension, membership, an item's vector, metadata records), its search the certified
+    attached one. Open one with :meth:`open` on a sidecar directory (the collection is the one
+    the sidecar names, opened with the options it was attached with) or wrap an open collection."""
+
+    read_only = True
+    model = None  # an attached collection records no model: embedding and item queries
+    factory = None
+    metadata_schema = None
+    query_bank = None
+    gallery_bank = None
+    keep_versions = 0
+
+    def __init__(self, collection, path: Path | None = None) -> None:
+        self.collection = collection
+        self.path = path
+
+    @classmethod
+    def open(cls, sidecar) -> AttachedIndex:
+        """The collection named in sidecar directory ``sidecar``, checked against its
+        fingerprint (:class:`~hubless.errors.Conflict` when it changed since)."""
+        from hubless.attached import AttachedCollection, read_sidecar
+
+        found = read_sidecar(sidecar)
+        source = found.info["source"]
+        return cls(AttachedCollection(_open_source(source["uri"], source.get("options", {})), found), Path(sidecar))
+
+    def snapshot(self) -> AttachedIndex:
+        return self
+
+    def refresh(self) -> None:
+        """Nothing to catch up with: each search checks the collection's count."""
+
+    @property
+    def ntotal(self) -> int:
+        return self.collection.ntotal
+
+    @property
+    def method(self) -> str:
+        return self.collection.spec
+
+    @property
+    def weight_param(self) -> str | None:
+        return self.collection.correction.weight_param
+
+    @property
+    def weight(self) -> float | None:
+        name = self.weight_param
+        return None if name is None else float(getattr(self.collection.correction, name))
+
+    @property
+    def has_metadata(self) -> bool:
+        return self.collection.source.kind != "faiss"  # a FAISS index file keeps no payload
+
+    def info(self) -> dict:
+        """The index-like description: method, dimension, size, ``kind`` "attached" and the
+        store's ``source`` kind (not its address, which may hold credentials)."""
+        side = self.collection.sidecar.info
+        return {
+            "kind": "attached",
+            "source": self.collection.source.kind,
+            "method": self.method,
+            "dim": int(side["dim"]),
+            "normalize": bool(side["normalize"]),
+            "n_items": self.ntotal,
+            "metadata_columns": [],
+            "reserve": int(self.collection.reserve_ids.size),
+        }
+
+    def __contains__(self, item_id) -> bool:
+        ids = self.collection.sidecar.ids
+        at = int(np.searchsorted(ids, int(item_id)))
+        return at < ids.size and int(ids[at]) == int(item_id)
+
+    def get(self, ids) -> _Rows:
+        """The stored vectors of ``ids`` (read from the store)."""
+        return _Rows(self.collection.source.fetch(np.asarray(ids, np.int64)))
+
+    def records(self, ids) -> list[dict]:
+        """The store's payloads of ``ids`` (one dict per id)."""
+        return self.collection.source.payloads(np.asarray(ids, np.int64))
+
+    def search(self, queries, top_k: int, **options) -> tuple[np.ndarray, np.ndarray]:
+        return self.collection.search(queries, top_k, **options)
+
+    def search_certified(self, queries, top_k: int, **options):
+        return self.collection.search_certified(queries, top_k, **options)
+
+    def search_uncorrected(self, queries, top_k: int, **knobs) -> tuple[np.ndarray, np.ndarray]:
+        """The store's own plain top-``top_k``."""
+        return self.collection.source.search(np.asarray(queries, np.float32), top_k, **knobs)
+
+    def _refuse(self, *args, **kwargs):
+        raise Conflict(
+            f"{self.collection.source.uri} is an attached collection, served read only: write to the store itself, "
+            "then run hubless attach --update"
+        )
+
+    add = remove = delete = update_metadata = add_bank = restore = _refuse
+
+
+def _open_source(uri: str, options: dict):
+    from hubless.attached import open_source
+
+    return open_source(uri, **options)
+
+
+def _attached(value) -> AttachedIndex | None:
+    """``value`` as an attached collection when it is one (a sidecar directory or an
+    AttachedCollection), else None."""
+    from hubless.attached import AttachedCollection
+    from hubless.attached.sidecar import is_sidecar
+
+    if isinstance(value, AttachedIndex):
+        return value
+    if isinstance(value, AttachedCollection):
+        return AttachedIndex(value)
+    if isinstance(value, (str, os.PathLike)) and is_sidecar(value):
+        return AttachedIndex.open(value)
+    return None
 
 
 def _finite(value) -> float | None:
@@ -165,15 +307,18 @@ class Searcher:
     ) -> None:
         from hubless.index import Index
 
-        if isinstance(indexes, (str, os.PathLike, Index)):
-            name = "index" if isinstance(indexes, Index) else Path(indexes).name
+        if isinstance(indexes, (str, os.PathLike, Index, AttachedIndex)):
+            name = "index" if isinstance(indexes, (Index, AttachedIndex)) else Path(indexes).name
             indexes = {name: indexes}
         if not indexes:
             raise InvalidInput("give at least one index to search")
-        self._indexes: dict[str, Index] = {}
+        self._indexes: dict[str, Any] = {}  # name -> Index or AttachedIndex
         self.paths: dict[str, Path | None] = {}
         for name, value in indexes.items():
-            if isinstance(value, Index):
+            attached = None if isinstance(value, Index) else _attached(value)
+            if attached is not None:  # read only, no versions: no path for the routes that read one
+                self._indexes[name], self.paths[name] = attached, None
+            elif isinstance(value, Index):
                 self._indexes[name], self.paths[name] = value, None
             else:
                 self._indexes[name], self.paths[name] = Index.open(value), Path(value)  # writes commit at once
@@ -217,6 +362,8 @@ class Searcher:
         from hubless.index import Index
 
         path = self.paths.get(self.name(name))
+        if isinstance(self._indexes[name], AttachedIndex):
+            raise InvalidInput(f"{name!r} is an attached collection: it keeps no versions")
         if path is None:
             raise InvalidInput(f"index {name!r} is served from memory: it keeps no versions")
         key = (name, int(version))
@@ -355,6 +502,8 @@ class Searcher:
         options = self._options(current, weight, where, nprobe, ef_search, rescore)
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
         result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
+        if isinstance(current, AttachedIndex):
+            return _search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
         if rerank:
             items = (
                 list(query_items)
@@ -421,6 +570,26 @@ class Searcher:
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores
         result.reranked, result.rerank_k = True, k
+
+
+def _search_attached(result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool):
+    """:meth:`Searcher.search` on an attached collection: the certified search (its ``certified``
+    in the result), the store's plain ranking for ``compare``, the store's payloads as metadata."""
+    if rerank:
+        raise InvalidInput(f"{result.index!r} is an attached collection: reranking is not offered on it")
+    if "where" in options:
+        raise InvalidInput(f"{result.index!r} is an attached collection: metadata filters (where) are not offered on it")
+    found = current.search_certified(vectors, top_k, **options)
+    result.scores, result.ids, result.certified = found.scores, found.ids, found.certified
+    if compare:
+        knobs = {k: v for k, v in options.items() if k != "weight"}
+        result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+    if current.has_metadata:
+        shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
+        ids = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
+        ids = ids[ids >= 0]
+        result.metadata = dict(zip(ids.tolist(), current.records(ids)))
+    return result
 
 
 def _top_k(top_k, n: int) -> int:

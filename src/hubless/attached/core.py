@@ -287,10 +287,18 @@ def _attach(source, query_bank, method, out, gallery_bank, normalize, reserve, b
     info = _info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True)
     info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, bias, reserve_ids), "requested": requested}
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
+    info["source"]["options"] = _recorded_options(source_options)
     stats = _global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
     sidecar = Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors)
     write_sidecar(out, sidecar)
     return AttachedCollection(src, sidecar, verify=False)
+
+
+def _recorded_options(options: dict) -> dict:
+    """The source options worth recording in the sidecar, so that the collection can be opened
+    again from it alone (``hubless serve``): plain values (``id_field``, ``vector_field``,
+    ``metric``), never an open client or shard."""
+    return {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool)) and v is not None}
 
 
 def _reserve_sorted(ids: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -386,7 +394,8 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
         refit = "DN without a gallery bank shows scores with the collection's mean, which removals change: every item was re-read"
     if refit is not None:
         requested = old.info["reserve"].get("requested")
-        _attach(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, {})
+        kept = old.info["source"].get("options", {})  # recorded again (src is open: open_source ignores them)
+        _attach(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, kept)
         return {
             "added": int(added.size),
             "removed": int(removed.size),
@@ -420,6 +429,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     exact_mean = bool(old.info.get("gallery_mean_exact", True)) and removed.size == 0
     info = _info(corr, src, ids, bias, qb, gb, gallery_sum, exact_mean=exact_mean)
     info["attached"] = old.info.get("attached")
+    info["source"]["options"] = old.info["source"].get("options", {})
     info["reserve"] = {**old.info["reserve"], "size": int(reserve_ids.size), "threshold": [float(v) for v in threshold]}
     stats = _global_statistics(request, ids.size, qb, gb, gallery_sum / max(ids.size, 1), {})
     write_sidecar(out, Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors))
@@ -572,6 +582,25 @@ class AttachedCollection:
             found_meta = [[{"id": int(i), **next(flat)} for i in hits[hits >= 0].tolist()] for hits in ids]
         return AttachedResult(scores, ids, certified, used, found_meta)
 
+    def evaluate(self, queries, top_k: int = 10, **options) -> dict:
+        """The attached search measured against exact corrected search (:meth:`exact_search`,
+        a full scan) on ``queries``: ``recall`` = mean over queries of
+        |attached top-k ∩ exact top-k| / |exact top-k| (recall@k, 1.0 when every answer is the
+        exact one), ``certified`` = the share of queries whose answer carries the certificate
+        (exact relative to the store's plain ranking), ``candidates`` = the mean k' used, with
+        ``top_k`` and ``queries`` (their count). ``options`` as :meth:`search_certified` (the
+        weight applies to both searches). Reads the whole collection: for evaluation only."""
+        weight = {k: options[k] for k in list(options) if k in (self.correction.weight_param, "weight")}
+        result = self.search_certified(queries, top_k, **options)
+        want = self.exact_search(queries, top_k, **weight)[1]
+        return {
+            "top_k": int(top_k),
+            "queries": int(result.ids.shape[0]),
+            "recall": recall_at_k(result.ids, want),
+            "certified": float(result.certified.mean()) if result.certified.size else 1.0,
+            "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
+        }
+
     def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> tuple[np.ndarray, np.ndarray]:
         """Exact corrected search over every item of the collection, by brute force: the
         collection is scanned (twice for DIS/DualDIS/CSLS, whose raw top neighbours come
@@ -671,6 +700,17 @@ class AttachedCollection:
         ok = covered | (np.isfinite(kth) & (kth > bound + slack))
         shown = np.where(np.isfinite(top_rank), corr.method_scores(batch, np.where(np.isfinite(top_rank), top_rank, 0)), -np.inf)
         return shown.astype(np.float32), top_ids, ok
+
+
+def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over rows of |found ∩ exact| / |exact| (ids; -1 marks an empty slot), blocked in
+    NumPy: the recall@k of ``found`` against the exact answers ``exact``."""
+    found, exact = np.asarray(found, np.int64), np.asarray(exact, np.int64)
+    if found.shape[0] == 0:
+        return 1.0
+    hit = (found[:, :, None] == exact[:, None, :]) & (exact[:, None, :] >= 0)
+    wanted = np.maximum((exact >= 0).sum(axis=1), 1)
+    return float((hit.any(axis=1).sum(axis=1) / wanted).mean())
 
 
 def _take(batch, rows: np.ndarray):

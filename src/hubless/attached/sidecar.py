@@ -34,7 +34,7 @@ import numpy as np
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
 
-__all__ = ["FORMAT_VERSION", "Sidecar", "array_fingerprint", "read_sidecar", "write_sidecar"]
+__all__ = ["FORMAT_VERSION", "Sidecar", "array_fingerprint", "is_sidecar", "read_sidecar", "write_sidecar"]
 
 FORMAT_VERSION = 1
 
@@ -107,6 +107,19 @@ def write_sidecar(folder, sidecar: Sidecar) -> Path:
             shutil.rmtree(old, ignore_errors=True)
     sidecar.path = folder
     return folder
+
+
+def is_sidecar(folder) -> bool:
+    """Whether ``folder`` holds an attached sidecar (its ``CURRENT`` names a version with an
+    ``attach.json``), not a saved index."""
+    folder = Path(folder)
+    if not (folder / "CURRENT").is_file():
+        return False
+    try:
+        version = _current(folder)
+    except (OSError, ValueError):
+        return False
+    return version is not None and (version / "attach.json").is_file()
 
 
 def read_sidecar(folder) -> Sidecar:

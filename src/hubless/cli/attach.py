@@ -76,9 +76,10 @@ def attach_command(
             )
         typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
         if exact:
+            from hubless.attached.core import recall_at_k
+
             want = (attached.exact_search(queries, top_k) if weight is None else attached.exact_search(queries, top_k, weight=weight))[1]
-            hits = [len(set(g[g >= 0]) & set(w[w >= 0])) / max(1, int((w >= 0).sum())) for g, w in zip(result.ids, want)]
-            typer.echo(f"recall@{top_k} against exact corrected search: {sum(hits) / len(hits):.4f}", err=True)
+            typer.echo(f"recall@{top_k} against exact corrected search: {recall_at_k(result.ids, want):.4f}", err=True)
         return
     if query_bank is None:
         raise InvalidInput("--query-bank is required to attach or update (the reference queries the biases are computed against)")

@@ -120,7 +120,10 @@ def settings_options() -> tuple[list[Any], dict[str, tuple[str, ...]]]:
 @friendly_errors
 def serve_command(
     ctx: typer.Context,
-    indexes: list[str] = typer.Argument(..., help="Index directories to serve, as PATH (named after the folder) or NAME=PATH."),
+    indexes: list[str] = typer.Argument(
+        ...,
+        help="Index directories to serve, as PATH (named after the folder) or NAME=PATH; an attached collection's sidecar directory (hubless attach --out) serves that collection, read only.",
+    ),
 ) -> None:
     """Serve saved indexes over HTTP: POST /search (embeddings, texts or images with the index's
     model, or an item id; compare=true for the uncorrected ranking), GET /indexes, /items,

@@ -177,6 +177,9 @@ class Hit(_Answer):
 class QueryResult(_Answer):
     query: int = Field(description="The query's position in the request.")
     text: str | None = Field(default=None, description="The text query (text and image queries).")
+    certified: bool | None = Field(
+        default=None, description="An attached collection only: whether the answer is certified exact (see docs/attach.md)."
+    )
     hits: list[Hit]
     uncorrected: list[Hit] | None = Field(default=None, description="With compare: the uncorrected top k.")
 
