@@ -305,6 +305,54 @@ def test_only_a_hubless_index_is_ever_replaced(saved, arrays, tmp_path):
     assert hubless.Index.load(tmp_path / "empty").ntotal == 200
 
 
+def write_earlier_format(path, version):
+    """The files an index of format 3 or 4 (before live indexes, never released) started with."""
+    path.mkdir()
+    manifest = json.dumps({"format": "hubless-index", "version": version, "method": "nnn", "n_items": 3}, indent=2)
+    folder = path if version == 3 else path / "v000001"
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.json").write_text(manifest)
+    (folder / "index.faiss").write_bytes(b"old")
+    if version == 4:
+        sha = hashlib.sha256(manifest.encode()).hexdigest()
+        (path / "CURRENT").write_text(json.dumps({"format": "hubless-index", "version": "v000001", "manifest_sha256": sha}, indent=2))
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_index_of_an_earlier_format_is_refused_saying_to_rebuild_it(saved, tmp_path, version):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+    from hubless.errors import AlreadyExists, Corrupt
+
+    index, _ = saved
+    path = tmp_path / "old"
+    write_earlier_format(path, version)
+    before = snapshot_files(path)
+    message = f"index of format {version}, written by an earlier format of hubless; .* rebuild the index"
+    for read in (hubless.Index.load, hubless.Index.open, store.verify, hubless.Index.versions):
+        with pytest.raises(Corrupt, match=message):
+            read(path)
+    with pytest.raises(Corrupt, match=message), hubless.Index.update(path):
+        pass
+    result = CliRunner().invoke(app, ["index", "info", str(path)])
+    assert result.exit_code == 2 and "rebuild the index" in " ".join(result.output.split())
+    with pytest.raises(AlreadyExists, match="overwrite"):
+        index.save(path)
+    assert snapshot_files(path) == before  # nothing read, nothing written
+    index.save(path, overwrite=True)  # the rebuild replaces it, leaving none of its files
+    assert sorted(p.name for p in path.iterdir()) == ["CURRENT", "b000001"]
+    assert hubless.Index.load(path).ntotal == 200
+
+
+def test_an_unknown_format_version_is_refused(saved):
+    _, path = saved
+    header, manifest = (path / "CURRENT").read_text().splitlines()
+    (path / "CURRENT").write_text(header.replace('"format_version": 5', '"format_version": 6') + "\n" + manifest + "\n")
+    with pytest.raises(ValueError, match="format version 6; this hubless reads version 5"):
+        hubless.Index.load(path)
+
+
 def test_a_part_with_a_matching_checksum_that_cannot_be_read(saved):
     _, path = saved
     (path / "b000001" / "state.npz").write_bytes(b"not an npz at all")

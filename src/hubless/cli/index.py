@@ -102,7 +102,6 @@ def build_command(
         from hubless.index.store import read_manifest
 
         manifest, _ = read_manifest(out)
-        assert manifest is not None  # written just now, in this format
         config = manifest["config"]
         typer.echo(
             f"built Index({manifest['method']!r}, factory={config['factory']!r}, n_items={manifest['n_items']}) "

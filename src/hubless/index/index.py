@@ -465,7 +465,7 @@ class Index:
         snap, manifest = self._snap, self._manifest
         return {
             "path": None if self._path is None else str(self._path),
-            "format_version": store.VERSION if manifest is not None or self._path is None else "legacy (converted at the next write)",
+            "format_version": store.VERSION,
             "version": None if manifest is None else manifest["version"],
             "base_rows": snap.n_base,
             "rows_since_base": snap.n_tail,
@@ -810,10 +810,7 @@ class Index:
                             f"{path} changed since this index was loaded (another writer committed a version): saving would "
                             "replace it; load the index again (or refresh() an index without changes) and redo the changes"
                         )
-                    if self._manifest is not None:
-                        self._commit(self._snap)
-                        return path
-                    self._save_fresh(path, locked=True)
+                    self._commit(self._snap)
                 return path
             _check_target(path, overwrite)
             with write_lock(path):
@@ -853,7 +850,7 @@ class Index:
     def _commit(self, new: Snapshot, *, full: bool = False) -> None:
         """Write what ``new`` changed since the committed version (the file lock is held): one
         segment; all segments folded into one past :data:`MAX_SEGMENTS`; a new base when the
-        base changed, past the compaction thresholds, or for an index of an earlier format."""
+        base changed, or past the compaction thresholds."""
         path, old, manifest = self._path, self._committed, self._manifest
         assert path is not None  # bound to a directory (a commit needs one)
         version = _next_number(path, manifest)
@@ -959,14 +956,13 @@ class Index:
         index = cls.__new__(cls)
         index._setup(loaded.snapshot, path=path, loaded=loaded, live=True, mmap=mmap)
         index._base = base
-        if loaded.manifest is None:  # an earlier format: the next commit writes a base
-            index._committed = None
         return index
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False, version: int | None = None) -> Index:
-        """Read an index saved by :meth:`save` (any format; see :mod:`hubless.index.store` for
-        what is verified). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
+        """Read an index saved by :meth:`save` (see :mod:`hubless.index.store` for what is
+        verified; an index of an earlier format is a :class:`~hubless.errors.Corrupt` saying to
+        rebuild it). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
         instead of reading them. Writes to the loaded index stay in memory until :meth:`save`;
         use :meth:`open` to commit each write at once.
 
@@ -983,8 +979,6 @@ class Index:
         index = cls.__new__(cls)
         index._setup(loaded.snapshot, path=path, loaded=loaded, live=False, mmap=mmap)
         index._base = base
-        if loaded.manifest is None:
-            index._committed = None
         return index
 
     @classmethod
@@ -992,8 +986,7 @@ class Index:
         """An index bound to its directory: every write (:meth:`add`, :meth:`remove`,
         :meth:`upsert`, bank updates, :meth:`compact`, :meth:`calibrate`) is committed at once,
         under the index's write lock (after catching up with what other processes wrote), at
-        a cost proportional to the batch; :meth:`refresh` picks up versions written elsewhere.
-        An index of an earlier format is converted at its first write."""
+        a cost proportional to the batch; :meth:`refresh` picks up versions written elsewhere."""
         index = cls.load(path, mmap=mmap)
         index._live = True
         return index
@@ -1033,8 +1026,6 @@ class Index:
         version = check_positive_int(version, "version")
         with write_lock(path, timeout=timeout):
             current, _ = store.read_manifest(path)
-            if current is None:
-                raise InvalidInput(f"{path} is of an earlier format: it keeps no versions")
             store.load_version(path, version, mmap=True)  # every file there and readable
             target = store.read_version(path, version)
             config = dict(target["config"])

@@ -137,9 +137,6 @@ def commit_pending(index, files: list[Path]) -> dict:
     """The body of :func:`commit_segments`, for an index opened under its write lock."""
     path = index._path
     old_manifest = index._manifest
-    if old_manifest is None:  # an earlier format: convert it first (a base of its items)
-        index._commit(index._snap, full=True)
-        old_manifest = index._manifest
     snap = index._snap
     version = max(
         old_manifest["version"],
