@@ -22,7 +22,7 @@ The package has one module per job, after the FastAPI project template: :mod:`.s
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
 :mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
-searches as batches), :mod:`.metrics`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
+searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
 
@@ -113,7 +113,7 @@ def create_app(
     app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
                docs_url=None, redoc_url=None)  # fmt: skip
     app.state.service = service
-    app.state.served, app.state.limits, app.state.metrics = service.served, settings.limits, service.metrics  # shortcuts (tests, tools)
+    app.state.served, app.state.limits, app.state.telemetry = service.served, settings.limits, service.telemetry  # shortcuts (tests, tools)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
