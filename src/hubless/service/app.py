@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - the serve extra is missing: say which 
     raise
 
 from hubless.service import routes
+from hubless.service.body import BODY_MODELS
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
 from hubless.service.schemas import ItemsRequest, SearchRequest
@@ -144,7 +145,7 @@ class _App(FastAPI):
             schema = super().openapi()
             components = schema.setdefault("components", {})
             models = components.setdefault("schemas", {})
-            for model in (SearchRequest, ItemsRequest):
+            for model in BODY_MODELS.values():  # every request body a route names (json_body)
                 models[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components["securitySchemes"] = {
                 "bearer": {

@@ -151,9 +151,14 @@ def parse_json(raw: bytes, model: type[Model], shape: BodyShape) -> Model:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]) from None
 
 
+#: The models :func:`json_body` named, whose schemas the application adds to its components.
+BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+
 def json_body(model: type[BaseModel]) -> dict:
     """The ``openapi_extra`` of a route whose JSON body is ``model`` (its schema is added to the
-    components by :func:`hubless.service.app.create_app`)."""
+    components by :func:`hubless.service.app.create_app`: every model named here)."""
+    BODY_MODELS[model.__name__] = model
     schema = {"$ref": f"#/components/schemas/{model.__name__}"}
     return {
         "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
