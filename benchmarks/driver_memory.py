@@ -50,8 +50,8 @@ def driver(ready, go, out, job, gallery_dir, bank_dir, work):
     open_source(gallery_dir), open_source(bank_dir)  # imports and headers before the baseline
     import faiss  # noqa: F401  (code, not data: what the jobs import is loaded before the baseline too)
 
+    import hubless.index.disk  # noqa: F401
     import hubless.index.index  # noqa: F401
-    import hubless.index.store  # noqa: F401
 
     @ray.remote
     def noop(x):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.data.synthetic import make_retrieval_data
-from hubless.index import store
+from hubless.index import disk
 
 runner = CliRunner()
 
@@ -137,7 +137,7 @@ def test_interrupted_save_leaves_the_previous_index_intact(data, tmp_path, monke
     def crash(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store.np, "save", crash)
+    monkeypatch.setattr(disk.np, "save", crash)
     with pytest.raises(KeyboardInterrupt):
         new.save(path, overwrite=True)
     monkeypatch.undo()

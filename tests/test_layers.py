@@ -42,7 +42,7 @@ MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 
 
 def test_index_store_does_not_import_the_index():
-    assert not {m for m in _imports(MODULES["hubless.index.store"]) if m.startswith("hubless.index.index")}
+    assert not {m for m in _imports(MODULES["hubless.index.disk"]) if m.startswith("hubless.index.index")}
 
 
 def test_private_hooks_are_not_called_from_outside_their_package():
@@ -148,7 +148,7 @@ KNOWN_PRIVATE_IMPORTS = {
         "hubless.index.faiss_build._nearest_lists",
         "hubless.index.faiss_build._promotion",
         "hubless.index.faiss_build._rows",
-        "hubless.index.store._write_file",
+        "hubless.index.disk._write_file",
         "hubless.index.index._check_target",
         "hubless.index.index._is_flat",
         "hubless.index.index._next_number",

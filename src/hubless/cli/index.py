@@ -99,10 +99,9 @@ def build_command(
                 "queries": {"source": "query bank"},
             }
             built.save(out, overwrite=True)  # the manifest only: the items are written already
-        from hubless.index.store import read_manifest
+        from hubless.index.disk import read_manifest
 
         manifest, _ = read_manifest(out)
-        assert manifest is not None  # written just now, in this format
         config = manifest["config"]
         typer.echo(
             f"built Index({manifest['method']!r}, factory={config['factory']!r}, n_items={manifest['n_items']}) "
@@ -442,7 +441,7 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     """Check what a load and a search read: every file against the sha256 and size recorded when it
     was written (a plain load checks every file it reads; a memory-mapped load skips the mapped
     ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
-    from hubless.index.store import verify
+    from hubless.index.disk import verify
 
     result = verify(path)
     if result["files"] is None:

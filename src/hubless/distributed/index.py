@@ -3,7 +3,7 @@
     import hubless.distributed as hd
     index = hd.build_index("nnn:alpha=0.75,k=16", "img_emb/", "text_emb/", "IVF4096,Flat", out="idx/")
 
-The result is a live index directory (:mod:`hubless.index.store`, format 5) written as one base
+The result is a live index directory (:mod:`hubless.index.disk`, format 5) written as one base
 ``b000001/`` by the tasks, and one ``CURRENT`` written by the driver:
 
 1. The bank statistics, tile by tile (:func:`hubless.distributed.fit_statistics`); each
@@ -182,7 +182,7 @@ def _write_ivf(path: Path, empty_index, parts: list[tuple[str, str]], ntotal: in
     file's ``{"sha256", "bytes"}``."""
     import faiss
 
-    from hubless.index.store import _write_file
+    from hubless.index.disk import _write_file
 
     ivf = faiss.extract_index_ivf(empty_index)
     nlist, code_size = int(ivf.nlist), int(ivf.code_size)
@@ -261,7 +261,7 @@ def build_index(
     :func:`hubless.distributed.fit_statistics` (``work_dir``, ``workers``, tile sizes). The
     index keeps no banks (it was fitted from tiles): grow a bank with a new distributed fit."""
     from hubless.distributed.fit import _banks_for, open_sources
-    from hubless.index import Index, store
+    from hubless.index import Index, disk
     from hubless.index.config import IndexConfig
     from hubless.index.factory import check_factory
     from hubless.index.faiss_build import default_factory, plan_layout
@@ -303,7 +303,7 @@ def build_index(
             _check_target(path, overwrite)  # another writer may have created it meanwhile
         created = out is None or not path.exists()
         path.mkdir(parents=True, exist_ok=True)
-        previous, _ = store.read_manifest(path) if store.is_index(path) else (None, None)
+        previous, _ = disk.read_manifest(path) if disk.is_index(path) else (None, None)
         version = _next_number(path, previous)
         folder = path / f"b{version:06d}"
         work = path / f".tmp-build-{uuid.uuid4().hex}"  # a leftover of a killed build is removed by the next commit
@@ -387,14 +387,14 @@ def build_index(
 
             with ThreadPoolExecutor(min(len(files), 4)) as pool:  # hashing releases the GIL
                 entries.update(pool.map(digest, files))
-            state: dict[str, Any] = store.state_arrays(stats, gallery_sum)  # the banks' values (the sink kept no per-item arrays)
-            entries["state.npz"] = store._write_file(folder / "state.npz", lambda fh: np.savez(fh, **state))
+            state: dict[str, Any] = disk.state_arrays(stats, gallery_sum)  # the banks' values (the sink kept no per-item arrays)
+            entries["state.npz"] = disk._write_file(folder / "state.npz", lambda fh: np.savez(fh, **state))
             if meta is not None and meta.schema.names:
                 from hubless.errors import optional_import
 
                 pq = optional_import("pyarrow.parquet", "saving item metadata", "index", "pyarrow")
-                entries["metadata.parquet"] = store._write_file(folder / "metadata.parquet", lambda fh: pq.write_table(meta.table, fh))
-            store._fsync_dir(folder)
+                entries["metadata.parquet"] = disk._write_file(folder / "metadata.parquet", lambda fh: pq.write_table(meta.table, fh))
+            disk._fsync_dir(folder)
             config.build_seconds = time.perf_counter() - t0
             manifest = {
                 "version": version, "method": corr.spec, "normalize": bool(corr.normalize), "dim": dim, "faiss_dim": faiss_dim,
@@ -403,7 +403,7 @@ def build_index(
                 "base": {"name": folder.name, "rows": n, "files": {name: entries[name] for name in sorted(entries)}},
                 "segments": [],
             }  # fmt: skip
-            store.commit(path, manifest, keep=store.names_in(previous))
+            disk.commit(path, manifest, keep=disk.names_in(previous))
         except BaseException:
             if created:  # a failed build leaves no directory behind
                 shutil.rmtree(path, ignore_errors=True)

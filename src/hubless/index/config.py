@@ -36,7 +36,7 @@ class IndexConfig:
     #: What `hubless index build --target-recall` chose and measured (hubless.index.tuner).
     tuning: dict[str, Any] | None = None
     #: Versions of a saved index kept after they are replaced (the current one included; 0:
-    #: only the current one and, for a moment, the previous one): see hubless.index.store.
+    #: only the current one and, for a moment, the previous one): see hubless.index.disk.
     keep_versions: int = 0
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ Items have stable int64 ids (:mod:`hubless.index.ids`): given or assigned, never
 results, :meth:`Index.get`, metadata and removals use them. A write costs O(batch): new items'
 biases come from the stored banks, their rows are appended, removed items are marked dead
 (:mod:`hubless.index.live`), and on disk one segment file is added per write, committed by an
-atomic ``CURRENT`` switch (:mod:`hubless.index.store`). After any sequence of writes a search
+atomic ``CURRENT`` switch (:mod:`hubless.index.disk`). After any sequence of writes a search
 equals a fresh build over the live items (DIS/DualDIS activation sets included).
 
 Search: the FAISS structure (none for Flat, which is searched exactly by the streamed engine)
@@ -45,7 +45,7 @@ from hubless.corrections import AdditiveCorrection, Correction, MethodName, Quer
 from hubless.corrections.serving import check_additive
 from hubless.engine import BankStatistics
 from hubless.errors import AlreadyExists, Conflict, InvalidInput, NotFittedError
-from hubless.index import store
+from hubless.index import disk
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
@@ -185,7 +185,7 @@ class Index:
         self._setup(snap)
 
     def _setup(
-        self, snap: Snapshot, *, path: Path | None = None, loaded: store.Loaded | None = None, live: bool = False, mmap: bool = False
+        self, snap: Snapshot, *, path: Path | None = None, loaded: disk.Loaded | None = None, live: bool = False, mmap: bool = False
     ):
         """The one place an index's state is set."""
         self._snap = snap
@@ -465,7 +465,7 @@ class Index:
         snap, manifest = self._snap, self._manifest
         return {
             "path": None if self._path is None else str(self._path),
-            "format_version": store.VERSION if manifest is not None or self._path is None else "legacy (converted at the next write)",
+            "format_version": disk.VERSION,
             "version": None if manifest is None else manifest["version"],
             "base_rows": snap.n_base,
             "rows_since_base": snap.n_tail,
@@ -795,7 +795,7 @@ class Index:
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write the index to the directory ``path`` as one atomic switch, under the index's
-        write lock (see :mod:`hubless.index.store`). ``overwrite`` replaces an existing hubless
+        write lock (see :mod:`hubless.index.disk`). ``overwrite`` replaces an existing hubless
         index only. Saving an index back to the directory it was loaded from writes only what
         changed (one segment); when another writer committed there since this index was loaded
         (or last refreshed), the save is a :class:`~hubless.errors.Conflict` and nothing is
@@ -805,15 +805,12 @@ class Index:
         with self._lock:
             if self._path is not None and overwrite and _same_dir(self._path, path):
                 with write_lock(path):
-                    if store.pointer_stamp(path) != self._stamp:
+                    if disk.pointer_stamp(path) != self._stamp:
                         raise Conflict(
                             f"{path} changed since this index was loaded (another writer committed a version): saving would "
                             "replace it; load the index again (or refresh() an index without changes) and redo the changes"
                         )
-                    if self._manifest is not None:
-                        self._commit(self._snap)
-                        return path
-                    self._save_fresh(path, locked=True)
+                    self._commit(self._snap)
                 return path
             _check_target(path, overwrite)
             with write_lock(path):
@@ -828,22 +825,22 @@ class Index:
         path.mkdir(parents=True, exist_ok=True)
         previous = None
         try:
-            previous, _ = store.read_manifest(path) if store.is_index(path) else (None, None)
+            previous, _ = disk.read_manifest(path) if disk.is_index(path) else (None, None)
         except ValueError:
             previous = None
         version = _next_number(path, previous)
         try:
-            base = store.write_base(path, snap, version)
-            store.commit(path, store.manifest_for(snap, version, base, []), keep=store.names_in(previous))
+            base = disk.write_base(path, snap, version)
+            disk.commit(path, disk.manifest_for(snap, version, base, []), keep=disk.names_in(previous))
         except BaseException:
             if created:  # a failed first save leaves no directory behind
                 shutil.rmtree(path, ignore_errors=True)
             raise
         self._snap = snap
         if self._path is not None and _same_dir(self._path, path):
-            self._bind(path, store.Loaded(snap, store.manifest_for(snap, version, base, []), store.pointer_stamp(path)), snap)
+            self._bind(path, disk.Loaded(snap, disk.manifest_for(snap, version, base, []), disk.pointer_stamp(path)), snap)
 
-    def _bind(self, path: Path, loaded: store.Loaded, base: Snapshot | None) -> None:
+    def _bind(self, path: Path, loaded: disk.Loaded, base: Snapshot | None) -> None:
         self._path = path
         self._committed = loaded.snapshot
         self._manifest = loaded.manifest
@@ -853,7 +850,7 @@ class Index:
     def _commit(self, new: Snapshot, *, full: bool = False) -> None:
         """Write what ``new`` changed since the committed version (the file lock is held): one
         segment; all segments folded into one past :data:`MAX_SEGMENTS`; a new base when the
-        base changed, past the compaction thresholds, or for an index of an earlier format."""
+        base changed, or past the compaction thresholds."""
         path, old, manifest = self._path, self._committed, self._manifest
         assert path is not None  # bound to a directory (a commit needs one)
         version = _next_number(path, manifest)
@@ -862,7 +859,7 @@ class Index:
         unsynced: list[Path] = []  # the segment written here: fsynced together with CURRENT
         if full or grown or not same_base:
             snap = new.compacted() if new.n_tail or new.n_dead else new
-            base_entry = store.write_base(path, snap, version)
+            base_entry = disk.write_base(path, snap, version)
             segments, base = [], snap
         else:
             assert manifest is not None and old is not None and self._base is not None  # same_base
@@ -870,43 +867,43 @@ class Index:
             changed = new.n_rows != old.n_rows or new.killed_since(old).size > 0 or _lists_changed(old, new)
             segments = list(manifest["segments"])
             if changed and len(segments) + 1 > MAX_SEGMENTS:
-                segments = [store.write_delta(path, base, new, version, sync=False)]
+                segments = [disk.write_delta(path, base, new, version, sync=False)]
             elif changed:
-                segments.append(store.write_delta(path, old, new, version, sync=False))
+                segments.append(disk.write_delta(path, old, new, version, sync=False))
             if changed:
                 unsynced = [path / segments[-1]["name"]]
             elif new.config.to_dict() == IndexConfig.from_dict(manifest["config"]).to_dict() and new.next_id == manifest["next_id"]:
                 self._snap = new
                 return  # nothing to write
-        body = store.manifest_for(snap, version, base_entry, segments)
-        store.commit(path, body, keep=store.names_in(manifest), unsynced=unsynced)
+        body = disk.manifest_for(snap, version, base_entry, segments)
+        disk.commit(path, body, keep=disk.names_in(manifest), unsynced=unsynced)
         self._snap = snap
-        self._bind(path, store.Loaded(snap, body, store.pointer_stamp(path)), base)
+        self._bind(path, disk.Loaded(snap, body, disk.pointer_stamp(path)), base)
 
     def _catch_up(self) -> bool:
         """Follow versions committed by other writers since ours: their segments are replayed
         when they extend our version (O(what they wrote)), else the index is loaded anew."""
         path = self._path
         assert path is not None  # only an index loaded from a directory catches up
-        stamp = store.pointer_stamp(path)
+        stamp = disk.pointer_stamp(path)
         if stamp == self._stamp and self._committed is not None:
             return False
-        manifest, _ = store.read_manifest(path)
+        manifest, _ = disk.read_manifest(path)
         old = self._manifest
         if manifest is not None and old is not None and self._committed is not None and manifest["base"] == old["base"]:
             k = len(old["segments"])
             try:
                 if manifest["segments"][:k] == old["segments"]:  # later writes appended segments: read those
-                    snap = store.replay(path, self._committed, manifest, manifest["segments"][k:])
+                    snap = disk.replay(path, self._committed, manifest, manifest["segments"][k:])
                 else:  # segments were folded into one: replay them over our base
                     assert self._base is not None  # bound with the loaded base
-                    snap = store.replay(path, self._base, manifest, manifest["segments"])
-            except store.Gone:
+                    snap = disk.replay(path, self._base, manifest, manifest["segments"])
+            except disk.Gone:
                 snap = None  # compacted again meanwhile: load anew
             if snap is not None:
                 snap = snap.with_config(IndexConfig.from_dict(manifest["config"]))
                 self._snap = snap
-                self._bind(path, store.Loaded(snap, manifest, stamp), self._base)
+                self._bind(path, disk.Loaded(snap, manifest, stamp), self._base)
                 return True
         loaded, base = _load(path, self._mmap)
         self._snap = loaded.snapshot
@@ -920,7 +917,7 @@ class Index:
         one holds this object). Returns whether the index changed."""
         if self._path is None or self._locked:
             return False
-        if store.pointer_stamp(self._path) == self._stamp:
+        if disk.pointer_stamp(self._path) == self._stamp:
             return False
         if not self._lock.acquire(blocking=False):
             return False
@@ -959,14 +956,13 @@ class Index:
         index = cls.__new__(cls)
         index._setup(loaded.snapshot, path=path, loaded=loaded, live=True, mmap=mmap)
         index._base = base
-        if loaded.manifest is None:  # an earlier format: the next commit writes a base
-            index._committed = None
         return index
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, mmap: bool = False, version: int | None = None) -> Index:
-        """Read an index saved by :meth:`save` (any format; see :mod:`hubless.index.store` for
-        what is verified). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
+        """Read an index saved by :meth:`save` (see :mod:`hubless.index.disk` for what is
+        verified; an index of an earlier format is a :class:`~hubless.errors.Corrupt` saying to
+        rebuild it). ``mmap=True`` maps the gallery, statistics, banks and IVF lists
         instead of reading them. Writes to the loaded index stay in memory until :meth:`save`;
         use :meth:`open` to commit each write at once.
 
@@ -974,7 +970,7 @@ class Index:
         :meth:`versions`), as an in-memory index not bound to the directory (``save`` it
         elsewhere for a copy of that version, or :meth:`restore` it)."""
         if version is not None:
-            loaded_version = store.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
+            loaded_version = disk.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
             pinned = cls.__new__(cls)
             pinned._setup(loaded_version.snapshot, mmap=mmap)
             return pinned
@@ -983,8 +979,6 @@ class Index:
         index = cls.__new__(cls)
         index._setup(loaded.snapshot, path=path, loaded=loaded, live=False, mmap=mmap)
         index._base = base
-        if loaded.manifest is None:
-            index._committed = None
         return index
 
     @classmethod
@@ -992,8 +986,7 @@ class Index:
         """An index bound to its directory: every write (:meth:`add`, :meth:`remove`,
         :meth:`upsert`, bank updates, :meth:`compact`, :meth:`calibrate`) is committed at once,
         under the index's write lock (after catching up with what other processes wrote), at
-        a cost proportional to the batch; :meth:`refresh` picks up versions written elsewhere.
-        An index of an earlier format is converted at its first write."""
+        a cost proportional to the batch; :meth:`refresh` picks up versions written elsewhere."""
         index = cls.load(path, mmap=mmap)
         index._live = True
         return index
@@ -1003,10 +996,10 @@ class Index:
     def versions(path: str | os.PathLike) -> list[dict]:
         """The versions of the saved index at ``path`` that can be read, oldest first: the current
         one and those kept by ``keep_versions`` (:meth:`set_keep_versions`), each with its number,
-        items, rows, segments, base and commit time (:func:`hubless.index.store.list_versions`).
+        items, rows, segments, base and commit time (:func:`hubless.index.disk.list_versions`).
         A kept version's files are never changed or removed while it is kept: a copy of them
         (or ``Index.load(path, version=v).save(backup)``) is a backup, while writes go on."""
-        return store.list_versions(Path(path))
+        return disk.list_versions(Path(path))
 
     @property
     def keep_versions(self) -> int:
@@ -1032,11 +1025,9 @@ class Index:
         path = Path(path)
         version = check_positive_int(version, "version")
         with write_lock(path, timeout=timeout):
-            current, _ = store.read_manifest(path)
-            if current is None:
-                raise InvalidInput(f"{path} is of an earlier format: it keeps no versions")
-            store.load_version(path, version, mmap=True)  # every file there and readable
-            target = store.read_version(path, version)
+            current, _ = disk.read_manifest(path)
+            disk.load_version(path, version, mmap=True)  # every file there and readable
+            target = disk.read_version(path, version)
             config = dict(target["config"])
             keep = int(current["config"].get("keep_versions") or 0)
             config.pop("keep_versions", None)
@@ -1044,13 +1035,13 @@ class Index:
                 config["keep_versions"] = keep
             number = _next_number(path, current)
             body = {**target, "version": number, "config": config, "next_id": max(int(target["next_id"]), int(current["next_id"]))}
-            store.commit(path, body, keep=store.names_in(current))
+            disk.commit(path, body, keep=disk.names_in(current))
         return number
 
 
-def _load(path: Path, mmap: bool) -> tuple[store.Loaded, Snapshot]:
+def _load(path: Path, mmap: bool) -> tuple[disk.Loaded, Snapshot]:
     """A loaded index and its base alone (before the segments were replayed)."""
-    loaded = store.load(path, mmap=mmap)
+    loaded = disk.load(path, mmap=mmap)
     base = getattr(loaded, "base", None)
     return loaded, base if base is not None else loaded.snapshot
 
@@ -1152,7 +1143,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
         return
     if not path.is_dir():
         raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
-    if store.is_index(path):
+    if disk.is_index(path):
         if not overwrite:
             raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     elif any(path.iterdir()):

@@ -116,7 +116,7 @@ class Snapshot:
     faiss: Any = None  # over the base rows, ids = their rows (None: exact search, the Flat factory)
     faiss_dim: int = 0  # its (padded) dimension; the rest of its layout is in ``config``
     #: the files of a memory-mapped load this snapshot's data came from, not checksummed yet
-    #: (:class:`hubless.index.store.MappedFiles`; None: every byte was verified or computed)
+    #: (:class:`hubless.index.disk.MappedFiles`; None: every byte was verified or computed)
     mapped: Any = field(default=None, compare=False, repr=False)
     #: ``alive``'s buffer when ``alive`` is its first ``n_rows`` (an add appends to it in
     #: O(batch)); None after a load or a removal (a removal copies ``alive``: the older
@@ -463,7 +463,7 @@ class Snapshot:
 
     def _verify_mapped(self, names=None) -> None:
         """Checksum the mapped files ``names`` (None: all) a write is about to compute from, if a
-        memory-mapped load has not yet (:class:`hubless.index.store.MappedFiles`): a damaged
+        memory-mapped load has not yet (:class:`hubless.index.disk.MappedFiles`): a damaged
         file is a Corrupt naming it, before anything is computed or written."""
         if self.mapped is not None:
             self.mapped.verify(names)
@@ -545,7 +545,7 @@ class Snapshot:
 
     # ------------------------------------------------------------------ replaying a write
     def replayed(self, part: dict) -> Snapshot:
-        """This snapshot with one saved write applied (see :mod:`hubless.index.store`): rows
+        """This snapshot with one saved write applied (see :mod:`hubless.index.disk`): rows
         appended (their ids, bias, statistics, metadata), rows marked dead, activation lists
         merged (rows' own nearest lists) or replaced (recomputed at the write)."""
         start = part.get("start")

@@ -370,22 +370,6 @@ def _joined(schema, parts, n_rows: int):
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def canonical(table):
-    """``table`` with pyarrow's own names for nested fields (parquet writes a list's values as
-    ``element``, pyarrow as ``item``: the same type, shown two ways) and nullable columns."""
-    pa = pyarrow()
-
-    def fix(t):
-        if pa.types.is_list(t):
-            return pa.list_(fix(t.value_type))
-        if pa.types.is_large_list(t):
-            return pa.large_list(fix(t.value_type))
-        return t
-
-    schema = pa.schema([pa.field(f.name, fix(f.type), nullable=True) for f in table.schema])
-    return table.cast(schema)
-
-
 def table_bytes(table) -> bytes:
     """A table as Arrow IPC stream bytes (a write's part; Arrow reads it back without parsing)."""
     pa = pyarrow()

@@ -5,7 +5,7 @@
     segments.commit_segments("idx/", files)        # one new version naming them all, or none
 
 :func:`write_segment` writes one segment file in the index's format (the rows, their ids, their
-bias columns, per-item bank statistics and metadata; see :mod:`hubless.index.store`) beside the
+bias columns, per-item bank statistics and metadata; see :mod:`hubless.index.disk`) beside the
 index, under a pending name that no version names (so it changes nothing, and no cleanup of
 another writer removes it); many processes may write at once. :func:`commit_segments` takes the
 index's write lock, checks each pending segment as a load would (ids new and not repeated,
@@ -33,11 +33,7 @@ import numpy as np
 
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput
-from hubless.index.ids import assigned_ids
-from hubless.index.live import SIDES, row_statistics_names
-from hubless.index.lock import write_lock
-from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
-from hubless.index.store import (
+from hubless.index.disk import (
     _BASE_NAME,
     _PENDING,
     _SEGMENT_NAME,
@@ -52,6 +48,10 @@ from hubless.index.store import (
     names_in,
     pointer_stamp,
 )
+from hubless.index.ids import assigned_ids
+from hubless.index.live import SIDES, row_statistics_names
+from hubless.index.lock import write_lock
+from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
 
 __all__ = ["commit_segments", "write_segment"]
 
@@ -137,9 +137,6 @@ def commit_pending(index, files: list[Path]) -> dict:
     """The body of :func:`commit_segments`, for an index opened under its write lock."""
     path = index._path
     old_manifest = index._manifest
-    if old_manifest is None:  # an earlier format: convert it first (a base of its items)
-        index._commit(index._snap, full=True)
-        old_manifest = index._manifest
     snap = index._snap
     version = max(
         old_manifest["version"],

@@ -22,7 +22,7 @@ The package has one module per job, after the FastAPI project template: :mod:`.s
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
 :mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
-searches as batches), :mod:`.metrics`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
+searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
 
@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover - the serve extra is missing: say which 
     raise
 
 from hubless.service import routes
+from hubless.service.body import BODY_MODELS
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
 from hubless.service.schemas import ItemsRequest, SearchRequest
@@ -113,7 +114,7 @@ def create_app(
     app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
                docs_url=None, redoc_url=None)  # fmt: skip
     app.state.service = service
-    app.state.served, app.state.limits, app.state.metrics = service.served, settings.limits, service.metrics  # shortcuts (tests, tools)
+    app.state.served, app.state.limits, app.state.telemetry = service.served, settings.limits, service.telemetry  # shortcuts (tests, tools)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -139,14 +140,13 @@ class _App(FastAPI):
         server has one, but the open ones (``/health``, the page, the docs); Swagger UI's
         Authorize button sends it."""
         if self.openapi_schema is None:
-            from hubless.service.body import BODY_MODELS
             from hubless.service.guard import OPEN_PATHS
 
             schema = super().openapi()
             components = schema.setdefault("components", {})
             models = components.setdefault("schemas", {})
-            for name, model in BODY_MODELS.items():
-                models[name] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for model in BODY_MODELS.values():  # every request body a route names (json_body)
+                models[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components["securitySchemes"] = {
                 "bearer": {
                     "type": "http",

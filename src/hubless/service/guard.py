@@ -12,7 +12,7 @@ keep the HTTP overhead under a millisecond):
 4. every response gets security headers (a CSP without inline script, nosniff, no-referrer,
    frame-ancestors 'none'; HSTS over HTTPS) and an ``X-Request-ID``, whatever its status (the
    Guard is outside the handler that answers an unexpected failure with a 500);
-5. its endpoint, status and duration are recorded in :mod:`hubless.service.metrics`.
+5. its endpoint, status and duration are recorded in :mod:`hubless.service.telemetry`.
 
 Before the key is checked, each client address may make ``Settings.rate_limit`` requests per
 second on average and ``rate_burst`` at once (a token bucket per address, :class:`RateLimiter`):
@@ -159,7 +159,7 @@ class Guard:
             await self.app(scope, self._counting(receive), send_with_headers)
         finally:
             route = scope.get("route")
-            self.service.metrics.observe(getattr(route, "path", "unmatched"), method, status[0], time.perf_counter() - t0)
+            self.service.telemetry.observe(getattr(route, "path", "unmatched"), method, status[0], time.perf_counter() - t0)
 
     async def _audit_refusal(self, scope, method: str, path: str, code: int) -> None:
         from starlette.concurrency import run_in_threadpool
@@ -187,7 +187,7 @@ class Guard:
         if self.limiter is not None and path not in UNLIMITED_PATHS:
             wait = self.limiter.wait(_client(scope))
             if wait > 0:
-                self.service.metrics.rate_limited.inc()
+                self.service.telemetry.rate_limited.inc()
                 return (
                     429,
                     f"too many requests from this address: at most {self.limiter.rate:g} a second (burst {self.limiter.burst:g}); retry after the Retry-After seconds",
@@ -201,16 +201,16 @@ class Guard:
                     given = token.strip()
             challenge = ((b"www-authenticate", b"Bearer"),)
             if given is None:
-                self.service.metrics.auth_failures.labels("missing").inc()
+                self.service.telemetry.auth_failures.labels("missing").inc()
                 return 401, "this server needs an API key: send the header 'Authorization: Bearer <key>'", challenge
             is_writer = hmac.compare_digest(given, self.write_key)
             is_reader = self.read_key is not None and hmac.compare_digest(given, self.read_key)
             if not (is_writer or is_reader):
-                self.service.metrics.auth_failures.labels("wrong_key").inc()
+                self.service.telemetry.auth_failures.labels("wrong_key").inc()
                 return 401, "wrong API key", challenge
             if is_write(method, path) and not is_writer:
                 scope["hubless.key"] = "read"
-                self.service.metrics.auth_failures.labels("read_only").inc()
+                self.service.telemetry.auth_failures.labels("read_only").inc()
                 return 403, "the read-only key cannot write: use the write key", ()
             scope["hubless.key"] = "write" if is_writer else "read"
         if length is not None and (not length.isdigit() or int(length) > self.max_body):

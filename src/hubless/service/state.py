@@ -1,7 +1,7 @@
 """What one application serves, held in ``app.state.service`` (:class:`ServiceState`): a
 :class:`hubless.search.Searcher` over the indexes (it encodes, searches, compares, reranks), the
-settings, the metrics, and per index a :class:`Served` (its write lock, its search batcher, its
-cached bank hubness, the sketch of its served hubness)."""
+settings, the telemetry (its Prometheus metrics), and per index a :class:`Served` (its write
+lock, its search batcher, its cached bank hubness, the sketch of its served hubness)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hubless.errors import Busy
 from hubless.search import Searcher
 from hubless.service.batching import Batcher
 from hubless.service.hubness import ServedSketch
-from hubless.service.metrics import Metrics
 from hubless.service.settings import Settings
+from hubless.service.telemetry import Telemetry
 
 __all__ = ["Served", "ServiceState"]
 
@@ -73,7 +73,7 @@ class ServiceState:
 
     searcher: Searcher
     settings: Settings = field(default_factory=Settings)
-    metrics: Metrics = field(default_factory=Metrics)
+    telemetry: Telemetry = field(default_factory=Telemetry)
     query_problems: dict[str, str | None] = field(default_factory=dict)
     audit: Any = None  # an AuditLog when one is configured
     served: dict[str, Served] = field(init=False)

@@ -1,5 +1,5 @@
 """Operations: ``GET /health`` (liveness, what is served, whether keys are needed) and
-``GET /metrics`` (Prometheus, see :mod:`hubless.service.metrics`)."""
+``GET /metrics`` (Prometheus, see :mod:`hubless.service.telemetry`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi.responses import Response
 
 from hubless.service.answers import Health
 from hubless.service.deps import ServiceDep
-from hubless.service.metrics import CONTENT_TYPE
+from hubless.service.telemetry import CONTENT_TYPE
 
 router = APIRouter()
 
@@ -26,5 +26,5 @@ async def health(service: ServiceDep) -> dict:
 
 @router.get("/metrics", response_class=Response)
 def metrics(service: ServiceDep) -> Response:
-    body = service.metrics.text({name: s.sketch for name, s in service.served.items()})
+    body = service.telemetry.text({name: s.sketch for name, s in service.served.items()})
     return Response(body, media_type=CONTENT_TYPE)

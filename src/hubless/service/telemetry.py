@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Telemetry"]
 
 #: The exposition format's content type, with its version.
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -32,8 +32,8 @@ def multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-class Metrics:
-    """The application's metrics (one registry per application, so several apps in one
+class Telemetry:
+    """The application's Prometheus metrics (one registry per application, so several apps in one
     process, as in tests, do not mix; in multiprocess mode the values live in files)."""
 
     def __init__(self) -> None:

@@ -45,7 +45,8 @@ is never copied into a new base. Damage is a :class:`~hubless.errors.Corrupt` na
 Item ids are any int64 from 0 to 2**63 - 2 (``next_id``, one past the largest, is an int64).
 
 Other writers (hubless.distributed) add items with :mod:`hubless.index.segments`.
-Indexes of formats 3 and 4 are read by :mod:`hubless.index.legacy` and converted at their next write.
+Indexes of earlier formats (3 and 4, written before live indexes, never released) are refused
+with a :class:`~hubless.errors.Corrupt` saying to rebuild them (:func:`read_manifest`).
 """
 
 from __future__ import annotations
@@ -70,14 +71,14 @@ import faiss
 import numpy as np
 
 from hubless._io import file_sha256, umask_mode
-from hubless.corrections import make_additive, make_correction
+from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Conflict, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, self_contained, stored_rows
 from hubless.index.ids import MAX_ID
 from hubless.index.live import SIDES, Snapshot, row_statistics_names
-from hubless.index.metadata import Metadata, canonical, table_bytes, table_from_bytes
+from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
 
 __all__ = [
     "FORMAT",
@@ -123,13 +124,14 @@ _MAX_POINTER = 16 << 20
 #: an empty file name (a copy or compaction of such an index cannot be loaded). Without
 #: ``IO_FLAG_MMAP_IFC`` the structure is read whole (and checksummed).
 _MAP_FAISS = getattr(faiss, "IO_FLAG_MMAP_IFC", 0)
-#: Legacy (format 3/4) names a commit removes once the index is converted.
-_LEGACY_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
-_LEGACY_VERSION = re.compile(r"v\d{6}")
+#: The names of an index of an earlier format (3/4) that a save over it (``overwrite=True``) removes.
+_EARLIER_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
+_EARLIER_VERSION = re.compile(r"v\d{6}")
 
 
 def is_index(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a directory holding a hubless index (of this or an earlier format)."""
+    """Whether ``path`` is a directory holding a hubless index (of this or an earlier format:
+    a save with ``overwrite=True`` may replace either; only this format loads)."""
     path = Path(path)
     return path.is_dir() and ((path / POINTER).is_file() or (path / "manifest.json").is_file())
 
@@ -371,14 +373,15 @@ def names_in(manifest: dict | None) -> set[str]:
 
 def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:
     """Remove what earlier writes left and no kept version names: bases, segments, leftovers
-    of interrupted writes, a converted legacy index's files. Nothing else is touched."""
+    of interrupted writes, the files of an index of an earlier format saved over. Nothing else
+    is touched."""
     for name in os.listdir(path):  # names only: a Path per entry cost more than the rest of a small write
         stale = (
             ((_BASE_NAME.fullmatch(name) or _SEGMENT_NAME.fullmatch(name)) and name not in keep)
             or name.startswith(".tmp-")
             or (name.startswith(f".{POINTER}.") and name.endswith(".tmp"))
-            or _LEGACY_VERSION.fullmatch(name)
-            or name in _LEGACY_FILES
+            or _EARLIER_VERSION.fullmatch(name)
+            or name in _EARLIER_FILES
         )
         if stale:
             entry = path / name
@@ -391,13 +394,11 @@ def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:
 # ---------------------------------------------------------------------------------- reading
 @dataclass
 class Loaded:
-    """A snapshot read from disk and the manifest it came from (None: a legacy index, which
-    the next write converts)."""
+    """A snapshot read from disk and the manifest it came from."""
 
     snapshot: Snapshot
-    manifest: dict | None
+    manifest: dict
     stamp: tuple = ()
-    legacy_version: int | None = None
     base: Snapshot | None = None  # the base alone, before the segments
 
 
@@ -411,29 +412,31 @@ def pointer_stamp(path: Path) -> tuple:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def read_manifest(path: str | os.PathLike) -> tuple[dict | None, Any]:
-    """(manifest, parsed CURRENT) of the index at ``path``; the manifest is None for a format-3
-    or format-4 index (the parsed pointer is then returned for :mod:`hubless.index.legacy`)."""
+def read_manifest(path: str | os.PathLike) -> tuple[dict, Any]:
+    """(manifest, parsed CURRENT header) of the index at ``path``. An index of an earlier format
+    (3: ``manifest.json`` without ``CURRENT``; 4: ``CURRENT`` naming a ``v000001`` directory) is
+    a :class:`~hubless.errors.Corrupt` saying that it must be rebuilt (:func:`earlier_format`)."""
     path = _check_index_dir(Path(path))
     file = path / POINTER
     if not file.exists():
-        return None, None  # format 3
+        raise earlier_format(path, 3)  # format 3 kept manifest.json beside its files
     what = f"{path}: {POINTER}"
     if not file.is_file() or file.stat().st_size > _MAX_POINTER:
         raise Corrupt(f"{what} is not a hubless pointer file")
     raw = file.read_bytes()
-    from hubless.index.legacy import is_legacy_pointer
-
-    if raw.count(b"\n") != 2:  # format 4 wrote one JSON object (indented)
+    if raw.count(b"\n") != 2:  # format 4 wrote one JSON object (indented) naming a version directory
         whole = _json(raw, what)
-        if is_legacy_pointer(whole):
-            return None, whole
+        if isinstance(whole, dict) and whole.get("format") == FORMAT and "format_version" not in whole and "version" in whole:
+            raise earlier_format(path, 4)
     first, _, rest = raw.partition(b"\n")
     header = _json(first, what)
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise Corrupt(f"{what} is corrupt (not a hubless index pointer)")
-    if header.get("format_version") != VERSION:
-        raise Corrupt(f"{what} has index format version {header.get('format_version')!r}; this hubless reads versions 3 to {VERSION}")
+    version = header.get("format_version")
+    if isinstance(version, int) and not isinstance(version, bool) and 0 < version < VERSION:
+        raise earlier_format(path, version)
+    if version != VERSION:
+        raise Corrupt(f"{what} has index format version {version!r}; this hubless reads version {VERSION}")
     text = rest.removesuffix(b"\n")
     if hashlib.sha256(text).hexdigest() != header.get("manifest_sha256"):
         raise Corrupt(f"{what} is corrupt or was altered (its manifest does not match its checksum)")
@@ -441,6 +444,16 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict | None, Any]:
     if not isinstance(manifest, dict):
         raise Corrupt(f"{what} is corrupt (the manifest is not a JSON object)")
     return _validate_manifest(manifest, what), header
+
+
+def earlier_format(path: Path, version: int) -> Corrupt:
+    """The error for an index written in an earlier format: this hubless reads only
+    :data:`VERSION` (formats 3 and 4 came before live indexes and were never released)."""
+    return Corrupt(
+        f"{path} is a hubless index of format {version}, written by an earlier format of hubless; this hubless reads "
+        f"format {VERSION} only: rebuild the index (`hubless index build --gallery ... --out {path} --overwrite`, or "
+        "`Index.build(...).save(path, overwrite=True)`)"
+    )
 
 
 def _json(raw: bytes, what: str):
@@ -663,13 +676,11 @@ class _parsing:
 
 
 def load(path: str | os.PathLike, *, mmap: bool = False) -> Loaded:
-    """Read the index at ``path`` (any format), verifying as the module docstring says."""
+    """Read the index at ``path``, verifying as the module docstring says."""
     path = _check_index_dir(Path(path))
     for _ in range(5):  # a commit may switch versions while we read: follow CURRENT again
         stamp = pointer_stamp(path)
-        manifest, pointer = read_manifest(path)
-        if manifest is None:
-            return _load_legacy(path, pointer, stamp)
+        manifest, _ = read_manifest(path)
         try:
             base = _read_base(path, manifest, mmap=mmap)
             snap = replay(path, base, manifest, manifest["segments"])
@@ -679,24 +690,6 @@ def load(path: str | os.PathLike, *, mmap: bool = False) -> Loaded:
             continue
         return Loaded(snap, manifest, stamp, base=base)
     raise Busy(f"{path} changed under five consecutive loads; retry when writes settle")
-
-
-def _load_legacy(path: Path, pointer, stamp) -> Loaded:
-    from hubless.index.legacy import _Converted, load_legacy
-
-    try:
-        old = load_legacy(path, pointer)
-    except _Converted:
-        return load(path)
-    table = None if old.metadata is None else canonical(old.metadata)
-    meta = None if table is None else Metadata(table.schema, [(table.num_rows, table)])
-    n = old.correction.n_gallery_
-    flat = old.config.factory.replace(" ", "").lower() == "flat"
-    snap = Snapshot.from_correction(
-        make_additive(old.correction), old.config, ids=np.arange(n, dtype=np.int64), faiss=None if flat else old.faiss_index,
-        faiss_dim=0 if flat else old.faiss_dim, banks=old.banks, metadata=meta,
-    )  # fmt: skip
-    return Loaded(snap, None, stamp, legacy_version=old.format_version, base=snap)
 
 
 def _read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
@@ -926,12 +919,6 @@ def verify(path: str | os.PathLike) -> dict:
     is wrong with it."""
     path = _check_index_dir(Path(path))
     manifest, _ = read_manifest(path)
-    if manifest is None:
-        from hubless.index.legacy import load_legacy
-
-        loaded = _load_legacy(path, read_manifest(path)[1], ())
-        del load_legacy
-        return {"files": None, "bytes": None, "items": loaded.snapshot.n_alive, "format": loaded.legacy_version}
     base = manifest["base"]
     checked = total = 0
     entries = [(f"{base['name']}/{name}", path / base["name"] / name, entry) for name, entry in base["files"].items()]
@@ -1058,10 +1045,10 @@ def read_version(path: str | os.PathLike, version: int) -> dict:
     A version not kept is a :class:`~hubless.errors.MissingFile` naming the ones kept."""
     path = _check_index_dir(Path(path))
     current, _ = read_manifest(path)
-    if current is not None and current["version"] == version:
+    if current["version"] == version:
         return current
     if not (path / VERSIONS / f"v{int(version):06d}.json").is_file():
-        kept = sorted({*version_numbers(path), *([] if current is None else [current["version"]])})
+        kept = sorted({*version_numbers(path), current["version"]})
         raise MissingFile(f"{path} keeps no version {version} (versions kept: {', '.join(map(str, kept)) or 'none'})")
     return _read_version_file(path, int(version))
 
@@ -1107,8 +1094,6 @@ def list_versions(path: str | os.PathLike) -> list[dict]:
 
     path = _check_index_dir(Path(path))
     current, _ = read_manifest(path)
-    if current is None:
-        raise InvalidInput(f"{path} is of an earlier format (converted at its next write): it keeps no versions")
     out = []
     for number in sorted({*version_numbers(path), current["version"]}):
         file = path / POINTER if number == current["version"] else path / VERSIONS / f"v{number:06d}.json"

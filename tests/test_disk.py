@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hubless
-from hubless.index import store
+from hubless.index import disk
 from tests.conftest import unit_rows
 
 
@@ -84,12 +84,12 @@ def test_segments_fold_and_the_index_compacts_past_the_thresholds(saved, arrays,
     live = hubless.Index.open(path)
     for i in range(3):
         live.add(arrays["new"][i][:1])
-    assert [s["name"] for s in store.read_manifest(path)[0]["segments"]] == ["s000002.seg", "s000003.seg", "s000004.seg"]
+    assert [s["name"] for s in disk.read_manifest(path)[0]["segments"]] == ["s000002.seg", "s000003.seg", "s000004.seg"]
     live.add(arrays["new"][3][:1])  # a 4th segment: the 4 writes folded into one
-    manifest = store.read_manifest(path)[0]
+    manifest = disk.read_manifest(path)[0]
     assert [s["name"] for s in manifest["segments"]] == ["s000005.seg"] and manifest["segments"][0]["rows"] == 4
     live.add(np.concatenate(arrays["new"][4:]))  # 14 rows since the base > 12: a new base
-    manifest = store.read_manifest(path)[0]
+    manifest = disk.read_manifest(path)[0]
     assert manifest["segments"] == [] and manifest["base"]["rows"] == 214
     assert hubless.Index.load(path).ntotal == 214
 
@@ -184,7 +184,7 @@ def test_kill_at_random_points_loses_no_acknowledged_write(saved, tmp_path):
         # every acknowledged write is there; the one in flight may or may not be (one removal, or one add of 3)
         assert len(present - ids) <= 1 and len(ids - present) <= 3, (trial, sorted(present - ids)[:5], sorted(ids - present)[:5])
         assert not (ids & gone), trial
-        assert len(loaded.metadata) == loaded.ntotal and store.verify(path)["items"] == loaded.ntotal
+        assert len(loaded.metadata) == loaded.ntotal and disk.verify(path)["items"] == loaded.ntotal
         present = ids
     with hubless.Index.update(path, timeout=5):  # the killed writers' locks are gone
         pass
@@ -305,6 +305,54 @@ def test_only_a_hubless_index_is_ever_replaced(saved, arrays, tmp_path):
     assert hubless.Index.load(tmp_path / "empty").ntotal == 200
 
 
+def write_earlier_format(path, version):
+    """The files an index of format 3 or 4 (before live indexes, never released) started with."""
+    path.mkdir()
+    manifest = json.dumps({"format": "hubless-index", "version": version, "method": "nnn", "n_items": 3}, indent=2)
+    folder = path if version == 3 else path / "v000001"
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.json").write_text(manifest)
+    (folder / "index.faiss").write_bytes(b"old")
+    if version == 4:
+        sha = hashlib.sha256(manifest.encode()).hexdigest()
+        (path / "CURRENT").write_text(json.dumps({"format": "hubless-index", "version": "v000001", "manifest_sha256": sha}, indent=2))
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_index_of_an_earlier_format_is_refused_saying_to_rebuild_it(saved, tmp_path, version):
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+    from hubless.errors import AlreadyExists, Corrupt
+
+    index, _ = saved
+    path = tmp_path / "old"
+    write_earlier_format(path, version)
+    before = snapshot_files(path)
+    message = f"index of format {version}, written by an earlier format of hubless; .* rebuild the index"
+    for read in (hubless.Index.load, hubless.Index.open, disk.verify, hubless.Index.versions):
+        with pytest.raises(Corrupt, match=message):
+            read(path)
+    with pytest.raises(Corrupt, match=message), hubless.Index.update(path):
+        pass
+    result = CliRunner().invoke(app, ["index", "info", str(path)])
+    assert result.exit_code == 2 and "rebuild the index" in " ".join(result.output.split())
+    with pytest.raises(AlreadyExists, match="overwrite"):
+        index.save(path)
+    assert snapshot_files(path) == before  # nothing read, nothing written
+    index.save(path, overwrite=True)  # the rebuild replaces it, leaving none of its files
+    assert sorted(p.name for p in path.iterdir()) == ["CURRENT", "b000001"]
+    assert hubless.Index.load(path).ntotal == 200
+
+
+def test_an_unknown_format_version_is_refused(saved):
+    _, path = saved
+    header, manifest = (path / "CURRENT").read_text().splitlines()
+    (path / "CURRENT").write_text(header.replace('"format_version": 5', '"format_version": 6') + "\n" + manifest + "\n")
+    with pytest.raises(ValueError, match="format version 6; this hubless reads version 5"):
+        hubless.Index.load(path)
+
+
 def test_a_part_with_a_matching_checksum_that_cannot_be_read(saved):
     _, path = saved
     (path / "b000001" / "state.npz").write_bytes(b"not an npz at all")
@@ -329,7 +377,7 @@ def test_what_a_plain_load_a_mapped_load_and_verify_detect(saved, arrays, target
     with pytest.raises(ValueError, match="corrupt"):
         hubless.Index.load(path)
     with pytest.raises(ValueError, match="corrupt"):
-        store.verify(path)
+        disk.verify(path)
     if target == "b000001/gallery.npy":
         assert hubless.Index.load(path, mmap=True).ntotal == 205  # mapped: read lazily, not hashed
         file.write_bytes(bytes(raw[:-4]))
