@@ -167,3 +167,23 @@ def test_no_package_imports_another_packages_private_names():
                 if target not in KNOWN_PRIVATE_IMPORTS.get(name, set()):
                     offenders.append(f"{name} imports {target}")
     assert not offenders, "\n".join(sorted(offenders))
+
+
+def test_every_module_the_architecture_page_names_exists():
+    """docs/architecture.md names modules as ``hubless.pkg.mod`` or ``pkg.mod``: each is a module
+    of the source, or a name a module defines (a renamed or removed module fails here)."""
+    page = (SRC.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = "|".join(sorted({_package(m).removeprefix("hubless.") for m in MODULES if m != "hubless"}))
+    named = set(re.findall(r"`(hubless(?:\.[a-z_][a-z0-9_]*)+)", page))
+    files = ("faiss", "json", "npy", "npz", "parquet")  # `index.faiss` is a file of an index, not a module
+    named |= {f"hubless.{n}" for n in re.findall(rf"`((?:{packages})\.[a-z_][a-z0-9_]*)`", page) if n.rpartition(".")[2] not in files}
+    assert len(named) > 10  # the page names the modules it describes
+    missing = []
+    for name in sorted(named):
+        if name in MODULES:
+            continue
+        module, _, attr = name.rpartition(".")
+        source = MODULES[module].read_text(encoding="utf-8") if module in MODULES else ""
+        if not re.search(rf"^(?:def|class) {attr}\b|^{attr}\b.*=|import .*\b{attr}\b", source, re.M):
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names what the source does not have: {missing}"
