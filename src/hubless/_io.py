@@ -147,6 +147,17 @@ def array_written_by_hubless(path: str | os.PathLike) -> bool:
         return False
 
 
+def current_dir(folder: str | os.PathLike) -> Path | None:
+    """The version folder a ``CURRENT`` pointer file in ``folder`` names (a folder switched to
+    atomically by rewriting the pointer), or None when there is no pointer or its folder is gone."""
+    folder = Path(folder)
+    try:
+        name = (folder / "CURRENT").read_text().strip()
+    except OSError:
+        return None
+    return folder / name if name and (folder / name).is_dir() else None
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes (streamed in 1 MiB chunks), as hex. For a directory (e.g. a
     clip-retrieval output folder): the sha256 of every file's relative path and sha256, in

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless._io import current_dir
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
 
@@ -71,14 +72,6 @@ class Sidecar:
         return dict(self.info["fingerprint"])
 
 
-def _current(folder: Path) -> Path | None:
-    try:
-        name = (folder / "CURRENT").read_text().strip()
-    except OSError:
-        return None
-    return folder / name if name and (folder / name).is_dir() else None
-
-
 def write_sidecar(folder, sidecar: Sidecar) -> Path:
     """Write ``sidecar`` as a new version of ``folder`` and switch to it atomically."""
     from hubless._io import save_npy, write_json, write_text
@@ -116,7 +109,7 @@ def is_sidecar(folder) -> bool:
     if not (folder / "CURRENT").is_file():
         return False
     try:
-        version = _current(folder)
+        version = current_dir(folder)
     except (OSError, ValueError):
         return False
     return version is not None and (version / "attach.json").is_file()
@@ -126,13 +119,13 @@ def read_sidecar(folder) -> Sidecar:
     """The current version of the sidecar in ``folder`` (MissingFile when there is none)."""
     folder = Path(folder)
     for attempt in range(3):  # an update may switch versions (and remove this one) while it is read
-        version = _current(folder)
+        version = current_dir(folder)
         if version is None:
             raise MissingFile(f"no attached sidecar in {folder} (run hubless attach ... --out {folder})")
         try:
             return _read_version(folder, version)
         except Corrupt:
-            if attempt == 2 or _current(folder) == version:
+            if attempt == 2 or current_dir(folder) == version:
                 raise
     raise AssertionError("unreachable")
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hubless._io import current_dir
 from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
 
@@ -55,14 +56,6 @@ def _close_kept() -> None:
 
 def _qdrant():
     return optional_import("qdrant_edge", "exporting to Qdrant", "qdrant", "qdrant_edge")
-
-
-def _current(folder: Path) -> Path | None:
-    try:
-        name = (folder / "CURRENT").read_text().strip()
-    except OSError:
-        return None
-    return folder / name if name and (folder / name).is_dir() else None
 
 
 def _is_locked(exc: BaseException) -> bool:
@@ -150,14 +143,14 @@ class QdrantEdgeStore(VectorStore):
         return directory_lock(self.location, self.table)
 
     def exists(self) -> bool:
-        return _current(self.folder) is not None
+        return current_dir(self.folder) is not None
 
     def clean_leftovers(self) -> None:
         """Every version but the current one (the previous export's, kept for its readers, and
         those of killed exports)."""
         if not self.folder.is_dir():
             return
-        keep = _current(self.folder)
+        keep = current_dir(self.folder)
         for version in self.folder.glob("v-*"):
             if version != keep:
                 _OPEN.pop(str(version / "shard"), None)  # freed with its last use
@@ -207,7 +200,7 @@ class QdrantEdgeStore(VectorStore):
         except (OSError, NotFound, InvalidInput) as exc:
             # removed (or being removed: its hubless.json may go before the directory) by the
             # exports after next: no longer the current version, so the search is run again
-            if not self._pinned.is_dir() or _current(self.folder) != self._pinned:
+            if not self._pinned.is_dir() or current_dir(self.folder) != self._pinned:
                 raise StaleRead(str(exc)) from None
             raise
         finally:
@@ -217,7 +210,7 @@ class QdrantEdgeStore(VectorStore):
         pinned = getattr(self, "_pinned", None)
         if pinned is not None:
             return pinned
-        version = _current(self.folder)
+        version = current_dir(self.folder)
         if version is None:
             raise NotFound(f"no collection {self.table!r} in Qdrant store {self.location}")
         return version
