@@ -35,23 +35,26 @@ META = [
 
 def matches(record: dict, where: dict) -> bool:
     """The filter semantics, written out plainly (the reference for Metadata.mask)."""
-    for key, cond in where.items():
-        value = record.get(key)
-        present = [v for v in (value if isinstance(value, list) else [value]) if v is not None]
-        for op, want in (cond if isinstance(cond, dict) else {"eq": cond}).items():
-            if op == "eq":
-                ok = any(v == want for v in present)
-            elif op == "ne":
-                ok = value is not None and not any(v == want for v in present)
-            elif op == "in":
-                ok = any(v in want for v in present)
-            elif op == "not_in":
-                ok = value is not None and not any(v in want for v in present)
-            else:
-                compare = {"gt": lambda a, b: a > b, "gte": lambda a, b: a >= b, "lt": lambda a, b: a < b, "lte": lambda a, b: a <= b}[op]
-                ok = any(compare(v, want) for v in present)
-            if not ok:
-                return False
+    return all(holds(record.get(key), cond) for key, cond in where.items())
+
+
+def holds(value, cond) -> bool:
+    """Whether one metadata value (a list: any of its elements) meets one key's condition."""
+    present = [v for v in (value if isinstance(value, list) else [value]) if v is not None]
+    for op, want in (cond if isinstance(cond, dict) else {"eq": cond}).items():
+        if op == "eq":
+            ok = any(v == want for v in present)
+        elif op == "ne":
+            ok = value is not None and not any(v == want for v in present)
+        elif op == "in":
+            ok = any(v in want for v in present)
+        elif op == "not_in":
+            ok = value is not None and not any(v in want for v in present)
+        else:
+            compare = {"gt": lambda a, b: a > b, "gte": lambda a, b: a >= b, "lt": lambda a, b: a < b, "lte": lambda a, b: a <= b}[op]
+            ok = any(compare(v, want) for v in present)
+        if not ok:
+            return False
     return True
 
 
