@@ -1,4 +1,4 @@
-"""Embedding sources that fail the way machines do, for tests/test_distributed_fit.py (run in a
+"""Embedding sources that fail the way machines do, for tests/distributed/test_distributed_fit.py (run in a
 driver process of their own): one kills the worker reading it, one is slow after its first rows."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["METHODS", "MethodName", "make_additive", "make_correction", "method_
 #: Registry: spec name -> correction class, in :attr:`Correction.order`. A correction registers
 #: itself with ``@METHODS.register`` in its own module of this package (every module is imported
 #: on the first lookup), so a new method is added in one file; it then works in specs, tuning,
-#: the CLI and the contract tests (``tests/test_contract.py``).
+#: the CLI and the contract tests (``tests/corrections/test_contract.py``).
 METHODS: Registry[type[Correction]] = Registry("method", "hubless.corrections", sort_key=lambda cls: cls.order)
 
 _INT = re.compile(r"[+-]?\d+")

@@ -26,7 +26,7 @@ Partials merge with :mod:`hubless.engine.merge`, arriving in any order:
 The result equals :func:`~hubless.engine.compute_statistics` on the whole arrays: top-k values,
 log-sum-exps, activation ids and scores bitwise for any tile sizes and cuts (means to float
 rounding), the same in every arrival order, so items that tie in one pass (duplicated rows) tie
-in every run and go to the lower gallery id (``tests/test_distributed_ties.py``). Log-sum-exps
+in every run and go to the lower gallery id (``tests/distributed/test_distributed_ties.py``). Log-sum-exps
 need the pass's own sums: the BLAS rounds identical rows at different positions of one product
 differently in the last bit, so copies' sums agree only over the very same terms, summed in the
 very same order. Each tile therefore sums the whole column blocks that start among its items

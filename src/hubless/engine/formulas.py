@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Below this inverse temperature the log-sum-exp sums expm1; from it on, exp (as exp2 where that
-#: is vectorised). Measured (``tests/test_one_pass.py``): the exp form's bias error, about
+#: is vectorised). Measured (``tests/engine/test_one_pass.py``): the exp form's bias error, about
 #: 1e-7 / beta, is then below the float32 rounding of the similarities themselves.
 EXP_MIN_BETA = 2.0
 #: Exponents are clamped at these values: exp / exp2 / expm1 take a slow path (about 30 ns an element,

@@ -12,7 +12,7 @@ A backend is one module defining a subclass of :class:`VectorStore` decorated wi
 the search knob each uses, and a handful of primitives (write a table and switch to it, read
 and write the info, query, read rows, apply changes, drop, clean leftovers). Everything else
 (validation before any write, the correction's queries and scores, sync, recall calibration)
-is done here once, the same for every store, and ``tests/test_store_contract.py`` runs the
+is done here once, the same for every store, and ``tests/export/test_store_contract.py`` runs the
 same suite on every registered store.
 
 One knob name per concept, across stores and as in :meth:`hubless.Index.search`:
@@ -224,7 +224,7 @@ class VectorStore(abc.ABC):
 
     Public operations, the same for every store: :meth:`export`, :meth:`sync`, :meth:`search`,
     :meth:`describe`, :meth:`drop`. A backend sets the class attributes and implements the
-    primitives below; it must pass ``tests/test_store_contract.py``.
+    primitives below; it must pass ``tests/export/test_store_contract.py``.
     """
 
     #: URI schemes this store serves (the first is the canonical one).

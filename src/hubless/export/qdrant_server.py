@@ -9,7 +9,7 @@ metadata as payload. The hubless ``info`` is a reserved point of the collection 
 ``<collection>__hubless_<hex>`` and then switches the alias to it in one atomic alias update;
 the previous collection serves until then, stays intact if the export fails, and is dropped by
 the next export (with any a killed export left). Several processes may search it. Tested
-against qdrant-client's own engine standing in for a server (``tests/test_export_qdrant.py``):
+against qdrant-client's own engine standing in for a server (``tests/export/test_export_qdrant.py``):
 no Qdrant server can be started here; a server that does not answer is a
 :class:`~hubless.export.base.StoreUnavailable` error.
 """

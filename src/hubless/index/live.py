@@ -20,7 +20,7 @@ rows is kept exact across writes:
   the live rows.
 
 So after any sequence of writes, searching a snapshot equals a fresh build over its live items
-(tested against a dict model in ``tests/test_live_index.py``). Snapshots are never changed: a
+(tested against a dict model in ``tests/index/test_live_index.py``). Snapshots are never changed: a
 write returns a new one sharing what did not change, so a search holding a snapshot sees one
 consistent version while writes go on.
 """

@@ -4,7 +4,7 @@ route writes them; the routes declare ``response_model_exclude_unset``, so an an
 dict the route built, byte for byte (a field a route leaves out stays out, e.g. ``reranked``
 unless a search was reranked). The searches answer pre-serialised orjson (their model documents
 the answer; nothing is validated on that path, which stays as fast as before). Fields are kept
-(``extra="allow"``) rather than dropped should a route add one; tests/test_service_answers.py
+(``extra="allow"``) rather than dropped should a route add one; tests/service/test_service_answers.py
 checks that every answer has exactly its model's fields."""
 
 from __future__ import annotations
