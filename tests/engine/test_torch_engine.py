@@ -15,8 +15,9 @@ import pytest
 import hubless
 from hubless.corrections import make_correction
 from hubless.engine import StatisticsRequest, compute_statistics, exact_search, use_device
-from hubless.engine import torch_engine as te
+from hubless.engine import torch_arrays as ta
 from hubless.engine.device import resolve, tf32_enabled
+from hubless.engine.torch_reducers import ordered_topk
 from tests.conftest import unit_rows
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the models extra)")
@@ -50,7 +51,7 @@ def one_torch_thread():
 
 @pytest.fixture(params=SHAPES, ids=["uneven-blocks", "one-block"])
 def block_shape(request, monkeypatch):
-    monkeypatch.setattr(te, "BLOCK_SHAPE", request.param)
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", request.param)
     return request.param
 
 
@@ -98,7 +99,7 @@ def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape
     """The whole request at once (several betas on both banks, top-k, activation sets, probes
     and the nearest gallery item of every bank item) in one device pass per bank; also with
     the banks streamed from host memory block by block (a bank larger than the device)."""
-    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    monkeypatch.setattr(ta, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     request = StatisticsRequest(
         query_topk=7,
@@ -136,7 +137,7 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
     block = torch.from_numpy(rng.integers(0, 3, size=(30, 50)).astype(np.float32))
-    values, ids = te._ordered_topk(block, 5)
+    values, ids = ordered_topk(block, 5)
     order = np.lexsort((np.arange(50)[None, :].repeat(30, 0), -block.numpy()), axis=1)[:, :5]
     np.testing.assert_array_equal(ids.numpy(), order)
     np.testing.assert_array_equal(values.numpy(), np.take_along_axis(block.numpy(), order, axis=1))
@@ -145,7 +146,7 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
 @pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dualdis:k_activation=2"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
 def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
-    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    monkeypatch.setattr(ta, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     with use_device("cpu"):
         whole = make_correction(spec).fit(g, qb, gb)
@@ -171,7 +172,7 @@ def test_the_gallery_stays_on_the_device_between_searches(data):
     corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
     first = corr.search(data["queries"], 5, device="cpu")
     key = (id(corr.gallery_), "cpu", "float32")
-    assert key in te._KEPT and te._KEPT[key][0]() is corr.gallery_
+    assert key in ta._KEPT and ta._KEPT[key][0]() is corr.gallery_
     np.testing.assert_array_equal(corr.search(data["queries"], 5, device="cpu")[1], first[1])
 
 
@@ -262,7 +263,7 @@ def test_the_default_path_never_imports_torch(tmp_path):
 def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
     """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
     methods whole there, GC and published DualDIS ranked on the host from device blocks)."""
-    monkeypatch.setattr(te, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]  # one or two relevant items
     methods = ["nnn:k=5", "dis:k_activation=3", "dualdis:k_activation=2", "gc"]
@@ -305,7 +306,7 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     """device="cpu,cpu" (as "cuda:0,cuda:1"): each device takes a share of the rows (gallery
     rows for the statistics, bank rows for the activation sets, queries for search and
     evaluate); the merged results equal the numpy engine's."""
-    monkeypatch.setattr(te, "BLOCK_SHAPE", (37, 101))
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (37, 101))
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     assert resolve(["cpu", "cpu"]) == ("cpu,cpu", "float32")
     request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), query_activation_k=3, query_probes=True, query_nearest=True)
