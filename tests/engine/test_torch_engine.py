@@ -366,3 +366,79 @@ def test_read_only_arrays_go_to_the_device_without_a_warning(data):
         warnings.simplefilter("error")
         corr = hubless.NNN(k=5).fit(g, qb, device="cpu")
         corr.search(q, 5, device="cpu")
+
+
+def test_the_tf32_flag_is_restored_by_the_last_pass_and_follows_the_api_the_program_used(monkeypatch):
+    """Passes of several devices run in threads at once: the first to enter sets torch's flag,
+    the last to leave restores it. A program that set torch's newer fp32_precision API (reading
+    allow_tf32 then raises) gets that API set and restored instead. CPU torch holds both flags."""
+    import threading
+
+    from hubless.engine.device import tf32_products
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.delenv("HUBLESS_TF32", raising=False)
+    with use_device(None, tf32=True):
+        before = matmul.allow_tf32
+        outer_done, inner_in, seen = threading.Event(), threading.Event(), []
+
+        def other_device():
+            with tf32_products("cuda:1"):
+                inner_in.set()
+                outer_done.wait(10)
+                seen.append(matmul.allow_tf32)  # the first pass has left: still set for this one
+
+        with tf32_products("cuda:0"):
+            assert matmul.allow_tf32
+            worker = threading.Thread(target=contextvars_run(other_device))
+            worker.start()
+            inner_in.wait(10)
+        outer_done.set()
+        worker.join(10)
+        assert seen == [True]
+        assert matmul.allow_tf32 is before
+        precision = matmul.fp32_precision
+        try:
+            matmul.fp32_precision = "ieee"  # the program uses the new API
+            with tf32_products("cuda:0"):
+                assert matmul.fp32_precision == "tf32"
+            assert matmul.fp32_precision == "ieee"
+        finally:
+            matmul.fp32_precision = precision
+            matmul.allow_tf32 = before  # back to the legacy API for the other tests
+
+
+def contextvars_run(fn):
+    import contextvars
+
+    return lambda: contextvars.copy_context().run(fn)
+
+
+def test_streamed_blocks_are_the_array_in_order_and_leaving_early_is_safe():
+    """The staging buffers (pinned on CUDA) are reused every second block: each block seen is
+    exactly its rows, whatever the block size, and the generator may be left early."""
+    rng = np.random.default_rng(2)
+    array = rng.standard_normal((103, 9)).astype(np.float32)
+    for block in (1, 10, 103, 500):
+        seen = [(c0, c1, rows.clone().numpy()) for c0, c1, rows in ta.Streamed(array, "cpu", "float32", block).blocks()]
+        assert [c0 for c0, _, _ in seen] == list(range(0, 103, min(block, 103)))
+        np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in seen]), array)
+    blocks = ta.Streamed(array, "cpu", "bfloat16", 10).blocks()
+    c0, c1, rows = next(blocks)
+    assert rows.dtype == torch.bfloat16 and (c0, c1) == (0, 10)
+    blocks.close()
+
+
+def test_several_devices_with_a_streamed_bank_equal_the_numpy_pass(data, monkeypatch):
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (37, 101))
+    monkeypatch.setattr(ta, "STREAM_BANKS", True)
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), gallery_activation_k=2, query_probes=True, query_nearest=True)
+    want = compute_statistics(g, qb, gb, request)
+    with use_device("cpu,cpu"):
+        got = compute_statistics(g, qb, gb, request)
+    np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
+    np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
+    np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
+    for name in ("gallery_activation", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))

@@ -74,7 +74,7 @@ STREAM_FRACTION = 0.5
 #: two streamed column blocks): a block is at most 1 / this of the free memory.
 BLOCKS_IN_FLIGHT = 8
 
-_SCOPE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("hubless_resident", default=None)
+_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("hubless_resident", default=None)
 _KEPT: collections.OrderedDict[tuple, tuple[Any, Any]] = collections.OrderedDict()
 _KEPT_LOCK = threading.RLock()  # reentrant: a finalizer may run inside (a garbage collection)
 _TORCH: list[Any] = []  # the torch module, once imported
@@ -110,11 +110,24 @@ def resident() -> Iterator[None]:
     if _SCOPE.get() is not None:
         yield
         return
-    token = _SCOPE.set({})
+    scope = _Scope()
+    token = _SCOPE.set(scope)
     try:
         yield
     finally:
         _SCOPE.reset(token)
+        for finalizer in scope.finalizers:  # the arrays outlive the block: they no longer hold it
+            finalizer.detach()
+        scope.clear()
+
+
+class _Scope(dict):
+    """The uploads of one :func:`resident` block: (id, device, dtype) -> (weak reference to the
+    host array, device tensor), and the finalizers that drop an entry when its array goes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finalizers: list[weakref.finalize] = []
 
 
 def put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
@@ -131,6 +144,8 @@ def put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
     ref = weakref.ref(array)
     if scope is not None:
         scope[key] = (ref, tensor)
+        # a view made for one call (a device's share of the rows) frees its copy when it goes
+        scope.finalizers.append(weakref.finalize(array, _forget, key, ref, scope))
     if keep:
         with _KEPT_LOCK:
             _KEPT[key] = (ref, tensor)
@@ -140,10 +155,11 @@ def put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
     return tensor
 
 
-def _forget(key: tuple, ref) -> None:
+def _forget(key: tuple, ref, cache: dict | None = None) -> None:
     with _KEPT_LOCK:
-        if key in _KEPT and _KEPT[key][0] is ref:
-            del _KEPT[key]
+        cache = _KEPT if cache is None else cache
+        if key in cache and cache[key][0] is ref:
+            del cache[key]
 
 
 def to_host(tensor) -> np.ndarray:
@@ -217,6 +233,8 @@ class Streamed:
 
     def __init__(self, array: np.ndarray, device: str, dtype: str, block: int) -> None:
         torch = torch_module()
+        # a staging block holds at most one block budget of floats, whatever the dimension
+        block = min(block, max(1, block_budget(device) // max(1, array.shape[1])))
         self.array, self.kind, self.block = array, getattr(torch, dtype), max(1, min(block, len(array)))
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
