@@ -442,3 +442,41 @@ def test_several_devices_with_a_streamed_bank_equal_the_numpy_pass(data, monkeyp
     np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
     for name in ("gallery_activation", "query_nearest"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["gallery", "query_bank"])
+def test_a_device_fit_checks_its_input_on_the_device_with_the_host_messages(bad, where, data):
+    """On a torch device the input's one full pass (row norms: finite, scale, normalisation) runs
+    on the device after the upload; a NaN / Inf is refused with the host check's error."""
+    arrays = {"gallery": data["gallery"].copy(), "query_bank": data["query_bank"].copy()}
+    arrays[where][[7, 41], 3] = bad
+    with pytest.raises(hubless.errors.InvalidInput) as on_host:
+        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"])
+    with pytest.raises(hubless.errors.InvalidInput) as on_device:
+        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"], device="cpu")
+    assert str(on_device.value) == str(on_host.value)
+    assert f"{where} contains NaN or Inf in 2 row(s) (first: row 7)" in str(on_device.value)
+
+
+def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
+    """Rows that are not unit length (float64, scaled) are normalised from the device's norms
+    into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep
+    the array, and the fit's passes use the upload the check made."""
+    from hubless._validation import as_embeddings
+    from hubless.engine.device import checked_on_device
+
+    g, qb = (data[name].astype(np.float64) * 3.0 for name in ("gallery", "query_bank"))
+    want = hubless.NNN(k=5).fit(g, qb)
+    got = hubless.NNN(k=5).fit(g, qb, device="cpu")
+    np.testing.assert_allclose(got.gallery_, want.gallery_, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got.bias_, want.bias_, rtol=1e-5, atol=1e-6)
+    unit = data["gallery"]
+    with use_device("cpu"), checked_on_device():
+        checked = as_embeddings(unit, "gallery", normalize=True)
+        assert checked is unit
+        assert ta.put(unit, "cpu", "float32") is ta.put(checked, "cpu", "float32")
+        key = (id(unit), "cpu", "float32")
+        assert ta._SCOPE.get()[key][0]() is unit  # uploaded by the check, found by the passes
+    with checked_on_device():  # no torch device in effect: the host pass, nothing uploaded
+        assert ta._SCOPE.get() is None

@@ -34,7 +34,7 @@ import numpy as np
 
 from hubless.errors import InvalidInput, optional_import
 
-__all__ = ["DTYPES", "block_product", "resolve", "tf32_products", "torch_device", "use_device"]
+__all__ = ["DTYPES", "block_product", "checked_on_device", "resolve", "tf32_products", "torch_device", "use_device"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 _CURRENT: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar("hubless_device", default=(None, None))
@@ -85,6 +85,30 @@ def torch_device(device: str | None = None, dtype: str | None = None) -> tuple[s
     """(device, dtype) of the torch engine when a torch device is in effect, else None."""
     device, dtype = resolve(device, dtype)
     return None if device == "numpy" else (device, dtype)
+
+
+@contextlib.contextmanager
+def checked_on_device(device: str | None = None, *, when: bool = True) -> Iterator[None]:
+    """Inside the block, when a single torch device is in effect with float32 products (and
+    ``when``), :func:`hubless._validation.as_embeddings` computes its row norms on the device
+    (:func:`hubless.engine.torch_arrays.row_norms`: finiteness, scale and normalisation follow
+    from them, with the same errors and messages) instead of a host pass over every entry, and
+    the uploads it makes serve the passes that follow in the block (one
+    :func:`~hubless.engine.torch_arrays.resident` block). Elsewhere nothing changes."""
+    on_device = torch_device(device) if when else None
+    if on_device is None or "," in on_device[0] or on_device[1] != "float32":
+        yield
+        return
+    from hubless._validation import ROW_NORMS
+    from hubless.engine import torch_arrays
+
+    name = on_device[0]
+    with torch_arrays.resident():
+        token = ROW_NORMS.set(lambda array: torch_arrays.row_norms(array, name))
+        try:
+            yield
+        finally:
+            ROW_NORMS.reset(token)
 
 
 def tf32_enabled() -> bool:

@@ -51,6 +51,7 @@ __all__ = [
     "on_parts",
     "put",
     "resident",
+    "row_norms",
     "streams",
     "to_host",
     "torch_module",
@@ -175,6 +176,21 @@ def mean(array: np.ndarray, device: str, dtype: str) -> np.ndarray:
         return array.mean(axis=0, dtype=np.float64) if len(array) else np.zeros(array.shape[1])
     torch = torch_module()
     return to_host(put(array, device, dtype).mean(dim=0, dtype=torch.float64))
+
+
+def row_norms(array: np.ndarray, device: str) -> np.ndarray:
+    """The float64 norm of every row of a float32 ``array``, computed on ``device`` from its
+    upload (kept in the :func:`resident` block for the passes that follow), in row blocks of one
+    block budget; one sync brings the n norms back. A norm is finite exactly when its row is:
+    :func:`hubless._validation.as_embeddings` checks the input with these norms."""
+    torch = torch_module()
+    on_device = put(array, device, "float32")
+    rows = max(1, block_budget(device) // max(1, array.shape[1]))
+    squares = torch.empty(len(array), dtype=torch.float64, device=on_device.device)
+    for r0 in range(0, len(array), rows):
+        part = on_device[r0 : r0 + rows].double()
+        squares[r0 : r0 + rows] = (part * part).sum(dim=1)
+    return np.sqrt(to_host(squares))
 
 
 # ---------------------------------------------------------------------- blocks
