@@ -182,7 +182,10 @@ def row_norms(array: np.ndarray, device: str) -> np.ndarray:
     """The float64 norm of every row of a float32 ``array``, computed on ``device`` from its
     upload (kept in the :func:`resident` block for the passes that follow), in row blocks of one
     block budget; one sync brings the n norms back. A norm is finite exactly when its row is:
-    :func:`hubless._validation.as_embeddings` checks the input with these norms."""
+    :func:`hubless._validation.as_embeddings` checks the input with these norms. A bank that
+    would be streamed (:func:`streams`: larger than the device) is measured on the host."""
+    if streams(array, device, "float32"):
+        return np.sqrt(np.einsum("ij,ij->i", array, array, dtype=np.float64))
     torch = torch_module()
     on_device = put(array, device, "float32")
     rows = max(1, block_budget(device) // max(1, array.shape[1]))
