@@ -62,6 +62,7 @@ from _table import table_lines  # noqa: E402 - benchmarks/_table.py
 import hubless  # noqa: E402
 from hubless.corrections import make_correction  # noqa: E402
 from hubless.engine import use_device  # noqa: E402
+from hubless.engine.device import tf32_enabled  # noqa: E402
 
 FULL = {"gallery": 100_000, "bank": 50_000, "dim": 512, "queries": 10_000}
 SMALL = {"gallery": 6_000, "bank": 4_000, "dim": 128, "queries": 1_000}
@@ -184,6 +185,12 @@ def environment(torch, device: str) -> list[str]:
             card = f"CPU torch, {torch.get_num_threads()} threads"
     except Exception as exc:  # the table still comes out
         card = failed(exc)
+    matmul = torch.backends.cuda.matmul
+    try:
+        tf32 = "on" if matmul.allow_tf32 else "off"
+    except RuntimeError:  # the program set torch's newer API
+        tf32 = matmul.fp32_precision
+    card += f"; TF32 float32 matmuls in raw torch: {tf32} (hubless: {'on' if tf32_enabled() else 'off'})"
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=os.path.dirname(__file__)

@@ -198,11 +198,15 @@ def row_norms(array: np.ndarray, device: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------- blocks
 def _free_bytes(device: str) -> int | None:
-    """Free memory of a CUDA device (bytes), None on other devices."""
+    """Memory of a CUDA device this process can still use (bytes): the driver's free memory
+    plus what torch's caching allocator holds with no tensor in it (after a few passes the
+    cache holds their blocks, which the driver counts as used); None on other devices."""
     if not device.startswith("cuda"):
         return None
     torch = torch_module()
-    return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    dev = torch.device(device)
+    cached = int(torch.cuda.memory_reserved(dev)) - int(torch.cuda.memory_allocated(dev))
+    return int(torch.cuda.mem_get_info(dev)[0]) + max(0, cached)
 
 
 def block_shape(n_rows: int, n_cols: int, device: str) -> tuple[int, int]:
