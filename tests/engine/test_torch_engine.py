@@ -22,6 +22,14 @@ from tests.conftest import unit_rows
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the models extra)")
 
+#: The torch device the engine's tests run on: CPU torch here; ``HUBLESS_TEST_DEVICE=cuda`` runs
+#: the same tests on a GPU (streams, pinned buffers, events), where there is one.
+DEVICE = os.environ.get("HUBLESS_TEST_DEVICE", "cpu")
+#: Two devices (threads splitting the rows): two GPUs where there are, else the device twice.
+PAIR = "cuda:0,cuda:1" if DEVICE.startswith("cuda") and torch.cuda.device_count() > 1 else f"{DEVICE},{DEVICE}"
+if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+    pytest.skip(f"HUBLESS_TEST_DEVICE={DEVICE} but CUDA is not available", allow_module_level=True)
+
 METHODS = [
     "baseline",
     "nnn:k=5",
@@ -69,7 +77,7 @@ def data():
 def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     want = make_correction(spec).fit(g, qb, gb)
-    got = make_correction(spec).fit(g, qb, gb, device="cpu")
+    got = make_correction(spec).fit(g, qb, gb, device=DEVICE)
     ws, gs = want.statistics_, got.statistics_
     # torch's and numpy's BLAS may round a dot product differently in the last bit: statistics
     # agree to float32 rounding, and the rankings are the same
@@ -89,7 +97,7 @@ def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape
     if hasattr(want, "bias_columns_"):
         _same_biases(got.bias_columns_, want.bias_columns_)
     want_scores, want_ids = want.search(q, 10)
-    got_scores, got_ids = got.search(q, 10, device="cpu")
+    got_scores, got_ids = got.search(q, 10, device=DEVICE)
     np.testing.assert_array_equal(got_ids, want_ids)  # random unit vectors: no float ties
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
 
@@ -111,7 +119,7 @@ def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape
         query_nearest=True,
     )
     want = compute_statistics(g, qb, gb, request)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = compute_statistics(g, qb, gb, request)
     np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
     for side in ("query_lse", "gallery_lse"):
@@ -132,7 +140,7 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     gallery = np.concatenate([base, base[::-1], base[:13]])  # every row duplicated, some thrice
     queries = rng.integers(-2, 3, size=(25, 6)).astype(np.float32)
     want = exact_search(queries, gallery, 9)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = exact_search(queries, gallery, 9)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
@@ -148,7 +156,7 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
 def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
     monkeypatch.setattr(ta, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
-    with use_device("cpu"):
+    with use_device(DEVICE):
         whole = make_correction(spec).fit(g, qb, gb)
         pieces = make_correction(spec).fit(g, qb[:433], gb[:171])
         pieces.add_query_bank(qb[433:1000]).add_query_bank(qb[1000:])
@@ -156,12 +164,12 @@ def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, str
             pieces.add_gallery_bank(gb[171:])
     _same_biases(pieces.bias_columns_, whole.bias_columns_)
     q = data["queries"]
-    np.testing.assert_array_equal(pieces.search(q, 10, device="cpu")[1], whole.search(q, 10, device="cpu")[1])
+    np.testing.assert_array_equal(pieces.search(q, 10, device=DEVICE)[1], whole.search(q, 10, device=DEVICE)[1])
 
 
 def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
-    with use_device("cpu"):
+    with use_device(DEVICE):
         whole = make_correction("dualdis:k_activation=2").fit(g, qb, gb)
         grown = make_correction("dualdis:k_activation=2").fit(g[:211], qb, gb).add_items(g[211:], qb, gb)
     np.testing.assert_array_equal(grown.activation_masks_, whole.activation_masks_)
@@ -170,10 +178,10 @@ def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
 
 def test_the_gallery_stays_on_the_device_between_searches(data):
     corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
-    first = corr.search(data["queries"], 5, device="cpu")
-    key = (id(corr.gallery_), "cpu", "float32")
+    first = corr.search(data["queries"], 5, device=DEVICE)
+    key = (id(corr.gallery_), DEVICE, "float32")
     assert key in ta._KEPT and ta._KEPT[key][0]() is corr.gallery_
-    np.testing.assert_array_equal(corr.search(data["queries"], 5, device="cpu")[1], first[1])
+    np.testing.assert_array_equal(corr.search(data["queries"], 5, device=DEVICE)[1], first[1])
 
 
 def test_the_environment_variable_selects_the_device(data, monkeypatch):
@@ -190,7 +198,7 @@ def test_the_environment_variable_selects_the_device(data, monkeypatch):
 def test_half_precision_products_stay_within_their_documented_error(dtype, bound, data):
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
     want = hubless.NNN(k=5).fit(g, qb)
-    with use_device("cpu", dtype):
+    with use_device(DEVICE, dtype):
         got = hubless.NNN(k=5).fit(g, qb)
         _, ids = got.search(q, 10)
     assert np.abs(got.bias_ - want.bias_).max() < bound
@@ -219,7 +227,7 @@ def test_tf32_is_off_unless_asked_for(monkeypatch):
         assert tf32_enabled()
     monkeypatch.setenv("HUBLESS_TF32", "1")
     assert tf32_enabled()
-    with use_device("cpu", tf32=False):
+    with use_device(DEVICE, tf32=False):
         assert not tf32_enabled()
     # on CUDA the products follow the setting and torch's flag is restored after (the flag exists
     # on CPU torch too; no CUDA is needed to set it)
@@ -269,7 +277,7 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
     methods = ["nnn:k=5", "dis:k_activation=3", "dualdis:k_activation=2", "gc"]
     kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     for w, o in zip(want.results, got.results):
         assert o.method == w.method
@@ -286,7 +294,7 @@ def test_evaluate_ranks_ties_by_index_on_the_device():
     truth = rng.integers(0, 60, size=40)
     kwargs = dict(bootstrap=0, progress=False)  # normalised duplicates stay exact duplicates
     want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
     np.testing.assert_array_equal(got.results[0].per_query["R@1"], want.results[0].per_query["R@1"])
     assert got.results[0].metrics == want.results[0].metrics
@@ -298,7 +306,7 @@ def test_tune_on_the_device_chooses_what_numpy_chooses(data):
     truth = np.arange(len(q))
     grids = {"nnn": {"alpha": (0.25, 0.75), "k": (3, 8)}, "is": {"beta": (5.0, 20.0)}}
     want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
-    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device="cpu")
+    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device=DEVICE)
     assert repr(got) == repr(want)
 
 
@@ -311,7 +319,7 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     assert resolve(["cpu", "cpu"]) == ("cpu,cpu", "float32")
     request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), query_activation_k=3, query_probes=True, query_nearest=True)
     want = compute_statistics(g, qb, gb, request)
-    with use_device("cpu,cpu"):
+    with use_device(PAIR):
         got = compute_statistics(g, qb, gb, request)
     np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
     np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
@@ -320,9 +328,9 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
     for spec in ("dis:k_activation=3", "gc"):
         fitted = make_correction(spec).fit(g, qb, gb)
-        np.testing.assert_array_equal(fitted.search(q, 10, device="cpu,cpu")[1], fitted.search(q, 10)[1])
+        np.testing.assert_array_equal(fitted.search(q, 10, device=PAIR)[1], fitted.search(q, 10)[1])
     truth = np.arange(len(q))
-    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", "cpu,cpu")]
+    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", PAIR)]
     assert [r.metrics for r in ev[1].results] == [r.metrics for r in ev[0].results]
 
 
@@ -336,7 +344,7 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     sb, sg = qb @ g.T, gb @ g.T
     want = make_correction(spec).fit_scores(sb, sg)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = make_correction(spec).fit_scores(sb, sg)
     ws, gs = want.statistics_, got.statistics_
     for name in ("query_topk", "query_probes"):
@@ -364,8 +372,8 @@ def test_read_only_arrays_go_to_the_device_without_a_warning(data):
         array.flags.writeable = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        corr = hubless.NNN(k=5).fit(g, qb, device="cpu")
-        corr.search(q, 5, device="cpu")
+        corr = hubless.NNN(k=5).fit(g, qb, device=DEVICE)
+        corr.search(q, 5, device=DEVICE)
 
 
 def test_the_tf32_flag_is_restored_by_the_last_pass_and_follows_the_api_the_program_used(monkeypatch):
@@ -420,10 +428,12 @@ def test_streamed_blocks_are_the_array_in_order_and_leaving_early_is_safe():
     rng = np.random.default_rng(2)
     array = rng.standard_normal((103, 9)).astype(np.float32)
     for block in (1, 10, 103, 500):
-        seen = [(c0, c1, rows.clone().numpy()) for c0, c1, rows in ta.Streamed(array, "cpu", "float32", block).blocks()]
+        # copies queued on the device, read back once at the end: a staging buffer overwritten
+        # before the device read it would show here
+        seen = [(c0, c1, rows.clone()) for c0, c1, rows in ta.Streamed(array, DEVICE, "float32", block).blocks()]
         assert [c0 for c0, _, _ in seen] == list(range(0, 103, min(block, 103)))
-        np.testing.assert_array_equal(np.concatenate([rows for _, _, rows in seen]), array)
-    blocks = ta.Streamed(array, "cpu", "bfloat16", 10).blocks()
+        np.testing.assert_array_equal(torch.cat([rows for _, _, rows in seen]).cpu().numpy(), array)
+    blocks = ta.Streamed(array, DEVICE, "bfloat16", 10).blocks()
     c0, c1, rows = next(blocks)
     assert rows.dtype == torch.bfloat16 and (c0, c1) == (0, 10)
     blocks.close()
@@ -435,7 +445,7 @@ def test_several_devices_with_a_streamed_bank_equal_the_numpy_pass(data, monkeyp
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), gallery_activation_k=2, query_probes=True, query_nearest=True)
     want = compute_statistics(g, qb, gb, request)
-    with use_device("cpu,cpu"):
+    with use_device(PAIR):
         got = compute_statistics(g, qb, gb, request)
     np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
     np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
@@ -454,7 +464,7 @@ def test_a_device_fit_checks_its_input_on_the_device_with_the_host_messages(bad,
     with pytest.raises(hubless.errors.InvalidInput) as on_host:
         hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"])
     with pytest.raises(hubless.errors.InvalidInput) as on_device:
-        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"], device="cpu")
+        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"], device=DEVICE)
     assert str(on_device.value) == str(on_host.value)
     assert f"{where} contains NaN or Inf in 2 row(s) (first: row 7)" in str(on_device.value)
 
@@ -468,15 +478,15 @@ def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data)
 
     g, qb = (data[name].astype(np.float64) * 3.0 for name in ("gallery", "query_bank"))
     want = hubless.NNN(k=5).fit(g, qb)
-    got = hubless.NNN(k=5).fit(g, qb, device="cpu")
+    got = hubless.NNN(k=5).fit(g, qb, device=DEVICE)
     np.testing.assert_allclose(got.gallery_, want.gallery_, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got.bias_, want.bias_, rtol=1e-5, atol=1e-6)
     unit = data["gallery"]
-    with use_device("cpu"), checked_on_device():
+    with use_device(DEVICE), checked_on_device():
         checked = as_embeddings(unit, "gallery", normalize=True)
         assert checked is unit
-        assert ta.put(unit, "cpu", "float32") is ta.put(checked, "cpu", "float32")
-        key = (id(unit), "cpu", "float32")
+        assert ta.put(unit, DEVICE, "float32") is ta.put(checked, DEVICE, "float32")
+        key = (id(unit), DEVICE, "float32")
         assert ta._SCOPE.get()[key][0]() is unit  # uploaded by the check, found by the passes
     with checked_on_device():  # no torch device in effect: the host pass, nothing uploaded
         assert ta._SCOPE.get() is None
