@@ -7,9 +7,11 @@ re-check dtypes, shapes or finiteness.
 
 from __future__ import annotations
 
+import contextvars
 import numbers
 import warnings
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,6 +35,13 @@ MAX_RAW_NORM = 1e15
 #: With ``normalize=True``, rows whose norm is within this of 1 (float32 rounding of a unit
 #: vector) are left unchanged; every other row is divided by its norm.
 UNIT_PRECISION = 1e-6
+
+#: Where set, computes the float64 row norms of a float32 array in place of :func:`as_embeddings`'s
+#: host pass (the one pass over every entry: finiteness, scale, normalisation all follow from the
+#: norms). The torch engine sets it while a fit runs on a device
+#: (:func:`hubless.engine.device.checked_on_device`): the norms are computed on the device from the
+#: upload the fit makes anyway, and only n floats come back (one sync per array).
+ROW_NORMS: contextvars.ContextVar[Callable[[np.ndarray], np.ndarray] | None] = contextvars.ContextVar("hubless_row_norms", default=None)
 
 _warned_names: set[str] = set()
 #: Arrays already warned about (by identity): an array validated once and passed on (e.g. by the
@@ -113,7 +122,8 @@ def as_embeddings(
     given = arr
     arr = np.ascontiguousarray(given, dtype=np.float32)
     # One pass: a row's float64 norm is finite exactly when all its entries are.
-    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
+    row_norms = ROW_NORMS.get()
+    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64)) if row_norms is None else row_norms(arr)
     if not np.isfinite(norms).all():
         bad_rows = np.flatnonzero(~np.isfinite(norms))
         first = _row(int(bad_rows[0]), first_row, shard)
@@ -137,7 +147,8 @@ def as_embeddings(
                     f"{name} has {zero.size} all-zero row(s) (first: {_row(int(zero[0]), first_row, shard)}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
-            if np.may_share_memory(arr, given) and not owned:  # never write into the caller's memory
+            # never write into the caller's memory, nor into an array a device holds a copy of
+            if (np.may_share_memory(arr, given) and not owned) or row_norms is not None:
                 arr = arr.copy()
             np.divide(arr, norms[:, None], out=arr, where=off[:, None])  # in float64, rounded to float32; no temporaries
     elif not unit.all() and name not in _warned_names and _warned_arrays.get(id(given)) is not given:

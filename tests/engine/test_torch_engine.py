@@ -15,11 +15,20 @@ import pytest
 import hubless
 from hubless.corrections import make_correction
 from hubless.engine import StatisticsRequest, compute_statistics, exact_search, use_device
-from hubless.engine import torch_engine as te
+from hubless.engine import torch_arrays as ta
 from hubless.engine.device import resolve, tf32_enabled
+from hubless.engine.torch_reducers import ordered_topk
 from tests.conftest import unit_rows
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the models extra)")
+
+#: The torch device the engine's tests run on: CPU torch here; ``HUBLESS_TEST_DEVICE=cuda`` runs
+#: the same tests on a GPU (streams, pinned buffers, events), where there is one.
+DEVICE = os.environ.get("HUBLESS_TEST_DEVICE", "cpu")
+#: Two devices (threads splitting the rows): two GPUs where there are, else the device twice.
+PAIR = "cuda:0,cuda:1" if DEVICE.startswith("cuda") and torch.cuda.device_count() > 1 else f"{DEVICE},{DEVICE}"
+if DEVICE.startswith("cuda") and not torch.cuda.is_available():
+    pytest.skip(f"HUBLESS_TEST_DEVICE={DEVICE} but CUDA is not available", allow_module_level=True)
 
 METHODS = [
     "baseline",
@@ -50,7 +59,7 @@ def one_torch_thread():
 
 @pytest.fixture(params=SHAPES, ids=["uneven-blocks", "one-block"])
 def block_shape(request, monkeypatch):
-    monkeypatch.setattr(te, "BLOCK_SHAPE", request.param)
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", request.param)
     return request.param
 
 
@@ -68,7 +77,7 @@ def data():
 def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     want = make_correction(spec).fit(g, qb, gb)
-    got = make_correction(spec).fit(g, qb, gb, device="cpu")
+    got = make_correction(spec).fit(g, qb, gb, device=DEVICE)
     ws, gs = want.statistics_, got.statistics_
     # torch's and numpy's BLAS may round a dot product differently in the last bit: statistics
     # agree to float32 rounding, and the rankings are the same
@@ -88,7 +97,7 @@ def test_torch_cpu_fit_and_search_equal_the_numpy_engine(spec, data, block_shape
     if hasattr(want, "bias_columns_"):
         _same_biases(got.bias_columns_, want.bias_columns_)
     want_scores, want_ids = want.search(q, 10)
-    got_scores, got_ids = got.search(q, 10, device="cpu")
+    got_scores, got_ids = got.search(q, 10, device=DEVICE)
     np.testing.assert_array_equal(got_ids, want_ids)  # random unit vectors: no float ties
     np.testing.assert_allclose(got_scores, want_scores, rtol=1e-5, atol=1e-5)
 
@@ -98,7 +107,7 @@ def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape
     """The whole request at once (several betas on both banks, top-k, activation sets, probes
     and the nearest gallery item of every bank item) in one device pass per bank; also with
     the banks streamed from host memory block by block (a bank larger than the device)."""
-    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    monkeypatch.setattr(ta, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
     request = StatisticsRequest(
         query_topk=7,
@@ -110,7 +119,7 @@ def test_every_statistic_of_one_request_matches_the_numpy_pass(data, block_shape
         query_nearest=True,
     )
     want = compute_statistics(g, qb, gb, request)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = compute_statistics(g, qb, gb, request)
     np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
     for side in ("query_lse", "gallery_lse"):
@@ -131,12 +140,12 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     gallery = np.concatenate([base, base[::-1], base[:13]])  # every row duplicated, some thrice
     queries = rng.integers(-2, 3, size=(25, 6)).astype(np.float32)
     want = exact_search(queries, gallery, 9)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = exact_search(queries, gallery, 9)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
     block = torch.from_numpy(rng.integers(0, 3, size=(30, 50)).astype(np.float32))
-    values, ids = te._ordered_topk(block, 5)
+    values, ids = ordered_topk(block, 5)
     order = np.lexsort((np.arange(50)[None, :].repeat(30, 0), -block.numpy()), axis=1)[:, :5]
     np.testing.assert_array_equal(ids.numpy(), order)
     np.testing.assert_array_equal(values.numpy(), np.take_along_axis(block.numpy(), order, axis=1))
@@ -145,9 +154,9 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
 @pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dualdis:k_activation=2"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
 def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
-    monkeypatch.setattr(te, "STREAM_BANKS", streamed)
+    monkeypatch.setattr(ta, "STREAM_BANKS", streamed)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
-    with use_device("cpu"):
+    with use_device(DEVICE):
         whole = make_correction(spec).fit(g, qb, gb)
         pieces = make_correction(spec).fit(g, qb[:433], gb[:171])
         pieces.add_query_bank(qb[433:1000]).add_query_bank(qb[1000:])
@@ -155,12 +164,12 @@ def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, str
             pieces.add_gallery_bank(gb[171:])
     _same_biases(pieces.bias_columns_, whole.bias_columns_)
     q = data["queries"]
-    np.testing.assert_array_equal(pieces.search(q, 10, device="cpu")[1], whole.search(q, 10, device="cpu")[1])
+    np.testing.assert_array_equal(pieces.search(q, 10, device=DEVICE)[1], whole.search(q, 10, device=DEVICE)[1])
 
 
 def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
-    with use_device("cpu"):
+    with use_device(DEVICE):
         whole = make_correction("dualdis:k_activation=2").fit(g, qb, gb)
         grown = make_correction("dualdis:k_activation=2").fit(g[:211], qb, gb).add_items(g[211:], qb, gb)
     np.testing.assert_array_equal(grown.activation_masks_, whole.activation_masks_)
@@ -169,10 +178,10 @@ def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
 
 def test_the_gallery_stays_on_the_device_between_searches(data):
     corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
-    first = corr.search(data["queries"], 5, device="cpu")
-    key = (id(corr.gallery_), "cpu", "float32")
-    assert key in te._KEPT and te._KEPT[key][0]() is corr.gallery_
-    np.testing.assert_array_equal(corr.search(data["queries"], 5, device="cpu")[1], first[1])
+    first = corr.search(data["queries"], 5, device=DEVICE)
+    key = (id(corr.gallery_), DEVICE, "float32")
+    assert key in ta._KEPT and ta._KEPT[key][0]() is corr.gallery_
+    np.testing.assert_array_equal(corr.search(data["queries"], 5, device=DEVICE)[1], first[1])
 
 
 def test_the_environment_variable_selects_the_device(data, monkeypatch):
@@ -189,7 +198,7 @@ def test_the_environment_variable_selects_the_device(data, monkeypatch):
 def test_half_precision_products_stay_within_their_documented_error(dtype, bound, data):
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
     want = hubless.NNN(k=5).fit(g, qb)
-    with use_device("cpu", dtype):
+    with use_device(DEVICE, dtype):
         got = hubless.NNN(k=5).fit(g, qb)
         _, ids = got.search(q, 10)
     assert np.abs(got.bias_ - want.bias_).max() < bound
@@ -218,7 +227,7 @@ def test_tf32_is_off_unless_asked_for(monkeypatch):
         assert tf32_enabled()
     monkeypatch.setenv("HUBLESS_TF32", "1")
     assert tf32_enabled()
-    with use_device("cpu", tf32=False):
+    with use_device(DEVICE, tf32=False):
         assert not tf32_enabled()
     # on CUDA the products follow the setting and torch's flag is restored after (the flag exists
     # on CPU torch too; no CUDA is needed to set it)
@@ -262,13 +271,13 @@ def test_the_default_path_never_imports_torch(tmp_path):
 def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
     """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
     methods whole there, GC and published DualDIS ranked on the host from device blocks)."""
-    monkeypatch.setattr(te, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]  # one or two relevant items
     methods = ["nnn:k=5", "dis:k_activation=3", "dualdis:k_activation=2", "gc"]
     kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     for w, o in zip(want.results, got.results):
         assert o.method == w.method
@@ -285,7 +294,7 @@ def test_evaluate_ranks_ties_by_index_on_the_device():
     truth = rng.integers(0, 60, size=40)
     kwargs = dict(bootstrap=0, progress=False)  # normalised duplicates stay exact duplicates
     want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
     np.testing.assert_array_equal(got.results[0].per_query["R@1"], want.results[0].per_query["R@1"])
     assert got.results[0].metrics == want.results[0].metrics
@@ -297,7 +306,7 @@ def test_tune_on_the_device_chooses_what_numpy_chooses(data):
     truth = np.arange(len(q))
     grids = {"nnn": {"alpha": (0.25, 0.75), "k": (3, 8)}, "is": {"beta": (5.0, 20.0)}}
     want = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False)
-    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device="cpu")
+    got = hubless.tune(g, q, truth, qb, ["nnn", "is"], grids=grids, progress=False, device=DEVICE)
     assert repr(got) == repr(want)
 
 
@@ -305,12 +314,12 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     """device="cpu,cpu" (as "cuda:0,cuda:1"): each device takes a share of the rows (gallery
     rows for the statistics, bank rows for the activation sets, queries for search and
     evaluate); the merged results equal the numpy engine's."""
-    monkeypatch.setattr(te, "BLOCK_SHAPE", (37, 101))
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (37, 101))
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     assert resolve(["cpu", "cpu"]) == ("cpu,cpu", "float32")
     request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), query_activation_k=3, query_probes=True, query_nearest=True)
     want = compute_statistics(g, qb, gb, request)
-    with use_device("cpu,cpu"):
+    with use_device(PAIR):
         got = compute_statistics(g, qb, gb, request)
     np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
     np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
@@ -319,9 +328,9 @@ def test_several_devices_split_the_rows_and_merge_to_the_single_device_result(da
     np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
     for spec in ("dis:k_activation=3", "gc"):
         fitted = make_correction(spec).fit(g, qb, gb)
-        np.testing.assert_array_equal(fitted.search(q, 10, device="cpu,cpu")[1], fitted.search(q, 10)[1])
+        np.testing.assert_array_equal(fitted.search(q, 10, device=PAIR)[1], fitted.search(q, 10)[1])
     truth = np.arange(len(q))
-    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", "cpu,cpu")]
+    ev = [hubless.evaluate(g, q, truth, qb, ["nnn:k=5", "gc"], bootstrap=0, progress=False, device=d) for d in ("numpy", PAIR)]
     assert [r.metrics for r in ev[1].results] == [r.metrics for r in ev[0].results]
 
 
@@ -335,7 +344,7 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     sb, sg = qb @ g.T, gb @ g.T
     want = make_correction(spec).fit_scores(sb, sg)
-    with use_device("cpu"):
+    with use_device(DEVICE):
         got = make_correction(spec).fit_scores(sb, sg)
     ws, gs = want.statistics_, got.statistics_
     for name in ("query_topk", "query_probes"):
@@ -363,5 +372,121 @@ def test_read_only_arrays_go_to_the_device_without_a_warning(data):
         array.flags.writeable = False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        corr = hubless.NNN(k=5).fit(g, qb, device="cpu")
-        corr.search(q, 5, device="cpu")
+        corr = hubless.NNN(k=5).fit(g, qb, device=DEVICE)
+        corr.search(q, 5, device=DEVICE)
+
+
+def test_the_tf32_flag_is_restored_by_the_last_pass_and_follows_the_api_the_program_used(monkeypatch):
+    """Passes of several devices run in threads at once: the first to enter sets torch's flag,
+    the last to leave restores it. A program that set torch's newer fp32_precision API (reading
+    allow_tf32 then raises) gets that API set and restored instead. CPU torch holds both flags."""
+    import threading
+
+    from hubless.engine.device import tf32_products
+
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.delenv("HUBLESS_TF32", raising=False)
+    with use_device(None, tf32=True):
+        before = matmul.allow_tf32
+        outer_done, inner_in, seen = threading.Event(), threading.Event(), []
+
+        def other_device():
+            with tf32_products("cuda:1"):
+                inner_in.set()
+                outer_done.wait(10)
+                seen.append(matmul.allow_tf32)  # the first pass has left: still set for this one
+
+        with tf32_products("cuda:0"):
+            assert matmul.allow_tf32
+            worker = threading.Thread(target=contextvars_run(other_device))
+            worker.start()
+            inner_in.wait(10)
+        outer_done.set()
+        worker.join(10)
+        assert seen == [True]
+        assert matmul.allow_tf32 is before
+        precision = matmul.fp32_precision
+        try:
+            matmul.fp32_precision = "ieee"  # the program uses the new API
+            with tf32_products("cuda:0"):
+                assert matmul.fp32_precision == "tf32"
+            assert matmul.fp32_precision == "ieee"
+        finally:
+            matmul.fp32_precision = precision
+            matmul.allow_tf32 = before  # back to the legacy API for the other tests
+
+
+def contextvars_run(fn):
+    import contextvars
+
+    return lambda: contextvars.copy_context().run(fn)
+
+
+def test_streamed_blocks_are_the_array_in_order_and_leaving_early_is_safe():
+    """The staging buffers (pinned on CUDA) are reused every second block: each block seen is
+    exactly its rows, whatever the block size, and the generator may be left early."""
+    rng = np.random.default_rng(2)
+    array = rng.standard_normal((103, 9)).astype(np.float32)
+    for block in (1, 10, 103, 500):
+        # copies queued on the device, read back once at the end: a staging buffer overwritten
+        # before the device read it would show here
+        seen = [(c0, c1, rows.clone()) for c0, c1, rows in ta.Streamed(array, DEVICE, "float32", block).blocks()]
+        assert [c0 for c0, _, _ in seen] == list(range(0, 103, min(block, 103)))
+        np.testing.assert_array_equal(torch.cat([rows for _, _, rows in seen]).cpu().numpy(), array)
+    blocks = ta.Streamed(array, DEVICE, "bfloat16", 10).blocks()
+    c0, c1, rows = next(blocks)
+    assert rows.dtype == torch.bfloat16 and (c0, c1) == (0, 10)
+    blocks.close()
+
+
+def test_several_devices_with_a_streamed_bank_equal_the_numpy_pass(data, monkeypatch):
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (37, 101))
+    monkeypatch.setattr(ta, "STREAM_BANKS", True)
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    request = StatisticsRequest(query_topk=5, query_betas=frozenset({20.0}), gallery_activation_k=2, query_probes=True, query_nearest=True)
+    want = compute_statistics(g, qb, gb, request)
+    with use_device(PAIR):
+        got = compute_statistics(g, qb, gb, request)
+    np.testing.assert_allclose(got.query_topk, want.query_topk, atol=1e-6)
+    np.testing.assert_allclose(got.query_lse[20.0], want.query_lse[20.0], rtol=1e-7)
+    np.testing.assert_allclose(got.query_probes, want.query_probes, atol=1e-6)
+    for name in ("gallery_activation", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["gallery", "query_bank"])
+def test_a_device_fit_checks_its_input_on_the_device_with_the_host_messages(bad, where, data):
+    """On a torch device the input's one full pass (row norms: finite, scale, normalisation) runs
+    on the device after the upload; a NaN / Inf is refused with the host check's error."""
+    arrays = {"gallery": data["gallery"].copy(), "query_bank": data["query_bank"].copy()}
+    arrays[where][[7, 41], 3] = bad
+    with pytest.raises(hubless.errors.InvalidInput) as on_host:
+        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"])
+    with pytest.raises(hubless.errors.InvalidInput) as on_device:
+        hubless.NNN(k=5).fit(arrays["gallery"], arrays["query_bank"], device=DEVICE)
+    assert str(on_device.value) == str(on_host.value)
+    assert f"{where} contains NaN or Inf in 2 row(s) (first: row 7)" in str(on_device.value)
+
+
+def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
+    """Rows that are not unit length (float64, scaled) are normalised from the device's norms
+    into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep
+    the array, and the fit's passes use the upload the check made."""
+    from hubless._validation import as_embeddings
+    from hubless.engine.device import checked_on_device
+
+    g, qb = (data[name].astype(np.float64) * 3.0 for name in ("gallery", "query_bank"))
+    want = hubless.NNN(k=5).fit(g, qb)
+    got = hubless.NNN(k=5).fit(g, qb, device=DEVICE)
+    np.testing.assert_allclose(got.gallery_, want.gallery_, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got.bias_, want.bias_, rtol=1e-5, atol=1e-6)
+    unit = data["gallery"]
+    with use_device(DEVICE), checked_on_device():
+        checked = as_embeddings(unit, "gallery", normalize=True)
+        assert checked is unit
+        assert ta.put(unit, DEVICE, "float32") is ta.put(checked, DEVICE, "float32")
+        key = (id(unit), DEVICE, "float32")
+        assert ta._SCOPE.get()[key][0]() is unit  # uploaded by the check, found by the passes
+    with checked_on_device():  # no torch device in effect: the host pass, nothing uploaded
+        assert ta._SCOPE.get() is None

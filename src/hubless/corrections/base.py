@@ -30,7 +30,7 @@ import numpy as np
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
-from hubless.engine.device import torch_device
+from hubless.engine.device import checked_on_device, torch_device
 from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
 from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
 
@@ -185,13 +185,13 @@ class Correction:
             ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
         """
         self._validate_params()
-        gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
-        request = self.statistics_request()
-        if statistics is None:
-            with use_device(device):
+        with use_device(device), checked_on_device(when=statistics is None):  # on a device: input checks there too
+            gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
+            request = self.statistics_request()
+            if statistics is None:
                 statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
-        else:
-            _check_statistics(statistics, gallery, query_bank, gallery_bank, request)
+            else:
+                _check_statistics(statistics, gallery, query_bank, gallery_bank, request)
         self._fit_arrays(gallery, statistics)
         return self
 

@@ -9,13 +9,13 @@ The default (``device=None`` and no ``HUBLESS_DEVICE``, or ``"numpy"``) never im
 torch device (``cpu``, ``cuda``, ``cuda:1``, ``mps``; several as ``"cuda:0,cuda:1"``, which
 split the rows between them) runs the bank statistics (every
 :func:`hubless.engine.compute_statistics` pass) and exact searches (raw, or ranked by an
-additive correction's bias) in the device-resident engine, :mod:`hubless.engine.torch_engine`:
-each block's product and its reduction run on the device and only per-row results come back.
-Other streamed work (a non-additive correction's search, dense scores, the evaluation's
-streams) runs its block products on the device and reduces the blocks on the host
-(:func:`block_product`). The column side (the bank, or the gallery for a search) stays on the
-device for the whole pass, so it must fit in the device's memory (split a larger bank into
-tiles: :mod:`hubless.distributed`). ``dtype`` (``HUBLESS_DTYPE``): ``float32`` (default), or
+additive correction's bias), and the evaluation's ranks, in the device-resident engine
+(:mod:`hubless.engine.torch_passes`, :mod:`hubless.engine.torch_ranking`): each block's product
+and its reduction run on the device and only per-row results come back. Other streamed work (a
+non-additive correction's search, dense scores) runs its block products on the device and
+reduces the blocks on the host (:func:`block_product`). The gallery stays on the device for the
+whole pass; a bank larger than half a CUDA device's free memory streams in from pinned host
+memory (:mod:`hubless.engine.torch_arrays`). ``dtype`` (``HUBLESS_DTYPE``): ``float32`` (default), or
 ``float16`` / ``bfloat16`` products returned as float32 (their error against float32 is
 measured in ``benchmarks/gpu_engine.py`` and bounded in the tests). ``tf32``
 (``HUBLESS_TF32=1``): let CUDA run float32 products as TF32 (off by default: TF32 keeps 10
@@ -27,13 +27,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from hubless.errors import InvalidInput, optional_import
 
-__all__ = ["DTYPES", "block_product", "resolve", "tf32_products", "torch_device", "use_device"]
+__all__ = ["DTYPES", "block_product", "checked_on_device", "resolve", "tf32_products", "torch_device", "use_device"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 _CURRENT: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar("hubless_device", default=(None, None))
@@ -86,6 +87,30 @@ def torch_device(device: str | None = None, dtype: str | None = None) -> tuple[s
     return None if device == "numpy" else (device, dtype)
 
 
+@contextlib.contextmanager
+def checked_on_device(device: str | None = None, *, when: bool = True) -> Iterator[None]:
+    """Inside the block, when a single torch device is in effect with float32 products (and
+    ``when``), :func:`hubless._validation.as_embeddings` computes its row norms on the device
+    (:func:`hubless.engine.torch_arrays.row_norms`: finiteness, scale and normalisation follow
+    from them, with the same errors and messages) instead of a host pass over every entry, and
+    the uploads it makes serve the passes that follow in the block (one
+    :func:`~hubless.engine.torch_arrays.resident` block). Elsewhere nothing changes."""
+    on_device = torch_device(device) if when else None
+    if on_device is None or "," in on_device[0] or on_device[1] != "float32":
+        yield
+        return
+    from hubless._validation import ROW_NORMS
+    from hubless.engine import torch_arrays
+
+    name = on_device[0]
+    with torch_arrays.resident():
+        token = ROW_NORMS.set(lambda array: torch_arrays.row_norms(array, name))
+        try:
+            yield
+        finally:
+            ROW_NORMS.reset(token)
+
+
 def tf32_enabled() -> bool:
     """Whether TF32 float32 products are allowed: :func:`use_device`'s ``tf32``, else
     ``HUBLESS_TF32`` (1/true/yes/on), else False."""
@@ -95,21 +120,68 @@ def tf32_enabled() -> bool:
     return os.environ.get("HUBLESS_TF32", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+_TF32_LOCK = threading.Lock()
+
+
+class _Tf32State:
+    """How many passes are inside :func:`tf32_products`, and what puts torch's flag back."""
+
+    depth = 0
+    restore: Callable[[], None] | None = None
+
+
+_TF32_STATE = _Tf32State()
+
+
 @contextlib.contextmanager
 def tf32_products(device: str) -> Iterator[None]:
-    """Inside the block, CUDA float32 products are TF32 exactly when :func:`tf32_enabled`
-    (``torch.backends.cuda.matmul.allow_tf32``, restored after); nothing changes elsewhere."""
+    """Inside the block, CUDA float32 products are TF32 exactly when :func:`tf32_enabled`;
+    torch's flag is restored after; nothing changes elsewhere.
+
+    The flag is process-wide: the first pass to enter sets it and the last to leave restores
+    it (several devices run their passes in threads at once). torch has two APIs for it: the
+    legacy ``torch.backends.cuda.matmul.allow_tf32`` and, from torch 2.9,
+    ``torch.backends.cuda.matmul.fp32_precision``; once a program has used the new one, reading
+    the legacy flag raises, so the new one is used then (and the legacy one otherwise, which
+    leaves a program that never touched either able to read it)."""
     if not str(device).startswith("cuda"):
         yield
         return
     import torch
 
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32_enabled()
+    with _TF32_LOCK:
+        if _TF32_STATE.depth == 0:
+            _TF32_STATE.restore = _set_tf32(torch.backends.cuda.matmul, tf32_enabled())
+        _TF32_STATE.depth += 1
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
+        with _TF32_LOCK:
+            _TF32_STATE.depth -= 1
+            if _TF32_STATE.depth == 0:
+                restore, _TF32_STATE.restore = _TF32_STATE.restore, None
+                if restore is not None:
+                    restore()
+
+
+def _set_tf32(matmul, on: bool) -> Callable[[], None]:
+    """Set CUDA's TF32 flag for float32 matmuls; returns what puts it back."""
+    try:
+        before = matmul.allow_tf32
+    except RuntimeError:  # the program set the new API: legacy reads refuse
+        precision = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if on else "ieee"
+
+        def restore_precision() -> None:
+            matmul.fp32_precision = precision
+
+        return restore_precision
+    matmul.allow_tf32 = on
+
+    def restore_legacy() -> None:
+        matmul.allow_tf32 = before
+
+    return restore_legacy
 
 
 def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None = None) -> Product:

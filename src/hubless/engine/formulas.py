@@ -1,9 +1,9 @@
 """The reducers' formulas, written once against a tiny array namespace (numpy or torch).
 
 The numpy engine (:mod:`hubless.engine.stream`) and the device-resident torch engine
-(:mod:`hubless.engine.torch_engine`) reduce similarity blocks with the same formulas: this
+(:mod:`hubless.engine.torch_reducers`) reduce similarity blocks with the same formulas: this
 module holds them, and each engine passes its namespace (:data:`NUMPY`, or the torch one built
-by :func:`hubless.engine.torch_engine.torch_namespace`). The numpy namespace is plain numpy
+by :func:`hubless.engine.torch_arrays.torch_namespace`). The numpy namespace is plain numpy
 (this module never imports torch).
 
 Log-sum-exp (IS, DIS, DualIS, DualDIS; Bogolin et al. 2022, QB-Norm, eq. 2): for each row and

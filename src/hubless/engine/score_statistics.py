@@ -118,11 +118,11 @@ def _bank_pass(
         return topk, lse, sorted_rows, act_scores, act_ids
     on_device = torch_device()
     if on_device is not None:  # the reductions on the device; the rows are read and checked here
-        from hubless.engine import torch_engine
+        from hubless.engine import torch_passes
 
         blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
         checked = ((start, read_rows(matrix, start, stop, name)) for start, stop in blocks)
-        values, sums, act_scores, act_ids = torch_engine.score_bank_pass(
+        values, sums, act_scores, act_ids = torch_passes.score_bank_pass(
             checked, n_rows, n_cols, k=k, betas=betas, probes_out=None if sorted_rows is None else sorted_rows.values,
             activation_k=activation_k, device=on_device[0],
         )  # fmt: skip

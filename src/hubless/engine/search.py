@@ -31,7 +31,7 @@ def exact_search(
     ``HUBLESS_DEVICE``) a raw search (no ``transform``), or one whose ``transform`` is the
     additive ranking ``q . r - W(q) . bias_columns(r)`` given as ``additive=(W, bias_columns)``
     ((n_queries, c) and (n_gallery, c) float32), runs whole on the device
-    (:func:`hubless.engine.torch_engine.exact_search`: products, bias and top-k; only the
+    (:func:`hubless.engine.torch_passes.exact_search`: products, bias and top-k; only the
     results come back). Any other transform is applied on the host to blocks computed on the
     device. On numpy, ``transform`` ranks (``additive`` only describes it).
 
@@ -39,9 +39,9 @@ def exact_search(
     """
     on_device = torch_device()
     if on_device is not None and (transform is None or additive is not None):
-        from hubless.engine import torch_engine
+        from hubless.engine import torch_passes
 
-        return torch_engine.exact_search(queries, gallery, top_k, additive=additive, device=on_device[0], dtype=on_device[1])
+        return torch_passes.exact_search(queries, gallery, top_k, additive=additive, device=on_device[0], dtype=on_device[1])
     result = TopK(queries.shape[0], top_k, with_ids=True)
     stream_reduce(
         queries,

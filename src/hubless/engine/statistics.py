@@ -232,12 +232,12 @@ def compute_statistics(
     on_device = torch_device()
     if on_device is None:
         return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean)
-    from hubless.engine import torch_engine
+    from hubless.engine import torch_arrays
 
     def mean(x: np.ndarray) -> np.ndarray:
-        return torch_engine.mean(x, *on_device)
+        return torch_arrays.mean(x, *on_device)
 
-    with torch_engine.resident():  # each array is uploaded once for all the passes
+    with torch_arrays.resident():  # each array is uploaded once for all the passes
         return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean)
 
 
@@ -318,10 +318,10 @@ def row_statistics(
         bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
     on_device = torch_device()
     if on_device is not None and (k or betas or probes or nearest):
-        from hubless.engine import torch_engine
+        from hubless.engine import torch_passes
 
         return RowStatistics(
-            *torch_engine.row_statistics(
+            *torch_passes.row_statistics(
                 gallery,
                 bank,
                 k=k,
@@ -361,9 +361,9 @@ def nearest_gallery_items(
     optionally merged into an ``initial`` (scores, ids) over earlier gallery items."""
     on_device = torch_device()
     if on_device is not None:
-        from hubless.engine import torch_engine
+        from hubless.engine import torch_passes
 
-        return torch_engine.nearest_gallery_items(
+        return torch_passes.nearest_gallery_items(
             bank, gallery, k, initial=initial, id_offset=id_offset, device=on_device[0], dtype=on_device[1]
         )
     nearest = TopK(bank.shape[0], k, with_ids=True, initial=initial, id_offset=id_offset)

@@ -129,9 +129,9 @@ def rank_queries(
 
 
 def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str]) -> list[Ranked]:
-    """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_engine.rank_queries`):
+    """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_ranking.rank_queries`):
     additive corrections rank on the device; the others rank each block on the host."""
-    from hubless.engine import torch_engine
+    from hubless.engine import torch_ranking
 
     def host_ranker(corr: Correction, batch):
         def rank(start: int, stop: int, sims: np.ndarray) -> np.ndarray:
@@ -144,7 +144,7 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
         corr.query_statistics(batch)  # a gated correction's raw top-1, searched on the device
         additive = corr.additive_ranking(batch)
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
-    results = torch_engine.rank_queries(
+    results = torch_ranking.rank_queries(
         batches[0].vectors,
         gallery,
         rankers,

@@ -1,0 +1,261 @@
+"""The torch engine's passes: bank statistics, activation sets, exact searches and the
+score-matrix bank pass, each block's product AND its reduction on the device.
+
+Used whenever a torch device is in effect (``device="cuda"`` / ``"cpu"`` on ``fit`` and
+``search``, :func:`hubless.engine.use_device`, ``HUBLESS_DEVICE``; see
+:mod:`hubless.engine.device`). The column side (a bank, or the gallery of a search) and the row
+side are uploaded once (:mod:`hubless.engine.torch_arrays`), every similarity block
+``rows @ cols.T`` is computed and reduced on the device (:mod:`hubless.engine.torch_reducers`),
+and only the per-row results (n x small: top-k values, log-sum-exp sums, activation sets, the
+(scores, ids) of a search) come back to host memory. A bank larger than the device streams in
+from host memory; several devices (``"cuda:0,cuda:1"``) split the rows, merged as the Ray tiles
+are. The numpy engine (:mod:`hubless.engine.stream`) stays the default and never imports this
+module. The evaluation's ranking pass is :mod:`hubless.engine.torch_ranking`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from hubless._torch import from_numpy
+from hubless.engine.formulas import lse_terms
+from hubless.engine.torch_arrays import (
+    Streamed,
+    block_shape,
+    device_parts,
+    on_parts,
+    put,
+    streams,
+    to_host,
+    torch_module,
+    torch_namespace,
+)
+from hubless.engine.torch_reducers import ColumnNearest, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
+
+__all__ = ["exact_search", "nearest_gallery_items", "row_statistics", "score_bank_pass", "topk_with_ids"]
+
+
+def row_statistics(
+    gallery: np.ndarray,
+    bank: np.ndarray,
+    *,
+    k: int,
+    betas: list[float],
+    probes: bool,
+    nearest: bool,
+    initial_topk: np.ndarray | None,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
+    """What :func:`hubless.engine.statistics.row_statistics` computes, on the device: (top-k
+    values, {beta: log-sum-exp}, sorted probes, (scores, ids) of each bank item's nearest gallery
+    item). Several devices split the gallery rows (the nearest rows are merged: ties to the
+    lower row)."""
+    parts = device_parts(device, gallery.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            initial = None if initial_topk is None else initial_topk[a:b]
+            return row_statistics(
+                gallery[a:b], bank, k=k, betas=betas, probes=probes, nearest=nearest, initial_topk=initial, device=dev, dtype=dtype
+            )
+
+        results = on_parts(parts, part)
+        near = None
+        if nearest:
+            values, ids = np.full(len(bank), -np.inf, np.float32), np.full(len(bank), np.iinfo(np.int64).max, np.int64)
+            for (_, a, _), result in zip(parts, results):
+                better = result[3][0] > values  # parts in row order: a tie keeps the lower row
+                values[better], ids[better] = result[3][0][better], result[3][1][better] + a
+            near = (values, ids)
+        return (
+            None if not k else np.concatenate([r[0] for r in results]),
+            {b: np.concatenate([r[1][b] for r in results]) for b in betas},
+            None if not probes else np.concatenate([r[2] for r in results]),
+            near,
+        )
+    torch = torch_module()
+    n, m = gallery.shape[0], bank.shape[0]
+    dev = torch.device(device)
+    rows = put(gallery, device, dtype)
+    streamed = bool(m) and streams(bank, device, dtype)
+    cols = Streamed(bank, device, dtype, block_shape(n, m, device)[1]) if streamed else put(bank, device, dtype)
+    makers: list[Callable[[int, int], State]] = []
+    topk = lse = probe_rows = None
+    if k:
+        topk = torch.empty((n, k), dtype=torch.float32, device=dev)
+        initial = None if initial_topk is None else from_numpy(np.ascontiguousarray(initial_topk, dtype=np.float32)).to(dev)
+        makers.append(lambda r0, r1: TopKValues(topk, r0, r1, k, initial))
+    if betas:
+        lse = torch.empty((n, len(betas)), dtype=torch.float64, device=dev)
+        terms, xp = lse_terms(list(betas), base2=False), torch_namespace()
+        makers.append(lambda r0, r1: LogSumExp(lse, r0, r1, list(betas), terms, xp))
+    if probes:
+        probe_rows = np.empty((n, m), dtype=np.float32)
+        makers.append(lambda r0, r1: SortedRows(probe_rows, r0, r1, m, dev, on_host=streamed))
+    near = None
+    if nearest:
+        near = (
+            torch.full((m,), -torch.inf, dtype=torch.float32, device=dev),
+            torch.full((m,), np.iinfo(np.int64).max, dtype=torch.int64, device=dev),
+        )
+        makers.append(lambda r0, r1: ColumnNearest(near[0], near[1], r0))
+    if makers:
+        reduce_blocks(rows, cols, makers, device)
+    lse_host = None if lse is None else to_host(lse)
+    return (
+        None if topk is None else to_host(topk),
+        {} if lse_host is None else {b: lse_host[:, t] for t, b in enumerate(betas)},
+        probe_rows,
+        None if near is None else (to_host(near[0]), to_host(near[1])),
+    )
+
+
+def nearest_gallery_items(
+    bank: np.ndarray,
+    gallery: np.ndarray,
+    k: int,
+    *,
+    initial: tuple[np.ndarray, np.ndarray] | None,
+    id_offset: int,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the ``k`` gallery items nearest to each bank item, on the device (as
+    :func:`hubless.engine.statistics.nearest_gallery_items`). Several devices split the bank rows."""
+    parts = device_parts(device, bank.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            first = None if initial is None else (initial[0][a:b], initial[1][a:b])
+            return nearest_gallery_items(bank[a:b], gallery, k, initial=first, id_offset=id_offset, device=dev, dtype=dtype)
+
+        results = on_parts(parts, part)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+    columns = put(gallery, device, dtype)
+    if not streams(bank, device, dtype):
+        scores, ids = topk_with_ids(put(bank, device, dtype), columns, k, device, initial=initial, offset=id_offset)
+        return to_host(scores), to_host(ids)
+    # a bank larger than the device: its row blocks stream in, their results go out block by block
+    scores_out, ids_out = np.empty((len(bank), k), np.float32), np.empty((len(bank), k), np.int64)
+    rows = block_shape(len(bank), len(gallery), device)[0]
+    for r0, r1, block_rows in Streamed(bank, device, dtype, rows).blocks():
+        earlier = None if initial is None else (initial[0][r0:r1], initial[1][r0:r1])
+        scores, ids = topk_with_ids(block_rows, columns, k, device, initial=earlier, offset=id_offset)
+        scores_out[r0:r1], ids_out[r0:r1] = to_host(scores), to_host(ids)
+    return scores_out, ids_out
+
+
+def topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int = 0, transform=None):
+    """(values, ids) device tensors of the ``k`` best columns of each row (ties: the lower id),
+    merged into ``initial`` (host (scores, ids) of earlier columns) when given."""
+    torch = torch_module()
+    n = rows.shape[0]
+    values = torch.empty((n, k), dtype=torch.float32, device=rows.device)
+    ids = torch.empty((n, k), dtype=torch.int64, device=rows.device)
+    first = None
+    if initial is not None:
+        first = (
+            from_numpy(np.ascontiguousarray(initial[0], dtype=np.float32)).to(rows.device),
+            from_numpy(np.ascontiguousarray(initial[1], dtype=np.int64)).to(rows.device),
+        )
+    reduce_blocks(rows, cols, [lambda r0, r1: TopKIds(values, ids, r0, r1, k, offset, first)], device, transform=transform)
+    return values, ids
+
+
+def exact_search(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    top_k: int,
+    *,
+    additive: tuple[np.ndarray, np.ndarray] | None,
+    device: str,
+    dtype: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``top_k`` gallery items of each query on the device, by ``q . r`` or, with
+    ``additive = (W, bias_columns)``, by the corrected ``q . r - W(q) . bias_columns(r)``
+    (ties: the lower id). The gallery and its biases stay on the device between calls; only
+    the queries, W and the (scores, ids) move. Several devices split the queries."""
+    parts = device_parts(device, queries.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            share = None if additive is None else (additive[0][a:b], additive[1])
+            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype)
+
+        results = on_parts(parts, part)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+    torch = torch_module()
+    dev = torch.device(device)
+    gallery_t = put(gallery, device, dtype, keep=True)
+    queries_t = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
+    transform = None
+    if additive is not None and np.any(additive[0]):  # W = 0 (the baseline, closed gates): raw scores
+        weights, columns = additive
+        w = from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
+        bias = put(columns, device, "float32", keep=True)
+
+        def transform(block, r0, r1, c0, c1):
+            wb, bb = w[r0:r1], bias[c0:c1]
+            if wb.shape[1] == 1:
+                block.sub_(wb[:, :1] * bb[:, 0])  # w_q * b_r by broadcasting, as the numpy ranking
+            else:
+                block.sub_(wb @ bb.T)
+
+    values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform)
+    return to_host(values), to_host(ids)
+
+
+def score_bank_pass(
+    blocks: Iterator[tuple[int, np.ndarray]],
+    n_rows: int,
+    n_cols: int,
+    *,
+    k: int,
+    betas: list[float],
+    probes_out: np.ndarray | None,
+    activation_k: int,
+    device: str,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The score-matrix pass of :func:`hubless.engine.score_statistics.score_statistics` on the
+    device: ``blocks`` yields (start, checked float32 rows) of one bank's (n_rows, n_cols) score
+    matrix; each block is uploaded once, its columns (gallery items) fed to the column reducers
+    (top-k, log-sum-exp, probes) and its rows give their top-``activation_k`` items (ties: the
+    lower id); ``probes_out`` (n_cols, n_rows) receives the sorted probes when given. Returns
+    (top-k values, log-sum-exp (n_cols, len(betas)), activation scores, activation ids), host
+    arrays or None. Several devices: the first is used."""
+    torch = torch_module()
+    device = device.split(",")[0]
+    dev = torch.device(device)
+    topk = torch.empty((n_cols, k), dtype=torch.float32, device=dev) if k else None
+    lse = torch.empty((n_cols, len(betas)), dtype=torch.float64, device=dev) if betas else None
+    states: list[State] = []
+    if topk is not None:
+        states.append(TopKValues(topk, 0, n_cols, k))
+    if lse is not None:
+        states.append(LogSumExp(lse, 0, n_cols, betas, lse_terms(betas, base2=False), torch_namespace()))
+    if probes_out is not None:
+        states.append(SortedRows(probes_out, 0, n_cols, n_rows, dev))
+    act_k = min(activation_k, n_cols)
+    act_scores = np.empty((n_rows, act_k), np.float32) if act_k else None
+    act_ids = np.empty((n_rows, act_k), np.int64) if act_k else None
+    with torch.no_grad():
+        for start, rows in blocks:
+            block = from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(dev)
+            if act_scores is not None and act_ids is not None:
+                values, ids = ordered_topk(block, act_k)
+                act_scores[start : start + len(rows)], act_ids[start : start + len(rows)] = to_host(values), to_host(ids)
+            if states:
+                columns = block.T.contiguous()  # gallery items x bank rows, as the reducers expect
+                for state in states:
+                    state.update(columns, start)
+        for state in states:
+            state.finish()
+    return (
+        None if topk is None else to_host(topk),
+        None if lse is None else to_host(lse),
+        act_scores,
+        act_ids,
+    )

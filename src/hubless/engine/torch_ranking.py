@@ -1,0 +1,150 @@
+"""The evaluation's ranking pass on a torch device: ranks of the truth and top ids of several
+rankings from one product per block of queries.
+
+:func:`rank_queries` serves ``evaluate`` / ``tune`` (:mod:`hubless.evaluation.core`) when a torch
+device is in effect: each block of query rows spans the whole gallery, its raw similarities are
+computed once on the device and shared by every ranking (an additive correction's
+``q . r - W(q) . bias_columns(r)`` on the device, any other correction on the host from the
+block), and only the 1-based ranks of the relevant items, the top ids and the seconds come back.
+Ranks follow the tie conventions of :func:`hubless.metrics.relevant_ranks`. Several devices
+(``"cuda:0,cuda:1"``) split the queries. Arrays are placed by :mod:`hubless.engine.torch_arrays`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hubless._torch import from_numpy
+from hubless.engine import torch_arrays
+from hubless.engine.device import tf32_products
+from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
+from hubless.engine.torch_reducers import ordered_topk
+
+__all__ = ["HostRanker", "rank_queries"]
+
+#: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
+#: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
+HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
+
+
+def rank_queries(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    rankers: Sequence[tuple[np.ndarray, np.ndarray] | HostRanker],
+    truth_rows: np.ndarray,
+    truth_indptr: np.ndarray,
+    truth_indices: np.ndarray,
+    *,
+    ties: str,
+    depth: int,
+    device: str,
+    dtype: str,
+) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+    """Rank ``queries`` over ``gallery`` for several rankings in one pass on the device: per
+    ranking, the 1-based rank of every relevant item (``truth_indices``, CSR by query) with the
+    tie convention of :func:`hubless.metrics.relevant_ranks`, the top ``depth`` ids (ties: the
+    lower id) and the seconds it would take alone.
+
+    A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
+    on the device, or a host function (a non-additive correction) given each block of raw
+    similarities. Each block of query rows spans the whole gallery (one product shared by every
+    ranking); only the ranks and top ids come back. Several devices split the queries.
+    """
+    parts = device_parts(device, queries.shape[0])
+    if parts is not None:
+
+        def part(dev: str, a: int, b: int):
+            lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
+            shares = [
+                (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r) else (r[0][a:b], r[1]) for r in rankers
+            ]  # fmt: skip
+            return rank_queries(
+                queries[a:b], gallery, shares, truth_rows[lo:hi] - a, truth_indptr[a : b + 1] - lo, truth_indices[lo:hi],
+                ties=ties, depth=depth, device=dev, dtype=dtype,
+            )  # fmt: skip
+
+        results = on_parts(parts, part)
+        return [
+            (
+                np.concatenate([r[i][0] for r in results]),
+                None if not depth else np.concatenate([r[i][1] for r in results]),
+                sum(r[i][2] for r in results),
+            )
+            for i in range(len(rankers))
+        ]
+    torch = torch_module()
+    dev = torch.device(device)
+    n, m = queries.shape[0], gallery.shape[0]
+    most = int(np.diff(truth_indptr).max()) if n else 1
+    one_each = truth_indices.size == n  # one relevant item per query: rows are the queries
+    shape = torch_arrays.BLOCK_SHAPE
+    rb = shape[0] if shape is not None else max(1, min(n, block_budget(device) // max(1, m * max(1, most))))
+    G = put(gallery, device, dtype, keep=True)
+    Q = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
+    rows_t, cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
+    prepared: list[Any] = []
+    for ranker in rankers:
+        if callable(ranker):
+            prepared.append(ranker)
+        else:
+            w, bias = ranker
+            if not np.any(w):  # W = 0 (the baseline, closed gates): the raw scores rank
+                prepared.append(None)
+                continue
+            prepared.append((from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)))
+    rank_type = torch.float64 if ties == "average" else torch.int64
+    ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
+    tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
+    seconds = [0.0] * len(rankers)
+    positions = torch.arange(m, device=dev)
+
+    def clock() -> float:  # the device's queued work done: each ranking's seconds are its own
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter()
+
+    with torch.no_grad(), tf32_products(device):
+        for start in range(0, n, rb):
+            stop = min(n, start + rb)
+            t0 = clock()
+            sims = Q[start:stop] @ G.T
+            if sims.dtype != torch.float32:
+                sims = sims.float()
+            shared = clock() - t0
+            lo, hi = int(truth_indptr[start]), int(truth_indptr[stop])
+            r, c = rows_t[lo:hi] - start, cols_t[lo:hi]
+            host = None
+            for i, ranker in enumerate(prepared):
+                t0 = clock()
+                if ranker is None:
+                    scores = sims
+                elif callable(ranker):
+                    host = to_host(sims) if host is None else host
+                    scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
+                else:
+                    w, bias = ranker[0][start:stop], ranker[1]
+                    scores = sims - w[:, :1] * bias[:, 0] if bias.shape[1] == 1 else sims - w @ bias.T
+                block = scores if one_each else scores.index_select(0, r)
+                target = block.gather(1, c[:, None])
+                above = (block > target).sum(dim=1)
+                if ties == "optimistic":
+                    ranks[i][lo:hi] = above + 1
+                else:
+                    equal = (block == target).sum(dim=1)
+                    if ties == "average":  # in float64: a half rank stays exact at any gallery size
+                        ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
+                    else:  # "index": among equal scores, the lower gallery index first
+                        tied = (equal > 1).nonzero().squeeze(1)
+                        if tied.numel():
+                            before = (block[tied] == target[tied]) & (positions[None, :] < c[tied, None])
+                            equal[tied] = before.sum(dim=1) + 1
+                        ranks[i][lo:hi] = above + equal
+                top = tops[i]
+                if top is not None:
+                    top[start:stop] = ordered_topk(scores, depth)[1]
+                seconds[i] += shared + clock() - t0
+    return [(to_host(ranks[i]), None if tops[i] is None else to_host(tops[i]), seconds[i]) for i in range(len(rankers))]

@@ -1,0 +1,236 @@
+"""The torch engine's reducers: each similarity block's reduction on the device, and the loop
+that feeds them the blocks of ``rows @ cols.T``.
+
+The reductions are the numpy engine's (:mod:`hubless.engine.stream`), with the same semantics:
+
+* top-k values (NNN, CSLS; :class:`TopKValues`): the k largest similarities of each row,
+  descending;
+* top-k with ids (the activation sets of DIS / DualDIS, searches; :class:`TopKIds`,
+  :func:`ordered_topk`): ordered by (value descending, id ascending), so ties go to the lower id
+  as in :class:`hubless.engine.stream.TopK`;
+* log-sum-exp at several betas (IS, DIS, DualIS, DualDIS; :class:`LogSumExp`): the formulas of
+  :mod:`hubless.engine.formulas` (the same code as the numpy engine, run on torch tensors),
+  around the running row maximum (the numpy engine refreshes its shift only when a term would
+  overflow, a pass saved on a CPU; on a device the maximum costs less than the host sync the
+  check needs);
+* sorted probe rows (GC; :class:`SortedRows`), the nearest row of every column (bank coverage;
+  :class:`ColumnNearest`).
+
+Products in float16 / bfloat16 are reduced in float32. No reducer reads a value back to the
+host inside the loop except :func:`ordered_topk`, once per block, to find rows tied at the k-th
+place (a block is up to 2^27 similarities, so the sync is small against its work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hubless.engine.device import tf32_products
+from hubless.engine.formulas import LseTerm, lse_add, lse_finish, lse_recentre
+from hubless.engine.torch_arrays import Streamed, block_shape, to_host, torch_module
+
+__all__ = [
+    "ColumnNearest",
+    "LogSumExp",
+    "SortedRows",
+    "State",
+    "TopKIds",
+    "TopKValues",
+    "ordered_topk",
+    "reduce_blocks",
+]
+
+
+class State:
+    """One reducer over one row block (rows r0:r1) on the device."""
+
+    def update(self, block, c0: int) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def finish(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], device: str, transform=None) -> None:
+    """Feed every block of ``rows @ cols.T`` (device tensors) to new states of ``makers`` per
+    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first.
+
+    ``cols`` may be a :class:`~hubless.engine.torch_arrays.Streamed` host array (a bank larger
+    than the device): then each column block is copied in once and meets every row block (the
+    states of all row blocks live through the pass: they are n x small)."""
+    torch = torch_module()
+    n, m = rows.shape[0], len(cols)
+    rb, cb = block_shape(n, m, device)
+    if isinstance(cols, Streamed):
+        with torch.no_grad(), tf32_products(device):
+            row_bounds = [(r0, min(n, r0 + rb)) for r0 in range(0, n, rb)]
+            per_row_block = [[make(r0, r1) for make in makers] for r0, r1 in row_bounds]
+            for c0, c1, column_block in cols.blocks():
+                for (r0, r1), row_states in zip(row_bounds, per_row_block):
+                    block = rows[r0:r1] @ column_block.T
+                    if block.dtype != torch.float32:
+                        block = block.float()
+                    if transform is not None:
+                        transform(block, r0, r1, c0, c1)
+                    for row_state in row_states:
+                        row_state.update(block, c0)
+            for row_states in per_row_block:
+                for row_state in row_states:
+                    row_state.finish()
+        return
+    with torch.no_grad(), tf32_products(device):
+        for r0 in range(0, n, rb):
+            r1 = min(n, r0 + rb)
+            states = [make(r0, r1) for make in makers]
+            block_rows = rows[r0:r1]
+            for c0 in range(0, m, cb):
+                c1 = min(m, c0 + cb)
+                block = block_rows @ cols[c0:c1].T
+                if block.dtype != torch.float32:
+                    block = block.float()
+                if transform is not None:
+                    transform(block, r0, r1, c0, c1)
+                for state in states:
+                    state.update(block, c0)
+            for state in states:
+                state.finish()
+
+
+class TopKValues(State):
+    """The k largest values of each row (sorted descending at the end), into ``out[r0:r1]``."""
+
+    def __init__(self, out, r0: int, r1: int, k: int, initial=None) -> None:
+        torch = torch_module()
+        self.out, self.r0, self.r1, self.k = out, r0, r1, k
+        if initial is None:
+            self.values = torch.full((r1 - r0, k), -torch.inf, dtype=torch.float32, device=out.device)
+        else:
+            self.values = initial[r0:r1].clone()
+
+    def update(self, block, c0: int) -> None:
+        torch = torch_module()
+        new = torch.topk(block, min(self.k, block.shape[1]), dim=1, sorted=False).values
+        self.values = torch.topk(torch.cat([self.values, new], dim=1), self.k, dim=1, sorted=False).values
+
+    def finish(self) -> None:
+        self.out[self.r0 : self.r1] = self.values.sort(dim=1, descending=True).values
+
+
+def ordered_topk(block, k: int):
+    """(values, column ids) of each row's ``k`` largest entries of ``block``, ordered by value
+    descending then id ascending: ties go to the lower id, also at the k-th place (rows whose
+    k-th value is tied beyond the k-th place are taken from a stable sort)."""
+    torch = torch_module()
+    # the (k+1)-th largest equals the k-th exactly when a tie straddles the k-th place
+    values, ids = torch.topk(block, min(k + 1, block.shape[1]), dim=1)
+    tied = values[:, k] == values[:, k - 1] if values.shape[1] > k else torch.zeros(len(block), dtype=torch.bool, device=block.device)
+    values, ids = values[:, :k], ids[:, :k]
+    if bool(tied.any()):  # the one sync of a block
+        rows = tied.nonzero().squeeze(1)
+        sorted_values, sorted_ids = torch.sort(block[rows], dim=1, descending=True, stable=True)
+        values[rows], ids[rows] = sorted_values[:, :k], sorted_ids[:, :k]
+    ids, order = torch.sort(ids, dim=1)
+    values = values.gather(1, order)
+    values, order = torch.sort(values, dim=1, descending=True, stable=True)
+    return values, ids.gather(1, order)
+
+
+class TopKIds(State):
+    """The k best (value, id) of each row, by (value descending, id ascending), into
+    ``values[r0:r1]`` and ``ids[r0:r1]``. Column blocks arrive in increasing id order and an
+    initial top-k holds lower ids, so a stable merge keeps ties at the lower id."""
+
+    def __init__(self, values, ids, r0: int, r1: int, k: int, offset: int, initial=None) -> None:
+        torch = torch_module()
+        self.out_values, self.out_ids, self.r0, self.r1, self.k, self.offset = values, ids, r0, r1, k, offset
+        if initial is None:
+            self.values = torch.full((r1 - r0, k), -torch.inf, dtype=torch.float32, device=values.device)
+            self.ids = torch.full((r1 - r0, k), np.iinfo(np.int64).max, dtype=torch.int64, device=values.device)
+        else:
+            self.values, self.ids = initial[0][r0:r1].clone(), initial[1][r0:r1].clone()
+
+    def update(self, block, c0: int) -> None:
+        torch = torch_module()
+        values, ids = ordered_topk(block, min(self.k, block.shape[1]))
+        values = torch.cat([self.values, values], dim=1)
+        ids = torch.cat([self.ids, ids + (c0 + self.offset)], dim=1)
+        values, order = torch.sort(values, dim=1, descending=True, stable=True)
+        self.values, self.ids = values[:, : self.k], ids.gather(1, order[:, : self.k])
+
+    def finish(self) -> None:
+        self.out_values[self.r0 : self.r1] = self.values
+        self.out_ids[self.r0 : self.r1] = self.ids
+
+
+class LogSumExp(State):
+    """log sum_j exp(beta s_ij) per beta (the formulas of :mod:`hubless.engine.formulas`), into
+    ``out[r0:r1]`` (float64)."""
+
+    def __init__(self, out, r0: int, r1: int, betas: list[float], terms: list[LseTerm], xp) -> None:
+        torch = torch_module()
+        self.out, self.r0, self.r1, self.betas, self.terms, self.xp = out, r0, r1, betas, terms, xp
+        self.peak = torch.full((r1 - r0,), -torch.inf, dtype=torch.float64, device=out.device)
+        self.sums = torch.zeros((r1 - r0, len(betas)), dtype=torch.float64, device=out.device)
+        self.count = 0
+
+    def update(self, block, c0: int) -> None:
+        torch = torch_module()
+        if self.terms:
+            new = torch.maximum(self.peak, block.max(dim=1).values.double())
+            diff = block - new.float()[:, None]  # s - m, formed before scaling
+            x = torch.empty_like(diff)
+            for term in self.terms:
+                added = lse_add(self.xp, diff, term, x)
+                col = term.column
+                self.sums[:, col] = lse_recentre(self.xp, self.sums[:, col], added, term, self.peak, new, self.count)
+            self.peak = new
+        self.count += block.shape[1]
+
+    def finish(self) -> None:
+        by_column = {term.column: term for term in self.terms}
+        for t in range(len(self.betas)):
+            self.out[self.r0 : self.r1, t] = lse_finish(self.xp, by_column.get(t), self.peak, self.sums[:, t], self.count)
+
+
+class SortedRows(State):
+    """Every similarity of each row, sorted ascending, into ``out[r0:r1]`` (host). The rows
+    gather on the device and are sorted there, or (``on_host``: a streamed bank, whose rows
+    would not fit on the device) gather in ``out`` block by block and are sorted on the host."""
+
+    def __init__(self, out: np.ndarray, r0: int, r1: int, n_cols: int, device, *, on_host: bool = False) -> None:
+        torch = torch_module()
+        self.out, self.r0, self.r1 = out, r0, r1
+        self.rows = None if on_host else torch.empty((r1 - r0, n_cols), dtype=torch.float32, device=device)
+
+    def update(self, block, c0: int) -> None:
+        if self.rows is None:
+            self.out[self.r0 : self.r1, c0 : c0 + block.shape[1]] = to_host(block)
+        else:
+            self.rows[:, c0 : c0 + block.shape[1]] = block
+
+    def finish(self) -> None:
+        if self.rows is None:
+            self.out[self.r0 : self.r1].sort(axis=1)
+        else:
+            self.out[self.r0 : self.r1] = to_host(self.rows.sort(dim=1).values)
+
+
+class ColumnNearest(State):
+    """The nearest row of every column (ties: the lower row) over all row blocks, in
+    ``values`` / ``ids`` (device tensors); row blocks arrive in order, so only a strictly larger
+    value replaces the best so far."""
+
+    def __init__(self, values, ids, r0: int) -> None:
+        self.values, self.ids, self.r0 = values, ids, r0
+
+    def update(self, block, c0: int) -> None:
+        best, rows = block.max(dim=0)  # the first maximal row of each column
+        c1 = c0 + block.shape[1]
+        better = best > self.values[c0:c1]
+        self.values[c0:c1] = self.values[c0:c1].where(~better, best)
+        self.ids[c0:c1] = self.ids[c0:c1].where(~better, rows + self.r0)
+
+    def finish(self) -> None:
+        pass
