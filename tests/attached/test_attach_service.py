@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hubless.attached import AttachedCollection, attach
-from hubless.attached.core import recall_at_k
+from hubless.attached.certified import recall_at_k
 from hubless.errors import Conflict, InvalidInput
 from hubless.search import AttachedIndex, Searcher
 from tests.attached.test_attach import Collection, hub_prone

@@ -76,7 +76,7 @@ def attach_command(
             )
         typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
         if exact:
-            from hubless.attached.core import recall_at_k
+            from hubless.attached.certified import recall_at_k
 
             want = (attached.exact_search(queries, top_k) if weight is None else attached.exact_search(queries, top_k, weight=weight))[1]
             typer.echo(f"recall@{top_k} against exact corrected search: {recall_at_k(result.ids, want):.4f}", err=True)
