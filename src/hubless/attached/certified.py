@@ -34,7 +34,7 @@ import numpy as np
 
 from hubless._validation import check_positive_int
 from hubless.attached.prepare import collection_rows, correction_for
-from hubless.attached.sidecar import Sidecar, read_sidecar
+from hubless.attached.sidecar import Sidecar, read_sidecar, source_address
 from hubless.attached.sources.base import BATCH, Source, open_source, sample_hash
 from hubless.errors import Conflict, InvalidType
 
@@ -92,6 +92,16 @@ class AttachedCollection:
         (:class:`~hubless.errors.Conflict`) when the collection changed since the sidecar was
         written (run :func:`update`)."""
         return cls(open_source(source, **source_options), read_sidecar(sidecar))
+
+    @classmethod
+    def from_sidecar(cls, sidecar, **source_options) -> AttachedCollection:
+        """The collection the sidecar directory ``sidecar`` is attached to, opened with the
+        options it was attached with (``source_options`` add to them or replace them: an open
+        ``shard=`` or ``client=``); a local collection is found from the sidecar's folder
+        (:func:`hubless.attached.sidecar.source_address`), not from the working folder."""
+        found = read_sidecar(sidecar)
+        options = {**found.info["source"].get("options", {}), **source_options}
+        return cls(open_source(source_address(found), **options), found)
 
     def __repr__(self) -> str:
         return f"AttachedCollection({self.source.uri!r}, {self.sidecar.spec!r}, n={self.ntotal})"
@@ -197,16 +207,31 @@ class AttachedCollection:
         (exact relative to the store's plain ranking), ``candidates`` = the mean k' used, with
         ``top_k`` and ``queries`` (their count). ``options`` as :meth:`search_certified` (the
         weight applies to both searches). Reads the whole collection: for evaluation only."""
+        return self.evaluate_at(queries, [top_k], **options)[0]
+
+    def evaluate_at(self, queries, ks, **options) -> list[dict]:
+        """:meth:`evaluate` at each cut-off of ``ks`` (one dict per k, in that order), with one
+        exact scan at the largest k: the exact top-k is the first k of the exact top-K (one
+        ranking, ties to the lower id); the attached search runs once per k (its certificate
+        depends on k). What ``hubless eval --attached SIDECAR`` prints."""
+        ks = [check_positive_int(k, "top_k") for k in (ks if isinstance(ks, (list, tuple)) else [ks])]
+        if not ks:
+            raise InvalidType("ks must name at least one cut-off")
         weight = {k: options[k] for k in list(options) if k in (self.correction.weight_param, "weight")}
-        result = self.search_certified(queries, top_k, **options)
-        want = self.exact_search(queries, top_k, **weight)[1]
-        return {
-            "top_k": int(top_k),
-            "queries": int(result.ids.shape[0]),
-            "recall": recall_at_k(result.ids, want),
-            "certified": float(result.certified.mean()) if result.certified.size else 1.0,
-            "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
-        }
+        want = self.exact_search(queries, max(ks), **weight)[1]
+        rows = []
+        for k in ks:
+            result = self.search_certified(queries, k, **options)
+            rows.append(
+                {
+                    "top_k": int(k),
+                    "queries": int(result.ids.shape[0]),
+                    "recall": recall_at_k(result.ids, want[:, :k]),
+                    "certified": float(result.certified.mean()) if result.certified.size else 1.0,
+                    "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
+                }
+            )
+        return rows
 
     def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> tuple[np.ndarray, np.ndarray]:
         """Exact corrected search over every item of the collection, by brute force: the

@@ -17,6 +17,7 @@ collection unless ``write_payload`` asks for the bias as a payload field
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,7 +207,7 @@ def fit_and_write(source, query_bank, method, out, gallery_bank, normalize, rese
     fitted = fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress, reserve=min(int(reserve), n))
     ids, bias, activation = _sorted(fitted, src.uri)
     reserve_ids, reserve_vectors = reserve_sorted(fitted.reserve_ids, fitted.reserve_vectors)
-    info = sidecar_info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True)
+    info = sidecar_info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True, out=out)
     info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, bias, reserve_ids), "requested": requested}
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     info["source"]["options"] = _recorded_options(source_options)
@@ -236,13 +237,13 @@ def _thresholds(ids: np.ndarray, bias: np.ndarray, reserve_ids: np.ndarray) -> l
     return [float(v) for v in part.min(axis=0).astype(np.float64)]
 
 
-def sidecar_info(corr, src: Source, ids, bias, qb, gb, gallery_sum, *, exact_mean: bool) -> dict:
+def sidecar_info(corr, src: Source, ids, bias, qb, gb, gallery_sum, *, exact_mean: bool, out) -> dict:
     return {
         "spec": corr.spec,
         "normalize": bool(corr.normalize),
         "dim": int(src.dim),
         "bias_columns": int(bias.shape[1]),
-        "source": {"kind": src.kind, "uri": src.uri},
+        "source": {"kind": src.kind, "uri": src.uri, **source_location(src, out)},
         "fingerprint": fingerprint(src, ids),
         "banks": {
             "query_bank": {"sha256": array_fingerprint(qb), "n": None if qb is None else int(qb.shape[0])},
@@ -252,3 +253,14 @@ def sidecar_info(corr, src: Source, ids, bias, qb, gb, gallery_sum, *, exact_mea
         "gallery_sum": [float(v) for v in gallery_sum],
         "gallery_mean_exact": bool(exact_mean),
     }
+
+
+def source_location(src: Source, out) -> dict:
+    """Where a local collection (a file or folder) lives, recorded in the sidecar so that it is
+    found again from any working folder (:func:`hubless.attached.sidecar.source_address`):
+    ``location`` (absolute) and ``location_from_sidecar`` (relative to the sidecar folder, so a
+    sidecar moved together with its collection still finds it). Nothing for a server's collection."""
+    if src.local is None:
+        return {}
+    location = Path(src.local).resolve()
+    return {"location": str(location), "location_from_sidecar": os.path.relpath(location, Path(out).resolve())}

@@ -18,7 +18,7 @@ import numpy as np
 from hubless._validation import check_positive_int
 from hubless.attached.fit import fingerprint, fit_and_write, fit_stream, global_statistics, reserve_sorted, sidecar_info
 from hubless.attached.prepare import correction_for, read_banks
-from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, write_sidecar
+from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, source_location, write_sidecar
 from hubless.attached.sources.base import BATCH, Source, open_source
 from hubless.errors import Conflict, InvalidInput
 
@@ -54,7 +54,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     batch = check_positive_int(batch, "batch")
     old = read_sidecar(out)
     src = open_source(source, **source_options)
-    if src.uri != old.info["source"]["uri"] and not isinstance(source, Source):
+    if not isinstance(source, Source) and not same_collection(src, old):
         raise Conflict(f"sidecar {out} is attached to {old.info['source']['uri']}, not {src.uri}")
     corr = correction_for(old.spec, bool(old.info["normalize"]))
     request, qb, gb = read_banks(corr, query_bank, gallery_bank, src.dim)
@@ -120,7 +120,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     ids, bias = ids[order], bias[order]
     gallery_sum = np.asarray(old.info["gallery_sum"], np.float64) + fitted.gallery_sum
     exact_mean = bool(old.info.get("gallery_mean_exact", True)) and removed.size == 0
-    info = sidecar_info(corr, src, ids, bias, qb, gb, gallery_sum, exact_mean=exact_mean)
+    info = sidecar_info(corr, src, ids, bias, qb, gb, gallery_sum, exact_mean=exact_mean, out=out)
     info["attached"] = old.info.get("attached")
     info["source"]["options"] = old.info["source"].get("options", {})
     info["reserve"] = {**old.info["reserve"], "size": int(reserve_ids.size), "threshold": [float(v) for v in threshold]}
@@ -134,3 +134,16 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
         "read_items": int(added.size),
         "refit": None,
     }
+
+
+def same_collection(src: Source, sidecar: Sidecar) -> bool:
+    """Whether ``src`` is the collection ``sidecar`` records: the same address, or the same local
+    file or folder (given by an address relative to another working folder)."""
+    recorded = sidecar.info["source"]
+    if src.uri == recorded["uri"]:
+        return True
+    if src.local is None:
+        return False
+    here = Path(src.local).resolve()
+    found = source_location(sidecar)
+    return str(here) == recorded.get("location") or (found is not None and found.resolve() == here)

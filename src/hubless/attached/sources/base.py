@@ -42,7 +42,7 @@ import numpy as np
 from hubless._registry import Registry
 from hubless.errors import InvalidInput, NotFound
 
-__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "open_source", "pad_hits", "sample_hash"]
+__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "open_source", "pad_hits", "relocate", "sample_hash"]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -67,6 +67,10 @@ class Source(abc.ABC):
     def __init__(self, uri: str) -> None:
         self.uri = str(uri)
         self.bytes_read = 0
+        #: The local file or folder the collection lives in (the location part of its address;
+        #: None for a server's collection or an index in memory): recorded by an attach so that
+        #: the sidecar finds it again from another working folder (:func:`relocate`).
+        self.local: Path | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
@@ -212,3 +216,14 @@ def open_source(source, **options) -> Source:
     if cls.kind == "faiss" and unknown:
         raise InvalidInput(f"option(s) {', '.join(sorted(unknown))} do not apply to a FAISS index file")
     return cls(text, **options)
+
+
+def relocate(uri: str, location: Path) -> str:
+    """``uri`` with its location part (a local file or folder) replaced by ``location``:
+    ``path`` / ``faiss://path`` for a FAISS file, ``scheme://location/name`` otherwise."""
+    scheme, sep, rest = str(uri).partition("://")
+    if not sep:
+        return str(location)
+    if scheme == "faiss":
+        return f"faiss://{location}"
+    return f"{scheme}://{location}/{rest.rstrip('/').rpartition('/')[2]}"

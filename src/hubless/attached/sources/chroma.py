@@ -29,6 +29,7 @@ class ChromaSource(Source):
 
         chromadb = optional_import("chromadb", "attaching to Chroma", "chroma", "chromadb")
         location, name = split_location(uri, "chroma", "chroma://path/collection")
+        self.local = Path(location)
         if client is None:
             from chromadb.config import Settings
 

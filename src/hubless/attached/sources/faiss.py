@@ -30,6 +30,7 @@ class FaissSource(Source):
         super().__init__(uri)
         self._faiss = optional_import("faiss", "attaching to a FAISS index", "faiss", "faiss-cpu")
         self.path = None if index is not None else Path(uri.removeprefix("faiss://"))
+        self.local = self.path
         self._stamp: tuple[int, int] | None = None
         if index is None:
             index = self._read()

@@ -30,6 +30,7 @@ class LanceSource(Source):
 
         lancedb = optional_import("lancedb", "attaching to LanceDB", "lancedb", "lancedb")
         location, table = split_location(uri, "lancedb", "lancedb://path/table")
+        self.local = Path(location)
         if metric not in ("dot", "cosine"):
             raise InvalidInput(f"metric must be 'dot' or 'cosine' (an inner product) for an attached LanceDB table; got {metric!r}")
         if not Path(location).is_dir():

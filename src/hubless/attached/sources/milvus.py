@@ -33,6 +33,7 @@ class MilvusSource(Source):
 
         optional_import("pymilvus", "attaching to Milvus", "milvus", "pymilvus")
         location, name = split_location(uri, "milvus", "milvus://path/file.db/collection")
+        self.local = Path(location)
         db = Path(location) if location.endswith(".db") else Path(location) / "milvus.db"
         if client is None:
             from hubless.export.milvus_store import shared_client

@@ -164,6 +164,7 @@ class QdrantEdgeSource(_QdrantPoints):
 
         self.qd = optional_import("qdrant_edge", "attaching to Qdrant in process", "qdrant", "qdrant_edge")
         location, name = split_location(uri, "qdrant", "qdrant://path/collection")
+        self.local = Path(location)
         folder = Path(location) / name
         try:
             config = json.loads((folder / "edge_config.json").read_text())
