@@ -165,6 +165,7 @@ def attach(
     reserve: int | None = None,
     batch: int = BATCH,
     progress: bool | None = None,
+    write_payload: bool | str = False,
     **source_options,
 ) -> AttachedCollection:
     """Fit ``method`` on the collection ``source`` (a FAISS index file or ``faiss.Index``, or a
@@ -179,19 +180,56 @@ def attach(
     ``normalize``: the correction's (default: the method's, True: unit vectors expected);
     ``reserve``: how many lowest-bias items the sidecar keeps the vectors of, to score them
     exactly on every search and tighten the certificate (default 1% of the collection, at
-    least 64, at most 16,384; 0: none, the bound then uses the collection's smallest bias).
+    least 64, at most 16,384; 0: none, the bound then uses the collection's smallest bias);
+    ``write_payload``: also write each item's bias into the collection, as the payload field
+    (or column) ``hubless_bias`` (a string: that name; ``name_0``, ``name_1``, ... for a
+    method of several bias columns), through the store's own payload update, no vector
+    re-inserted (:meth:`~hubless.attached.sources.base.Source.write_payload`; LanceDB, Qdrant,
+    pgvector, Chroma, Milvus; a FAISS file refuses, before anything is read). :func:`update`
+    keeps the field in step.
     """
     from hubless.index.lock import write_lock
 
     if out is None or not isinstance(out, (str, Path)):
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
     with write_lock(Path(out)):  # one attach or update of a sidecar at a time
-        return fit_and_write(source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options)
+        return fit_and_write(
+            source,
+            query_bank,
+            method,
+            out,
+            gallery_bank,
+            normalize,
+            reserve,
+            batch,
+            progress,
+            source_options,
+            payload=payload_name(write_payload),
+        )
 
 
-def fit_and_write(source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options) -> AttachedCollection:
+#: The payload field ``write_payload=True`` writes.
+PAYLOAD_FIELD = "hubless_bias"
+
+
+def payload_name(write_payload) -> str | None:
+    """The payload field ``write_payload`` asks for (None: none)."""
+    if write_payload is None or write_payload is False:
+        return None
+    if write_payload is True:
+        return PAYLOAD_FIELD
+    if not isinstance(write_payload, str):
+        raise InvalidType(f"write_payload must be True, False or a field name; got {write_payload!r}")
+    return write_payload
+
+
+def fit_and_write(
+    source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options, *, payload: str | None = None
+) -> AttachedCollection:
     batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
+    if payload is not None:
+        src.payload_fields(payload, 1)  # a store that can, a valid name: refused before anything is read
     corr = correction_for(method, normalize)
     request, qb, gb = read_banks(corr, query_bank, gallery_bank, src.dim)
     n = src.count()
@@ -212,9 +250,19 @@ def fit_and_write(source, query_bank, method, out, gallery_bank, normalize, rese
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     info["source"]["options"] = _recorded_options(source_options)
     stats = global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
+    if payload is not None:  # before the sidecar: a failed write leaves the previous sidecar in place
+        info["payload"] = written_payload(src, payload, ids, bias, batch)
     sidecar = Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors)
     write_sidecar(out, sidecar)
     return AttachedCollection(src, sidecar, verify=False)
+
+
+def written_payload(src: Source, name: str, ids: np.ndarray, bias: np.ndarray, batch: int) -> dict:
+    """Write ``bias`` into the payload field(s) ``name`` of ``ids``; what the sidecar records."""
+    fields = src.payload_fields(name, bias.shape[1])
+    started = time.perf_counter()
+    n = src.write_payload(ids, bias, fields, batch)
+    return {"name": name, "fields": fields, "items": n, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def _recorded_options(options: dict) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless._validation import check_positive_int
-from hubless.attached.fit import fingerprint, fit_and_write, fit_stream, global_statistics, reserve_sorted, sidecar_info
+from hubless.attached.fit import fingerprint, fit_and_write, fit_stream, global_statistics, reserve_sorted, sidecar_info, written_payload
 from hubless.attached.prepare import correction_for, read_banks
 from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, source_location, write_sidecar
 from hubless.attached.sources.base import BATCH, Source, open_source
@@ -41,8 +41,10 @@ def update(
     whole collection) and DN without a gallery bank after removals (its shown scores use the
     collection's mean) re-read the whole collection: the report says so (``refit``).
 
-    The banks must be the ones the sidecar was fitted on (checked by fingerprint). Returns
-    ``{"added", "removed", "items", "bytes_read", "read_items", "refit"}``.
+    The banks must be the ones the sidecar was fitted on (checked by fingerprint). A sidecar
+    attached with ``write_payload`` writes the added items' biases (all, on a refit) into the
+    same payload field. Returns ``{"added", "removed", "items", "bytes_read", "read_items",
+    "refit", "payload_items"}`` (``payload_items``: the items whose payload field was written).
     """
     from hubless.index.lock import write_lock
 
@@ -80,6 +82,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
                 "bytes_read": int(src.bytes_read - before),
                 "read_items": 0,
                 "refit": None,
+                "payload_items": 0,
             }
     if request.query_activation_k or request.gallery_activation_k:
         refit = f"{corr.spec} gates by activation sets over the whole collection: every item was re-read"
@@ -88,7 +91,10 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     if refit is not None:
         requested = old.info["reserve"].get("requested")
         kept = old.info["source"].get("options", {})  # recorded again (src is open: open_source ignores them)
-        fit_and_write(src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, kept)
+        payload = (old.info.get("payload") or {}).get("name")
+        fit_and_write(
+            src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, kept, payload=payload
+        )
         return {
             "added": int(added.size),
             "removed": int(removed.size),
@@ -96,6 +102,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
             "bytes_read": int(src.bytes_read - before),
             "read_items": int(current.size),
             "refit": refit,
+            "payload_items": int(current.size) if payload is not None else 0,
         }
     if current.size == 0:
         raise InvalidInput(f"{src.uri} holds no items")
@@ -125,6 +132,9 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     info["source"]["options"] = old.info["source"].get("options", {})
     info["reserve"] = {**old.info["reserve"], "size": int(reserve_ids.size), "threshold": [float(v) for v in threshold]}
     stats = global_statistics(request, ids.size, qb, gb, gallery_sum / max(ids.size, 1), {})
+    recorded = old.info.get("payload")
+    if recorded:  # the added items' biases into the same field (the others' are unchanged: row-local biases)
+        info["payload"] = {**recorded, **written_payload(src, recorded["name"], fitted.ids, fitted.bias, batch)}
     write_sidecar(out, Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors))
     return {
         "added": int(added.size),
@@ -133,6 +143,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
         "bytes_read": int(src.bytes_read - before),
         "read_items": int(added.size),
         "refit": None,
+        "payload_items": int(fitted.ids.size) if recorded else 0,
     }
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +49,8 @@ __all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "open_source", "pad_hits", "r
 BATCH = 8192
 #: Ids whose vectors make a collection's sample hash.
 SAMPLE = 32
+#: A payload field hubless writes: a plain identifier, valid in every store (a SQL column too).
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,59}")
 
 
 class Source(abc.ABC):
@@ -63,6 +66,9 @@ class Source(abc.ABC):
     uri_form: ClassVar[str] = ""
     #: Whether the store ranks by cosine (then its vectors need not be unit length).
     cosine: bool = False
+    #: Whether :meth:`write_payload` can write a field into the items' payload (or a column)
+    #: without re-inserting their vectors.
+    payload_writes: ClassVar[bool] = False
 
     def __init__(self, uri: str) -> None:
         self.uri = str(uri)
@@ -144,6 +150,49 @@ class Source(abc.ABC):
 
     def _count(self, n_ids: int, n_floats: int = 0) -> None:
         self.bytes_read += 8 * int(n_ids) + 4 * int(n_floats)
+
+    def payload_fields(self, name: str, columns: int) -> list[str]:
+        """The payload fields a bias of ``columns`` columns is written to: ``name`` for one column
+        (every method but the gated DIS/DualDIS ones), ``name_0``, ``name_1``, ... for several;
+        checked: plain identifiers, not the collection's id or vector field, and a store that can
+        write them (:class:`~hubless.errors.InvalidInput` naming why, before anything is read)."""
+        if not isinstance(name, str) or not _FIELD.fullmatch(name):
+            raise InvalidInput(f"payload field {name!r}: use letters, digits and underscores (at most 60), starting with a letter or _")
+        fields = [name] if columns == 1 else [f"{name}_{c}" for c in range(columns)]
+        if not self.payload_writes:
+            raise InvalidInput(
+                f"{self.kind} collection {self.uri} keeps no payload field hubless can write without re-inserting its vectors "
+                "(a FAISS index file holds only vectors and ids): its biases stay in the sidecar's bias.npy, keyed by your ids; "
+                "--write-payload / write_payload= applies to LanceDB, Qdrant, pgvector, Chroma and Milvus collections"
+            )
+        taken = {getattr(self, "id_field", "id"), getattr(self, "vector_field", None) or "vector"}
+        clash = sorted(set(fields) & taken)
+        if clash:
+            raise InvalidInput(f"payload field {clash[0]!r} is the collection's own id or vector field: choose another name")
+        return fields
+
+    def write_payload(self, ids, values, fields: list[str], batch: int = BATCH) -> int:
+        """Write ``values[:, c]`` (float32) into the payload field ``fields[c]`` of each item of
+        ``ids``, ``batch`` items per request, through the store's own payload update (Qdrant
+        ``set_payload``, LanceDB ``merge_insert`` on the id, pgvector ``ALTER TABLE`` + ``UPDATE``,
+        Chroma ``update`` of metadatas, Milvus partial ``upsert``): no vector is re-inserted and
+        the item's other payload is kept. Returns the items written. ``fields`` from
+        :meth:`payload_fields`."""
+        ids = np.asarray(ids, np.int64).ravel()
+        values = np.asarray(values, np.float32).reshape(ids.size, len(fields))
+        if not self.payload_writes:
+            raise InvalidInput(f"{self.kind} collection {self.uri} keeps no payload hubless can write")
+        self._add_payload_fields(fields)
+        for lo in range(0, ids.size, batch):
+            self._write_payload(ids[lo : lo + batch], values[lo : lo + batch], fields)
+        return int(ids.size)
+
+    def _add_payload_fields(self, fields: list[str]) -> None:  # noqa: B027 - optional hook
+        """Make room for ``fields`` where the store has a schema (nothing by default)."""
+
+    def _write_payload(self, ids: np.ndarray, values: np.ndarray, fields: list[str]) -> None:
+        """Write one batch (hook of the stores that set :attr:`payload_writes`)."""
+        raise NotImplementedError
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what this source holds open (nothing by default)."""

@@ -20,6 +20,7 @@ class ChromaSource(Source):
     refused. Read with ``get`` in pages (``limit``/``offset``), searched with ``query``."""
 
     kind = "chroma"
+    payload_writes = True
     schemes = ("chroma",)
     uri_form = "chroma://path/collection"
 
@@ -110,6 +111,10 @@ class ChromaSource(Source):
                 record["document"] = document
             out[int(key)] = record
         return out
+
+    def _write_payload(self, ids, values, fields):
+        records = [{f: float(v) for f, v in zip(fields, row)} for row in values.tolist()]
+        self.collection.update(ids=[str(int(i)) for i in ids.tolist()], metadatas=records)  # merged into each item's metadata
 
     def _search(self, queries, k, knobs):
         n = self.count()

@@ -20,6 +20,7 @@ class LanceSource(Source):
     """A LanceDB table (see the module docstring)."""
 
     kind = "lancedb"
+    payload_writes = True
     schemes = ("lancedb",)
     uri_form = "lancedb://path/table"
     knobs = {"nprobe": "IVF partitions probed per query", "refine_factor": "candidates re-scored exactly, x k"}
@@ -104,6 +105,23 @@ class LanceSource(Source):
         keys = data[self.id_field].to_pylist()
         values = {c: data[c].to_pylist() for c in columns}
         return {int(key): {c: values[c][n] for c in columns} for n, key in enumerate(keys)}
+
+    def _add_payload_fields(self, fields):
+        import pyarrow as pa
+
+        self.table.checkout_latest()
+        schema = self.table.schema
+        for name in fields:
+            if name not in schema.names:
+                self.table.add_columns({name: "CAST(NULL AS FLOAT)"})  # a new column, no row rewritten
+            elif not pa.types.is_floating(schema.field(name).type):
+                raise InvalidInput(f"LanceDB table {self.uri} has a column {name!r} of type {schema.field(name).type}, not a float")
+
+    def _write_payload(self, ids, values, fields):
+        import pyarrow as pa
+
+        columns = {self.id_field: pa.array(ids, pa.int64()), **{f: pa.array(values[:, c], pa.float32()) for c, f in enumerate(fields)}}
+        self.table.merge_insert(self.id_field).when_matched_update_all().execute(pa.table(columns))  # these columns only
 
     def _search(self, queries, k, knobs):
         search = self.table.search(queries, vector_column_name=self.vector_field).distance_type(self.metric).limit(k)

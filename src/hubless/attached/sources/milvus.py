@@ -23,6 +23,7 @@ class MilvusSource(Source):
     ``MilvusClient`` as ``client=``."""
 
     kind = "milvus"
+    payload_writes = True
     schemes = ("milvus",)
     uri_form = "milvus://path/file.db/collection"
     knobs = {"ef_search": "HNSW candidates kept per query (ef)"}
@@ -115,6 +116,22 @@ class MilvusSource(Source):
     def _payloads(self, ids):
         rows = self.client.get(self.name, ids=[int(i) for i in ids.tolist()], output_fields=["*"])
         return {int(r[self.id_field]): {k: v for k, v in r.items() if k not in (self.id_field, self.vector_field)} for r in rows}
+
+    def _add_payload_fields(self, fields):
+        described = self.client.describe_collection(self.name)
+        declared = {f["name"]: str(getattr(f.get("type"), "name", f.get("type"))) for f in described["fields"]}
+        for name in fields:
+            if name in declared and declared[name] not in ("FLOAT", "DOUBLE"):
+                raise InvalidInput(f"Milvus collection {self.uri} has a field {name!r} of type {declared[name]}, not FLOAT")
+            if name not in declared and not described.get("enable_dynamic_field"):
+                raise InvalidInput(
+                    f"Milvus collection {self.uri} has no field {name!r} and no dynamic fields: add a FLOAT field {name!r} "
+                    "to its schema (or create it with enable_dynamic_field=True)"
+                )
+
+    def _write_payload(self, ids, values, fields):
+        rows = [{self.id_field: int(i), **{f: float(v) for f, v in zip(fields, row)}} for i, row in zip(ids.tolist(), values.tolist())]
+        self.client.upsert(self.name, rows, partial_update=True)  # these fields only: the vectors are kept
 
     def _search(self, queries, k, knobs):
         ef = max(int(knobs.get("ef_search") or k), k)

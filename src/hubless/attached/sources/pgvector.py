@@ -23,6 +23,7 @@ class PgvectorSource(Source):
     ``hnsw.ef_search``, ``nprobe`` ``ivfflat.probes``)."""
 
     kind = "postgresql"
+    payload_writes = True
     schemes = ("postgresql", "postgres")
     uri_form = "postgresql://user@host:port/db/table"
     knobs = {"ef_search": "HNSW candidates kept per query (hnsw.ef_search)", "nprobe": "IVFFlat lists probed (ivfflat.probes)"}
@@ -115,6 +116,19 @@ class PgvectorSource(Source):
         keep = [n for n, name in enumerate(names) if name not in (self.id_field, self.vector_field)]
         at = names.index(self.id_field)
         return {int(row[at]): {names[n]: row[n] for n in keep} for row in rows}
+
+    def _add_payload_fields(self, fields):
+        for name in fields:
+            self.conn.execute(f'ALTER TABLE {self._t()} ADD COLUMN IF NOT EXISTS "{name}" real')
+
+    def _write_payload(self, ids, values, fields):
+        sets = ", ".join(f'"{f}" = v."{f}"' for f in fields)
+        columns = ", ".join(f'"{f}"' for f in fields)
+        arrays = ", ".join(["%s::bigint[]", *["%s::real[]"] * len(fields)])
+        self.conn.execute(
+            f"UPDATE {self._t()} AS t SET {sets} FROM unnest({arrays}) AS v(id, {columns}) WHERE t.{self.id_field} = v.id",
+            (ids.tolist(), *[values[:, c].tolist() for c in range(len(fields))]),
+        )
 
     def _search(self, queries, k, knobs):
         from hubless.export.pgvector_store import vector_text

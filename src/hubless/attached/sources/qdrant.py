@@ -29,6 +29,8 @@ class _QdrantPoints(Source):
     """What both Qdrant sources (a server's collection, an in-process shard) read alike: pages of
     points (``_pages``, each source's own call) turned into integer ids and vectors."""
 
+    payload_writes = True
+
     #: "collection" or "shard", in messages.
     holder = "collection"
     #: The vectors' dimension, read when the source opens.
@@ -132,6 +134,14 @@ class QdrantSource(_QdrantPoints):
         records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=True, with_vectors=False)
         return {int(r.id): dict(r.payload or {}) for r in records}
 
+    def _write_payload(self, ids, values, fields):
+        models = self.models
+        operations = [
+            models.SetPayloadOperation(set_payload=models.SetPayload(payload=dict(zip(fields, row)), points=[int(i)]))
+            for i, row in zip(ids.tolist(), values.tolist())
+        ]
+        self.client.batch_update_points(self.collection, update_operations=operations)  # one request per batch
+
     def _search(self, queries, k, knobs):
         models = self.models
         exact = bool(knobs.get("exact", False))
@@ -233,6 +243,12 @@ class QdrantEdgeSource(_QdrantPoints):
     def _payloads(self, ids):
         records = self.shard.retrieve([int(i) for i in ids.tolist()], True, False)
         return {int(r.id): dict(r.payload or {}) for r in records}
+
+    def _write_payload(self, ids, values, fields):
+        qd = self.qd
+        for i, row in zip(ids.tolist(), values.tolist()):
+            self.shard.update(qd.UpdateOperation.set_payload([int(i)], dict(zip(fields, row))))  # merged into the point's payload
+        self.shard.flush()
 
     def _search(self, queries, k, knobs):
         qd = self.qd
