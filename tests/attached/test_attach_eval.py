@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from hubless.attached import AttachedCollection, attach, read_sidecar, update
 from hubless.attached.certified import recall_at_k
 from hubless.cli.main import app
+from hubless.search import Searcher
 from tests.attached.test_attach import D, brute_force_nnn, exact_top, hub_prone
 
 SPEC = "nnn:alpha=0.75,k=8"
@@ -80,6 +81,8 @@ def test_a_sidecar_finds_its_collection_from_its_own_folder(hnsw_file, tmp_path,
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # the server's working folder is not the one attach ran in
     np.testing.assert_array_equal(AttachedCollection.from_sidecar(tmp_path / "side").search(queries, 5)[1], want)
+    served = Searcher({"mine": tmp_path / "side"}).search("mine", embeddings=queries, top_k=5)  # as hubless serve opens it
+    np.testing.assert_array_equal(served.ids, want)
     # moved together: found beside the sidecar, not at the old absolute path
     moved = tmp_path / "moved"
     moved.mkdir()
