@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from hubless.attached import AttachedCollection, attach, read_sidecar, update
 from hubless.attached.certified import recall_at_k
+from hubless.attached.sources.base import open_source
 from hubless.cli.main import app
 from hubless.search import Searcher
 from tests.attached.test_attach import D, brute_force_nnn, exact_top, hub_prone
@@ -75,6 +76,7 @@ def test_a_sidecar_finds_its_collection_from_its_own_folder(hnsw_file, tmp_path,
     monkeypatch.chdir(tmp_path)
     attach("c.faiss", bank, SPEC, out="side")  # a relative path, from the working folder
     source = read_sidecar(tmp_path / "side").info["source"]
+    assert open_source(f"faiss://{path}").count() == open_source("c.faiss").count() == 400  # faiss:// names the same file
     assert source["uri"] == "c.faiss" and source["location_from_sidecar"] == os.path.join("..", "c.faiss")
     want = AttachedCollection.from_sidecar(tmp_path / "side").search(queries, 5)[1]
     elsewhere = tmp_path / "elsewhere"

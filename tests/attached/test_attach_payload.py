@@ -125,3 +125,7 @@ def test_stores_that_cannot_are_refused_before_anything_is_read(tmp_path):
         ],
     )
     assert result.exit_code == 0 and "payload field hb of 50 items" in result.output, result.output
+    result = CliRunner().invoke(
+        app, ["attach", coll.uri, "--query-bank", str(tmp_path / "bank.npy"), "--out", str(tmp_path / "s3"), "--update", "--write-payload"]
+    )
+    assert result.exit_code == 2 and "goes with attaching" in result.output

@@ -61,6 +61,10 @@ def attach_command(
     options = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("metric", metric)) if v is not None}
     if update and search is not None:
         raise InvalidInput("give --update or --search, not both")
+    if write_payload and (update or search is not None):
+        raise InvalidInput(
+            "--write-payload goes with attaching: --update keeps the field an attach wrote in step, --search reads the sidecar"
+        )
     if search is not None:
         attached = AttachedCollection.open(source, out, **options)
         queries = load_array(search)
