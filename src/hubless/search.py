@@ -169,11 +169,9 @@ class AttachedIndex:
     def open(cls, sidecar) -> AttachedIndex:
         """The collection named in sidecar directory ``sidecar``, checked against its
         fingerprint (:class:`~hubless.errors.Conflict` when it changed since)."""
-        from hubless.attached import AttachedCollection, read_sidecar
+        from hubless.attached import AttachedCollection
 
-        found = read_sidecar(sidecar)
-        source = found.info["source"]
-        return cls(AttachedCollection(_open_source(source["uri"], source.get("options", {})), found), Path(sidecar))
+        return cls(AttachedCollection.from_sidecar(sidecar), Path(sidecar))
 
     def snapshot(self) -> AttachedIndex:
         return self
@@ -247,12 +245,6 @@ class AttachedIndex:
         )
 
     add = remove = delete = update_metadata = add_bank = restore = _refuse
-
-
-def _open_source(uri: str, options: dict):
-    from hubless.attached import open_source
-
-    return open_source(uri, **options)
 
 
 def _attached(value) -> AttachedIndex | None:

@@ -428,12 +428,12 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
 
 @pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)
 def test_queries_answered_in_blocks_equal_one_block(collection, data, tmp_path, monkeypatch):
-    from hubless.attached import core
+    from hubless.attached import certified
 
     uri = collection.create(data["x"], data["ids"])
     attached = attach(uri, data["bank"], "dis:beta=15.0", out=tmp_path / "side")
     whole = attached.search_certified(data["queries"], 10)
-    monkeypatch.setattr(core, "ANSWER_ELEMENTS", 200)  # a few queries per round
+    monkeypatch.setattr(certified, "ANSWER_ELEMENTS", 200)  # a few queries per round
     blocks = attached.search_certified(data["queries"], 10)
     np.testing.assert_array_equal(blocks.ids, whole.ids)
     np.testing.assert_array_equal(blocks.scores, whole.scores)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hubless.attached import AttachedCollection, attach
-from hubless.attached.core import recall_at_k
+from hubless.attached.certified import recall_at_k
 from hubless.errors import Conflict, InvalidInput
 from hubless.search import AttachedIndex, Searcher
 from tests.attached.test_attach import Collection, hub_prone
@@ -127,3 +127,25 @@ def test_a_served_sidecar_reopens_its_collection_with_the_options_it_was_attache
     want = attached.search_certified(queries, 4, metadata=True)
     np.testing.assert_array_equal(result.ids, want.ids)
     assert [result.metadata[int(i)]["tag"] for i in want.ids[0]] == [f"t{i}" for i in want.ids[0]]
+
+
+@pytest.mark.parametrize("attached", ["faiss-flat"], indirect=True)
+def test_the_hubness_panel_counts_attached_searches_and_says_it_has_no_bank(attached):
+    side, queries, _ = attached
+    want = AttachedCollection.from_sidecar(side).search(queries, 3)[1]
+    with TestClient(base_url="http://localhost", app=create_app({"mine": side})) as c:
+        assert c.get("/hubness/mine").json()["served"]["queries"] == 0
+        assert c.post("/search", json={"index": "mine", "embeddings": queries.tolist(), "top_k": 3}).status_code == 200
+        c.post(
+            "/search/binary?index=mine&top_k=3",
+            content=queries[:2].astype("<f4").tobytes(),
+            headers={"content-type": "application/octet-stream"},
+        )
+        body = c.get("/hubness/mine").json()
+    assert body["n_bank_queries"] == 0 and "attached collection" in body["note"] and "saved without" not in body["note"]
+    served = body["served"]
+    assert served["queries"] == len(queries) + 2
+    first = np.concatenate([want[:, 0], want[:2, 0]])  # N_1 of what was served: the attached answers' top hits
+    top_id, top_count = np.unique(first, return_counts=True)
+    assert served["n1_max"] == top_count.max() and served["hubs"][0]["n1"] == top_count.max()
+    assert served["hubs"][0]["id"] in top_id[top_count == top_count.max()].tolist()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +36,16 @@ from hubless._io import current_dir
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
 
-__all__ = ["FORMAT_VERSION", "Sidecar", "array_fingerprint", "is_sidecar", "read_sidecar", "write_sidecar"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Sidecar",
+    "array_fingerprint",
+    "is_sidecar",
+    "read_sidecar",
+    "source_address",
+    "source_location",
+    "write_sidecar",
+]
 
 FORMAT_VERSION = 1
 
@@ -146,3 +156,29 @@ def _read_version(folder: Path, version: Path) -> Sidecar:
     if ids.shape[0] != bias.shape[0] or bias.ndim != 2:
         raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but bias rows of shape {bias.shape}")
     return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors)
+
+
+def source_location(sidecar: Sidecar) -> Path | None:
+    """Where the local collection (a file or folder) ``sidecar`` is attached to is now: first at
+    its path relative to the sidecar folder (recorded at attach: a sidecar moved together with
+    its collection finds it), then at the absolute path recorded; None when neither exists (or
+    the collection is a server's)."""
+    source = sidecar.info["source"]
+    candidates = []
+    if sidecar.path is not None and source.get("location_from_sidecar"):
+        candidates.append(Path(os.path.normpath(Path(sidecar.path).absolute() / source["location_from_sidecar"])))
+    if source.get("location"):
+        candidates.append(Path(source["location"]))
+    return next((location for location in candidates if location.exists()), None)
+
+
+def source_address(sidecar: Sidecar) -> str:
+    """The address of the collection ``sidecar`` is attached to, as this process can open it: a
+    local collection where :func:`source_location` finds it, else the address given to
+    ``attach`` (a sidecar written before hubless recorded the location: a relative path then
+    reads from the working folder)."""
+    from hubless.attached.sources.base import relocate
+
+    uri = str(sidecar.info["source"]["uri"])
+    location = source_location(sidecar)
+    return uri if location is None else relocate(uri, location)

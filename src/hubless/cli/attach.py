@@ -43,6 +43,15 @@ def attach_command(
     ),
     metric: str = typer.Option(None, help="LanceDB, pgvector: dot (default) or cosine."),
     batch: int = typer.Option(8192, help="Items read per batch."),
+    write_payload: bool = typer.Option(
+        False,
+        "--write-payload",
+        help="Also write each item's bias into the collection as a payload field / column (LanceDB, Qdrant, pgvector, Chroma, "
+        "Milvus; no vector re-inserted); --update keeps it in step. A FAISS file has no payload: refused.",
+    ),
+    payload_field: str = typer.Option(
+        "hubless_bias", help="With --write-payload: the field's name (name_0, name_1, ... for several columns)."
+    ),
 ) -> None:
     """Attach a correction to a collection you already have (only read; a sidecar is written)."""
     from hubless.attached import AttachedCollection, attach
@@ -52,6 +61,10 @@ def attach_command(
     options = {k: v for k, v in (("id_field", id_field), ("vector_field", vector_field), ("metric", metric)) if v is not None}
     if update and search is not None:
         raise InvalidInput("give --update or --search, not both")
+    if write_payload and (update or search is not None):
+        raise InvalidInput(
+            "--write-payload goes with attaching: --update keeps the field an attach wrote in step, --search reads the sidecar"
+        )
     if search is not None:
         attached = AttachedCollection.open(source, out, **options)
         queries = load_array(search)
@@ -76,7 +89,7 @@ def attach_command(
             )
         typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
         if exact:
-            from hubless.attached.core import recall_at_k
+            from hubless.attached.certified import recall_at_k
 
             want = (attached.exact_search(queries, top_k) if weight is None else attached.exact_search(queries, top_k, weight=weight))[1]
             typer.echo(f"recall@{top_k} against exact corrected search: {recall_at_k(result.ids, want):.4f}", err=True)
@@ -93,7 +106,16 @@ def attach_command(
         )
         if report["refit"]:
             typer.echo(f"refit: {report['refit']}")
+        if report["payload_items"]:
+            typer.echo(f"wrote the bias into the payload of {report['payload_items']} items")
         return
-    attached = attach(source, qb, method, out=out, gallery_bank=gb, batch=batch, **options)
+    attached = attach(
+        source, qb, method, out=out, gallery_bank=gb, batch=batch, write_payload=payload_field if write_payload else False, **options
+    )
     done = attached.sidecar.info["attached"]
     typer.echo(f"attached {attached.spec} to {source}: {attached.ntotal} items read in {done['seconds']} s; sidecar {out}")
+    written = attached.sidecar.info.get("payload")
+    if written:
+        typer.echo(
+            f"wrote the bias into payload field {', '.join(written['fields'])} of {written['items']} items in {written['seconds']} s"
+        )

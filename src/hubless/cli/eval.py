@@ -31,7 +31,7 @@ def eval_command(
     gallery: Path = typer.Option(None, help="Gallery embeddings (.npy, or .npz / file.npz:KEY), one row per item."),
     queries: Path = typer.Option(None, help="Test query embeddings, same dimension."),
     truth: str = typer.Option(
-        ..., help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."
+        None, help="Relevant gallery ids per query: .npy (ids, or -1-padded rows), .json, or a layout: t2i:5 / i2t:5."
     ),
     query_bank: list[str] = typer.Option(
         None,
@@ -74,12 +74,39 @@ def eval_command(
     gallery_bank_scores: Path = typer.Option(None, help="With --scores: gallery bank x gallery scores (DualIS/DualDIS)."),
     query_mask: Path = typer.Option(None, help="With --scores: " + MASK_HELP),
     transpose: bool = typer.Option(False, "--transpose", help="With --scores: " + TRANSPOSE_HELP),
+    attached: Path = typer.Option(
+        None, help="Instead of embeddings and a truth: an attached collection's sidecar (hubless attach), measured against exact search."
+    ),
+    candidates: int = typer.Option(None, help="With --attached: the first k' plain candidates per query (default 8 x k)."),
+    max_candidates: int = typer.Option(None, help="With --attached: the largest k' an uncertified query is widened to."),
+    nprobe: int = typer.Option(None, help="With --attached: IVF partitions the store probes (FAISS IVF, LanceDB)."),
+    ef_search: int = typer.Option(None, help="With --attached: the store's HNSW beam (FAISS HNSW, Qdrant, pgvector, Milvus)."),
+    weight: float = typer.Option(None, help="With --attached: the correction's weight (NNN's alpha, DN's lambda)."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Fit each correction on the banks, rank the queries and report R@K, MdR, MnR, MRR, mAP@R,
     bootstrap CIs, the change vs the baseline and hubness. The baseline is always included.
-    With --scores, the same from score matrices (docs/score-matrices.md)."""
+    With --scores, the same from score matrices (docs/score-matrices.md); with --attached, an
+    attached collection's search against exact search (docs/attach.md)."""
+    if attached is not None:
+        from hubless.cli.eval_attached import eval_attached, refuse_for_attached
+
+        refuse_for_attached({"--gallery": gallery, "--truth": truth, "--query-bank": query_bank, "--gallery-bank": gallery_bank,
+                             "--scores": scores, "--distractors": distractors, "--rerank": rerank, "--report": report, "--eccv": eccv})  # fmt: skip
+        return eval_attached(attached, queries, ks, candidates=candidates, max_candidates=max_candidates, nprobe=nprobe,
+                             ef_search=ef_search, weight=weight, out=out, overwrite=overwrite)  # fmt: skip
+    attached_only = {
+        "--candidates": candidates,
+        "--max-candidates": max_candidates,
+        "--nprobe": nprobe,
+        "--ef-search": ef_search,
+        "--weight": weight,
+    }
+    if any(v is not None for v in attached_only.values()):
+        raise InvalidInput(f"{', '.join(k for k, v in attached_only.items() if v is not None)} only apply with --attached")
+    if truth is None:
+        raise typer.BadParameter("give --truth (the relevant gallery ids per query), or --attached SIDECAR")
 
     if scores is not None:
         refuse_embeddings({"--gallery": gallery, "--queries": queries, "--query-bank": query_bank, "--gallery-bank": gallery_bank,

@@ -23,8 +23,15 @@ def bank_hubness(s) -> dict:
     if cached is not None and cached[0] is index:
         return cached[1]
     from hubless.metrics.hubness import kurtosis, skewness
+    from hubless.search import AttachedIndex
 
     bank = index.query_bank
+    if isinstance(index, AttachedIndex):
+        note = (
+            "an attached collection: its sidecar keeps the query bank's fingerprint, not the bank, so there are no bank-based "
+            "figures; 'served' counts the answers of its certified searches"
+        )
+        return {"index": s.name, "n_bank_queries": 0, "note": note}
     if bank is None:
         return {"index": s.name, "n_bank_queries": 0, "note": "the index was saved without its query bank: no bank-based figures"}
     if bank.shape[0] > HUBNESS_SAMPLE:

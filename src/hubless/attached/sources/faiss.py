@@ -1,0 +1,153 @@
+"""A FAISS index file as an attached collection: ``path/to/index.faiss`` (any FAISS index with the
+inner-product metric; an ``IndexIDMap`` / ``IndexIDMap2`` gives the user's ids, else ids are the
+positions): vectors by ``reconstruct_n`` over the inner index, search with ``nprobe`` (IVF) /
+``ef_search`` (HNSW; default the larger of the index's own and 2 k': a beam as long as the list
+asked for finds its last entries poorly); the file is read again when it is rewritten. A FAISS
+file keeps no payload: :meth:`FaissSource.write_payload` refuses, naming the sidecar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hubless.attached.sources.base import BATCH, SOURCES, Source
+from hubless.errors import InvalidInput, MissingFile, optional_import
+
+__all__ = ["FaissSource"]
+
+
+@SOURCES.register
+class FaissSource(Source):
+    """A FAISS index file (see the module docstring)."""
+
+    kind = "faiss"
+    schemes = ("faiss",)
+    uri_form = "a FAISS index file (its path, or faiss://path)"
+    knobs = {"nprobe": "IVF partitions probed per query", "ef_search": "HNSW candidates kept per query"}
+
+    def __init__(self, uri: str, *, index=None) -> None:
+        super().__init__(uri)
+        self._faiss = optional_import("faiss", "attaching to a FAISS index", "faiss", "faiss-cpu")
+        self.path = None if index is not None else Path(uri.removeprefix("faiss://"))
+        self.local = self.path
+        self._stamp: tuple[int, int] | None = None
+        if index is None:
+            index = self._read()
+        self._load(index)
+
+    def _read(self):
+        assert self.path is not None  # only a source read from a file is read again
+        if not self.path.is_file():
+            raise MissingFile(f"no FAISS index file {self.uri}")
+        stat = self.path.stat()
+        try:
+            index = self._faiss.read_index(str(self.path))
+        except RuntimeError as exc:
+            raise InvalidInput(f"{self.uri} is not a FAISS index: {str(exc).splitlines()[0]}") from None
+        self._stamp = (stat.st_mtime_ns, stat.st_size)
+        return index
+
+    def _fresh(self) -> None:
+        """Read the file again when it was rewritten since (the collection changed)."""
+        if self.path is None:
+            return
+        try:
+            stat = self.path.stat()
+        except OSError:
+            raise MissingFile(f"the FAISS index file {self.uri} is gone") from None
+        if (stat.st_mtime_ns, stat.st_size) != self._stamp:
+            self._load(self._read())
+
+    def _load(self, index) -> None:
+        faiss = self._faiss
+        uri = self.uri
+        self._owner = index  # owns the C++ index: the downcast wrapper below does not
+        self.index = faiss.downcast_index(index)
+        if self.index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise InvalidInput(
+                f"FAISS index {uri} ranks by L2 distance: a correction attaches to an inner-product index (METRIC_INNER_PRODUCT)"
+            )
+        if hasattr(self.index, "id_map"):  # IndexIDMap / IndexIDMap2: the user's ids
+            self.inner = faiss.downcast_index(self.index.index)
+            self._ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+        else:
+            self.inner = self.index
+            self._ids = None
+        ivf = faiss.try_extract_index_ivf(self.inner)
+        if ivf is not None:  # vectors by position (reconstruct_n / reconstruct_batch) need IVF's direct map
+            try:
+                ivf.make_direct_map()
+            except RuntimeError:
+                raise InvalidInput(
+                    f"FAISS index {uri}: its IVF lists hold non-sequential ids (an IVF with ids of its own, or items removed "
+                    "from an IndexIDMap over an IVF, which FAISS does not renumber): wrap a freshly built IVF in IndexIDMap2"
+                ) from None
+        self._order: np.ndarray | None = None
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    def count(self) -> int:
+        self._fresh()
+        return int(self.index.ntotal)
+
+    def _ids_of(self, lo: int, hi: int) -> np.ndarray:
+        return np.arange(lo, hi, dtype=np.int64) if self._ids is None else self._ids[lo:hi]
+
+    def scan(self, batch: int = BATCH):
+        n = self.count()
+        for lo in range(0, n, batch):
+            hi = min(n, lo + batch)
+            vectors = self._reconstruct(lo, hi)
+            self._count(hi - lo, vectors.size)
+            yield self._ids_of(lo, hi), vectors
+
+    def _reconstruct(self, lo: int, hi: int) -> np.ndarray:
+        return np.asarray(self.inner.reconstruct_n(lo, hi - lo), np.float32)
+
+    def scan_ids(self, batch: int = BATCH):
+        n = self.count()
+        for lo in range(0, n, batch):
+            hi = min(n, lo + batch)
+            self._count(hi - lo)
+            yield self._ids_of(lo, hi)
+
+    def _fetch(self, ids):
+        self._fresh()
+        if self._ids is None:
+            hit = (ids >= 0) & (ids < self.count())
+            found, positions = ids[hit], ids[hit]
+        else:
+            if self._order is None:
+                self._order = np.argsort(self._ids, kind="stable")
+            sorted_ids = self._ids[self._order]
+            pos = np.minimum(np.searchsorted(sorted_ids, ids), max(sorted_ids.size - 1, 0))
+            hit = (sorted_ids[pos] == ids) if sorted_ids.size else np.zeros(ids.shape, bool)
+            found, positions = ids[hit], self._order[pos[hit]]
+        vectors = np.asarray(self.inner.reconstruct_batch(np.ascontiguousarray(positions, np.int64)), np.float32)
+        vectors = vectors.reshape(found.size, self.dim)
+        self._count(found.size, vectors.size)
+        return found, vectors
+
+    def _search(self, queries, k, knobs):
+        faiss = self._faiss
+        params = None
+        ef, nprobe = knobs.get("ef_search"), knobs.get("nprobe")
+        if ef is None and isinstance(self.inner, faiss.IndexHNSW):
+            # a list as long as the beam is poor at its end: at least twice k' (the index's own when larger)
+            ef = max(int(self.inner.hnsw.efSearch), 2 * k)
+        if ef is not None and isinstance(self.inner, faiss.IndexHNSW):
+            params = faiss.SearchParametersHNSW(efSearch=int(ef))
+        elif nprobe is not None and faiss.try_extract_index_ivf(self.inner) is not None:
+            params = faiss.SearchParametersIVF(nprobe=int(nprobe))
+        k_eff = min(k, self.count())
+        scores = np.full((len(queries), k), -np.inf, np.float32)
+        ids = np.full((len(queries), k), -1, np.int64)
+        if k_eff:
+            d, i = self.inner.search(queries, k_eff, params=params) if params is not None else self.inner.search(queries, k_eff)
+            found = i >= 0
+            scores[:, :k_eff] = np.where(found, d, -np.inf)
+            ids[:, :k_eff] = np.where(found, self._ids_of(0, self.count())[np.maximum(i, 0)] if self._ids is not None else i, -1)
+        return scores, ids

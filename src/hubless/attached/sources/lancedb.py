@@ -1,0 +1,144 @@
+"""A LanceDB table as an attached collection: ``lancedb://dir/table``, columns ``id`` and
+``vector`` (``id_field=`` / ``vector_field=`` to name others), scanned in record batches,
+searched with LanceDB's dot (or ``metric="cosine"``) distance turned back into a similarity
+(1 - distance)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hubless.attached.sources.base import BATCH, SOURCES, Source
+from hubless.errors import InvalidInput, NotFound, optional_import
+
+__all__ = ["LanceSource"]
+
+
+@SOURCES.register
+class LanceSource(Source):
+    """A LanceDB table (see the module docstring)."""
+
+    kind = "lancedb"
+    payload_writes = True
+    schemes = ("lancedb",)
+    uri_form = "lancedb://path/table"
+    knobs = {"nprobe": "IVF partitions probed per query", "refine_factor": "candidates re-scored exactly, x k"}
+
+    def __init__(self, uri: str, *, id_field: str = "id", vector_field: str = "vector", metric: str = "dot") -> None:
+        super().__init__(uri)
+        from hubless.export.base import split_location
+
+        lancedb = optional_import("lancedb", "attaching to LanceDB", "lancedb", "lancedb")
+        location, table = split_location(uri, "lancedb", "lancedb://path/table")
+        self.local = Path(location)
+        if metric not in ("dot", "cosine"):
+            raise InvalidInput(f"metric must be 'dot' or 'cosine' (an inner product) for an attached LanceDB table; got {metric!r}")
+        if not Path(location).is_dir():
+            raise NotFound(f"no LanceDB database at {location}")
+        db = lancedb.connect(location)
+        try:
+            self.table = db.open_table(table)
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
+            raise NotFound(f"no table {table!r} in LanceDB database {location}: {exc}") from None
+        names = self.table.schema.names
+        for name in (id_field, vector_field):
+            if name not in names:
+                raise InvalidInput(
+                    f"LanceDB table {uri} has no column {name!r} (columns: {', '.join(names)}); name it with id_field= / vector_field="
+                )
+        self.id_field, self.vector_field, self.metric = id_field, vector_field, metric
+        self.cosine = metric == "cosine"
+        self._dim = int(self.table.schema.field(vector_field).type.list_size)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def count(self) -> int:
+        self.table.checkout_latest()  # the collection's latest version (writers add versions)
+        return int(self.table.count_rows())
+
+    def _batches(self, columns: list[str], batch: int, where: str | None = None):
+        self.table.checkout_latest()
+        query = self.table.search().select(columns).limit(None)
+        if where is not None:
+            query = query.where(where)
+        yield from query.to_batches(batch)
+
+    def _vectors(self, column) -> np.ndarray:
+        import pyarrow as pa
+
+        flat = column.flatten() if isinstance(column, (pa.FixedSizeListArray, pa.ListArray)) else column.combine_chunks().flatten()
+        return np.asarray(flat.to_numpy(zero_copy_only=False), np.float32).reshape(len(column), self._dim)
+
+    def scan(self, batch: int = BATCH):
+        for part in self._batches([self.id_field, self.vector_field], batch):
+            ids = part.column(0).to_numpy().astype(np.int64)
+            vectors = self._vectors(part.column(1))
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+
+    def scan_ids(self, batch: int = BATCH):
+        for part in self._batches([self.id_field], batch):
+            ids = part.column(0).to_numpy().astype(np.int64)
+            self._count(ids.size)
+            yield ids
+
+    def _fetch(self, ids):
+        where = f"{self.id_field} IN ({', '.join(str(int(i)) for i in ids.tolist())})"
+        got, parts = [], []
+        for part in self._batches([self.id_field, self.vector_field], max(ids.size, 1), where):
+            got.append(part.column(0).to_numpy().astype(np.int64))
+            parts.append(self._vectors(part.column(1)))
+        found = np.concatenate(got) if got else np.zeros(0, np.int64)
+        vectors = np.concatenate(parts) if parts else np.zeros((0, self._dim), np.float32)
+        self._count(found.size, vectors.size)
+        return found, vectors
+
+    def _payloads(self, ids):
+        columns = [c for c in self.table.schema.names if c not in (self.id_field, self.vector_field)]
+        if not columns:
+            return {}
+        where = f"{self.id_field} IN ({', '.join(str(int(i)) for i in ids.tolist())})"
+        data = self.table.search().where(where).select([self.id_field, *columns]).limit(None).to_arrow()
+        keys = data[self.id_field].to_pylist()
+        values = {c: data[c].to_pylist() for c in columns}
+        return {int(key): {c: values[c][n] for c in columns} for n, key in enumerate(keys)}
+
+    def _add_payload_fields(self, fields):
+        import pyarrow as pa
+
+        self.table.checkout_latest()
+        schema = self.table.schema
+        for name in fields:
+            if name not in schema.names:
+                self.table.add_columns({name: "CAST(NULL AS FLOAT)"})  # a new column, no row rewritten
+            elif not pa.types.is_floating(schema.field(name).type):
+                raise InvalidInput(f"LanceDB table {self.uri} has a column {name!r} of type {schema.field(name).type}, not a float")
+
+    def _write_payload(self, ids, values, fields):
+        import pyarrow as pa
+
+        columns = {self.id_field: pa.array(ids, pa.int64()), **{f: pa.array(values[:, c], pa.float32()) for c, f in enumerate(fields)}}
+        self.table.merge_insert(self.id_field).when_matched_update_all().execute(pa.table(columns))  # these columns only
+
+    def _search(self, queries, k, knobs):
+        search = self.table.search(queries, vector_column_name=self.vector_field).distance_type(self.metric).limit(k)
+        if knobs.get("nprobe") is not None:
+            search = search.nprobes(int(knobs["nprobe"]))
+        if knobs.get("refine_factor") is not None:
+            search = search.refine_factor(int(knobs["refine_factor"]))
+        res = search.select([self.id_field, "_distance"]).to_arrow()
+        which = res["query_index"].to_numpy() if "query_index" in res.column_names else np.zeros(res.num_rows, np.int64)
+        found = res[self.id_field].to_numpy().astype(np.int64)
+        sims = 1.0 - res["_distance"].to_numpy().astype(np.float64)
+        order = np.lexsort((found, -sims, which))
+        which, found, sims = which[order], found[order], sims[order]
+        slot = np.arange(order.size) - np.searchsorted(which, which)
+        scores = np.full((len(queries), k), -np.inf, np.float32)
+        ids = np.full((len(queries), k), -1, np.int64)
+        keep = slot < k
+        scores[which[keep], slot[keep]] = sims[keep]
+        ids[which[keep], slot[keep]] = found[keep]
+        return scores, ids

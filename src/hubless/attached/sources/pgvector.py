@@ -1,0 +1,154 @@
+"""A PostgreSQL table with a pgvector column as an attached collection
+(:class:`PgvectorSource`)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits
+from hubless.errors import InvalidInput, NotFound
+
+__all__ = ["PgvectorSource"]
+
+
+@SOURCES.register
+class PgvectorSource(Source):
+    """A PostgreSQL table with a pgvector column: ``postgresql://user@host:port/db/table``,
+    columns ``id`` (an integer) and ``embedding`` (``id_field=`` / ``vector_field=`` to name
+    others). Scanned by id with a cursor (``WHERE id > last ORDER BY id LIMIT batch``, vectors by
+    binary COPY), searched with ``<#>`` (the negative inner product; ``metric="cosine"``: ``<=>``,
+    1 - distance) through the table's index when it has one (``ef_search`` sets
+    ``hnsw.ef_search``, ``nprobe`` ``ivfflat.probes``)."""
+
+    kind = "postgresql"
+    payload_writes = True
+    schemes = ("postgresql", "postgres")
+    uri_form = "postgresql://user@host:port/db/table"
+    knobs = {"ef_search": "HNSW candidates kept per query (hnsw.ef_search)", "nprobe": "IVFFlat lists probed (ivfflat.probes)"}
+
+    def __init__(self, uri: str, *, id_field: str = "id", vector_field: str = "embedding", metric: str = "dot") -> None:
+        super().__init__(uri)
+        from hubless.export.pgvector_store import PgvectorStore, connect
+
+        parsed = PgvectorStore.parse(uri)
+        for name in (id_field, vector_field):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
+                raise InvalidInput(f"column name {name!r}: use letters, digits and underscores")
+        if metric not in ("dot", "cosine"):
+            raise InvalidInput(f"metric must be 'dot' or 'cosine' (an inner product) for an attached pgvector table; got {metric!r}")
+        self.conn = connect(parsed.location, autocommit=True)
+        self.table, self.id_field, self.vector_field, self.metric = parsed.table, id_field, vector_field, metric
+        self.cosine = metric == "cosine"
+        row = self.conn.execute(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
+            (f'"{self.table}"', vector_field),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"no table {self.table!r} with a column {vector_field!r} in {parsed.location}")
+        match = re.fullmatch(r"vector\((\d+)\)", row[0])
+        if match is None:
+            raise InvalidInput(f"column {vector_field!r} of {self.table!r} is {row[0]}, not a pgvector vector(d)")
+        self._dim = int(match.group(1))
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _t(self) -> str:
+        return f'"{self.table}"'
+
+    def count(self) -> int:
+        return int(self.conn.execute(f"SELECT count(*) FROM {self._t()}").fetchone()[0])
+
+    def _copy(self, sql: str, params: tuple) -> tuple[np.ndarray, np.ndarray]:
+        from psycopg import sql as psql
+
+        with self.conn.cursor() as cur:
+            buffer = bytearray()
+            query = psql.SQL(sql).format(*[psql.Literal(p) for p in params])
+            with cur.copy(psql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
+                for chunk in copy:
+                    buffer += chunk
+        row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
+                        ("v", ">f4", (self._dim,))])  # fmt: skip
+        body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
+        return body["id"].astype(np.int64), body["v"].astype(np.float32)
+
+    def scan(self, batch: int = BATCH):
+        last = None
+        while True:
+            where = "" if last is None else f"WHERE {self.id_field} > {{}} "
+            sql = f"SELECT {self.id_field}::bigint, {self.vector_field} FROM {self._t()} {where}ORDER BY {self.id_field} LIMIT {{}}"
+            ids, vectors = self._copy(sql, (batch,) if last is None else (last, batch))
+            if ids.size == 0:
+                return
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+            last = int(ids[-1])
+
+    def scan_ids(self, batch: int = BATCH):
+        last = None
+        while True:
+            where = "" if last is None else f"WHERE {self.id_field} > %s "
+            params = (batch,) if last is None else (last, batch)
+            rows = self.conn.execute(f"SELECT {self.id_field} FROM {self._t()} {where}ORDER BY {self.id_field} LIMIT %s", params).fetchall()
+            if not rows:
+                return
+            ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+            self._count(ids.size)
+            yield ids
+            last = int(ids[-1])
+
+    def _fetch(self, ids):
+        found, vectors = self._copy(
+            f"SELECT {self.id_field}::bigint, {self.vector_field} FROM {self._t()} WHERE {self.id_field} = ANY({{}})", (ids.tolist(),)
+        )
+        self._count(found.size, vectors.size)
+        return found, vectors
+
+    def _payloads(self, ids):
+        with self.conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM {self._t()} WHERE {self.id_field} = ANY(%s)", (ids.tolist(),))
+            names = [d.name for d in cur.description or []]
+            rows = cur.fetchall()
+        keep = [n for n, name in enumerate(names) if name not in (self.id_field, self.vector_field)]
+        at = names.index(self.id_field)
+        return {int(row[at]): {names[n]: row[n] for n in keep} for row in rows}
+
+    def _add_payload_fields(self, fields):
+        for name in fields:
+            self.conn.execute(f'ALTER TABLE {self._t()} ADD COLUMN IF NOT EXISTS "{name}" real')
+
+    def _write_payload(self, ids, values, fields):
+        sets = ", ".join(f'"{f}" = v."{f}"' for f in fields)
+        columns = ", ".join(f'"{f}"' for f in fields)
+        arrays = ", ".join(["%s::bigint[]", *["%s::real[]"] * len(fields)])
+        self.conn.execute(
+            f"UPDATE {self._t()} AS t SET {sets} FROM unnest({arrays}) AS v(id, {columns}) WHERE t.{self.id_field} = v.id",
+            (ids.tolist(), *[values[:, c].tolist() for c in range(len(fields))]),
+        )
+
+    def _search(self, queries, k, knobs):
+        from hubless.export.pgvector_store import vector_text
+
+        op = "<#>" if self.metric == "dot" else "<=>"
+        sql = (
+            f"SELECT q.i, t.id, t.dist FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
+            f"(SELECT {self.id_field}::bigint AS id, {self.vector_field} {op} q.v AS dist FROM {self._t()} "
+            f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
+        )
+        with self.conn.transaction():
+            if knobs.get("ef_search") is not None:
+                self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
+            if knobs.get("nprobe") is not None:
+                self.conn.execute(f"SET LOCAL ivfflat.probes = {int(knobs['nprobe'])}")
+            result = self.conn.execute(sql, (vector_text(queries), k)).fetchall()
+        rows: list[list[tuple[float, int]]] = [[] for _ in range(len(queries))]
+        for qi, item, dist in result:
+            rows[qi - 1].append((-dist if op == "<#>" else 1.0 - dist, int(item)))
+        return pad_hits(rows, k)
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,267 @@
+"""Qdrant collections as attached collections, both read alike (pages of points with integer
+ids): ``qdrant+http://host:port/collection`` (and ``qdrant+https``), a collection of a Qdrant
+server (through ``qdrant-client``; its unnamed vector or ``vector_field=``; Dot or Cosine
+distance), and ``qdrant://dir/collection``, a shard of Qdrant's in-process engine
+(``qdrant-edge-py``) in the directory ``dir/collection`` (the engine lets one holder open a
+shard, so a process that holds it open passes its ``EdgeShard`` as ``shard=``). Both search with
+``hnsw_ef`` = ``ef_search``, by default :data:`QDRANT_EF_FACTOR` k'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits
+from hubless.errors import InvalidInput, NotFound, optional_import
+
+__all__ = ["QDRANT_EF_FACTOR", "QdrantEdgeSource", "QdrantSource"]
+
+#: Qdrant's default beam for k' candidates: this many times k'. Measured at 100k x 256 (hub-prone
+#: synthetic, Qdrant's default m 16, NNN): recall@10 of the attached search against exact
+#: corrected search 0.959 with 2 k', 0.972 with 4 k', next to 0.974 for Qdrant's own plain top 10
+#: (benchmarks/attach.py; docs/benchmarks/measured.md).
+QDRANT_EF_FACTOR = 4
+
+
+class _QdrantPoints(Source):
+    """What both Qdrant sources (a server's collection, an in-process shard) read alike: pages of
+    points (``_pages``, each source's own call) turned into integer ids and vectors."""
+
+    payload_writes = True
+
+    #: "collection" or "shard", in messages.
+    holder = "collection"
+    #: The vectors' dimension, read when the source opens.
+    _dim: int
+
+    def _pages(self, batch: int, with_vectors: bool):
+        raise NotImplementedError
+
+    def _vector(self, record) -> list[float]:
+        raise NotImplementedError
+
+    def _ids(self, records) -> np.ndarray:
+        ids = [r.id for r in records]
+        if any(not isinstance(i, int) for i in ids):
+            raise InvalidInput(f"Qdrant {self.holder} {self.uri} has UUID point ids: hubless attaches to integer ids")
+        return np.asarray(ids, np.int64)
+
+    def scan(self, batch: int = BATCH):
+        for records in self._pages(batch, True):
+            ids = self._ids(records)
+            vectors = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+            self._count(ids.size, vectors.size)
+            yield ids, vectors
+
+    def scan_ids(self, batch: int = BATCH):
+        for records in self._pages(batch, False):
+            ids = self._ids(records)
+            self._count(ids.size)
+            yield ids
+
+
+@SOURCES.register
+class QdrantSource(_QdrantPoints):
+    """A collection of a Qdrant server (see the module docstring)."""
+
+    kind = "qdrant"
+    schemes = ("qdrant+http", "qdrant+https")
+    uri_form = "qdrant+http://host:port/collection"
+    knobs = {"ef_search": "HNSW candidates kept per query (hnsw_ef)", "exact": "scan every point (true/false)"}
+
+    def __init__(self, uri: str, *, vector_field: str | None = None) -> None:
+        super().__init__(uri)
+        from hubless.export.base import parse_uri
+        from hubless.export.qdrant_server import connect, qdrant_models
+
+        parsed = parse_uri(uri)
+        self.models = qdrant_models()
+        self.client = connect(parsed.location)
+        self.collection = parsed.table
+        if not self.client.collection_exists(self.collection):
+            raise NotFound(f"no collection {self.collection!r} on the Qdrant server {parsed.location}")
+        vectors = self.client.get_collection(self.collection).config.params.vectors
+        if isinstance(vectors, dict):
+            if vector_field is None:
+                if len(vectors) != 1:
+                    raise InvalidInput(f"Qdrant collection {uri} has named vectors {', '.join(vectors)}: choose one with vector_field=")
+                vector_field = next(iter(vectors))
+            if vector_field not in vectors:
+                raise InvalidInput(f"Qdrant collection {uri} has no vector {vector_field!r} (it has {', '.join(vectors)})")
+            params = vectors[vector_field]
+        else:
+            if vector_field is not None:
+                raise InvalidInput(f"Qdrant collection {uri} has one unnamed vector: leave vector_field out")
+            params = vectors
+        distance = str(getattr(params.distance, "value", params.distance)).lower()
+        if distance not in ("dot", "cosine"):
+            raise InvalidInput(f"Qdrant collection {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
+        self.cosine = distance == "cosine"
+        self.vector_field, self._dim = vector_field, int(params.size)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def count(self) -> int:
+        return int(self.client.count(self.collection, exact=True).count)
+
+    def _vector(self, record) -> list[float]:
+        v = record.vector
+        return v[self.vector_field] if isinstance(v, dict) else v
+
+    def _pages(self, batch: int, with_vectors: bool):
+        offset = None
+        while True:
+            vectors: Any = ([self.vector_field] if self.vector_field else True) if with_vectors else False
+            records, offset = self.client.scroll(self.collection, limit=batch, offset=offset, with_payload=False, with_vectors=vectors)
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def _fetch(self, ids):
+        vectors: Any = [self.vector_field] if self.vector_field else True
+        records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=False, with_vectors=vectors)
+        found = self._ids(records) if records else np.zeros(0, np.int64)
+        out = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+        self._count(found.size, out.size)
+        return found, out
+
+    def _payloads(self, ids):
+        records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=True, with_vectors=False)
+        return {int(r.id): dict(r.payload or {}) for r in records}
+
+    def _write_payload(self, ids, values, fields):
+        models = self.models
+        operations = [
+            models.SetPayloadOperation(set_payload=models.SetPayload(payload=dict(zip(fields, row)), points=[int(i)]))
+            for i, row in zip(ids.tolist(), values.tolist())
+        ]
+        self.client.batch_update_points(self.collection, update_operations=operations)  # one request per batch
+
+    def _search(self, queries, k, knobs):
+        models = self.models
+        exact = bool(knobs.get("exact", False))
+        ef = knobs.get("ef_search")
+        params = models.SearchParams(exact=exact, hnsw_ef=QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k))
+        requests = [
+            models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, with_payload=False) for q in queries.tolist()
+        ]
+        answers = self.client.query_batch_points(self.collection, requests=requests)
+        return pad_hits([[(p.score, int(p.id)) for p in a.points] for a in answers], k)
+
+
+@SOURCES.register
+class QdrantEdgeSource(_QdrantPoints):
+    """A shard of Qdrant's in-process engine (``qdrant-edge-py``): ``qdrant://dir/collection`` is
+    the shard directory ``dir/collection`` (its ``edge_config.json`` gives the vectors' size and
+    distance). The engine serves one process at a time."""
+
+    holder = "shard"
+    kind = "qdrant"
+    schemes = ("qdrant",)
+    uri_form = "qdrant://path/collection (in process)"
+    knobs = {"ef_search": "HNSW candidates kept per query (hnsw_ef)", "exact": "scan every point (true/false)"}
+
+    def __init__(self, uri: str, *, vector_field: str | None = None, shard=None) -> None:
+        super().__init__(uri)
+        import json
+
+        from hubless.export.base import split_location
+
+        self.qd = optional_import("qdrant_edge", "attaching to Qdrant in process", "qdrant", "qdrant_edge")
+        location, name = split_location(uri, "qdrant", "qdrant://path/collection")
+        self.local = Path(location)
+        folder = Path(location) / name
+        try:
+            config = json.loads((folder / "edge_config.json").read_text())
+        except (OSError, ValueError):
+            hint = " (a collection hubless exported: search it with hubless search instead)" if (folder / "CURRENT").is_file() else ""
+            raise NotFound(f"no Qdrant in-process shard at {folder} (no edge_config.json){hint}") from None
+        vectors = config.get("vectors") or {}
+        if vector_field is None:
+            if len(vectors) != 1:
+                raise InvalidInput(f"Qdrant shard {uri} has vectors {', '.join(map(repr, vectors))}: choose one with vector_field=")
+            vector_field = next(iter(vectors))
+        if vector_field not in vectors:
+            raise InvalidInput(f"Qdrant shard {uri} has no vector {vector_field!r} (it has {', '.join(map(repr, vectors))})")
+        params = vectors[vector_field]
+        distance = str(params.get("distance", "")).lower()
+        if distance not in ("dot", "cosine"):
+            raise InvalidInput(f"Qdrant shard {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
+        self.cosine = distance == "cosine"
+        self.vector_field, self._dim = vector_field, int(params["size"])
+        self._owned = shard is None
+        if shard is not None:  # the process's own open shard (the engine lets one holder open it)
+            self.shard = shard
+            return
+        try:
+            self.shard = self.qd.EdgeShard.load(str(folder))
+        except Exception as exc:
+            from hubless.export.base import StoreUnavailable
+
+            raise StoreUnavailable(
+                f"cannot open the Qdrant shard {folder}: {exc} (Qdrant's in-process engine serves one process at a time)"
+            ) from None
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def count(self) -> int:
+        return int(self.shard.info().points_count)  # kept by the shard: no scan (an exact count reads every point)
+
+    def _vector(self, record) -> list[float]:
+        v = record.vector
+        return v[self.vector_field] if isinstance(v, dict) else v
+
+    def _with(self) -> Any:
+        return True if self.vector_field == "" else [self.vector_field]
+
+    def _pages(self, batch: int, with_vectors: bool):
+        offset = None
+        while True:
+            request = self.qd.ScrollRequest(
+                offset=offset, limit=batch, with_vector=self._with() if with_vectors else False, with_payload=False
+            )
+            records, offset = self.shard.scroll(request)
+            if records:
+                yield records
+            if offset is None:
+                return
+
+    def _fetch(self, ids):
+        records = self.shard.retrieve([int(i) for i in ids.tolist()], False, self._with())
+        found = self._ids(records) if records else np.zeros(0, np.int64)
+        out = np.asarray([self._vector(r) for r in records], np.float32).reshape(len(records), self._dim)
+        self._count(found.size, out.size)
+        return found, out
+
+    def _payloads(self, ids):
+        records = self.shard.retrieve([int(i) for i in ids.tolist()], True, False)
+        return {int(r.id): dict(r.payload or {}) for r in records}
+
+    def _write_payload(self, ids, values, fields):
+        qd = self.qd
+        for i, row in zip(ids.tolist(), values.tolist()):
+            self.shard.update(qd.UpdateOperation.set_payload([int(i)], dict(zip(fields, row))))  # merged into the point's payload
+        self.shard.flush()
+
+    def _search(self, queries, k, knobs):
+        qd = self.qd
+        ef = knobs.get("ef_search")
+        ef = QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k)  # a beam as long as the list finds its last entries poorly
+        params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=ef)
+        using = None if self.vector_field == "" else self.vector_field
+        requests = [
+            qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), with_payload=False, params=params) for q in queries.tolist()
+        ]
+        answers = self.shard.query_batch(qd.QueryBatchRequest(requests))
+        return pad_hits([[(p.score, int(p.id)) for p in hits] for hits in answers], k)
+
+    def close(self) -> None:
+        if self._owned:
+            self.shard.close()
