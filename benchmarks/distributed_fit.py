@@ -26,7 +26,9 @@ from _table import print_table  # noqa: E402
 
 import hubless  # noqa: E402
 import hubless.distributed as hd  # noqa: E402
-from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, compute_tile  # noqa: E402
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile  # noqa: E402
+from hubless.distributed.tile_compute import compute_tile  # noqa: E402
+from hubless.distributed.tile_merge import TileMerger  # noqa: E402
 
 METHOD = "nnn:alpha=0.75,k=16"
 

@@ -59,7 +59,8 @@ def _one_core():
 def stage_tile(ready, go, out, release, spec, gallery_dir, bank_dir, rows, pieces, work_file):
     _one_core()
     from hubless.corrections import make_correction
-    from hubless.distributed.plan import Tile, compute_tile_streamed
+    from hubless.distributed.plan import Tile
+    from hubless.distributed.tile_compute import compute_tile_streamed
     from hubless.io.sources import open_source
     from hubless.io.workfiles import save_arrays
 
@@ -104,7 +105,8 @@ def stage_part(ready, go, out, release, gallery_dir, bank_dir, rows, part_file):
 
 def stage_merge(ready, go, out, release, n_items, shard_rows):
     from hubless.corrections import make_correction
-    from hubless.distributed.plan import TileMerger, plan_tiles
+    from hubless.distributed.plan import plan_tiles
+    from hubless.distributed.tile_merge import TileMerger
     from hubless.engine.statistics import BankStatistics
 
     request = make_correction(NNN).statistics_request()

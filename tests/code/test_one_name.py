@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import hubless
 from hubless.cli.main import app
-from hubless.corrections.base import QuerySide
+from hubless.corrections.additive import QuerySide
 from hubless.errors import InvalidType, NotFittedError
 from tests.conftest import unit_rows
 

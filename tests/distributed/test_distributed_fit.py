@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 import hubless.distributed as hd
 from hubless.corrections import make_correction
-from hubless.distributed.plan import TileMerger, compute_tile, plan_tiles
+from hubless.distributed.plan import plan_tiles
+from hubless.distributed.tile_compute import compute_tile
+from hubless.distributed.tile_merge import TileMerger
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from hubless.io.sources import open_source
 from tests.conftest import unit_rows

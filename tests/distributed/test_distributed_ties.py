@@ -23,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hubless.corrections import make_correction
-from hubless.distributed.plan import TileMerger, compute_tile, compute_tile_streamed, plan_tiles, tile_span
+from hubless.distributed.plan import plan_tiles, tile_span
+from hubless.distributed.tile_compute import compute_tile, compute_tile_streamed
+from hubless.distributed.tile_merge import TileMerger
 from hubless.engine.statistics import StatisticsRequest, compute_statistics
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
 from tests.conftest import unit_rows

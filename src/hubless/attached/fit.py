@@ -4,7 +4,7 @@
 (:mod:`hubless.attached.sources`) and each batch's bank statistics are computed against the
 reference banks and turned into its bias columns at once (every bias of NNN, CSLS, IS, DN,
 DualIS and DIS/DualDIS is row-local: it reads the item and the banks only, see
-:meth:`~hubless.corrections.base.AdditiveCorrection.row_bias`), so one streamed pass fits the
+:meth:`~hubless.corrections.additive.AdditiveCorrection.row_bias`), so one streamed pass fits the
 correction with only the ids and biases kept (n x (8 + 4c) bytes). The gallery-wide statistics
 (DIS/DualDIS activation sets: each bank item's k_a nearest items; the collection's mean) are
 merged batch by batch (:func:`hubless.engine.merge.merge_topk_ids`). The result is a sidecar

@@ -6,6 +6,7 @@ Every message and table is printed with rich markup off: user content (paths, sp
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +26,20 @@ METHOD_HELP = (
     "Correction spec, repeatable, e.g. nnn:alpha=0.75,k=16 or is:beta=20 (`hubless methods` lists every method with its parameters)."
 )
 NORMALIZE_HELP = "L2-normalise every input so scores are cosine similarities, as in the papers (default on)."
+
+
+def parse_where(text: str | None) -> dict | None:
+    """``--where`` JSON as a dict (None when not given): the metadata filter of ``hubless search``,
+    ``index remove`` and ``index update-metadata``."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f'--where must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
+    if not isinstance(value, dict):
+        raise InvalidInput("--where must be a JSON object of metadata conditions")
+    return value
 
 
 def parse_ints(text: str, name: str) -> list[int]:

@@ -1,6 +1,6 @@
-"""``hubless index build|info|add|remove|update-metadata|get|compact|verify|calibrate|versions|restore``
-and ``hubless search``: serve a correction from FAISS, write to it live (stable ids, one segment per write), filter
-by metadata (and remove or update items by a filter)."""
+"""``hubless index build|info|add|remove|update-metadata|get|compact|verify|calibrate|versions|restore``:
+serve a correction from FAISS, write to it live (stable ids, one segment per write), remove or update
+items by id or by a metadata filter. ``hubless search`` is in :mod:`hubless.cli.search_command`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, warn_coverage, wide_console
+from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_where, warn_coverage, wide_console
 from hubless.errors import AlreadyExists, InvalidInput
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
@@ -306,6 +306,17 @@ def _print_calibration(result: dict) -> None:
     typer.echo(f"{result['param']} = {result['value']} {verdict} recall {result['recall']:.3f}")
 
 
+def _chosen_items(ids: str | None, where: str | None, what: str):
+    """The items a write acts on, given by exactly one of ``--ids`` (comma-separated or a
+    .npy/.txt file) and ``--where`` (a JSON metadata filter): ``(ids, None)`` or
+    ``(None, condition)``, both read before the index is opened."""
+    from hubless.inputs import read_ids
+
+    if (ids is None) == (where is None):
+        raise typer.BadParameter(f"give --ids or --where (the items to {what}), one of them")
+    return (None, parse_where(where)) if ids is None else (read_ids(ids), None)
+
+
 @app.command("remove")
 @friendly_errors
 def remove_command(
@@ -317,12 +328,8 @@ def remove_command(
 ) -> None:
     """Remove items by id (all or nothing: an unknown id removes none) or by a metadata filter; the other items' biases are kept."""
     from hubless.index import Index
-    from hubless.inputs import read_ids
 
-    if (ids is None) == (where is None):
-        raise typer.BadParameter("give --ids or --where (the items to remove), one of them")
-    item_ids = None if ids is None else read_ids(ids)
-    condition = _parse_where(where)
+    item_ids, condition = _chosen_items(ids, where, "remove")
     with Index.update(path, mmap=True) as index:
         removed = index.remove(item_ids) if condition is None else index.remove(where=condition)
     shown = "" if condition is None or not removed.size else f" (ids {_shown_ids(removed)})"
@@ -340,10 +347,8 @@ def update_metadata_command(
 ) -> None:
     """Set or unset metadata keys of items (by id or filter) without sending their embeddings again; types are checked as on add."""
     from hubless.index import Index
-    from hubless.inputs import read_ids
 
-    if (ids is None) == (where is None):
-        raise typer.BadParameter("give --ids or --where (the items to change), one of them")
+    item_ids, condition = _chosen_items(ids, where, "change")
     if set_ is None and not unset:
         raise typer.BadParameter("give --set and/or --unset (what to change)")
     values = None
@@ -354,9 +359,8 @@ def update_metadata_command(
             raise InvalidInput(f'--set must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
         if not isinstance(values, dict) or not values:
             raise InvalidInput("--set must be a non-empty JSON object of keys and values")
-    item_ids = None if ids is None else read_ids(ids)
     with Index.update(path, mmap=True) as index:
-        changed = index.update_metadata(item_ids, where=_parse_where(where), values=values, unset=list(unset or []) or None)
+        changed = index.update_metadata(item_ids, where=condition, values=values, unset=list(unset or []) or None)
     shown = f": ids {_shown_ids(changed)}" if changed.size else ""
     typer.echo(f"updated the metadata of {changed.size} items{shown}")
 
@@ -449,194 +453,3 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     else:
         faiss_text = "" if not result.get("faiss") else f"; FAISS {result['faiss']} searched"
         typer.echo(f"ok: {path}: {result['files']} files, {result['bytes']:,} bytes verified; {result['items']} items{faiss_text}")
-
-
-@friendly_errors
-def search_command(
-    path: str = typer.Argument(
-        ..., help="Index directory, or a store written by `hubless export` (lancedb://, postgresql://, qdrant://, qdrant+http://)."
-    ),
-    queries: Path = typer.Option(None, help="Query embeddings (.npy/.npz or a clip-retrieval folder)."),
-    text: list[str] = typer.Option(None, "--text", help="A text query (repeatable), encoded with the index's model (or --model)."),
-    texts: Path = typer.Option(None, help="Text queries, one per line (.txt) or a .json list, encoded with the index's model."),
-    image: list[Path] = typer.Option(None, "--image", help="An image file as query (repeatable), encoded with the index's model."),
-    model: str = typer.Option(
-        None, help="Model for --text/--texts/--image (default: the model the index records; must be the same model)."
-    ),
-    allow_model_mismatch: bool = typer.Option(
-        False, "--allow-model-mismatch", help="Encode queries with --model even though the index records another model."
-    ),
-    device: str = typer.Option(None, help="Device for --model: cpu, cuda, ... (default: CUDA when available)."),
-    top_k: int = typer.Option(10, help="Results per query."),
-    weight: float = typer.Option(None, help="The correction's weight for this search (NNN's alpha, DN's lambda); default: the index's."),
-    alpha: float = typer.Option(None, hidden=True, help="Deprecated name of --weight."),
-    nprobe: int = typer.Option(
-        None, help="IVF lists to visit (default: the index's; on a store with an IVF index, its partitions probed)."
-    ),
-    ef_search: int = typer.Option(None, help="HNSW search breadth (default: the index's; on a store with an HNSW index, its ef)."),
-    rescore: bool = typer.Option(None, "--rescore/--no-rescore", help="Exact re-scoring of ANN candidates (default: on for ANN indexes)."),
-    target_recall: float = typer.Option(None, help="On a store with an ANN index: the knob measured at export to reach this recall@10."),
-    where: str = typer.Option(
-        None, help='Metadata filter as JSON: {"split": "test", "year": {"gte": 2020}, "tag": {"in": ["a", "b"]}} (docs/live-index.md).'
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON lines: one object per query with ids, scores and metadata."),
-    as_of: int = typer.Option(None, "--as-of", help="Search this kept version of the index (see `hubless index versions`)."),
-    rerank: str = typer.Option(None, help="Rerank the top --rerank-k with this cross-encoder (BLIP ITM or CrossEncoder name/folder)."),
-    rerank_k: int = typer.Option(20, help="Candidates per query given to the reranker."),
-    fusion: str = typer.Option(None, help="Score fusion: add or norm_add (default: plain rerank)."),
-    fusion_weight: float = typer.Option(None, help="Weight of the bi-encoder score in fusion (default 0.1)."),
-    lam: float = typer.Option(None, hidden=True, help="Deprecated name of --fusion-weight."),
-    query_items: Path = typer.Option(None, help="With --rerank: the query texts / image paths (.txt, .json or an embed .meta.json)."),
-    item_column: str = typer.Option(
-        None, help="With --rerank: the metadata column holding each gallery item's path or text (default: path, text, caption or item)."
-    ),
-) -> None:
-    """Search a saved index (or a store it was exported to); scores are the method's own, ids the items' ids."""
-    from hubless._validation import exactly_one
-    from hubless.cli._common import deprecated_flag
-    from hubless.export.base import is_store_uri
-
-    weight = deprecated_flag(weight, alpha, "--alpha", "--weight")
-    fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
-    fusion_weight = 0.1 if fusion_weight is None else fusion_weight
-    exactly_one({"--queries": queries, "--text": text, "--texts": texts, "--image": image})
-    if queries is not None and model is not None:
-        raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
-    items = _query_items(text, texts, image)
-    condition = _parse_where(where)
-    if is_store_uri(path):
-        if condition is not None:
-            raise InvalidInput("--where filters an index; a store is filtered with its own query language")
-        if rerank or rescore is not None or as_of is not None:
-            raise InvalidInput("--rerank, --rescore and --as-of need the index itself; a store is searched with its own engine")
-        import hubless.export
-
-        info = hubless.export.describe(path)
-        if queries is not None:
-            q = load(queries, "queries", normalize=True, dim=int(info["dim"]))
-        else:
-            q = _encode_for_store(info.get("model"), int(info["dim"]), path, text, image, items, model, allow_model_mismatch, device)
-        knobs = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search), ("target_recall", target_recall)) if v is not None}
-        return _search_store(path, q, items, top_k, weight, knobs, as_json)
-    if target_recall is not None:
-        raise InvalidInput("--target-recall applies to a store; on an index, run `hubless index calibrate` (Index.calibrate)")
-    from hubless.search import Searcher
-
-    source = Path(path)
-    if as_of is not None:
-        from hubless.index import Index
-
-        source = Index.load(path, version=as_of, mmap=True)  # that version, read only
-    searcher = Searcher({Path(path).name: source}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
-                        reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
-    index = searcher.index()
-    info = index.info()
-    embeddings = None if queries is None else load(queries, "queries", normalize=info["normalize"], dim=info["dim"])
-    reranked_items = None
-    if rerank:
-        from hubless.inputs import read_items
-
-        reranked_items = read_items(query_items) if query_items is not None else items
-        if reranked_items is None:
-            raise InvalidInput("--rerank needs --query-items (the query texts or image paths the cross-encoder reads) with --queries")
-    result = searcher.search(
-        embeddings=embeddings,
-        texts=items if (text or texts) else None,
-        images=items if image else None,
-        top_k=top_k,
-        weight=weight,
-        rerank=bool(rerank),
-        query_items=reranked_items,
-        nprobe=nprobe,
-        ef_search=ef_search,
-        rescore=rescore,
-        where=condition,
-    )
-    title = f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
-    records = result.metadata
-    _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
-
-
-def _parse_where(text: str | None):
-    """``--where`` JSON as a dict (None when not given)."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f'--where must be a JSON object such as \'{{"split": "test"}}\': {exc.msg}') from None
-    if not isinstance(value, dict):
-        raise InvalidInput("--where must be a JSON object of metadata conditions")
-    return value
-
-
-def _query_items(text, texts, image) -> list[str] | None:
-    """The text queries (from --text or --texts) or image paths (--image); None for --queries."""
-    from hubless.inputs import read_items
-
-    if text:
-        return list(text)
-    if texts is not None:
-        return [t for t in read_items(texts) if t.strip()]
-    if image:
-        return [str(p) for p in image]
-    return None
-
-
-def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
-    """Results as JSON lines (every query) or a table (the first 20); slots an ANN index could
-    not fill (id -1) are left out. ``metadata(query, rank, id)`` gives an item's record (None:
-    no metadata column)."""
-    n = ids.shape[0]
-    found = [[(r, int(j), float(v)) for r, (j, v) in enumerate(((j, v) for j, v in zip(ids[i], scores[i]) if j >= 0))] for i in range(n)]
-    if as_json:
-        from hubless._io import to_json
-
-        for i in range(n):
-            hits = [{"id": j, "score": v, **({} if metadata is None else {"metadata": metadata(i, r, j)})} for r, j, v in found[i]]
-            given = {} if query_texts is None else {"text": query_texts[i]}
-            typer.echo(to_json({"query": i, **given, "results": hits}))
-        return
-    table = Table()
-    for col in ("query", "rank", "id", "score"):
-        table.add_column(col, justify="right")
-    if metadata is not None:
-        table.add_column("metadata")
-    for i in range(min(n, 20)):
-        for r, j, v in found[i]:
-            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 0 else str(i)
-            row = [label, str(r + 1), str(j), f"{v:.4f}"]
-            if metadata is not None:
-                row.append(json.dumps(metadata(i, r, j))[:80])
-            table.add_row(*row)
-    console = wide_console()
-    console.print(title, highlight=False, markup=False)
-    console.print(table)
-    if n > 20:
-        typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
-
-
-def _search_store(uri: str, q, query_texts, top_k: int, weight: float | None, knobs: dict, as_json: bool) -> None:
-    """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
-    import hubless.export
-
-    options: dict = {**knobs, **({} if weight is None else {"weight": weight})}
-    scores, ids, rows = hubless.export.search(uri, q, top_k, **options)
-
-    def record(i, rank, j):
-        return {k: x for k, x in rows[i][rank].items() if k != "id"}
-
-    has_metadata = any(key != "id" for hits in rows for row in hits for key in row)
-    _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, query_texts, as_json)
-
-
-def _encode_for_store(recorded_model, dim, uri, text, image, items, model, allow_mismatch, device):
-    """A store's text/image queries, encoded by the same model rule as an index's
-    (:func:`hubless.search.choose_model`)."""
-    from hubless.encoders import encode_queries
-    from hubless.search import choose_model
-
-    name = choose_model(recorded_model, model, allow_mismatch=allow_mismatch, what=uri)
-    if image:
-        return encode_queries(name, images=items, device=device, expected_dim=dim)
-    return encode_queries(name, texts=items, device=device, expected_dim=dim)

@@ -16,6 +16,7 @@ from hubless.cli.export import export_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
 from hubless.cli.scores import correct_command
+from hubless.cli.search_command import search_command
 from hubless.cli.serve import SettingsCommand, serve_command
 from hubless.cli.tune import tune_command
 
@@ -87,7 +88,7 @@ app.command("correct")(correct_command)
 app.add_typer(data.app, name="data")
 app.add_typer(bank.app, name="bank")
 app.add_typer(index.app, name="index")
-app.command("search")(index.search_command)
+app.command("search")(search_command)
 app.command("export")(export_command)
 app.command("attach")(attach_command)
 app.command("fairness")(fairness_command)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from hubless.corrections.base import AdditiveCorrection, Correction, validate_fit_inputs
+from hubless.corrections.additive import AdditiveCorrection
+from hubless.corrections.base import Correction
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
 from hubless.corrections.dbnorm import DualDIS, DualIS
 from hubless.corrections.dn import DN
+from hubless.corrections.fit_inputs import validate_fit_inputs
 from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax

@@ -16,11 +16,15 @@ the augmented vectors ``[q, -W(q)] . [r, bias(r)]``, so any inner-product index 
 inverted-softmax probability) by a map that is increasing for every query, so it never changes
 an order. ``score``, ``search``, the evaluation, tuning, the fairness audit and
 :class:`hubless.Index` are all built on these two methods.
+
+This module holds the base class :class:`Correction` (parameters, fitting, ranking, search);
+additive corrections are in :mod:`hubless.corrections.additive`, the checks of what ``fit`` is
+given in :mod:`hubless.corrections.fit_inputs`, in-place updates in
+:mod:`hubless.corrections.incremental`.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
 import numbers
 from typing import Any, ClassVar, TypeVar
@@ -28,17 +32,18 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
+from hubless.corrections import incremental
+from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.device import checked_on_device, torch_device
-from hubless.engine.updates import add_bank_items, add_gallery_items, remove_gallery_items
-from hubless.errors import InvalidInput, InvalidType, MissingInputError, NotFittedError
+from hubless.errors import InvalidInput, InvalidType, NotFittedError
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
 _PARAM_NAMES: dict[type, tuple[str, ...]] = {}
 _C = TypeVar("_C", bound="Correction")
 
-__all__ = ["Correction", "AdditiveCorrection", "QuerySide", "SCORE_BLOCK_ELEMENTS", "validate_fit_inputs"]
+__all__ = ["Correction", "SCORE_BLOCK_ELEMENTS"]
 
 #: The most scores one block of :meth:`Correction.score` computes at once (bounds the
 #: temporaries, not the output).
@@ -191,7 +196,7 @@ class Correction:
             if statistics is None:
                 statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
             else:
-                _check_statistics(statistics, gallery, query_bank, gallery_bank, request)
+                check_statistics(statistics, gallery, query_bank, gallery_bank, request)
         self._fit_arrays(gallery, statistics)
         return self
 
@@ -262,7 +267,7 @@ class Correction:
         """Hook: set the fitted attributes from the bank statistics."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ updates
+    # ------------------------------------------------------------------ updates (hubless.corrections.incremental)
     def add_items(self: _C, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
         """Add gallery items in place (returns ``self``); the others' statistics are kept.
 
@@ -270,13 +275,7 @@ class Correction:
         are computed (n_new x n_bank; DIS/DualDIS also merge each bank item's nearest new items
         into its activation top-k), and the result equals fitting on the grown gallery.
         """
-        self._check_fitted()
-        self._check_embeddings_fit()
-        items = as_embeddings(items, "items", normalize=self.normalize, dim=self.dim_)
-        self.check_sizes(self.n_gallery_ + items.shape[0], self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
-        qb, gb = self._update_banks(query_bank, gallery_bank, required=True)
-        stats = add_gallery_items(self.statistics_, items, qb, gb, progress=progress)
-        self._fit_arrays(np.concatenate([self.gallery_, items]), stats)
+        incremental.add_items(self, items, query_bank, gallery_bank, progress=progress)
         return self
 
     def remove_items(self: _C, ids, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
@@ -285,18 +284,7 @@ class Correction:
         No similarity is recomputed, except for DIS/DualDIS bank items whose nearest gallery
         items were removed (those need the banks this correction was fitted on).
         """
-        self._check_fitted()
-        self._check_embeddings_fit()
-        ids = np.unique(np.asarray(ids, dtype=np.int64).ravel())
-        if ids.size and (ids[0] < 0 or ids[-1] >= self.n_gallery_):
-            raise InvalidInput(f"ids to remove must be in [0, {self.n_gallery_}); got {ids[0]}..{ids[-1]}")
-        keep = np.setdiff1d(np.arange(self.n_gallery_), ids)
-        if keep.size == 0:
-            raise InvalidInput("cannot remove every gallery item")
-        self.check_sizes(keep.size, self.statistics_.n_query_bank, self.statistics_.n_gallery_bank)
-        qb, gb = self._update_banks(query_bank, gallery_bank, required=False)
-        stats = remove_gallery_items(self.statistics_, self.gallery_, keep, qb, gb, progress=progress)
-        self._fit_arrays(self.gallery_[keep], stats)
+        incremental.remove_items(self, ids, query_bank, gallery_bank, progress=progress)
         return self
 
     def add_query_bank(self: _C, new_queries, *, progress: bool | None = None) -> _C:
@@ -305,50 +293,14 @@ class Correction:
         Every gallery item's statistics are merged with its similarities to the new bank items
         (n_gallery x n_new, all biases change); the result equals fitting on the grown bank.
         """
-        return self._add_bank_items(new_queries, "query", progress)
+        incremental.grow_bank(self, new_queries, "query", progress=progress)
+        return self
 
     def add_gallery_bank(self: _C, new_items, *, progress: bool | None = None) -> _C:
         """Add reference items to the gallery bank in place (DualIS, DualDIS, and DN fitted with
         a gallery bank), as :meth:`add_query_bank` does for the query bank."""
-        return self._add_bank_items(new_items, "gallery", progress)
-
-    def _add_bank_items(self: _C, new_items, side: str, progress) -> _C:
-        self._check_fitted()
-        self._check_embeddings_fit()
-        new = as_embeddings(new_items, f"new {side}-bank items", normalize=self.normalize, dim=self.dim_)
-        uses = self.needs_query_bank if side == "query" else self.statistics_.n_gallery_bank is not None
-        if not uses:
-            if side == "query":  # the baseline: nothing depends on the bank
-                return self
-            raise InvalidInput(f"{type(self).__name__} was fitted without a gallery bank: it has none to grow")
-        stats = self.statistics_
-        sizes = [self.n_gallery_, stats.n_query_bank, stats.n_gallery_bank]
-        sizes[1 if side == "query" else 2] += new.shape[0]
-        self.check_sizes(*sizes)
-        self._fit_arrays(self.gallery_, add_bank_items(stats, self.gallery_, new, side=side, progress=progress))
+        incremental.grow_bank(self, new_items, "gallery", progress=progress)
         return self
-
-    def _update_banks(self, query_bank, gallery_bank, *, required: bool):
-        """Validate the banks passed to an update: the ones this correction was fitted on (a bank
-        its statistics do not use is ignored, as in ``fit``)."""
-        stats, request = self.statistics_, self.statistics_.request
-        needs = {
-            "query_bank": request.query_topk or request.query_betas or request.query_activation_k or request.query_probes,
-            "gallery_bank": request.needs_gallery_bank,
-        }
-        sizes = {"query_bank": stats.n_query_bank, "gallery_bank": stats.n_gallery_bank}
-        out: list[np.ndarray | None] = []
-        for name, bank in (("query_bank", query_bank), ("gallery_bank", gallery_bank)):
-            if bank is None or not needs[name]:
-                if bank is None and required and needs[name]:
-                    raise InvalidInput(f"{type(self).__name__} needs the {name} it was fitted on to compute new items' statistics")
-                out.append(None)
-                continue
-            bank = as_embeddings(bank, name, normalize=self.normalize, dim=self.dim_)
-            if bank.shape[0] != sizes[name]:
-                raise InvalidInput(f"{name} has {bank.shape[0]} rows but this correction was fitted on {sizes[name]}: pass the same bank")
-            out.append(bank)
-        return tuple(out)
 
     # ------------------------------------------------------------------ ranking
     @property
@@ -512,225 +464,6 @@ class Correction:
                 batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), additive=additive, progress=progress
             )
         return self.method_scores(batch, ranking), ids
-
-
-class AdditiveCorrection(Correction):
-    """A correction that ranks by ``s(q, r) - sum_c W_c(q) * bias_c(r)``.
-
-    Fitted attributes: ``bias_columns_`` (n_gallery, n_columns) float32, one column per gated
-    factor (one for all methods but DualDIS); ``bias_`` (n_gallery,) is their sum, the bias
-    applied when every gate is open. :meth:`weights` gives the per-query W, so an index over
-    ``[r, bias_columns_(r)]`` queried with ``[q, -W(q)]`` ranks exactly as :meth:`rank`.
-    """
-
-    additive = True
-
-    @property
-    def exactly_additive(self) -> bool:
-        """Whether :meth:`rank` is exactly ``s - W . bias_columns_`` for every query. False for a
-        correction whose score only partly has bias form (published DualDIS): an index then
-        re-scores its candidates exactly with :meth:`rank`."""
-        return True
-
-    @property
-    def bias_(self) -> np.ndarray:
-        self._check_fitted()
-        cols = self.bias_columns_
-        return cols[:, 0] if cols.shape[1] == 1 else cols.sum(axis=1, dtype=np.float32)
-
-    def weight(self) -> float:
-        """The weight w applied to the bias when no override is given (hook)."""
-        return 1.0
-
-    def weights(self, batch: QueryBatch) -> np.ndarray:
-        """W (n_queries, n_columns) float32, so that ranking = s - W . bias_columns_; gated
-        methods read the batch's raw top-1 (computed by exact search when it is missing)."""
-        w = self.weight() if batch.weight is None else batch.weight
-        w = np.asarray(w, dtype=np.float32).reshape(-1, 1)
-        return np.broadcast_to(w, (len(batch), self.bias_columns_.shape[1]))
-
-    def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
-        if not self.exactly_additive:
-            return None
-        return np.ascontiguousarray(self.weights(batch), dtype=np.float32), self.bias_columns_
-
-    def query_weights(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> np.ndarray:
-        """W for ``queries`` (see :meth:`weights`): the extra query coordinates ``-W`` to serve
-        this correction from any inner-product index holding ``[r, bias_columns_(r)]``."""
-        return np.ascontiguousarray(self.weights(self.queries(queries, statistics=statistics, **weight)))
-
-    def _rank(self, batch, sims, columns, out):
-        w = self.weights(batch)
-        if not w.any():
-            if out is None or out is sims:
-                return sims
-            out[...] = sims
-            return out
-        if isinstance(columns, np.ndarray):
-            shift = np.einsum("qc,qkc->qk", w, self.bias_columns_[columns])
-        else:
-            bias = self.bias_columns_ if columns is None else self.bias_columns_[columns]
-            if bias.shape[1] == 1:  # one bias column: w_q * b_r by broadcasting (the same products as w @ bias.T)
-                values = np.unique(w[:, 0])
-                if values.size == 1:  # one weight for every query: subtract one row, no (n, m) temporary
-                    return np.subtract(sims, values[0] * bias[:, 0], out=out)
-                if values.size == 2 and values[0] == 0:  # gated (DIS): subtract where the gate is open
-                    out = np.array(sims, copy=True) if out is None else out
-                    if out is not sims:
-                        out[...] = sims
-                    return np.subtract(out, values[1] * bias[:, 0], out=out, where=w[:, :1] != 0)
-                shift = w[:, :1] * bias[:, 0]
-            else:
-                shift = w @ bias.T
-        return np.subtract(sims, shift, out=out)
-
-    #: Fitted attributes, besides the gallery and its biases, that W(q) and the method's scores
-    #: read: what a vector store keeps to answer queries as the index does (see :meth:`query_state`).
-    query_state_attrs: ClassVar[tuple[str, ...]] = ()
-
-    def query_state(self) -> dict[str, list]:
-        """The fitted values W(q) and :meth:`method_scores` need beyond the bias columns, as JSON
-        lists (a vector store keeps them with the exported [r, bias(r)] rows)."""
-        self._check_fitted()
-        return {name: np.asarray(getattr(self, name), dtype=np.float64).tolist() for name in self.query_state_attrs}
-
-    def for_queries(self, state: dict, dim: int, n_columns: int) -> QuerySide:
-        """The query side of this method (W(q), method scores) set up from a stored
-        :meth:`query_state`, for a gallery served elsewhere (a vector store, augmented parts):
-        a :class:`QuerySide`, not a fitted correction (it holds no gallery and cannot search;
-        this correction stays unfitted)."""
-        self._validate_params()
-        missing = set(self.query_state_attrs) - set(state)
-        if missing:
-            raise InvalidInput(f"{self.spec}: the stored query state lacks {', '.join(sorted(missing))}; export the index again")
-        for name in self.query_state_attrs:
-            setattr(self, name, np.asarray(state[name], dtype=np.float64))
-        self.dim_ = dim
-        self.bias_columns_ = np.zeros((0, n_columns), np.float32)  # only its width is read
-        return QuerySide(self)
-
-    def _fit_statistics(self, statistics: BankStatistics) -> None:
-        self._fit_gates(statistics)
-        self.bias_columns_ = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
-
-    def _checked_columns(self, cols, n_rows: int) -> np.ndarray:
-        cols = np.asarray(cols, dtype=np.float32)
-        if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
-            bad = int((~np.isfinite(cols)).reshape(n_rows, -1).any(axis=1).sum())
-            raise InvalidInput(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
-        return np.ascontiguousarray(cols.reshape(n_rows, -1))
-
-    def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
-        """Hook: the bias column(s) of the gallery from the bank statistics. Row-local: each
-        row's bias reads only that row's statistics (and the gallery row itself) and the banks'
-        global values (sizes, means), so rows can be computed part by part (:meth:`row_bias`)."""
-        raise NotImplementedError
-
-    def _fit_gates(self, statistics: BankStatistics) -> None:
-        """Hook: per-item gates read from the activation sets (DIS, DualDIS); none by default."""
-
-    def row_bias(self, rows: np.ndarray, statistics: BankStatistics) -> np.ndarray:
-        """The bias columns (n_rows, n_columns) float32 of gallery ``rows`` (validated float32)
-        from their own bank statistics: the per-row arrays of these rows with the banks' global
-        values (sizes, means), as :func:`hubless.engine.updates.gallery_rows` or
-        :func:`hubless.engine.compute_statistics` on the rows give them. Every bias is row-local
-        (see :meth:`_bias_columns`), so this equals those rows of a fit over any gallery holding
-        them; this correction is not changed. A live index computes new items' biases this way."""
-        part = copy.copy(self)
-        part.gallery_ = rows
-        part.n_gallery_, part.dim_ = rows.shape
-        return part._checked_columns(part._bias_columns(statistics), rows.shape[0])
-
-    def for_rows(self, bias_columns: np.ndarray, statistics: BankStatistics) -> AdditiveCorrection:
-        """Set this (unfitted) correction up to rank ``len(bias_columns)`` gallery rows whose
-        bias columns were computed elsewhere, part by part (:meth:`row_bias`): the query state
-        (bank sizes and means) and the gates (activation sets over these rows) are read from
-        ``statistics``, whose per-row arrays may be empty. The rows themselves are not kept
-        (``gallery_`` is empty): the caller passes similarities to :meth:`rank` and fills each
-        batch's raw-neighbour statistics itself. Returns ``self``."""
-        self._validate_params()
-        dim = int(np.shape(statistics.query_bank_mean)[0])
-        self.gallery_ = np.zeros((0, dim), np.float32)
-        self.n_gallery_, self.dim_ = 0, dim
-        self._bias_columns(statistics)  # sets the query state; its output (for no rows) is not used
-        self.n_gallery_ = int(bias_columns.shape[0])
-        self._fit_gates(statistics)
-        self.bias_columns_ = bias_columns
-        return self
-
-
-class QuerySide:
-    """The query side of an additive correction whose gallery ``[r, bias(r)]`` is served
-    elsewhere (a vector store, parts written on Ray): this call's batch (:meth:`queries`), W(q)
-    (:meth:`weights`, :meth:`query_weights`) and the method's scores (:meth:`method_scores`),
-    from the fitted values a store keeps. Made by :meth:`AdditiveCorrection.for_queries`. It is
-    not a correction: it has no gallery, cannot search and is not "fitted"."""
-
-    def __init__(self, correction: AdditiveCorrection) -> None:
-        self._correction = correction
-
-    spec = property(lambda self: self._correction.spec)
-    weight_param = property(lambda self: self._correction.weight_param)
-    dim_ = property(lambda self: self._correction.dim_)
-    normalize = property(lambda self: self._correction.normalize)
-    exactly_additive = property(lambda self: self._correction.exactly_additive)
-    query_request = property(lambda self: self._correction.query_request)
-
-    def queries(self, queries, **weight) -> QueryBatch:
-        """Validated queries and this call's weight (``weight=`` or the method's own name)."""
-        corr = self._correction
-        q = as_embeddings(queries, "queries", normalize=corr.normalize, dim=corr.dim_)
-        return QueryBatch(q, corr._weight_override(weight, q.shape[0]))
-
-    def weights(self, batch: QueryBatch) -> np.ndarray:
-        return self._correction.weights(batch)
-
-    def query_weights(self, queries, **weight) -> np.ndarray:
-        return np.ascontiguousarray(self.weights(self.queries(queries, **weight)))
-
-    def method_scores(self, batch: QueryBatch, ranking: np.ndarray) -> np.ndarray:
-        return self._correction.method_scores(batch, ranking)
-
-    def __repr__(self) -> str:
-        return f"QuerySide({self.spec!r}, dim={self.dim_})"
-
-
-def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank, *, use_query_bank: bool = False):
-    """Validate the arrays of ``fit`` for corrections sharing one ``normalize`` setting.
-
-    Returns float32 (gallery, query_bank, gallery_bank); a bank is None when no correction uses
-    it (the query bank is kept with ``use_query_bank``). Raises when a correction needs a bank
-    that is missing or a parameter exceeds a size.
-    """
-    normalize = corrections[0].normalize
-    g = as_embeddings(gallery, "gallery", normalize=normalize)
-    dim = g.shape[1]
-    b = gb = None
-    needing = [c for c in corrections if c.needs_query_bank]
-    if needing and query_bank is None:
-        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
-    if query_bank is not None and (needing or use_query_bank):
-        b = as_embeddings(query_bank, "query_bank", normalize=normalize, dim=dim)
-    requiring = [c for c in corrections if c.gallery_bank_use == "required"]
-    if requiring and gallery_bank is None:
-        raise MissingInputError(
-            "gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank (reference items of the gallery's modality): pass {{arg}}"
-        )
-    if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):
-        gb = as_embeddings(gallery_bank, "gallery_bank", normalize=normalize, dim=dim)
-    for c in corrections:
-        c.check_sizes(g.shape[0], None if b is None else b.shape[0], None if gb is None else gb.shape[0])
-    return g, b, gb
-
-
-def _check_statistics(stats: BankStatistics, gallery, query_bank, gallery_bank, request) -> None:
-    sizes = (gallery.shape[0], None if query_bank is None else query_bank.shape[0])
-    have = (stats.n_gallery, stats.n_query_bank if query_bank is not None else None)
-    if sizes != have or (gallery_bank is not None and stats.n_gallery_bank != gallery_bank.shape[0]):
-        raise InvalidInput("statistics were computed on arrays of other sizes than the ones passed to fit")
-    missing = stats.missing(request)
-    if missing:
-        raise InvalidInput("statistics lack " + "; ".join(missing))
 
 
 def _format_value(value, default) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.additive import AdditiveCorrection
 from hubless.corrections.spec import METHODS
 
 __all__ = ["Baseline"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless._validation import check_k, check_positive_int
-from hubless.corrections.base import AdditiveCorrection
+from hubless.corrections.additive import AdditiveCorrection
 from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 

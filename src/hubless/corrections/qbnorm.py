@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from hubless._validation import check_k, check_nonnegative_float, check_positive_int
-from hubless.corrections.base import AdditiveCorrection, Correction
+from hubless.corrections.additive import AdditiveCorrection
+from hubless.corrections.base import Correction
 from hubless.corrections.queries import QueryRequest
 from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hubless.corrections.base import AdditiveCorrection, Correction
+from hubless.corrections.additive import AdditiveCorrection
+from hubless.corrections.base import Correction
 from hubless.errors import InvalidInput, InvalidType
 
 __all__ = ["check_additive", "check_servable_as_rows", "query_vectors", "weighted_query_rows"]
@@ -53,6 +54,6 @@ def weighted_query_rows(corr, batch, pad: int = 0) -> np.ndarray:
 def query_vectors(corr, queries, **weight) -> np.ndarray:
     """[q, -W(q)] of ``queries`` for a correction served as [r, bias(r)] rows elsewhere (a
     store, parts written on Ray): ``xq . row = s(q, r) - W(q) . bias(r)``, the ranking score.
-    ``corr`` is fitted, or set up with :meth:`~hubless.corrections.base.AdditiveCorrection.for_queries`."""
+    ``corr`` is fitted, or set up with :meth:`~hubless.corrections.additive.AdditiveCorrection.for_queries`."""
     check_servable_as_rows(corr)
     return weighted_query_rows(corr, corr.queries(queries, **weight))

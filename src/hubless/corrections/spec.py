@@ -6,7 +6,8 @@ import re
 from typing import Literal
 
 from hubless._registry import Registry
-from hubless.corrections.base import AdditiveCorrection, Correction
+from hubless.corrections.additive import AdditiveCorrection
+from hubless.corrections.base import Correction
 from hubless.corrections.serving import check_additive
 from hubless.errors import InvalidInput
 

@@ -26,7 +26,10 @@ from pathlib import Path
 
 from hubless.corrections import Correction, make_correction, statistics_request
 from hubless.distributed.cluster import check_address, connect, run_tasks
-from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, TileMerger, TilePart, compute_tile_streamed, plan_tiles
+from hubless.distributed.plan import BANK_COLS, GALLERY_ROWS, Tile, plan_tiles
+from hubless.distributed.tile_compute import compute_tile_streamed
+from hubless.distributed.tile_merge import TileMerger
+from hubless.distributed.tile_parts import TilePart
 from hubless.engine.parallel import use_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingInputError
@@ -36,14 +39,14 @@ from hubless.io.workfiles import job_id, load_arrays, recomputing, save_arrays
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
 #: Version of the work directory's layout (plan.json + tiles/*.npz, each tile with its key and
-#: sha256). 3: a tile's log-sum-exps are kept as per-block sums (:class:`~hubless.distributed.plan.LseBlocks`).
+#: sha256). 3: a tile's log-sum-exps are kept as per-block sums (:class:`~hubless.distributed.tile_parts.LseBlocks`).
 WORK_FORMAT = 3
 
 
 def _tile_job(tile: Tile, gallery: EmbeddingSource, bank: EmbeddingSource, request, normalize: bool, threads: int):
     """One Ray task: the tile's partial statistics, its gallery rows read once and its bank
     items a piece at a time (padded to the engine's blocks,
-    :func:`~hubless.distributed.plan.compute_tile_streamed`), each checked as in-memory arrays
+    :func:`~hubless.distributed.tile_compute.compute_tile_streamed`), each checked as in-memory arrays
     are."""
     with use_threads(threads):  # the engine's threads = the task's CPUs (the environment is left alone)
         return compute_tile_streamed(
@@ -164,7 +167,7 @@ def _fit_statistics(
     sink=None,
 ) -> BankStatistics:
     """:func:`fit_statistics`; with ``sink``, each finished gallery shard's per-item statistics
-    go to it instead of staying on the driver (:class:`~hubless.distributed.plan.TileMerger`)."""
+    go to it instead of staying on the driver (:class:`~hubless.distributed.tile_merge.TileMerger`)."""
     from hubless.progress import progress_bar
 
     check_address(address)

@@ -1,4 +1,4 @@
-"""The store contract: :class:`VectorStore`, its registry by URI scheme, and the checks every store shares.
+"""The store contract: :class:`VectorStore`, its registry by URI scheme, and the URI rules every store shares.
 
 A store holds, per gallery item, the augmented vector [r, bias(r)] (searched by inner product,
 never cosine: normalising [r, bias] would break the correction), the plain r and the item's
@@ -13,7 +13,9 @@ the search knob each uses, and a handful of primitives (write a table and switch
 and write the info, query, read rows, apply changes, drop, clean leftovers). Everything else
 (validation before any write, the correction's queries and scores, sync, recall calibration)
 is done here once, the same for every store, and ``tests/export/test_store_contract.py`` runs the
-same suite on every registered store.
+same suite on every registered store. The rows a store holds and the sync's diff are in
+:mod:`hubless.export.store_rows`, the checks of export and search options in
+:mod:`hubless.export.store_options`.
 
 One knob name per concept, across stores and as in :meth:`hubless.Index.search`:
 ``nprobe`` (IVF partitions probed per query: LanceDB's ``nprobes``, Milvus's ``nprobe``) and
@@ -36,11 +38,12 @@ import numpy as np
 from hubless._registry import Registry
 from hubless.errors import AlreadyExists, Busy, InvalidInput, InvalidType
 from hubless.export.info import StoreInfo
+from hubless.export.store_options import NoOptions, check_options, make_options, options_dict
+from hubless.export.store_rows import Rows, diff_rows, index_rows, typed_rows
 
 __all__ = [
     "FORMAT_VERSION",
     "KNOBS",
-    "Rows",
     "StoreURI",
     "StoreUnavailable",
     "VectorStore",
@@ -90,36 +93,6 @@ class StoreURI:
 
     def __str__(self) -> str:
         return self.text or f"{self.scheme}://{self.location}/{self.table}"
-
-
-@dataclass
-class Rows:
-    """What an export or a sync writes: item ids, [r, bias(r)], plain r and metadata rows
-    (already checked by :mod:`hubless.export.metadata`; None when the index has none)."""
-
-    ids: np.ndarray
-    augmented: np.ndarray
-    plain: np.ndarray
-    metadata: list[dict] | None
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
-    def slice(self, lo: int, hi: int) -> Rows:
-        meta = None if self.metadata is None else self.metadata[lo:hi]
-        return Rows(self.ids[lo:hi], self.augmented[lo:hi], self.plain[lo:hi], meta)
-
-    def batches(self, batch: int, desc: str = "export"):
-        """The rows in slices of ``batch`` (a progress bar on a terminal)."""
-        from hubless.progress import progress_bar
-
-        for lo in progress_bar(range(0, len(self), batch), None, desc=desc):
-            yield self.slice(lo, min(lo + batch, len(self)))
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A store without export options of its own."""
 
 
 # ---------------------------------------------------------------------------------- registry
@@ -186,36 +159,6 @@ def directory_lock(location: str, table: str):
     from hubless.index.lock import write_lock
 
     return write_lock(Path(location) / table)
-
-
-def check_options(cls_name: str, given: dict, allowed: dict[str, str], what: str) -> None:
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        valid = ", ".join(f"{k} ({v})" for k, v in allowed.items()) or "none"
-        raise InvalidType(f"unknown {what} option(s) {', '.join(unknown)} for {cls_name}; valid: {valid}")
-
-
-def make_options(cls: type, given: dict, store: str, ann: str | None = None):
-    """A typed options dataclass from keyword arguments: unknown names are an error naming the
-    valid ones; values are checked by the dataclass's ``__post_init__``. A field whose metadata
-    names the ANN types it applies to (``"ann": ("HNSW",)``) is refused for any other export
-    (an exact one included), rather than ignored."""
-    fields = {f.name: (f.metadata.get("help") or str(f.type)) for f in dataclasses.fields(cls)}
-    check_options(store, given, fields, "export")
-    for f in dataclasses.fields(cls):
-        applies = f.metadata.get("ann")
-        if f.name in given and applies is not None and ann not in applies:
-            raise InvalidInput(
-                f"{store} option {f.name} applies to ann={' or '.join(applies)} only; this export is "
-                f"{'ann=' + ann if ann else 'exact (no ann)'}"
-            )
-    return cls(**given)
-
-
-def positive_int_or_none(value, name: str) -> int | None:
-    from hubless._validation import check_positive_int
-
-    return None if value is None else check_positive_int(value, name)
 
 
 # ---------------------------------------------------------------------------------- the contract
@@ -366,7 +309,7 @@ class VectorStore(abc.ABC):
             raise InvalidInput("target_recall is measured on the index's query bank, which this index does not keep (keep_banks=False)")
         opts = make_options(self.Options, options, self.label, ann)
         meta, columns = normalize_metadata(index.metadata, index.ntotal)
-        rows = _index_rows(index, meta)
+        rows = index_rows(index, meta)
         info = self._info(index, columns, ann, opts)
         with self.writer_lock():
             if self.exists() and not overwrite:
@@ -400,10 +343,10 @@ class VectorStore(abc.ABC):
                     "export it again with overwrite=True (--overwrite) instead of syncing"
                 )
             new_info["ann"], new_info["layout"] = info.get("ann"), info.get("layout", {})
-            rows = _index_rows(index, meta)
+            rows = index_rows(index, meta)
             stored_ids, stored, stored_meta = self.read_rows()
-            changed, removed = _diff(rows, stored_ids, stored, stored_meta, info.get("metadata_columns"), columns)
-            self.apply_changes(rows.slice(0, 0) if not changed.size else _take(rows, changed), removed, new_info)
+            changed, removed = diff_rows(rows, stored_ids, stored, stored_meta, info.get("metadata_columns"), columns)
+            self.apply_changes(rows.slice(0, 0) if not changed.size else rows.take(changed), removed, new_info)
         return {"written": int(changed.size), "removed": int(removed.size), "unchanged": int(len(rows) - changed.size)}
 
     def describe(self) -> StoreInfo:
@@ -495,7 +438,7 @@ class VectorStore(abc.ABC):
             scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
             scores = np.where(found, scores, -np.inf).astype(np.float32)
         scores, ids, rows = scores[:, :k], ids[:, :k], [hits[:k] for hits in rows]
-        rows = _typed_rows(rows, info.get("metadata_columns"))
+        rows = typed_rows(rows, info.get("metadata_columns"))
         if k < top_k:  # fewer items than asked: the rest is id -1, score -inf
             pad = top_k - k
             scores = np.hstack([scores, np.full((len(scores), pad), -np.inf, np.float32)])
@@ -528,73 +471,5 @@ class VectorStore(abc.ABC):
         }
         if ann is not None:
             knob = self.ann_types[ann]
-            info["ann"] = {"type": ann, "knob": knob, "default": self.knob_range[knob][0], "options": _options_dict(options)}
+            info["ann"] = {"type": ann, "knob": knob, "default": self.knob_range[knob][0], "options": options_dict(options)}
         return info
-
-
-def _options_dict(options) -> dict:
-    if options is None or not dataclasses.is_dataclass(options) or isinstance(options, type):
-        return {}
-    return dataclasses.asdict(options)
-
-
-def _index_rows(index, meta) -> Rows:
-    from hubless.index.index import augmented_rows
-
-    corr = index.correction
-    ids = getattr(index, "ids", None)
-    ids = np.arange(index.ntotal, dtype=np.int64) if ids is None or callable(ids) else np.asarray(ids, np.int64)
-    return Rows(ids, augmented_rows(corr), np.ascontiguousarray(corr.gallery_, np.float32), meta)
-
-
-def _take(rows: Rows, where: np.ndarray) -> Rows:
-    meta = None if rows.metadata is None else [rows.metadata[i] for i in where.tolist()]
-    return Rows(rows.ids[where], rows.augmented[where], rows.plain[where], meta)
-
-
-def _diff(rows: Rows, stored_ids, stored, stored_meta, stored_columns, columns) -> tuple[np.ndarray, np.ndarray]:
-    """(positions of ``rows`` to write, stored ids to delete): a row is rewritten when it is new,
-    its [r, bias] differs, or its metadata differs (by value and type)."""
-    order = np.argsort(rows.ids, kind="stable")
-    sorted_ids = rows.ids[order]
-    pos = np.searchsorted(sorted_ids, stored_ids)
-    pos = np.minimum(pos, max(len(sorted_ids) - 1, 0))
-    present = (sorted_ids[pos] == stored_ids) if len(sorted_ids) else np.zeros(len(stored_ids), bool)
-    removed = stored_ids[~present]
-    current = np.zeros(len(rows), bool)
-    where = order[pos[present]]  # row positions of stored items still present
-    if len(where):
-        same = np.all(stored[present] == rows.augmented[where], axis=1)
-        if rows.metadata is not None or stored_meta is not None:
-            new_meta = rows.metadata or [{}] * len(rows)
-            old_meta = typed_records(stored_meta or [{}] * len(stored_ids), stored_columns)
-            full = {k: None for k in (columns or {})}
-            kept = np.flatnonzero(present)
-            for n, (i, j) in enumerate(zip(where.tolist(), kept.tolist())):
-                if same[n] and ({**full, **new_meta[i]} != {**full, **old_meta[j]} or _types(new_meta[i]) != _types(old_meta[j])):
-                    same[n] = False
-        current[where[same]] = True
-    return np.flatnonzero(~current), removed
-
-
-def _types(record: dict) -> dict:
-    return {k: type(v) for k, v in record.items() if v is not None}
-
-
-def typed_records(records: list, columns: dict | None) -> list[dict]:
-    """Metadata records with every column present (missing -> None) and of its recorded type."""
-    if not columns:
-        return [{} for _ in records]
-    from hubless.export.metadata import restore_value
-
-    return [{k: restore_value((r or {}).get(k), t) for k, t in columns.items()} for r in records]
-
-
-def _typed_rows(rows: list, columns: dict | None) -> list:
-    """Search rows with every metadata column present (missing -> None) and of its recorded
-    type (a store that hands back 1 for a float column gives 1.0): identical in every store."""
-    if not columns:
-        return rows
-    from hubless.export.metadata import restore_value
-
-    return [[{"id": row["id"], **{k: restore_value(row.get(k), t) for k, t in columns.items()}} for row in hits] for hits in rows]

@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from hubless.errors import InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
+from hubless.export.base import StaleRead, VectorStore, directory_lock, register
+from hubless.export.store_options import positive_int_or_none
+from hubless.export.store_rows import Rows
 
 _CLIENTS: dict[str, Any] = {}
 #: (location, collection) -> the stamp of the pointer file this process last wrote or read.

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from hubless.errors import InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StaleRead, VectorStore, directory_lock, positive_int_or_none, register
+from hubless.export.base import StaleRead, VectorStore, directory_lock, register
+from hubless.export.store_options import positive_int_or_none
+from hubless.export.store_rows import Rows
 
 META = "meta_"
 ARROW_TYPES = {"int": "int64", "float": "float64", "bool": "bool", "string": "string", "list<string>": "list<string>", "null": "string"}

@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from hubless.errors import Busy, InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
+from hubless.export.base import StaleRead, StoreUnavailable, VectorStore, directory_lock, register
+from hubless.export.store_options import positive_int_or_none
+from hubless.export.store_rows import Rows
 
 DB_FILE = "milvus.db"
 #: Milvus's largest ef / nprobe.

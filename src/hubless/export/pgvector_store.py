@@ -24,7 +24,9 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from hubless.errors import InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StoreUnavailable, StoreURI, VectorStore, check_name, positive_int_or_none, register
+from hubless.export.base import StoreUnavailable, StoreURI, VectorStore, check_name, register
+from hubless.export.store_options import positive_int_or_none
+from hubless.export.store_rows import Rows
 
 
 def _psycopg():

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from hubless.errors import HublessError, InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StaleRead, StoreUnavailable, StoreURI, VectorStore, register, split_location
+from hubless.export.base import StaleRead, StoreUnavailable, StoreURI, VectorStore, register, split_location
 from hubless.export.qdrant_store import QdrantOptions, check_point_ids, collect_hits, collect_rows
+from hubless.export.store_rows import Rows
 
 #: The reserved id of the point that holds the hubless info (payload key "hubless").
 INFO_ID = "00000000-0000-0000-0000-00000000b1a5"

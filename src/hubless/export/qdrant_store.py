@@ -36,7 +36,9 @@ import numpy as np
 
 from hubless._io import current_dir
 from hubless.errors import InvalidInput, NotFound, optional_import
-from hubless.export.base import Rows, StaleRead, StoreUnavailable, VectorStore, directory_lock, positive_int_or_none, register
+from hubless.export.base import StaleRead, StoreUnavailable, VectorStore, directory_lock, register
+from hubless.export.store_options import positive_int_or_none
+from hubless.export.store_rows import Rows
 
 #: Segments larger than this many KB get an HNSW index; "never" for exact-only collections.
 _NEVER_INDEX_KB = 2**40

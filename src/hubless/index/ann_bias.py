@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from hubless.corrections import AdditiveCorrection, make_additive
-from hubless.corrections.base import validate_fit_inputs
+from hubless.corrections.fit_inputs import validate_fit_inputs
 from hubless.engine.ann import ann_statistics
 from hubless.index.factory import check_factory
 

@@ -1,47 +1,23 @@
-"""One facade for searching saved indexes: :class:`Searcher`.
-
-    from hubless.search import Searcher
-    searcher = Searcher({"coco": "idx/"})                       # or Searcher("idx/"), or {name: Index}
-    result = searcher.search(texts=["a dog on a beach"], top_k=10, compare=True)
-    result.records()[0]["hits"][0]   # {"id": 42, "score": 0.31, "metadata": {...}, "uncorrected_rank": 3, "rank_change": 2}
-
-It loads the indexes, encodes text and image queries with the model each index records,
-searches (:meth:`hubless.Index.search`), compares with the uncorrected ranking through the same
-structure (:meth:`hubless.Index.search_uncorrected`, the weight-0 query), passes filters on
-(``where=``), reranks with a cross-encoder (:class:`hubless.rerank.Pipeline`) and returns hits
-with their metadata. ``hubless search`` and ``hubless serve`` are thin layers over it.
-
-An attached collection (a sidecar directory written by ``hubless attach``, see
-:mod:`hubless.attached`) is served by the same facade: a sidecar directory (or an
-:class:`hubless.attached.AttachedCollection`) given where an index is expected is opened as an
-:class:`AttachedIndex` on the collection its sidecar names. Its search is the certified attached
-search (:meth:`hubless.attached.AttachedCollection.search_certified`; the result says which
-queries were certified), ``compare`` is the store's own plain ranking, and the hits' metadata is
-the store's payload (none for a FAISS file). It is read only: a write goes to the store, then
-``hubless attach --update``; filters, reranking and versions are refused, naming why.
-
-The model rule (one rule, one override): text and image queries are encoded with the model the
-index records (``index build --model NAME``). A model given explicitly (``model=`` or a loaded
-``encoder=``) must be that same model (same name, or the same last path part: a local copy of
-``openai/clip-vit-base-patch32`` in ``models/clip-vit-base-patch32/`` counts as the same), unless
-``allow_model_mismatch=True``; for an index that records no model it is required. In every case
-the model's dimension must be the index's.
-"""
+"""The facade: :class:`Searcher` searches one or several saved indexes (or attached collections)
+with queries of any kind; ``hubless search`` and ``hubless serve`` are thin layers over it (see
+:mod:`hubless.search` for what it does)."""
 
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hubless.errors import Conflict, InvalidInput, NotFound
+from hubless.errors import InvalidInput, NotFound
+from hubless.search.attached_index import AttachedIndex, as_attached, search_attached
+from hubless.search.model_rule import choose_model
+from hubless.search.result import SearchResult
 
-__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "choose_model", "same_model"]
+__all__ = ["QUERY_KINDS", "RERANK_COLUMNS", "Searcher"]
 
 #: Metadata columns that give what a reranker reads for a gallery item, in order of preference.
 RERANK_COLUMNS = ("path", "text", "caption", "item")
@@ -49,226 +25,8 @@ RERANK_COLUMNS = ("path", "text", "caption", "item")
 QUERY_KINDS = ("embeddings", "texts", "images", "item")
 
 
-def same_model(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two model names (hub names or folders) name the same model: equal, or with the
-    same last path part (``openai/clip-vit-base-patch32`` and ``/models/clip-vit-base-patch32/``)."""
-    a, b = os.fspath(a).rstrip("/\\"), os.fspath(b).rstrip("/\\")
-    return a == b or os.path.basename(a) == os.path.basename(b)
-
-
-def choose_model(recorded: str | None, given: str | None, *, allow_mismatch: bool = False, what: str = "the index") -> str:
-    """The model that encodes queries for an index or store that records ``recorded`` (see the
-    module docstring): ``given`` if it is the same model (or ``allow_mismatch``), else the
-    recorded one; a clear :class:`InvalidInput` when there is none or they differ."""
-    if given is None:
-        if recorded is None:
-            raise InvalidInput(
-                f"{what} records no model (build the index with --model NAME); pass a model (--model) to encode text or image queries"
-            )
-        return recorded
-    if recorded is not None and not same_model(recorded, given) and not allow_mismatch:
-        raise InvalidInput(
-            f"{what} holds {recorded} embeddings; queries encoded with {given} would not be comparable "
-            "(pass allow_model_mismatch=True / --allow-model-mismatch to use it anyway)"
-        )
-    return os.fspath(given)
-
-
-@dataclass
-class SearchResult:
-    """What :meth:`Searcher.search` returns, each array (n_queries, top_k): ``ids`` (the items'
-    ids; -1 for a slot that could not be filled) and ``scores`` (the method's own, or
-    the reranker's with ``reranked``); ``uncorrected`` = (scores, ids) of the plain inner-product
-    ranking when compared; ``first_stage_scores`` when reranked; ``queries``: the texts or image
-    names given (else None)."""
-
-    index: str
-    method: str
-    ids: np.ndarray
-    scores: np.ndarray
-    metadata: dict[int, dict] | None = None  # the records of the items in the results, by id
-    uncorrected: tuple[np.ndarray, np.ndarray] | None = None
-    first_stage_scores: np.ndarray | None = None
-    reranked: bool = False
-    rerank_k: int | None = None
-    queries: list[str] | None = None
-    #: an attached collection's search: per query, whether its answer is certified exact
-    certified: np.ndarray | None = None
-
-    def hits(self, row: int) -> list[dict]:
-        """The found hits of query ``row``, best first: id, score (None when not finite), the
-        item's metadata (when the index has some); with compare, each hit's uncorrected rank and
-        rank change (None: not in the uncorrected top k); when reranked, the first-stage score."""
-        found = self.ids[row] >= 0
-        out = [self._hit(j, v) for j, v in zip(self.ids[row][found], self.scores[row][found])]
-        if self.first_stage_scores is not None:
-            for h, f in zip(out, self.first_stage_scores[row][found]):
-                h["first_stage_score"] = _finite(f)
-        if self.uncorrected is not None:
-            before = {int(j): r for r, j in enumerate(self.uncorrected[1][row], start=1) if j >= 0}
-            for rank, h in enumerate(out, start=1):
-                h["uncorrected_rank"] = before.get(h["id"])
-                h["rank_change"] = None if h["uncorrected_rank"] is None else h["uncorrected_rank"] - rank
-        return out
-
-    def uncorrected_hits(self, row: int) -> list[dict]:
-        """The uncorrected top k of query ``row`` (compare only)."""
-        assert self.uncorrected is not None  # compare=True
-        scores, ids = self.uncorrected
-        found = ids[row] >= 0
-        return [self._hit(j, v) for j, v in zip(ids[row][found], scores[row][found])]
-
-    def records(self) -> list[dict]:
-        """One JSON-ready dict per query: ``query`` (its position), ``text`` (when texts or images
-        were given), ``hits`` and, with compare, ``uncorrected``."""
-        out = []
-        for row in range(self.ids.shape[0]):
-            record: dict[str, Any] = {"query": row}
-            if self.queries is not None:
-                record["text"] = self.queries[row]
-            if self.certified is not None:
-                record["certified"] = bool(self.certified[row])
-            record["hits"] = self.hits(row)
-            if self.uncorrected is not None:
-                record["uncorrected"] = self.uncorrected_hits(row)
-            out.append(record)
-        return out
-
-    def _hit(self, item_id, score) -> dict:
-        hit: dict[str, Any] = {"id": int(item_id), "score": _finite(score)}
-        if self.metadata is not None:
-            hit["metadata"] = self.metadata[int(item_id)]
-        return hit
-
-
-@dataclass
-class _Rows:
-    embeddings: np.ndarray
-
-
-class AttachedIndex:
-    """An attached collection (:class:`hubless.attached.AttachedCollection`) seen as a served,
-    read-only index: what :class:`Searcher` and the service read of an index (size, method,
-    weight, dimension, membership, an item's vector, metadata records), its search the certified
-    attached one. Open one with :meth:`open` on a sidecar directory (the collection is the one
-    the sidecar names, opened with the options it was attached with) or wrap an open collection."""
-
-    read_only = True
-    model = None  # an attached collection records no model: embedding and item queries
-    factory = None
-    metadata_schema = None
-    query_bank = None
-    gallery_bank = None
-    keep_versions = 0
-
-    def __init__(self, collection, path: Path | None = None) -> None:
-        self.collection = collection
-        self.path = path
-
-    @classmethod
-    def open(cls, sidecar) -> AttachedIndex:
-        """The collection named in sidecar directory ``sidecar``, checked against its
-        fingerprint (:class:`~hubless.errors.Conflict` when it changed since)."""
-        from hubless.attached import AttachedCollection
-
-        return cls(AttachedCollection.from_sidecar(sidecar), Path(sidecar))
-
-    def snapshot(self) -> AttachedIndex:
-        return self
-
-    def refresh(self) -> None:
-        """Nothing to catch up with: each search checks the collection's count."""
-
-    @property
-    def ntotal(self) -> int:
-        return self.collection.ntotal
-
-    @property
-    def method(self) -> str:
-        return self.collection.spec
-
-    @property
-    def weight_param(self) -> str | None:
-        return self.collection.correction.weight_param
-
-    @property
-    def weight(self) -> float | None:
-        name = self.weight_param
-        return None if name is None else float(getattr(self.collection.correction, name))
-
-    @property
-    def has_metadata(self) -> bool:
-        return self.collection.source.kind != "faiss"  # a FAISS index file keeps no payload
-
-    def info(self) -> dict:
-        """The index-like description: method, dimension, size, ``kind`` "attached" and the
-        store's ``source`` kind (not its address, which may hold credentials)."""
-        side = self.collection.sidecar.info
-        return {
-            "kind": "attached",
-            "source": self.collection.source.kind,
-            "method": self.method,
-            "dim": int(side["dim"]),
-            "normalize": bool(side["normalize"]),
-            "n_items": self.ntotal,
-            "metadata_columns": [],
-            "reserve": int(self.collection.reserve_ids.size),
-        }
-
-    def __contains__(self, item_id) -> bool:
-        ids = self.collection.sidecar.ids
-        at = int(np.searchsorted(ids, int(item_id)))
-        return at < ids.size and int(ids[at]) == int(item_id)
-
-    def get(self, ids) -> _Rows:
-        """The stored vectors of ``ids`` (read from the store)."""
-        return _Rows(self.collection.source.fetch(np.asarray(ids, np.int64)))
-
-    def records(self, ids) -> list[dict]:
-        """The store's payloads of ``ids`` (one dict per id)."""
-        return self.collection.source.payloads(np.asarray(ids, np.int64))
-
-    def search(self, queries, top_k: int, **options) -> tuple[np.ndarray, np.ndarray]:
-        return self.collection.search(queries, top_k, **options)
-
-    def search_certified(self, queries, top_k: int, **options):
-        return self.collection.search_certified(queries, top_k, **options)
-
-    def search_uncorrected(self, queries, top_k: int, **knobs) -> tuple[np.ndarray, np.ndarray]:
-        """The store's own plain top-``top_k``."""
-        return self.collection.source.search(np.asarray(queries, np.float32), top_k, **knobs)
-
-    def _refuse(self, *args, **kwargs):
-        raise Conflict(
-            f"{self.collection.source.uri} is an attached collection, served read only: write to the store itself, "
-            "then run hubless attach --update"
-        )
-
-    add = remove = delete = update_metadata = add_bank = restore = _refuse
-
-
-def _attached(value) -> AttachedIndex | None:
-    """``value`` as an attached collection when it is one (a sidecar directory or an
-    AttachedCollection), else None."""
-    from hubless.attached import AttachedCollection
-    from hubless.attached.sidecar import is_sidecar
-
-    if isinstance(value, AttachedIndex):
-        return value
-    if isinstance(value, AttachedCollection):
-        return AttachedIndex(value)
-    if isinstance(value, (str, os.PathLike)) and is_sidecar(value):
-        return AttachedIndex.open(value)
-    return None
-
-
-def _finite(value) -> float | None:
-    value = float(value)
-    return value if np.isfinite(value) else None
-
-
 class Searcher:
-    """Search one or several indexes with queries of any kind (see the module docstring).
+    """Search one or several indexes with queries of any kind (see :mod:`hubless.search`).
 
     ``indexes``: a saved index directory or a :class:`hubless.Index` (served as its folder's name,
     or "index"), or a mapping name -> either. ``model`` / ``encoder``: the query encoder (a name or
@@ -307,7 +65,7 @@ class Searcher:
         self._indexes: dict[str, Any] = {}  # name -> Index or AttachedIndex
         self.paths: dict[str, Path | None] = {}
         for name, value in indexes.items():
-            attached = None if isinstance(value, Index) else _attached(value)
+            attached = None if isinstance(value, Index) else as_attached(value)
             if attached is not None:  # read only, no versions: no path for the routes that read one
                 self._indexes[name], self.paths[name] = attached, None
             elif isinstance(value, Index):
@@ -375,7 +133,7 @@ class Searcher:
 
     # ------------------------------------------------------------------ models
     def model_for(self, name: str | None = None) -> str:
-        """The model that encodes queries for index ``name`` (by the module's rule; raises
+        """The model that encodes queries for index ``name`` (by the rule of :mod:`hubless.search.model_rule`; raises
         :class:`InvalidInput` saying why when there is none)."""
         name = self.name(name)
         given = self.model if self.encoder is None else self.encoder.name
@@ -495,7 +253,7 @@ class Searcher:
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
         result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
         if isinstance(current, AttachedIndex):
-            return _search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
+            return search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
         if rerank:
             items = (
                 list(query_items)
@@ -562,26 +320,6 @@ class Searcher:
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores
         result.reranked, result.rerank_k = True, k
-
-
-def _search_attached(result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool):
-    """:meth:`Searcher.search` on an attached collection: the certified search (its ``certified``
-    in the result), the store's plain ranking for ``compare``, the store's payloads as metadata."""
-    if rerank:
-        raise InvalidInput(f"{result.index!r} is an attached collection: reranking is not offered on it")
-    if "where" in options:
-        raise InvalidInput(f"{result.index!r} is an attached collection: metadata filters (where) are not offered on it")
-    found = current.search_certified(vectors, top_k, **options)
-    result.scores, result.ids, result.certified = found.scores, found.ids, found.certified
-    if compare:
-        knobs = {k: v for k, v in options.items() if k != "weight"}
-        result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
-    if current.has_metadata:
-        shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
-        ids = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
-        ids = ids[ids >= 0]
-        result.metadata = dict(zip(ids.tolist(), current.records(ids)))
-    return result
 
 
 def _top_k(top_k, n: int) -> int:

@@ -1,0 +1,39 @@
+"""One facade for searching saved indexes: :class:`Searcher`.
+
+    from hubless.search import Searcher
+    searcher = Searcher({"coco": "idx/"})                       # or Searcher("idx/"), or {name: Index}
+    result = searcher.search(texts=["a dog on a beach"], top_k=10, compare=True)
+    result.records()[0]["hits"][0]   # {"id": 42, "score": 0.31, "metadata": {...}, "uncorrected_rank": 3, "rank_change": 2}
+
+It loads the indexes, encodes text and image queries with the model each index records,
+searches (:meth:`hubless.Index.search`), compares with the uncorrected ranking through the same
+structure (:meth:`hubless.Index.search_uncorrected`, the weight-0 query), passes filters on
+(``where=``), reranks with a cross-encoder (:class:`hubless.rerank.Pipeline`) and returns hits
+with their metadata. ``hubless search`` and ``hubless serve`` are thin layers over it.
+
+An attached collection (a sidecar directory written by ``hubless attach``, see
+:mod:`hubless.attached`) is served by the same facade: a sidecar directory (or an
+:class:`hubless.attached.AttachedCollection`) given where an index is expected is opened as an
+:class:`AttachedIndex` on the collection its sidecar names. Its search is the certified attached
+search (:meth:`hubless.attached.AttachedCollection.search_certified`; the result says which
+queries were certified), ``compare`` is the store's own plain ranking, and the hits' metadata is
+the store's payload (none for a FAISS file). It is read only: a write goes to the store, then
+``hubless attach --update``; filters, reranking and versions are refused, naming why.
+
+The model rule (one rule, one override): text and image queries are encoded with the model the
+index records; see :mod:`hubless.search.model_rule`.
+
+The package, one module per job: :mod:`~hubless.search.searcher` (the facade),
+:mod:`~hubless.search.result` (what a search returns), :mod:`~hubless.search.attached_index` (an
+attached collection served as an index), :mod:`~hubless.search.model_rule` (which model encodes
+the queries).
+"""
+
+from __future__ import annotations
+
+from hubless.search.attached_index import AttachedIndex
+from hubless.search.model_rule import choose_model, same_model
+from hubless.search.result import SearchResult
+from hubless.search.searcher import RERANK_COLUMNS, Searcher
+
+__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "choose_model", "same_model"]
