@@ -455,7 +455,7 @@ def test_versions_are_kept_searched_as_of_restored_and_pruned(tmp_path):
     assert restored.info()["next_id"] == before_restore and restored.keep_versions == 4
     assert hubless.Index.versions(path)[-1]["version"] == new
     assert live.add(GALLERY[350:351])[0] == before_restore  # the live handle catches up; assigned ids are never reused
-    from hubless.index.disk import verify
+    from hubless.index.integrity import verify
 
     assert verify(path)["items"] == restored.ntotal + 1
     live.set_keep_versions(0)  # keeps none any more: the records and their files go
