@@ -63,7 +63,7 @@ def _metadata(n: int):
 def filter_rows(n: int, dim: int, delete_n: int, n_queries: int, repeats: int, work: Path) -> list[tuple[str, str, str]]:
     """The table rows of this benchmark (also run by ``index_writes.py``)."""
     import hubless
-    from hubless.index import metadata as meta_module
+    from hubless.index import filters as filters_module
 
     rng = np.random.default_rng(0)
     gallery, bank = unit_rows(rng, n, dim), unit_rows(rng, 1000, dim)
@@ -87,13 +87,13 @@ def filter_rows(n: int, dim: int, delete_n: int, n_queries: int, repeats: int, w
         index.search(batch, 10)  # warm
         results[f"exact, {label}"] = p50([timed(batch, None, False) for _ in range(repeats)])
         for key, where in (("int", {"bucket": 7}), ("string", {"tag": "t7"})):
-            meta_module.SCALAR_INDEX_MIN_ROWS = 16384
+            filters_module.SCALAR_INDEX_MIN_ROWS = 16384
             timed(batch, where, True), timed(batch, where, True)  # the scalar index is made at the second filter
             results[f"{key} cached, {label}"] = p50([timed(batch, where, False) for _ in range(repeats)])
             results[f"{key} new version, {label}"] = p50([timed(batch, where, True) for _ in range(max(3, repeats // 3))])
-            meta_module.SCALAR_INDEX_MIN_ROWS = None
+            filters_module.SCALAR_INDEX_MIN_ROWS = None
             results[f"{key} no index, {label}"] = p50([timed(batch, where, True) for _ in range(max(3, repeats // 3))])
-            meta_module.SCALAR_INDEX_MIN_ROWS = 16384
+            filters_module.SCALAR_INDEX_MIN_ROWS = 16384
         print("  " + ", ".join(f"{k}: {1000 * v:.2f} ms" for k, v in results.items() if k.endswith(label)))
 
     small = hubless.Index.build(unit_rows(rng, delete_n, dim), bank, "nnn:alpha=0.75,k=16", "Flat", metadata=_metadata(delete_n))

@@ -75,7 +75,7 @@ def test_a_distributed_build_writes_the_index_a_single_machine_build_saves(ray_l
             np.testing.assert_array_equal(ids, want_ids)
             np.testing.assert_array_equal(codes, want_codes)
     assert sorted(p.name for p in out.iterdir()) == ["CURRENT", "b000001"]  # no work file left
-    from hubless.index.disk import verify
+    from hubless.index.integrity import verify
 
     assert verify(out)["items"] == len(gallery)
     info = built.info()  # it keeps no banks, but says which bank its biases come from

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import hubless
-from hubless.index import disk
+from hubless.index import integrity, pointer
 from tests.conftest import unit_rows
 
 
@@ -84,12 +84,12 @@ def test_segments_fold_and_the_index_compacts_past_the_thresholds(saved, arrays,
     live = hubless.Index.open(path)
     for i in range(3):
         live.add(arrays["new"][i][:1])
-    assert [s["name"] for s in disk.read_manifest(path)[0]["segments"]] == ["s000002.seg", "s000003.seg", "s000004.seg"]
+    assert [s["name"] for s in pointer.read_manifest(path)[0]["segments"]] == ["s000002.seg", "s000003.seg", "s000004.seg"]
     live.add(arrays["new"][3][:1])  # a 4th segment: the 4 writes folded into one
-    manifest = disk.read_manifest(path)[0]
+    manifest = pointer.read_manifest(path)[0]
     assert [s["name"] for s in manifest["segments"]] == ["s000005.seg"] and manifest["segments"][0]["rows"] == 4
     live.add(np.concatenate(arrays["new"][4:]))  # 14 rows since the base > 12: a new base
-    manifest = disk.read_manifest(path)[0]
+    manifest = pointer.read_manifest(path)[0]
     assert manifest["segments"] == [] and manifest["base"]["rows"] == 214
     assert hubless.Index.load(path).ntotal == 214
 
@@ -184,7 +184,7 @@ def test_kill_at_random_points_loses_no_acknowledged_write(saved, tmp_path):
         # every acknowledged write is there; the one in flight may or may not be (one removal, or one add of 3)
         assert len(present - ids) <= 1 and len(ids - present) <= 3, (trial, sorted(present - ids)[:5], sorted(ids - present)[:5])
         assert not (ids & gone), trial
-        assert len(loaded.metadata) == loaded.ntotal and disk.verify(path)["items"] == loaded.ntotal
+        assert len(loaded.metadata) == loaded.ntotal and integrity.verify(path)["items"] == loaded.ntotal
         present = ids
     with hubless.Index.update(path, timeout=5):  # the killed writers' locks are gone
         pass
@@ -330,7 +330,7 @@ def test_an_index_of_an_earlier_format_is_refused_saying_to_rebuild_it(saved, tm
     write_earlier_format(path, version)
     before = snapshot_files(path)
     message = f"index of format {version}, written by an earlier format of hubless; .* rebuild the index"
-    for read in (hubless.Index.load, hubless.Index.open, disk.verify, hubless.Index.versions):
+    for read in (hubless.Index.load, hubless.Index.open, integrity.verify, hubless.Index.versions):
         with pytest.raises(Corrupt, match=message):
             read(path)
     with pytest.raises(Corrupt, match=message), hubless.Index.update(path):
@@ -377,7 +377,7 @@ def test_what_a_plain_load_a_mapped_load_and_verify_detect(saved, arrays, target
     with pytest.raises(ValueError, match="corrupt"):
         hubless.Index.load(path)
     with pytest.raises(ValueError, match="corrupt"):
-        disk.verify(path)
+        integrity.verify(path)
     if target == "b000001/gallery.npy":
         assert hubless.Index.load(path, mmap=True).ntotal == 205  # mapped: read lazily, not hashed
         file.write_bytes(bytes(raw[:-4]))

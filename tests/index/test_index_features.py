@@ -337,14 +337,14 @@ def test_service_delete_by_filter_and_metadata_updates(tmp_path):
 # ---------------------------------------------------------------------------------- scalar indexes
 @pytest.fixture()
 def scalar_indexes_on_small_chunks():
-    from hubless.index import metadata
+    from hubless.index import filters
 
-    before = metadata.SCALAR_INDEX_MIN_ROWS
-    metadata.SCALAR_INDEX_MIN_ROWS = 1
-    metadata._scalar_cache.clear()
-    yield metadata
-    metadata.SCALAR_INDEX_MIN_ROWS = before
-    metadata._scalar_cache.clear()
+    before = filters.SCALAR_INDEX_MIN_ROWS
+    filters.SCALAR_INDEX_MIN_ROWS = 1
+    filters._scalar_cache.clear()
+    yield filters
+    filters.SCALAR_INDEX_MIN_ROWS = before
+    filters._scalar_cache.clear()
 
 
 def test_filters_through_scalar_indexes_equal_a_plain_evaluation(scalar_indexes_on_small_chunks):
@@ -376,7 +376,7 @@ def test_a_scalar_index_answers_as_arrow_compares(scalar_indexes_on_small_chunks
     floats against integers and values beyond int64: the same rows as Arrow's comparisons."""
     from hubless.errors import InvalidType
 
-    metadata = scalar_indexes_on_small_chunks
+    filters = scalar_indexes_on_small_chunks
     rng = np.random.default_rng(seed)
     n = 60
     pools = {"int": [-3, 0, 1, 2, 5, None], "float": [-1.5, 0.0, 2.5, float("nan"), float("inf"), None],
@@ -385,12 +385,12 @@ def test_a_scalar_index_answers_as_arrow_compares(scalar_indexes_on_small_chunks
     values = [pool[i] for i in rng.integers(0, len(pool), n)]
     meta = Metadata.from_records({"c": values}, n)
     where = {"c": {op: [value, pool[0]] if op in ("in", "not_in") else value}}
-    metadata.SCALAR_INDEX_MIN_ROWS = None
+    filters.SCALAR_INDEX_MIN_ROWS = None
     try:
         expected = meta.mask(where)
     except (InvalidType, InvalidInput, OverflowError, ValueError) as exc:  # refused (or not comparable) without an index
         expected = exc
-    metadata.SCALAR_INDEX_MIN_ROWS = 1
+    filters.SCALAR_INDEX_MIN_ROWS = 1
     for _ in range(2):  # the second filter of a chunk goes through its index
         if isinstance(expected, InvalidType | InvalidInput):
             with pytest.raises(type(expected)):
@@ -455,7 +455,7 @@ def test_versions_are_kept_searched_as_of_restored_and_pruned(tmp_path):
     assert restored.info()["next_id"] == before_restore and restored.keep_versions == 4
     assert hubless.Index.versions(path)[-1]["version"] == new
     assert live.add(GALLERY[350:351])[0] == before_restore  # the live handle catches up; assigned ids are never reused
-    from hubless.index.disk import verify
+    from hubless.index.integrity import verify
 
     assert verify(path)["items"] == restored.ntotal + 1
     live.set_keep_versions(0)  # keeps none any more: the records and their files go

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.errors import Conflict, Corrupt, InvalidInput
-from hubless.index import disk
+from hubless.index import disk, integrity, pointer
 from hubless.index.ids import MAX_ID
 from tests.conftest import unit_rows
 
@@ -65,7 +65,7 @@ def _same_search(a: hubless.Index, b: hubless.Index) -> None:
 
 
 def _loads_identically(path, reference: hubless.Index) -> None:
-    disk.verify(path)
+    integrity.verify(path)
     for mmap in (False, True):
         loaded = hubless.Index.load(path, mmap=mmap)
         np.testing.assert_array_equal(loaded.ids, reference.ids)
@@ -173,10 +173,10 @@ def _damage(file, offset: int = -8) -> None:
 @pytest.mark.parametrize("name", ["gallery.npy", "stat.query_topk.npy", "index.faiss", "query_bank.npy"])
 def test_cli_writes_never_carry_a_damaged_mapped_file_into_a_new_base(saved, name, tmp_path):
     path = _copy(saved, "IVF8,Flat", tmp_path)
-    base = disk.read_manifest(path)[0]["base"]["name"]
+    base = pointer.read_manifest(path)[0]["base"]["name"]
     _damage(path / base / name)
     with pytest.raises(Corrupt, match=name):
-        disk.verify(path)
+        integrity.verify(path)
     np.save(tmp_path / "new.npy", QUERIES[:2])
     added = runner.invoke(app, ["index", "add", str(path), "--embeddings", str(tmp_path / "new.npy")])
     if name == "query_bank.npy":  # an add computes the new items' statistics from the bank: verified first
@@ -186,9 +186,9 @@ def test_cli_writes_never_carry_a_damaged_mapped_file_into_a_new_base(saved, nam
     compacted = runner.invoke(app, ["index", "compact", str(path)])  # a new base would carry the damaged file
     assert compacted.exit_code != 0, compacted.output
     assert name in compacted.output and "corrupt" in compacted.output.lower(), compacted.output
-    assert disk.read_manifest(path)[0]["base"]["name"] == base  # no new base
+    assert pointer.read_manifest(path)[0]["base"]["name"] == base  # no new base
     with pytest.raises(Corrupt, match=name):
-        disk.verify(path)
+        integrity.verify(path)
     # in the library: a mapped handle's compaction or copy refuses the same way
     with pytest.raises(Corrupt, match=name):
         hubless.Index.open(path, mmap=True).compact()
@@ -199,10 +199,10 @@ def test_cli_writes_never_carry_a_damaged_mapped_file_into_a_new_base(saved, nam
 
 def test_cli_compact_with_nothing_pending_writes_a_new_base(saved, tmp_path):
     path = _copy(saved, "IVF8,Flat", tmp_path)
-    before = disk.read_manifest(path)[0]["base"]["name"]
+    before = pointer.read_manifest(path)[0]["base"]["name"]
     result = runner.invoke(app, ["index", "compact", str(path)])
     assert result.exit_code == 0, result.output
-    assert disk.read_manifest(path)[0]["base"]["name"] != before
+    assert pointer.read_manifest(path)[0]["base"]["name"] != before
     _loads_identically(path, hubless.Index.load(saved["IVF8,Flat"]))
 
 
@@ -210,7 +210,7 @@ def test_cli_remove_through_a_mapped_handle_recomputing_lists_verifies_the_galle
     index = hubless.Index.build(GALLERY[:60], BANK, "dis:k_activation=1", "Flat")
     index.save(tmp_path / "idx")
     path = tmp_path / "idx"
-    base = disk.read_manifest(path)[0]["base"]["name"]
+    base = pointer.read_manifest(path)[0]["base"]["name"]
     _damage(path / base / "gallery.npy")
     lists = index.correction.statistics_.query_activation
     victim = int(index.ids[int(lists[0, 0])])
@@ -266,11 +266,11 @@ def _replace_base_file(path, name: str, raw: bytes) -> None:
     did: the damage is in a file whose checksum matches)."""
     import hashlib
 
-    manifest, _ = disk.read_manifest(path)
+    manifest, _ = pointer.read_manifest(path)
     base = manifest["base"]
     (path / base["name"] / name).write_bytes(raw)
     base["files"][name] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
-    disk.commit(path, manifest, keep=disk.names_in(manifest))
+    disk.commit(path, manifest, keep=pointer.names_in(manifest))
 
 
 def test_verify_reads_the_faiss_lists_as_a_load_and_a_search_do(saved, tmp_path):
@@ -279,7 +279,7 @@ def test_verify_reads_the_faiss_lists_as_a_load_and_a_search_do(saved, tmp_path)
     path = _copy(saved, "IVF8,Flat", tmp_path)
     ok = runner.invoke(app, ["index", "verify", str(path)])
     assert ok.exit_code == 0 and "FAISS IVF: 8 lists" in ok.output, ok.output
-    file = path / disk.read_manifest(path)[0]["base"]["name"] / "index.faiss"
+    file = path / pointer.read_manifest(path)[0]["base"]["name"] / "index.faiss"
     # lists that name another file (an index written from FAISS's IO_FLAG_MMAP load before the fix)
     elsewhere = faiss.read_index(str(file), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
     good = file.read_bytes()
@@ -296,7 +296,7 @@ def test_verify_reads_the_faiss_lists_as_a_load_and_a_search_do(saved, tmp_path)
     ivf.invlists.update_entry(first, 0, GALLERY.shape[0] + 5, faiss.swig_ptr(code))
     _replace_base_file(path, "index.faiss", faiss.serialize_index(index).tobytes())
     with pytest.raises(Corrupt, match=f"inverted list {first} holds id {GALLERY.shape[0] + 5}"):
-        disk.verify(path)
+        integrity.verify(path)
 
 
 # ---------------------------------------------------------------------------------- write cost

@@ -25,7 +25,7 @@ import hubless
 from hubless.cli.main import app
 from hubless.corrections import make_correction
 from hubless.errors import AlreadyExists, Conflict, Corrupt, InvalidInput, NotFound
-from hubless.index import disk
+from hubless.index import integrity, pointer
 from hubless.index.ids import MAX_ID
 from tests.conftest import unit_rows
 
@@ -233,7 +233,7 @@ class LiveIndexMachine(RuleBasedStateMachine):
     def damaged_file_is_refused_then_repaired(self, data):
         """A base file damaged between steps: verify names it, a mapped handle's compaction and
         the CLI's compaction refuse it (nothing written); the file is then repaired."""
-        manifest, _ = disk.read_manifest(self.path)
+        manifest, _ = pointer.read_manifest(self.path)
         base = manifest["base"]
         mapped = sorted(n for n in base["files"] if n == "gallery.npy" or n.startswith("stat.") or n == "index.faiss")
         name = data.draw(st.sampled_from(mapped))
@@ -244,12 +244,12 @@ class LiveIndexMachine(RuleBasedStateMachine):
         file.write_bytes(bytes(raw))
         try:
             with pytest.raises(Corrupt, match=name):
-                disk.verify(self.path)
+                integrity.verify(self.path)
             with pytest.raises(Corrupt, match=name):
                 hubless.Index.open(self.path, mmap=True).compact()
             with pytest.raises(Corrupt, match=name):
                 hubless.Index.load(self.path, mmap=True).save(self.folder / "copy")
-            assert disk.read_manifest(self.path)[0]["base"]["name"] == base["name"]  # no new base
+            assert pointer.read_manifest(self.path)[0]["base"]["name"] == base["name"]  # no new base
         finally:
             file.write_bytes(good)
             shutil.rmtree(self.folder / "copy", ignore_errors=True)

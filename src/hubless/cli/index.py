@@ -99,7 +99,7 @@ def build_command(
                 "queries": {"source": "query bank"},
             }
             built.save(out, overwrite=True)  # the manifest only: the items are written already
-        from hubless.index.disk import read_manifest
+        from hubless.index.pointer import read_manifest
 
         manifest, _ = read_manifest(out)
         config = manifest["config"]
@@ -445,7 +445,7 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     """Check what a load and a search read: every file against the sha256 and size recorded when it
     was written (a plain load checks every file it reads; a memory-mapped load skips the mapped
     ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
-    from hubless.index.disk import verify
+    from hubless.index.integrity import verify
 
     result = verify(path)
     if result["files"] is None:

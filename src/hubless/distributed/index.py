@@ -261,7 +261,7 @@ def build_index(
     :func:`hubless.distributed.fit_statistics` (``work_dir``, ``workers``, tile sizes). The
     index keeps no banks (it was fitted from tiles): grow a bank with a new distributed fit."""
     from hubless.distributed.fit import _banks_for, open_sources
-    from hubless.index import Index, disk
+    from hubless.index import Index, disk, pointer
     from hubless.index.config import IndexConfig
     from hubless.index.factory import check_factory
     from hubless.index.faiss_build import default_factory, plan_layout
@@ -303,7 +303,7 @@ def build_index(
             _check_target(path, overwrite)  # another writer may have created it meanwhile
         created = out is None or not path.exists()
         path.mkdir(parents=True, exist_ok=True)
-        previous, _ = disk.read_manifest(path) if disk.is_index(path) else (None, None)
+        previous, _ = pointer.read_manifest(path) if pointer.is_index(path) else (None, None)
         version = _next_number(path, previous)
         folder = path / f"b{version:06d}"
         work = path / f".tmp-build-{uuid.uuid4().hex}"  # a leftover of a killed build is removed by the next commit
@@ -403,7 +403,7 @@ def build_index(
                 "base": {"name": folder.name, "rows": n, "files": {name: entries[name] for name in sorted(entries)}},
                 "segments": [],
             }  # fmt: skip
-            disk.commit(path, manifest, keep=disk.names_in(previous))
+            disk.commit(path, manifest, keep=pointer.names_in(previous))
         except BaseException:
             if created:  # a failed build leaves no directory behind
                 shutil.rmtree(path, ignore_errors=True)

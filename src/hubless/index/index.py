@@ -45,7 +45,7 @@ from hubless.corrections import AdditiveCorrection, Correction, MethodName, Quer
 from hubless.corrections.serving import check_additive
 from hubless.engine import BankStatistics
 from hubless.errors import AlreadyExists, Conflict, InvalidInput, NotFittedError
-from hubless.index import disk
+from hubless.index import disk, pointer, reading, versions
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
@@ -185,7 +185,7 @@ class Index:
         self._setup(snap)
 
     def _setup(
-        self, snap: Snapshot, *, path: Path | None = None, loaded: disk.Loaded | None = None, live: bool = False, mmap: bool = False
+        self, snap: Snapshot, *, path: Path | None = None, loaded: reading.Loaded | None = None, live: bool = False, mmap: bool = False
     ):
         """The one place an index's state is set."""
         self._snap = snap
@@ -465,7 +465,7 @@ class Index:
         snap, manifest = self._snap, self._manifest
         return {
             "path": None if self._path is None else str(self._path),
-            "format_version": disk.VERSION,
+            "format_version": pointer.VERSION,
             "version": None if manifest is None else manifest["version"],
             "base_rows": snap.n_base,
             "rows_since_base": snap.n_tail,
@@ -805,7 +805,7 @@ class Index:
         with self._lock:
             if self._path is not None and overwrite and _same_dir(self._path, path):
                 with write_lock(path):
-                    if disk.pointer_stamp(path) != self._stamp:
+                    if pointer.pointer_stamp(path) != self._stamp:
                         raise Conflict(
                             f"{path} changed since this index was loaded (another writer committed a version): saving would "
                             "replace it; load the index again (or refresh() an index without changes) and redo the changes"
@@ -825,22 +825,22 @@ class Index:
         path.mkdir(parents=True, exist_ok=True)
         previous = None
         try:
-            previous, _ = disk.read_manifest(path) if disk.is_index(path) else (None, None)
+            previous, _ = pointer.read_manifest(path) if pointer.is_index(path) else (None, None)
         except ValueError:
             previous = None
         version = _next_number(path, previous)
         try:
             base = disk.write_base(path, snap, version)
-            disk.commit(path, disk.manifest_for(snap, version, base, []), keep=disk.names_in(previous))
+            disk.commit(path, disk.manifest_for(snap, version, base, []), keep=pointer.names_in(previous))
         except BaseException:
             if created:  # a failed first save leaves no directory behind
                 shutil.rmtree(path, ignore_errors=True)
             raise
         self._snap = snap
         if self._path is not None and _same_dir(self._path, path):
-            self._bind(path, disk.Loaded(snap, disk.manifest_for(snap, version, base, []), disk.pointer_stamp(path)), snap)
+            self._bind(path, reading.Loaded(snap, disk.manifest_for(snap, version, base, []), pointer.pointer_stamp(path)), snap)
 
-    def _bind(self, path: Path, loaded: disk.Loaded, base: Snapshot | None) -> None:
+    def _bind(self, path: Path, loaded: reading.Loaded, base: Snapshot | None) -> None:
         self._path = path
         self._committed = loaded.snapshot
         self._manifest = loaded.manifest
@@ -876,34 +876,34 @@ class Index:
                 self._snap = new
                 return  # nothing to write
         body = disk.manifest_for(snap, version, base_entry, segments)
-        disk.commit(path, body, keep=disk.names_in(manifest), unsynced=unsynced)
+        disk.commit(path, body, keep=pointer.names_in(manifest), unsynced=unsynced)
         self._snap = snap
-        self._bind(path, disk.Loaded(snap, body, disk.pointer_stamp(path)), base)
+        self._bind(path, reading.Loaded(snap, body, pointer.pointer_stamp(path)), base)
 
     def _catch_up(self) -> bool:
         """Follow versions committed by other writers since ours: their segments are replayed
         when they extend our version (O(what they wrote)), else the index is loaded anew."""
         path = self._path
         assert path is not None  # only an index loaded from a directory catches up
-        stamp = disk.pointer_stamp(path)
+        stamp = pointer.pointer_stamp(path)
         if stamp == self._stamp and self._committed is not None:
             return False
-        manifest, _ = disk.read_manifest(path)
+        manifest, _ = pointer.read_manifest(path)
         old = self._manifest
         if manifest is not None and old is not None and self._committed is not None and manifest["base"] == old["base"]:
             k = len(old["segments"])
             try:
                 if manifest["segments"][:k] == old["segments"]:  # later writes appended segments: read those
-                    snap = disk.replay(path, self._committed, manifest, manifest["segments"][k:])
+                    snap = reading.replay(path, self._committed, manifest, manifest["segments"][k:])
                 else:  # segments were folded into one: replay them over our base
                     assert self._base is not None  # bound with the loaded base
-                    snap = disk.replay(path, self._base, manifest, manifest["segments"])
-            except disk.Gone:
+                    snap = reading.replay(path, self._base, manifest, manifest["segments"])
+            except reading.Gone:
                 snap = None  # compacted again meanwhile: load anew
             if snap is not None:
                 snap = snap.with_config(IndexConfig.from_dict(manifest["config"]))
                 self._snap = snap
-                self._bind(path, disk.Loaded(snap, manifest, stamp), self._base)
+                self._bind(path, reading.Loaded(snap, manifest, stamp), self._base)
                 return True
         loaded, base = _load(path, self._mmap)
         self._snap = loaded.snapshot
@@ -917,7 +917,7 @@ class Index:
         one holds this object). Returns whether the index changed."""
         if self._path is None or self._locked:
             return False
-        if disk.pointer_stamp(self._path) == self._stamp:
+        if pointer.pointer_stamp(self._path) == self._stamp:
             return False
         if not self._lock.acquire(blocking=False):
             return False
@@ -970,7 +970,7 @@ class Index:
         :meth:`versions`), as an in-memory index not bound to the directory (``save`` it
         elsewhere for a copy of that version, or :meth:`restore` it)."""
         if version is not None:
-            loaded_version = disk.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
+            loaded_version = versions.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
             pinned = cls.__new__(cls)
             pinned._setup(loaded_version.snapshot, mmap=mmap)
             return pinned
@@ -999,7 +999,7 @@ class Index:
         items, rows, segments, base and commit time (:func:`hubless.index.disk.list_versions`).
         A kept version's files are never changed or removed while it is kept: a copy of them
         (or ``Index.load(path, version=v).save(backup)``) is a backup, while writes go on."""
-        return disk.list_versions(Path(path))
+        return versions.list_versions(Path(path))
 
     @property
     def keep_versions(self) -> int:
@@ -1025,9 +1025,9 @@ class Index:
         path = Path(path)
         version = check_positive_int(version, "version")
         with write_lock(path, timeout=timeout):
-            current, _ = disk.read_manifest(path)
-            disk.load_version(path, version, mmap=True)  # every file there and readable
-            target = disk.read_version(path, version)
+            current, _ = pointer.read_manifest(path)
+            versions.load_version(path, version, mmap=True)  # every file there and readable
+            target = versions.read_version(path, version)
             config = dict(target["config"])
             keep = int(current["config"].get("keep_versions") or 0)
             config.pop("keep_versions", None)
@@ -1035,13 +1035,13 @@ class Index:
                 config["keep_versions"] = keep
             number = _next_number(path, current)
             body = {**target, "version": number, "config": config, "next_id": max(int(target["next_id"]), int(current["next_id"]))}
-            disk.commit(path, body, keep=disk.names_in(current))
+            disk.commit(path, body, keep=pointer.names_in(current))
         return number
 
 
-def _load(path: Path, mmap: bool) -> tuple[disk.Loaded, Snapshot]:
+def _load(path: Path, mmap: bool) -> tuple[reading.Loaded, Snapshot]:
     """A loaded index and its base alone (before the segments were replayed)."""
-    loaded = disk.load(path, mmap=mmap)
+    loaded = reading.load(path, mmap=mmap)
     base = getattr(loaded, "base", None)
     return loaded, base if base is not None else loaded.snapshot
 
@@ -1143,7 +1143,7 @@ def _check_target(path: Path, overwrite: bool) -> None:
         return
     if not path.is_dir():
         raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
-    if disk.is_index(path):
+    if pointer.is_index(path):
         if not overwrite:
             raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
     elif any(path.iterdir()):

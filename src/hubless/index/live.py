@@ -712,7 +712,8 @@ class Snapshot:
         with the same row would write it (its old row marked dead, the activation lists that
         named it renamed to its new row), so a write costs O(rows changed) and a saved index
         holds it as one segment; only the order of ties moves (the item was written last)."""
-        from hubless.index.metadata import as_columns, pyarrow
+        from hubless.index.arrow import pyarrow
+        from hubless.index.metadata import as_columns
 
         rows = np.asarray(rows, dtype=np.int64)
         n = rows.size

@@ -33,25 +33,13 @@ import numpy as np
 
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput
-from hubless.index.disk import (
-    _BASE_NAME,
-    _PENDING,
-    _SEGMENT_NAME,
-    Loaded,
-    _check_index_dir,
-    _parse_segment,
-    _parsing,
-    _write_segment_file,
-    commit,
-    load,
-    manifest_for,
-    names_in,
-    pointer_stamp,
-)
+from hubless.index.disk import _write_segment_file, commit, manifest_for
 from hubless.index.ids import assigned_ids
 from hubless.index.live import SIDES, row_statistics_names
 from hubless.index.lock import write_lock
 from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
+from hubless.index.pointer import BASE_NAME, PENDING, SEGMENT_NAME, check_index_dir, names_in, pointer_stamp
+from hubless.index.reading import Loaded, load, parse_segment, parsing
 
 __all__ = ["commit_segments", "write_segment"]
 
@@ -76,7 +64,7 @@ def write_segment(
     from hubless.index.ids import check_ids
     from hubless.index.live import _with_rows, split_statistics
 
-    path = _check_index_dir(Path(path))
+    path = check_index_dir(Path(path))
     loaded = load(path, mmap=True)
     snap = loaded.snapshot
     rows = as_embeddings(rows, "rows", normalize=snap.normalize, dim=snap.dim)
@@ -126,7 +114,7 @@ def commit_segments(path: str | os.PathLike, files, *, timeout: float | None = N
     path = Path(path)
     files = [Path(f) for f in files]
     for f in files:
-        if f.parent.resolve() != path.resolve() or not _PENDING.fullmatch(f.name) or not f.is_file():
+        if f.parent.resolve() != path.resolve() or not PENDING.fullmatch(f.name) or not f.is_file():
             raise InvalidInput(f"{f} is not a pending segment of {path} (written by write_segment)")
     with write_lock(path, timeout=timeout):
         index = Index._open_locked(path)
@@ -140,13 +128,13 @@ def commit_pending(index, files: list[Path]) -> dict:
     snap = index._snap
     version = max(
         old_manifest["version"],
-        *(int(p.name[1:7]) for p in path.iterdir() if _BASE_NAME.fullmatch(p.name) or _SEGMENT_NAME.fullmatch(p.name)),
+        *(int(p.name[1:7]) for p in path.iterdir() if BASE_NAME.fullmatch(p.name) or SEGMENT_NAME.fullmatch(p.name)),
     )
     entries, all_ids = [], []
     for f in files:
         raw = f.read_bytes()
         entry = {"name": f.name, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
-        with _parsing(path, f.name):
+        with parsing(path, f.name):
             with np.load(io.BytesIO(raw), allow_pickle=False) as data:
                 n = int(data["rows"].shape[0])
                 has_ids = "ids" in data.files
@@ -155,11 +143,11 @@ def commit_pending(index, files: list[Path]) -> dict:
         if not has_ids:
             assigned_ids(snap.next_id, n)  # an InvalidInput past the largest id
             entry["first_id"] = int(snap.next_id)
-        with _parsing(path, f.name):
+        with parsing(path, f.name):
             meta_before = snap.metadata
             if table is not None or meta_before is not None:  # typed against the index's schema now
                 meta_before = (meta_before if meta_before is not None else Metadata.empty(snap.n_rows)).appended(table, n)
-            part = _parse_segment(raw, entry, snap, None if meta_before is None else meta_before.schema)
+            part = parse_segment(raw, entry, snap, None if meta_before is None else meta_before.schema)
         snap = snap.replayed(part)
         all_ids.append(snap.ids[snap.n_rows - n :])
         version += 1

@@ -31,7 +31,7 @@ def describe(name: str, service: ServiceDep) -> dict:
     banks = {
         k: None if v is None else int(v.shape[0]) for k, v in (("query_bank", s.index.query_bank), ("gallery_bank", s.index.gallery_bank))
     }
-    from hubless.index.disk import VERSION
+    from hubless.index.pointer import VERSION
 
     return {**summary(s), "info": info, "banks": banks, "format_version": VERSION}
 
