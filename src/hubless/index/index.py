@@ -40,30 +40,26 @@ from typing import Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_positive_int, check_target_recall, check_top_k
-from hubless.corrections import AdditiveCorrection, Correction, MethodName, QueryBatch, QueryStatistics, make_additive
+from hubless._validation import as_embeddings, check_positive_int, check_target_recall
+from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.corrections.serving import check_additive
 from hubless.engine import BankStatistics
 from hubless.errors import AlreadyExists, Conflict, InvalidInput, NotFittedError
-from hubless.index import disk
+from hubless.index import disk, searching
 from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
     Layout,
     build_faiss,
     default_factory,
-    packed_bits,
     plan_layout,
     search_knob,
-    search_parameters,
-    search_rows,
     stored_rows,
-    with_selection,
     with_spill,
 )
 from hubless.index.ids import check_ids
 from hubless.index.info import IndexInfo
-from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
+from hubless.index.live import MISSING, Snapshot, augmented_rows
 from hubless.index.lock import write_lock
 from hubless.index.metadata import Metadata, check_keys
 
@@ -90,8 +86,6 @@ MAX_SEGMENTS = 64
 COMPACT_MIN_ROWS = 1000
 COMPACT_FRACTION = 0.1
 COMPACT_MIN_BYTES = 16 << 20
-#: A filter leaving at most this many rows is searched exactly over them, on any index.
-SUBSET_ROWS = 4096
 
 
 @dataclass
@@ -503,30 +497,8 @@ class Index:
         its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
         defaults for this call only (other threads searching meanwhile are not affected).
         """
-        snap = self._snap  # one version for the whole call, whatever writes happen meanwhile
-        corr = snap.serving
-        config = snap.config
-        nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-        ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        batch = corr.queries(queries, **weight)
-        allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
-        params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
-        self._raw_statistics(snap, batch, params)
-        selection = None
-        if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
-            selection = _selection(snap, params, allowed)
-        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
-            ranking, rows = self._exact(snap, batch, top_k, allowed, n_allowed)
-        else:
-            ranking, rows = self._ann(snap, batch, top_k, allowed, n_allowed, params if selection is None else selection[0], rescore)
-        found = rows != MISSING
-        ids = np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
-        if found.all():
-            return corr.method_scores(batch, ranking), ids
-        scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
-        return np.where(found, scores, -np.inf).astype(np.float32), ids
+        # one version for the whole call, whatever writes happen meanwhile
+        return searching.search(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
 
     def search_uncorrected(
         self,
@@ -544,123 +516,7 @@ class Index:
         searched exactly), so comparing costs about one more search of the same kind. ANN
         candidates are re-scored exactly as in :meth:`search`; ``where`` filters as there;
         unfilled slots have id -1 and score -inf."""
-        snap = self._snap
-        config = snap.config
-        vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
-        allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
-        selection = None
-        if snap.faiss is not None:
-            nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-            ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-            params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
-            if allowed is not None:
-                selection = _selection(snap, params, allowed)
-        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
-            scores, rows = snap.stream_topk(vectors, top_k, allowed)
-        else:
-            params = params if selection is None else selection[0]
-            do_rescore = config.rescore if rescore is None else bool(rescore)
-            depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
-            zeros = np.zeros((vectors.shape[0], snap.bias.shape[1]), np.float32)
-            scores, rows = _faiss_search(snap, vectors, zeros, min(depth, snap.n_base), params)
-            if snap.n_tail:
-                tail = snap.stream_topk(vectors, depth, allowed, rows="tail")
-                scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-            if do_rescore:
-                found = rows != MISSING
-                sims = snap.candidate_sims(vectors, np.where(found, rows, 0))
-                scores, rows = _best(np.where(found, sims, -np.inf), rows, top_k)
-            else:
-                scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
-        found = rows != MISSING
-        return scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
-
-    def _transform(self, snap: Snapshot, batch: QueryBatch):
-        corr = snap.serving
-
-        def transform(sims, r0, r1, c0, c1):
-            corr._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
-
-        return transform
-
-    def _exact(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int):
-        """Exact corrected top-k over the allowed rows (the streamed engine, or the gathered
-        rows of a selective filter)."""
-        if allowed is not None and n_allowed <= max(SUBSET_ROWS, snap.n_rows // 4):
-            return snap.subset_topk(batch, top_k, np.flatnonzero(allowed))
-        ranking, rows = snap.stream_topk(batch.vectors, top_k, allowed, self._transform(snap, batch))
-        short = (rows == MISSING).sum(axis=1) > max(0, top_k - n_allowed)
-        if short.any():  # rows ranked -inf (published DualDIS, s <= 0) tied with left-out rows: redo exactly
-            sub = snap.subset_topk(_rows_of_batch(batch, short), top_k, np.flatnonzero(snap.alive if allowed is None else allowed))
-            ranking[short], rows[short] = sub
-        return ranking, rows
-
-    def _ann(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int, params, rescore):
-        """FAISS over the base (dead and filtered rows left out) + the rows written since the
-        base exactly; then exact re-scoring of the candidates."""
-        corr = snap.serving
-        config = snap.config
-        weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
-        # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
-        do_rescore = (config.rescore if rescore is None else bool(rescore)) or not corr.exactly_additive
-        depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
-        if allowed is None and snap.n_dead == 0:
-            selection = None
-        else:
-            selection = _selection(snap, params, snap.alive if allowed is None else allowed)
-            if selection is None:  # this FAISS index cannot leave rows out: exact over the allowed rows
-                return self._exact(snap, batch, top_k, snap.alive if allowed is None else allowed, n_allowed)
-            params = selection[0]
-        ranking, rows = _faiss_search(snap, batch.vectors, -weights, min(depth, snap.n_base), params)
-        if snap.n_tail:
-            tail = snap.stream_topk(
-                batch.vectors, depth, snap.alive if allowed is None else allowed, self._transform(snap, batch), rows="tail"
-            )
-            ranking, rows = _best(np.concatenate([ranking, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-        if do_rescore:
-            return self._rescore(snap, batch, rows, top_k)
-        return _pad(ranking[:, :top_k], rows[:, :top_k], top_k)
-
-    def _raw_statistics(self, snap: Snapshot, batch: QueryBatch, params) -> None:
-        """Fill the raw-neighbour statistics the correction asks for, over every live item
-        (w = 0); queries the index found too few raw neighbours for get them exactly."""
-        corr = snap.serving
-        request = corr.query_request
-        if not request.depth:
-            return
-        depth = min(request.depth, snap.n_alive)
-        if snap.faiss is None:
-            scores, rows = snap.nearest_live(batch.vectors, depth)
-        else:
-            live_params = params
-            if snap.n_dead:
-                selection = _selection(snap, params, snap.alive)
-                live_params = None if selection is None else selection[0]
-            if snap.n_dead and live_params is None:
-                scores, rows = snap.stream_topk(batch.vectors, depth, snap.alive)
-            else:
-                zeros = np.zeros((len(batch), snap.bias.shape[1]), np.float32)
-                scores, rows = _faiss_search(snap, batch.vectors, zeros, min(depth, snap.n_base), live_params)
-                if snap.n_tail:
-                    tail = snap.stream_topk(batch.vectors, depth, snap.alive if snap.n_dead else None, rows="tail")
-                    scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-            short = np.flatnonzero((rows[:, :depth] == MISSING).any(axis=1))
-            if short.size:
-                scores = np.array(scores[:, :depth])
-                rows = np.array(rows[:, :depth])
-                scores[short], rows[short] = snap.stream_topk(batch.vectors[short], depth, snap.alive if snap.n_dead else None)
-        batch.statistics = QueryStatistics.from_neighbours(request, scores[:, :depth], rows[:, :depth])
-
-    def _rescore(self, snap: Snapshot, batch: QueryBatch, rows: np.ndarray, top_k: int):
-        """Exact ranking scores of the candidate rows by the correction's ranking hook, sorted
-        (ties to the lower row); missing candidates sort last."""
-        found = rows != MISSING
-        safe = np.where(found, rows, 0)
-        sims = snap.candidate_sims(batch.vectors, safe)
-        ranking = snap.serving.rank(batch, sims, columns=safe, out=sims)
-        return _best(np.where(found, ranking, -np.inf), np.where(found, rows, MISSING), top_k)
+        return searching.search_uncorrected(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore)
 
     def calibrate(self, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000) -> dict:
         """Set ``config.nprobe`` / ``config.ef_search`` to the smallest power of two reaching
@@ -1078,59 +934,6 @@ def _same_dir(a: Path, b: Path) -> bool:
         return Path(a).resolve() == Path(b).resolve()
     except OSError:
         return False
-
-
-def _faiss_search(snap: Snapshot, q: np.ndarray, extra: np.ndarray, k: int, params):
-    """FAISS top-k of [q, extra] over the base rows: (scores, rows), MISSING where unfilled."""
-    nq = q.shape[0]
-    if k <= 0:
-        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), MISSING, np.int64)
-    scores, rows = search_rows(snap.faiss, q, extra, k, params, snap.layout)
-    return np.where(rows >= 0, scores, -np.inf).astype(np.float32), np.where(rows >= 0, rows, MISSING)
-
-
-def _kept(snap: Snapshot, mask: np.ndarray, name: str, make):
-    """``make(mask)``, kept in the snapshot's caches for this very mask (a filter's mask and the
-    alive mask are made once per version), so a search does not redo O(n) work per call."""
-    cache = snap.extra.setdefault(name, {})
-    hit = cache.get(id(mask))
-    if hit is None or hit[0] is not mask:
-        if len(cache) > 64:
-            cache.clear()
-        hit = cache[id(mask)] = (mask, make(mask))
-    return hit[1]
-
-
-def _count(snap: Snapshot, allowed: np.ndarray) -> int:
-    """How many rows ``allowed`` (a mask of the snapshot's rows) lets through."""
-    return _kept(snap, allowed, "counts", lambda mask: int(np.count_nonzero(mask)))
-
-
-def _selection(snap: Snapshot, params, allowed: np.ndarray):
-    """:func:`~hubless.index.faiss_build.with_selection` of the base rows ``allowed`` lets
-    through (a mask of every row), its bitmap packed once per mask and version."""
-    bits = _kept(snap, allowed, "bits", lambda mask: packed_bits(mask[: snap.n_base]))
-    return with_selection(snap.faiss, params, allowed[: snap.n_base], bits=bits)
-
-
-def _pad(ranking: np.ndarray, rows: np.ndarray, k: int):
-    if ranking.shape[1] >= k:
-        return ranking, rows
-    pad = k - ranking.shape[1]
-    return np.pad(ranking, ((0, 0), (0, pad)), constant_values=-np.inf), np.pad(rows, ((0, 0), (0, pad)), constant_values=MISSING)
-
-
-def _rows_of_batch(batch: QueryBatch, which: np.ndarray) -> QueryBatch:
-    index = np.flatnonzero(which)
-    weight = batch.weight
-    if weight is not None and weight.ndim == 1:
-        weight = weight[index]
-    stats = batch.statistics
-    if stats is not None:
-        stats = QueryStatistics(
-            top1=None if stats.top1 is None else stats.top1[index], topk=None if stats.topk is None else stats.topk[index]
-        )
-    return QueryBatch(batch.vectors[index], weight, stats)
 
 
 def _is_flat(factory: str) -> bool:
