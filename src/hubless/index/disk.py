@@ -28,7 +28,7 @@ A write appends one segment file and replaces ``CURRENT`` (both written, then fs
 then the rename, then the directory fsynced): the file it adds is the only one written, no
 existing file is changed, and a crash
 or ``kill -9`` at any moment leaves ``CURRENT`` naming a complete version. Loading reads the
-base and replays the segments in order (:meth:`hubless.index.live.Snapshot.replayed`).
+base and replays the segments in order (:func:`hubless.index.writer.replayed`).
 Compaction (:func:`write_base`) writes the live items as a new base; what no version in use
 names any more (older bases and segments, leftovers of interrupted writes) is removed by the next
 commit, keeping the previous version's files for readers that loaded it a moment ago.
@@ -74,6 +74,7 @@ from hubless._io import file_sha256, umask_mode
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Conflict, Corrupt, InvalidInput, MissingDependencyError, MissingFile, optional_import
+from hubless.index import writer
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, self_contained, stored_rows
 from hubless.index.ids import MAX_ID
@@ -850,7 +851,7 @@ def replay(path: Path, snap: Snapshot, manifest: dict, segments: list[dict]) -> 
         raw = seg.read_bytes()
         with seg.parsing():
             part = _parse_segment(raw, entry, snap, schema)
-        snap = snap.replayed(part)
+        snap = writer.replayed(snap, part)
     if (snap.n_alive, snap.n_rows) != (manifest["n_items"], manifest["n_rows"]):
         raise Corrupt(
             f"{path}: the base and segments hold {snap.n_alive} items in {snap.n_rows} rows; the manifest says {manifest['n_items']} in {manifest['n_rows']}"
