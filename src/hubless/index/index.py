@@ -36,7 +36,6 @@ from hubless.corrections import AdditiveCorrection, Correction, MethodName, make
 from hubless.engine import BankStatistics
 from hubless.errors import Conflict, InvalidInput, NotFittedError
 from hubless.index import directory, writer
-from hubless.index.config import IndexConfig
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
     Layout,
@@ -48,9 +47,9 @@ from hubless.index.ids import check_ids
 from hubless.index.live import MISSING, Snapshot, augmented_rows
 from hubless.index.lock import write_lock
 from hubless.index.metadata import check_keys
-from hubless.index.view import IndexView, ItemColumn, Items
+from hubless.index.view import IndexView
 
-__all__ = ["Index", "IndexConfig", "ItemColumn", "Items", "MISSING", "augmented_rows"]
+__all__ = ["MISSING", "Index", "augmented_rows"]  # MISSING, augmented_rows: index.live's, imported from here by export and distributed
 
 
 class Index(IndexView):

@@ -20,8 +20,11 @@ Why not FAISS's own merging. ``faiss.contrib.ondisk.merge_ondisk`` streams shard
 directory of the index would not be self-contained, nor its files checksummed and switched
 as one). ``IndexIVF.merge_from`` / ``InvertedLists.merge_from`` move every list into one
 in-memory ``ArrayInvertedLists``: the driver would hold all the codes and ids (n x
-(code_size + 8) bytes: 5.2 GB for 10M items of 512 bytes), and ``add_preassigned`` on the driver
-needs the rows themselves (the driver never reads the gallery). FAISS serialises inverted lists
+(code_size + 8) bytes: 5.2 GB for 10M items of 512 bytes). Measured (FAISS 1.15.1, 400,000 items
+of IVF256,Flat over 65 dimensions in 4 shards, 102 MB of lists): merging the shard indexes with
+``merge_from`` and writing the result raised the driver's peak RSS by 159 MB, :func:`write_merged`
+by 5 MB, for the same bytes written. ``add_preassigned`` on the driver needs the rows
+themselves (the driver never reads the gallery). FAISS serialises inverted lists
 only as ``ArrayInvertedLists`` (``ilar``, written inline) or through a registered I/O hook
 (``OnDiskInvertedLists``, block lists); its stacked views (``HStackInvertedLists``,
 ``VStackInvertedLists``, ``SliceInvertedLists``) have no hook. So :func:`write_merged` writes

@@ -6,6 +6,7 @@ index changes, whoever writes it: :class:`hubless.Index` (in memory, or committe
 :class:`hubless.index.directory.Directory`), :func:`hubless.index.disk.replay` (a saved
 segment applied on load) and :func:`hubless.index.segments.commit_segments`.
 
+* :func:`built`: the first version, over a fitted correction (its FAISS structure built).
 * :func:`added` / :func:`removed` / :func:`upserted` / :func:`removed_where`: items in and out,
   O(batch). An added row's bank statistics and bias come from the banks alone (n_new x n_bank
   similarities: every bias is row-local, see
@@ -46,8 +47,8 @@ from hubless.index.rows import Growable
 
 __all__ = [
     "added",
-    "built",
     "appended",
+    "built",
     "compacted",
     "killed",
     "removed",
