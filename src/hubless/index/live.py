@@ -3,9 +3,9 @@
 A :class:`Snapshot` is one version of an index. Its rows are in *physical* order: the base's
 rows (built, loaded or compacted; the gallery may be a memory map), then the rows each later
 write appended (in :class:`~hubless.index.rows.Growable` buffers). A removal only marks rows
-dead (``alive``); compaction (:func:`hubless.index.writer.compacted`) folds the live rows into a new base.
-Physical order is the order items were added, so ties (broken by the lower row everywhere)
-fall as in a fresh build over the live items in that order.
+dead (``alive``); compaction (:func:`hubless.index.writer.compacted`) folds the live rows into a
+new base. Physical order is the order items were added, so ties (broken by the lower row
+everywhere) fall as in a fresh build over the live items in that order.
 
 Every per-item quantity is row-local (see :meth:`hubless.corrections.base.AdditiveCorrection.row_bias`):
 an added row's bank statistics and bias are computed from the banks alone (n_new x n_bank
@@ -20,9 +20,9 @@ rows is kept exact across writes:
   the live rows.
 
 So after any sequence of writes, searching a snapshot equals a fresh build over its live items
-(tested against a dict model in ``tests/index/test_live_index.py``). Snapshots are never changed: a
-write (:mod:`hubless.index.writer`) returns a new one sharing what did not change, so a search holding a snapshot sees one
-consistent version while writes go on.
+(tested against a dict model in ``tests/index/test_live_index.py``). Snapshots are never
+changed: a write (:mod:`hubless.index.writer`) returns a new one sharing what did not change, so
+a search holding a snapshot sees one consistent version while writes go on.
 """
 
 from __future__ import annotations
