@@ -96,11 +96,6 @@ def test_no_module_imports_a_higher_layer():
     assert not upward, "\n".join(sorted(upward))
 
 
-#: Import circles known and left for the Index split (issue 40 item 1): Index.build(target_recall=)
-#: runs the tuner, which builds and measures Index candidates.
-KNOWN_CIRCLES = [{"hubless.index.index", "hubless.index.tuner"}]
-
-
 def test_no_import_circles_even_through_imports_inside_functions():
     graph = {}
     for name, path in MODULES.items():
@@ -137,24 +132,7 @@ def test_no_import_circles_even_through_imports_inside_functions():
     for v in sorted(graph):
         if v not in index:
             strongly_connected(v)
-    new = [sorted(c) for c in circles if c not in KNOWN_CIRCLES]
-    assert not new, f"import circles: {new}"
-
-
-#: Private names imported across packages, left for the Index split (issue 40 item 1: the
-#: distributed build then writes through the index's own writer, no format of its own).
-KNOWN_PRIVATE_IMPORTS = {
-    "hubless.distributed.index": {
-        "hubless.index.faiss_build._add_preassigned",
-        "hubless.index.faiss_build._nearest_lists",
-        "hubless.index.faiss_build._promotion",
-        "hubless.index.faiss_build._rows",
-        "hubless.index.disk._write_file",
-        "hubless.index.index._check_target",
-        "hubless.index.index._is_flat",
-        "hubless.index.index._next_number",
-    }
-}
+    assert not circles, f"import circles: {[sorted(c) for c in circles]}"
 
 
 def test_no_package_imports_another_packages_private_names():
@@ -165,8 +143,7 @@ def test_no_package_imports_another_packages_private_names():
             if last.startswith("_") and not last.startswith("__") and head.startswith("hubless.") and _package(head) != _package(name):
                 if _package(head) in ("hubless._io", "hubless._validation", "hubless._registry", "hubless._torch"):
                     continue  # shared helper modules: the underscore marks the module as internal, not its names
-                if target not in KNOWN_PRIVATE_IMPORTS.get(name, set()):
-                    offenders.append(f"{name} imports {target}")
+                offenders.append(f"{name} imports {target}")
     assert not offenders, "\n".join(sorted(offenders))
 
 

@@ -75,7 +75,7 @@ def test_a_write_adds_one_segment_and_changes_no_existing_file(saved, arrays):
 
 
 def test_segments_fold_and_the_index_compacts_past_the_thresholds(saved, arrays, monkeypatch):
-    from hubless.index import index as index_module
+    from hubless.index import directory as index_module  # the commit thresholds are the directory's
 
     _, path = saved
     monkeypatch.setattr(index_module, "MAX_SEGMENTS", 3)

@@ -461,7 +461,7 @@ def test_versions_are_kept_searched_as_of_restored_and_pruned(tmp_path):
     live.set_keep_versions(0)  # keeps none any more: the records and their files go
     assert not (path / "versions").exists() and [v["version"] for v in hubless.Index.versions(path)] == [live.storage()["version"]]
     live.add(GALLERY[351:352])  # the next write removes what only the pruned versions named
-    names = {live._manifest["base"]["name"], *(seg["name"] for seg in live._manifest["segments"])}
+    names = {live._dir.manifest["base"]["name"], *(seg["name"] for seg in live._dir.manifest["segments"])}
     assert len([p for p in path.iterdir() if p.name.startswith(("b0", "s0"))]) <= len(names) + 2  # + the previous version's
 
 

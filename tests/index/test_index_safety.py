@@ -322,7 +322,7 @@ def test_one_row_adds_with_metadata_never_rebuild_the_metadata_table(saved, tmp_
 
 
 def test_compaction_triggers_on_segment_bytes(saved, tmp_path, monkeypatch):
-    import hubless.index.index as index_module
+    import hubless.index.directory as index_module  # the commit thresholds are the directory's
 
     path = _copy(saved, "Flat", tmp_path)
     live = hubless.Index.open(path)

@@ -28,7 +28,7 @@ A write appends one segment file and replaces ``CURRENT`` (both written, then fs
 then the rename, then the directory fsynced): the file it adds is the only one written, no
 existing file is changed, and a crash
 or ``kill -9`` at any moment leaves ``CURRENT`` naming a complete version. Loading reads the
-base and replays the segments in order (:meth:`hubless.index.live.Snapshot.replayed`).
+base and replays the segments in order (:func:`hubless.index.writer.replayed`).
 Compaction (:func:`write_base`) writes the live items as a new base; what no version in use
 names any more (older bases and segments, leftovers of interrupted writes) is removed by the next
 commit, keeping the previous version's files for readers that loaded it a moment ago.

@@ -23,7 +23,7 @@ import re
 
 from hubless.errors import InvalidInput
 
-__all__ = ["check_factory"]
+__all__ = ["check_factory", "is_flat"]
 
 _FORMS = re.compile(
     r"(?P<flat>Flat)"
@@ -74,3 +74,8 @@ def check_factory(factory: str, n_items: int, dim: int) -> str:
                 f"({POINTS_PER_CENTROID} per centroid); the gallery has {n_items:,}: use Flat or IVF<nlist>,Flat, or fewer bits (PQ{m}x4)"
             )
     return text
+
+
+def is_flat(factory: str) -> bool:
+    """Whether a factory string is the exact flat index (searched exactly, no FAISS structure)."""
+    return "".join(factory.split()).lower() == "flat"

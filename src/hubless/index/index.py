@@ -8,20 +8,15 @@
     new_ids = live.add(rows, metadata=[...]); live.remove([3, 17]); live.upsert([5], row, [{...}])
 
 Items have stable int64 ids (:mod:`hubless.index.ids`): given or assigned, never reused; search
-results, :meth:`Index.get`, metadata and removals use them. A write costs O(batch): new items'
-biases come from the stored banks, their rows are appended, removed items are marked dead
-(:mod:`hubless.index.live`), and on disk one segment file is added per write, committed by an
-atomic ``CURRENT`` switch (:mod:`hubless.index.disk`). After any sequence of writes a search
-equals a fresh build over the live items (DIS/DualDIS activation sets included).
+results, :meth:`Index.get`, metadata and removals use them. After any sequence of writes a
+search equals a fresh build over the live items (DIS/DualDIS activation sets included).
 
-Search: the FAISS structure (none for Flat, which is searched exactly by the streamed engine)
-holds the base's [r, bias(r)] and is queried with [q, -W(q)]; rows written since the base are
-searched exactly and merged in; dead rows and rows a ``where`` filter excludes are left out
-(FAISS ``IDSelector``; a selective filter is searched exactly over its rows). With
-``rescore=True`` (default for every ANN index) ``rescore_factor x top_k`` candidates are
-re-scored exactly by the correction's ranking hook, so approximation only decides which items
-become candidates. Raw-neighbour statistics (the DIS/DualDIS gates' raw top-1, CSLS's r_q)
-come from one extra search of the same index with w = 0, over every live item.
+One job per module: :class:`Index` is the read-only :class:`~hubless.index.view.IndexView`
+(search: :mod:`hubless.index.searching`; one version: :mod:`hubless.index.live`) plus the
+writes, each a function of :mod:`hubless.index.writer` (O(batch): new items' biases come from
+the stored banks, removed items are marked dead), committed to the directory it was loaded
+from by :class:`~hubless.index.directory.Directory` (one segment per write, an atomic
+``CURRENT`` switch: :mod:`hubless.index.disk`).
 """
 
 from __future__ import annotations
@@ -29,106 +24,35 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
-import shutil
 import threading
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_positive_int, check_target_recall, check_top_k
-from hubless.corrections import AdditiveCorrection, Correction, MethodName, QueryBatch, QueryStatistics, make_additive
-from hubless.corrections.serving import check_additive
+from hubless._validation import as_embeddings, check_target_recall
+from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.engine import BankStatistics
-from hubless.errors import AlreadyExists, Conflict, InvalidInput, NotFittedError
-from hubless.index import disk, pointer, reading, versions
-from hubless.index.config import IndexConfig
+from hubless.errors import Conflict, InvalidInput, NotFittedError
+from hubless.index import directory, writer
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
     Layout,
-    build_faiss,
-    default_factory,
-    packed_bits,
     plan_layout,
-    search_knob,
-    search_parameters,
-    search_rows,
     stored_rows,
-    with_selection,
     with_spill,
 )
 from hubless.index.ids import check_ids
-from hubless.index.info import IndexInfo
-from hubless.index.live import MISSING, Snapshot, _best, augmented_rows
+from hubless.index.live import MISSING, Snapshot, augmented_rows
 from hubless.index.lock import write_lock
-from hubless.index.metadata import Metadata, check_keys
+from hubless.index.metadata import check_keys
+from hubless.index.view import IndexView
 
-__all__ = [
-    "COMPACT_FRACTION",
-    "COMPACT_MIN_BYTES",
-    "COMPACT_MIN_ROWS",
-    "Index",
-    "IndexConfig",
-    "ItemColumn",
-    "Items",
-    "MAX_SEGMENTS",
-    "MISSING",
-    "augmented_rows",
-]
-
-#: A write folds every segment into one when the index would otherwise hold more than this many.
-MAX_SEGMENTS = 64
-#: A write compacts the index (a new base of the live items) once the rows written since the
-#: base, or the removed rows, exceed COMPACT_MIN_ROWS + COMPACT_FRACTION x the base's rows; or
-#: once its segments' bytes exceed COMPACT_MIN_BYTES + COMPACT_FRACTION x the base's bytes (writes
-#: whose segments are large for their rows: long metadata, recomputed activation lists), so
-#: folding the segments at MAX_SEGMENTS never rewrites more than a share of what compaction would.
-COMPACT_MIN_ROWS = 1000
-COMPACT_FRACTION = 0.1
-COMPACT_MIN_BYTES = 16 << 20
-#: A filter leaving at most this many rows is searched exactly over them, on any index.
-SUBSET_ROWS = 4096
+__all__ = ["MISSING", "Index", "augmented_rows"]  # MISSING, augmented_rows: index.live's, imported from here by export and distributed
 
 
-@dataclass
-class Items:
-    """What :meth:`Index.get` returns: ``ids`` (int64), their ``embeddings`` (float32, as
-    stored: normalised when the index normalises) and ``metadata`` (one dict per item with every
-    key of the schema, or None for an index without metadata)."""
-
-    ids: np.ndarray
-    embeddings: np.ndarray
-    metadata: list[dict] | None
-
-
-class ItemColumn(Mapping):
-    """One metadata column of an index's items, looked up by id (``column[id]``): what a
-    reranker reads for each candidate (e.g. the ``path`` or ``text`` of an item). Reads the
-    version the index had when this was made."""
-
-    def __init__(self, index: Index, column: str) -> None:
-        snap = index._snap
-        if snap.metadata is None or column not in snap.metadata.schema.names:
-            raise InvalidInput(f"the index's metadata has no column {column!r}")
-        self._snap, self.column = snap, column
-
-    def __getitem__(self, item_id):
-        rows = self._snap.rows_of([int(item_id)])
-        assert self._snap.metadata is not None  # checked when the column was chosen
-        return self._snap.metadata.table.column(self.column)[int(rows[0])].as_py()
-
-    def __iter__(self):
-        return iter(self._snap.live_ids.tolist())
-
-    def __len__(self) -> int:
-        return self._snap.n_alive
-
-
-class Index:
+class Index(IndexView):
     """A searchable gallery corrected by one additive correction (see the module docstring).
 
     Build with :meth:`build` (fits the correction) or ``Index(correction, factory)`` from a
@@ -159,48 +83,28 @@ class Index:
         spill: float | None = None,
         _built=None,
     ) -> None:
-        check_additive(correction)
-        if not correction.is_fitted:
-            raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
-        n = correction.n_gallery_
-        factory = factory or default_factory(n)
-        rescore = not _is_flat(factory) if rescore is None else rescore
-        config = IndexConfig(factory, model, nprobe, ef_search, rescore, rescore_factor)
-        ids = np.arange(n, dtype=np.int64) if ids is None else check_ids(ids, n)
-        meta = None
-        if metadata is not None or metadata_schema is not None:
-            meta = Metadata.from_records(metadata, n, metadata_schema) if metadata is not None else Metadata.empty(n, metadata_schema)
-        t0 = time.perf_counter()
-        faiss_index, dim = None, 0
-        if not _is_flat(config.factory):  # Flat needs no FAISS structure: it is searched exactly
-            if _built is not None:  # built elsewhere (see from_faiss)
-                faiss_index, layout = _built
-            else:
-                faiss_index, layout = build_faiss(config.factory, correction.gallery_, augmented_rows(correction), spill=spill)
-            config.spill, config.spill_below, config.bias_offset = layout.spill, layout.spill_below, layout.bias_offset
-            dim = layout.dim
-        config.build_seconds = time.perf_counter() - t0
         banks = {"query_bank": query_bank, "gallery_bank": gallery_bank}
-        snap = Snapshot.from_correction(correction, config, ids=ids, faiss=faiss_index, faiss_dim=dim, banks=banks, metadata=meta)
-        self._setup(snap)
+        self._setup(writer.built(
+            correction, factory, ids=ids, metadata=metadata, metadata_schema=metadata_schema, banks=banks, spill=spill, faiss_built=_built,
+            rescore=rescore, model=model, nprobe=nprobe, ef_search=ef_search, rescore_factor=rescore_factor,
+        ))  # fmt: skip
 
-    def _setup(
-        self, snap: Snapshot, *, path: Path | None = None, loaded: reading.Loaded | None = None, live: bool = False, mmap: bool = False
-    ):
+    def _setup(self, snap: Snapshot, bound: directory.Directory | None = None, *, live: bool = False, mmap: bool = False) -> None:
         """The one place an index's state is set."""
         self._snap = snap
-        self._path = path
-        self._live = live
+        self._dir = bound  # the directory it was loaded from and commits to (None: in memory)
+        self._live = live  # every write committed at once (Index.open)
         self._mmap = mmap
         self._lock = threading.RLock()  # writers of this object, one at a time
-        self._committed = snap if loaded is not None else None  # what the directory holds
-        self._base = getattr(loaded, "base", None)  # the base alone, for folding segments
-        self._manifest = None if loaded is None else loaded.manifest
-        self._stamp = () if loaded is None else loaded.stamp
         self._locked = False  # inside update(): the file lock is held, commit at the end
         self._full = False  # inside update(): compact() was called, the commit writes a new base
         #: Seconds a write waits for the index's file lock (None: HUBLESS_LOCK_TIMEOUT or 60).
         self.lock_timeout: float | None = None
+
+    @property
+    def _path(self) -> Path | None:
+        """The directory this index is bound to (None: in memory)."""
+        return None if self._dir is None else self._dir.path
 
     def detach(self) -> Index:
         """Forget the directory this index was loaded from: it becomes an in-memory index, as
@@ -272,7 +176,7 @@ class Index:
         if target_recall is None and max_memory is not None:
             raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
         if target_recall is not None:
-            from hubless.index.tuner import parse_size
+            from hubless.index.autotune import parse_size
 
             check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
             parse_size(max_memory)
@@ -303,9 +207,9 @@ class Index:
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
         if target_recall is not None:
-            from hubless.index.tuner import tune_index
+            from hubless.index.autotune import tune
 
-            index = tune_index(corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+            index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
                                factories=None if factory is None else [factory], gallery_bank=gallery_bank,
                                keep_banks=keep_banks, **kwargs)  # fmt: skip
         else:
@@ -313,354 +217,10 @@ class Index:
         index.config.bias_error = bias_error
         return index
 
-    # ------------------------------------------------------------------ description
-    @property
-    def ntotal(self) -> int:
-        """The number of items."""
-        return self._snap.n_alive
-
-    @property
-    def method(self) -> str:
-        """The correction's spec, e.g. ``"nnn:alpha=0.75,k=16"``."""
-        return self._snap.spec
-
-    @property
-    def ids(self) -> np.ndarray:
-        """The items' ids, in the index's order (the order of :attr:`correction`'s gallery)."""
-        return self._snap.live_ids
-
-    @property
-    def correction(self) -> AdditiveCorrection:
-        """The correction fitted on the items, as a fresh fit on them would be (gallery row ``i``
-        is item :attr:`ids` ``[i]``). After writes it is derived from the kept statistics on
-        first use (O(n), once per version)."""
-        return self._snap.correction
-
-    @property
-    def config(self) -> IndexConfig:
-        return self._snap.config
-
-    @property
-    def factory(self) -> str:
-        return self.config.factory
-
-    @property
-    def model(self) -> str | None:
-        return self.config.model
-
-    @property
-    def query_bank(self) -> np.ndarray | None:
-        return self._snap.banks.get("query_bank")
-
-    @property
-    def gallery_bank(self) -> np.ndarray | None:
-        return self._snap.banks.get("gallery_bank")
-
-    @property
-    def weight_param(self) -> str | None:
-        """The name of the correction's query-time weight (``alpha`` for NNN, ``lam`` for DN;
-        None when it has none); any search takes it as ``weight=`` too."""
-        return self._snap.serving.weight_param
-
-    @property
-    def weight(self) -> float:
-        """The correction's weight (NNN's alpha, DN's lambda; 1 or 0 for methods without one)."""
-        return float(self._snap.serving.weight())
-
-    @property
-    def bias_error(self) -> dict[str, float] | None:
-        """Mean and max |bias_ann - bias_exact| on a sample when biases came from an ANN search."""
-        return self.config.bias_error
-
-    @property
-    def metadata_schema(self):
-        """The pyarrow schema of the item metadata (None: the index has no metadata)."""
-        meta = self._snap.metadata
-        return None if meta is None else meta.schema
-
-    @property
-    def metadata(self) -> list[dict] | None:
-        """Every item's metadata record, in the index's order (None without metadata). For a
-        few items use :meth:`records` or :meth:`get`; for all of them as a typed table,
-        :meth:`metadata_table`."""
-        snap = self._snap
-        if snap.metadata is None:
-            return None
-        if "records" not in snap.extra:
-            snap.extra["records"] = snap.metadata.take(snap.live_rows)
-        return snap.extra["records"]
-
-    def metadata_table(self):
-        """The items' metadata as a pyarrow Table (one row per item, in the index's order), with
-        their ids as the first column ``id``; None for an index without metadata."""
-        snap = self._snap
-        if snap.metadata is None:
-            return None
-        import pyarrow as pa
-
-        if "id" in snap.metadata.schema.names:  # written before the key was reserved
-            raise InvalidInput(
-                "this index's metadata has a key 'id' (written before hubless reserved it), which would repeat the ids "
-                "column: read index.metadata or records(ids) instead"
-            )
-        table = snap.metadata.table.take(snap.live_rows) if snap.metadata.schema.names else pa.table({})
-        return table.add_column(0, pa.field("id", pa.int64(), nullable=False), pa.array(snap.live_ids))
-
-    def records(self, ids) -> list[dict]:
-        """The metadata records of items ``ids`` (every schema key, None where unset; ``{}``
-        for an index without metadata); an unknown id is a NotFound."""
-        snap = self._snap
-        rows = snap.rows_of(ids)
-        return [{} for _ in rows] if snap.metadata is None else snap.metadata.take(rows)
-
-    def get(self, ids) -> Items:
-        """Items ``ids``: their embeddings and metadata (:class:`Items`); an unknown id is a NotFound."""
-        snap = self._snap
-        rows = snap.rows_of(ids)
-        meta = None if snap.metadata is None else snap.metadata.take(rows)
-        return Items(snap.ids[rows].copy(), snap.gather(rows), meta)
-
-    def positions(self, ids) -> np.ndarray:
-        """The positions of items ``ids`` in the index's order (in :attr:`ids`, and the rows of
-        :attr:`correction`'s gallery); -1 for an id that is not in the index."""
-        snap = self._snap
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        rows = snap.id_map.rows(ids, snap.n_rows)
-        present = (rows >= 0) & snap.alive[np.maximum(rows, 0)]
-        if "rank" not in snap.extra:
-            snap.extra["rank"] = np.cumsum(snap.alive) - 1
-        return np.where(present, snap.extra["rank"][np.maximum(rows, 0)], -1)
-
-    def __contains__(self, item_id) -> bool:
-        snap = self._snap
-        row = snap.id_map.rows(np.asarray([item_id], dtype=np.int64), snap.n_rows)[0]
-        return bool(row >= 0 and snap.alive[row])
-
-    def info(self) -> IndexInfo:
-        """The index's description (:class:`hubless.index.info.IndexInfo`: typed fields that
-        also read as the dict they were, ``info()["dim"]``; ``.to_dict()`` for the plain dict)."""
-        return IndexInfo.from_dict(self._info())
-
-    def _info(self) -> dict[str, Any]:
-        snap = self._snap
-        corr = snap.serving
-        bank = snap.bank
-        return {
-            "method": snap.spec,
-            "n_items": snap.n_alive,
-            "dim": snap.dim,
-            "bias_columns": int(snap.bias.shape[1]),
-            "normalize": bool(snap.normalize),
-            "n_query_bank": int(bank.n_query_bank) if corr.needs_query_bank else None,
-            "n_gallery_bank": None if bank.n_gallery_bank is None else int(bank.n_gallery_bank),
-            "banks_kept": any(v is not None for v in snap.banks.values()),
-            "metadata_columns": [] if snap.metadata is None else list(snap.metadata.schema.names),
-            "next_id": int(snap.next_id),
-            **self.config.to_dict(),
-        }
-
     def storage(self) -> dict[str, Any]:
         """How the index is held: rows in its base and written since, removed rows not yet
         compacted, and (for a saved index) its version and segments."""
-        snap, manifest = self._snap, self._manifest
-        return {
-            "path": None if self._path is None else str(self._path),
-            "format_version": pointer.VERSION,
-            "version": None if manifest is None else manifest["version"],
-            "base_rows": snap.n_base,
-            "rows_since_base": snap.n_tail,
-            "removed_rows": snap.n_dead,
-            "segments": 0 if manifest is None else len(manifest["segments"]),
-            "memory_mapped": self._mmap,
-        }
-
-    def __repr__(self) -> str:
-        return f"Index({self._snap.spec!r}, factory={self.factory!r}, n_items={self.ntotal})"
-
-    # ------------------------------------------------------------------ search
-    def search(
-        self,
-        queries,
-        top_k: int = 10,
-        *,
-        where: dict | None = None,
-        nprobe: int | None = None,
-        ef_search: int | None = None,
-        rescore: bool | None = None,
-        **weight,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first;
-        ids are the items' ids.
-
-        ``where``: a metadata filter (``{"split": "test", "year": {"gte": 2020}}``; see
-        :mod:`hubless.index.metadata`): the results are the corrected ranking restricted to the
-        items that match (the correction itself, its gates included, is the index's). Slots that
-        cannot be filled (fewer matching items than ``top_k``, or IVF lists probed that ran dry)
-        come last, with id ``-1`` (``MISSING``) and score ``-inf``; the CLI and the service
-        leave them out.
-
-        ``weight`` overrides the correction's weight per call (``weight=`` for every method, or
-        its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
-        defaults for this call only (other threads searching meanwhile are not affected).
-        """
-        snap = self._snap  # one version for the whole call, whatever writes happen meanwhile
-        corr = snap.serving
-        config = snap.config
-        nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-        ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        batch = corr.queries(queries, **weight)
-        allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
-        params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
-        self._raw_statistics(snap, batch, params)
-        selection = None
-        if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
-            selection = _selection(snap, params, allowed)
-        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
-            ranking, rows = self._exact(snap, batch, top_k, allowed, n_allowed)
-        else:
-            ranking, rows = self._ann(snap, batch, top_k, allowed, n_allowed, params if selection is None else selection[0], rescore)
-        found = rows != MISSING
-        ids = np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
-        if found.all():
-            return corr.method_scores(batch, ranking), ids
-        scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
-        return np.where(found, scores, -np.inf).astype(np.float32), ids
-
-    def search_uncorrected(
-        self,
-        queries,
-        top_k: int = 10,
-        *,
-        where: dict | None = None,
-        nprobe: int | None = None,
-        ef_search: int | None = None,
-        rescore: bool | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The uncorrected top ``top_k``, ``(scores, ids)``: plain inner products <q, r> of the
-        (normalised) queries, through the same structure as :meth:`search` (the weight-0 query
-        [q, 0] on the FAISS index, the rows written since the base exactly; a Flat index is
-        searched exactly), so comparing costs about one more search of the same kind. ANN
-        candidates are re-scored exactly as in :meth:`search`; ``where`` filters as there;
-        unfilled slots have id -1 and score -inf."""
-        snap = self._snap
-        config = snap.config
-        vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
-        allowed = snap.allowed(where)
-        n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-        top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
-        selection = None
-        if snap.faiss is not None:
-            nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-            ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-            params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
-            if allowed is not None:
-                selection = _selection(snap, params, allowed)
-        if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
-            scores, rows = snap.stream_topk(vectors, top_k, allowed)
-        else:
-            params = params if selection is None else selection[0]
-            do_rescore = config.rescore if rescore is None else bool(rescore)
-            depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
-            zeros = np.zeros((vectors.shape[0], snap.bias.shape[1]), np.float32)
-            scores, rows = _faiss_search(snap, vectors, zeros, min(depth, snap.n_base), params)
-            if snap.n_tail:
-                tail = snap.stream_topk(vectors, depth, allowed, rows="tail")
-                scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-            if do_rescore:
-                found = rows != MISSING
-                sims = snap.candidate_sims(vectors, np.where(found, rows, 0))
-                scores, rows = _best(np.where(found, sims, -np.inf), rows, top_k)
-            else:
-                scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
-        found = rows != MISSING
-        return scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
-
-    def _transform(self, snap: Snapshot, batch: QueryBatch):
-        corr = snap.serving
-
-        def transform(sims, r0, r1, c0, c1):
-            corr._rank(batch.rows(r0, r1), sims, slice(c0, c1), sims)
-
-        return transform
-
-    def _exact(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int):
-        """Exact corrected top-k over the allowed rows (the streamed engine, or the gathered
-        rows of a selective filter)."""
-        if allowed is not None and n_allowed <= max(SUBSET_ROWS, snap.n_rows // 4):
-            return snap.subset_topk(batch, top_k, np.flatnonzero(allowed))
-        ranking, rows = snap.stream_topk(batch.vectors, top_k, allowed, self._transform(snap, batch))
-        short = (rows == MISSING).sum(axis=1) > max(0, top_k - n_allowed)
-        if short.any():  # rows ranked -inf (published DualDIS, s <= 0) tied with left-out rows: redo exactly
-            sub = snap.subset_topk(_rows_of_batch(batch, short), top_k, np.flatnonzero(snap.alive if allowed is None else allowed))
-            ranking[short], rows[short] = sub
-        return ranking, rows
-
-    def _ann(self, snap: Snapshot, batch: QueryBatch, top_k: int, allowed, n_allowed: int, params, rescore):
-        """FAISS over the base (dead and filtered rows left out) + the rows written since the
-        base exactly; then exact re-scoring of the candidates."""
-        corr = snap.serving
-        config = snap.config
-        weights = np.ascontiguousarray(corr.weights(batch), dtype=np.float32)
-        # a score only partly of bias form is always re-scored exactly (candidates from the bias form)
-        do_rescore = (config.rescore if rescore is None else bool(rescore)) or not corr.exactly_additive
-        depth = max(1, min(n_allowed, top_k * config.rescore_factor) if do_rescore else min(top_k, n_allowed))
-        if allowed is None and snap.n_dead == 0:
-            selection = None
-        else:
-            selection = _selection(snap, params, snap.alive if allowed is None else allowed)
-            if selection is None:  # this FAISS index cannot leave rows out: exact over the allowed rows
-                return self._exact(snap, batch, top_k, snap.alive if allowed is None else allowed, n_allowed)
-            params = selection[0]
-        ranking, rows = _faiss_search(snap, batch.vectors, -weights, min(depth, snap.n_base), params)
-        if snap.n_tail:
-            tail = snap.stream_topk(
-                batch.vectors, depth, snap.alive if allowed is None else allowed, self._transform(snap, batch), rows="tail"
-            )
-            ranking, rows = _best(np.concatenate([ranking, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-        if do_rescore:
-            return self._rescore(snap, batch, rows, top_k)
-        return _pad(ranking[:, :top_k], rows[:, :top_k], top_k)
-
-    def _raw_statistics(self, snap: Snapshot, batch: QueryBatch, params) -> None:
-        """Fill the raw-neighbour statistics the correction asks for, over every live item
-        (w = 0); queries the index found too few raw neighbours for get them exactly."""
-        corr = snap.serving
-        request = corr.query_request
-        if not request.depth:
-            return
-        depth = min(request.depth, snap.n_alive)
-        if snap.faiss is None:
-            scores, rows = snap.nearest_live(batch.vectors, depth)
-        else:
-            live_params = params
-            if snap.n_dead:
-                selection = _selection(snap, params, snap.alive)
-                live_params = None if selection is None else selection[0]
-            if snap.n_dead and live_params is None:
-                scores, rows = snap.stream_topk(batch.vectors, depth, snap.alive)
-            else:
-                zeros = np.zeros((len(batch), snap.bias.shape[1]), np.float32)
-                scores, rows = _faiss_search(snap, batch.vectors, zeros, min(depth, snap.n_base), live_params)
-                if snap.n_tail:
-                    tail = snap.stream_topk(batch.vectors, depth, snap.alive if snap.n_dead else None, rows="tail")
-                    scores, rows = _best(np.concatenate([scores, tail[0]], axis=1), np.concatenate([rows, tail[1]], axis=1), depth)
-            short = np.flatnonzero((rows[:, :depth] == MISSING).any(axis=1))
-            if short.size:
-                scores = np.array(scores[:, :depth])
-                rows = np.array(rows[:, :depth])
-                scores[short], rows[short] = snap.stream_topk(batch.vectors[short], depth, snap.alive if snap.n_dead else None)
-        batch.statistics = QueryStatistics.from_neighbours(request, scores[:, :depth], rows[:, :depth])
-
-    def _rescore(self, snap: Snapshot, batch: QueryBatch, rows: np.ndarray, top_k: int):
-        """Exact ranking scores of the candidate rows by the correction's ranking hook, sorted
-        (ties to the lower row); missing candidates sort last."""
-        found = rows != MISSING
-        safe = np.where(found, rows, 0)
-        sims = snap.candidate_sims(batch.vectors, safe)
-        ranking = snap.serving.rank(batch, sims, columns=safe, out=sims)
-        return _best(np.where(found, ranking, -np.inf), np.where(found, rows, MISSING), top_k)
+        return directory.storage(self._snap, self._dir, mmap=self._mmap)
 
     def calibrate(self, queries=None, *, target_recall: float = 0.95, top_k: int = 10, sample: int = 1000) -> dict:
         """Set ``config.nprobe`` / ``config.ef_search`` to the smallest power of two reaching
@@ -671,12 +231,8 @@ class Index:
 
         result = calibrate(self, queries, target_recall=target_recall, top_k=top_k, sample=sample)
         config = dataclasses.replace(self.config)
-        self._write(lambda snap: (snap.with_config(config), None))
+        self._write(lambda snap: (writer.with_config(snap, config), None))
         return result
-
-    def search_knob(self) -> tuple[str, int] | None:
-        """("nprobe", n_lists) for IVF, ("ef_search", limit) for HNSW, None for Flat."""
-        return None if self._snap.faiss is None else search_knob(self._snap.faiss)
 
     # ------------------------------------------------------------------ writes
     def add(self, embeddings, metadata=None, *, ids=None, progress: bool | None = None) -> np.ndarray:
@@ -685,7 +241,7 @@ class Index:
         bias changes). All or nothing: an id already present (see :meth:`upsert`), a metadata
         value of another type than its key's, a wrong dimension changes nothing."""
         rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
-        return self._write(lambda snap: snap.added(rows, ids, metadata, progress=progress))
+        return self._write(lambda snap: writer.added(snap, rows, ids, metadata, progress=progress))
 
     def remove(self, ids=None, *, where: dict | None = None, progress: bool | None = None) -> np.ndarray:
         """Remove items by id; returns the ids removed. An unknown id is a NotFound naming it,
@@ -699,9 +255,9 @@ class Index:
         if where is not None or ids is None:
             if ids is not None or where is None:
                 raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
-            return self._write(lambda snap: snap.removed_where(where, progress=progress))
+            return self._write(lambda snap: writer.removed_where(snap, where, progress=progress))
         ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
-        self._write(lambda snap: (snap.removed(ids, progress=progress), None))
+        self._write(lambda snap: (writer.removed(snap, ids, progress=progress), None))
         return ids
 
     def update_metadata(self, ids=None, *, where: dict | None = None, values=None, unset=None) -> np.ndarray:
@@ -715,7 +271,7 @@ class Index:
 
         Embeddings, biases and bank statistics are kept, so no similarity is computed: each item
         is written again at the end of the index as an upsert with the same embedding would
-        write it (see :meth:`hubless.index.live.Snapshot.with_metadata`), one segment of
+        write it (see :func:`hubless.index.writer.with_metadata`), one segment of
         O(items changed). Like an upsert, the items move to the end of :attr:`ids` (ties in a
         ranking now fall to the items written before them)."""
         if (ids is None) == (where is None):
@@ -725,7 +281,7 @@ class Index:
 
         def change(snap):
             rows = snap.rows_of(ids) if ids is not None else snap.matching_rows(where)
-            return snap.with_metadata(rows, values, unset), snap.ids[rows].copy()
+            return writer.with_metadata(snap, rows, values, unset), snap.ids[rows].copy()
 
         return self._write(change)
 
@@ -734,7 +290,7 @@ class Index:
         new ones added; returns the ids. All or nothing."""
         rows = as_embeddings(embeddings, "embeddings", normalize=self._snap.normalize, dim=self._snap.dim)
         ids = check_ids(ids, rows.shape[0])
-        self._write(lambda snap: (snap.upserted(rows, ids, metadata, progress=progress), None))
+        self._write(lambda snap: (writer.upserted(snap, rows, ids, metadata, progress=progress), None))
         return ids
 
     def add_query_bank(self, queries, *, progress: bool | None = None) -> Index:
@@ -751,14 +307,14 @@ class Index:
     def _add_bank_items(self, items, side: str, progress) -> Index:
         snap = self._snap
         new = as_embeddings(items, f"new {side}-bank items", normalize=snap.normalize, dim=snap.dim)
-        self._write(lambda s: (s.with_bank_items(new, side, progress=progress), None))
+        self._write(lambda s: (writer.with_bank_items(s, new, side, progress=progress), None))
         return self
 
     def compact(self) -> Index:
         """Fold the rows written since the base and drop removed rows: a new base of the live
         items (saved, for an index opened from a directory). Writes do this by themselves past
-        the thresholds of :data:`COMPACT_MIN_ROWS` / :data:`COMPACT_FRACTION`."""
-        self._write(lambda snap: (snap.compacted() if snap.n_tail or snap.n_dead else snap, None), full=True)
+        the thresholds of :data:`hubless.index.directory.COMPACT_MIN_ROWS` / ``COMPACT_FRACTION``."""
+        self._write(lambda snap: (writer.compacted(snap) if snap.n_tail or snap.n_dead else snap, None), full=True)
         return self
 
     def copy(self) -> Index:
@@ -781,15 +337,15 @@ class Index:
         """Apply ``change(snapshot) -> (new snapshot, result)``; an index opened live commits it
         at once under its write lock, after catching up with versions written elsewhere."""
         with self._lock:
-            if self._path is None or self._locked or not self._live:  # in memory (committed later, if at all)
+            if self._dir is None or self._locked or not self._live:  # in memory (committed later, if at all)
                 new, result = change(self._snap)
                 self._snap = new
                 self._full = self._full or (full and self._locked)  # update() then commits a new base
                 return result
-            with write_lock(self._path, timeout=self.lock_timeout):
+            with self._dir.lock(self.lock_timeout):
                 self._catch_up()
                 new, result = change(self._snap)
-                self._commit(new, full=full)
+                self._snap = self._dir.commit(new, full=full)
             return result
 
     # ------------------------------------------------------------------ persistence
@@ -803,111 +359,28 @@ class Index:
         its own), or load the index again."""
         path = Path(path)
         with self._lock:
-            if self._path is not None and overwrite and _same_dir(self._path, path):
-                with write_lock(path):
-                    if pointer.pointer_stamp(path) != self._stamp:
+            if self._dir is not None and overwrite and directory.same_dir(self._dir.path, path):
+                with self._dir.lock():
+                    if self._dir.changed():
                         raise Conflict(
                             f"{path} changed since this index was loaded (another writer committed a version): saving would "
                             "replace it; load the index again (or refresh() an index without changes) and redo the changes"
                         )
-                    self._commit(self._snap)
+                    self._snap = self._dir.commit(self._snap)
                 return path
-            _check_target(path, overwrite)
-            with write_lock(path):
-                _check_target(path, overwrite)  # another writer may have created it meanwhile
-                self._save_fresh(path, locked=True)
+            written = directory.write_snapshot(path, self._snap, overwrite=overwrite)
+            self._snap = written.snapshot
+            if self._dir is not None and directory.same_dir(self._dir.path, path):
+                self._dir.bind(written, written.snapshot)
             return path
 
-    def _save_fresh(self, path: Path, *, locked: bool) -> None:
-        """``path`` made to hold this index as a new base (whatever it held before)."""
-        snap = self._snap.compacted() if self._snap.n_tail or self._snap.n_dead else self._snap
-        created = not path.exists()
-        path.mkdir(parents=True, exist_ok=True)
-        previous = None
-        try:
-            previous, _ = pointer.read_manifest(path) if pointer.is_index(path) else (None, None)
-        except ValueError:
-            previous = None
-        version = _next_number(path, previous)
-        try:
-            base = disk.write_base(path, snap, version)
-            disk.commit(path, disk.manifest_for(snap, version, base, []), keep=pointer.names_in(previous))
-        except BaseException:
-            if created:  # a failed first save leaves no directory behind
-                shutil.rmtree(path, ignore_errors=True)
-            raise
-        self._snap = snap
-        if self._path is not None and _same_dir(self._path, path):
-            self._bind(path, reading.Loaded(snap, disk.manifest_for(snap, version, base, []), pointer.pointer_stamp(path)), snap)
-
-    def _bind(self, path: Path, loaded: reading.Loaded, base: Snapshot | None) -> None:
-        self._path = path
-        self._committed = loaded.snapshot
-        self._manifest = loaded.manifest
-        self._stamp = loaded.stamp
-        self._base = base
-
-    def _commit(self, new: Snapshot, *, full: bool = False) -> None:
-        """Write what ``new`` changed since the committed version (the file lock is held): one
-        segment; all segments folded into one past :data:`MAX_SEGMENTS`; a new base when the
-        base changed, or past the compaction thresholds."""
-        path, old, manifest = self._path, self._committed, self._manifest
-        assert path is not None  # bound to a directory (a commit needs one)
-        version = _next_number(path, manifest)
-        grown = max(new.n_tail, new.n_dead) > COMPACT_MIN_ROWS + COMPACT_FRACTION * new.n_base or _segments_grown(manifest)
-        same_base = manifest is not None and old is not None and new.base_rows is old.base_rows and new.faiss is old.faiss
-        unsynced: list[Path] = []  # the segment written here: fsynced together with CURRENT
-        if full or grown or not same_base:
-            snap = new.compacted() if new.n_tail or new.n_dead else new
-            base_entry = disk.write_base(path, snap, version)
-            segments, base = [], snap
-        else:
-            assert manifest is not None and old is not None and self._base is not None  # same_base
-            snap, base_entry, base = new, manifest["base"], self._base
-            changed = new.n_rows != old.n_rows or new.killed_since(old).size > 0 or _lists_changed(old, new)
-            segments = list(manifest["segments"])
-            if changed and len(segments) + 1 > MAX_SEGMENTS:
-                segments = [disk.write_delta(path, base, new, version, sync=False)]
-            elif changed:
-                segments.append(disk.write_delta(path, old, new, version, sync=False))
-            if changed:
-                unsynced = [path / segments[-1]["name"]]
-            elif new.config.to_dict() == IndexConfig.from_dict(manifest["config"]).to_dict() and new.next_id == manifest["next_id"]:
-                self._snap = new
-                return  # nothing to write
-        body = disk.manifest_for(snap, version, base_entry, segments)
-        disk.commit(path, body, keep=pointer.names_in(manifest), unsynced=unsynced)
-        self._snap = snap
-        self._bind(path, reading.Loaded(snap, body, pointer.pointer_stamp(path)), base)
-
     def _catch_up(self) -> bool:
-        """Follow versions committed by other writers since ours: their segments are replayed
-        when they extend our version (O(what they wrote)), else the index is loaded anew."""
-        path = self._path
-        assert path is not None  # only an index loaded from a directory catches up
-        stamp = pointer.pointer_stamp(path)
-        if stamp == self._stamp and self._committed is not None:
+        """Follow versions committed by other writers since ours (:meth:`Directory.catch_up`)."""
+        assert self._dir is not None  # only an index loaded from a directory catches up
+        snap = self._dir.catch_up()
+        if snap is None:
             return False
-        manifest, _ = pointer.read_manifest(path)
-        old = self._manifest
-        if manifest is not None and old is not None and self._committed is not None and manifest["base"] == old["base"]:
-            k = len(old["segments"])
-            try:
-                if manifest["segments"][:k] == old["segments"]:  # later writes appended segments: read those
-                    snap = reading.replay(path, self._committed, manifest, manifest["segments"][k:])
-                else:  # segments were folded into one: replay them over our base
-                    assert self._base is not None  # bound with the loaded base
-                    snap = reading.replay(path, self._base, manifest, manifest["segments"])
-            except reading.Gone:
-                snap = None  # compacted again meanwhile: load anew
-            if snap is not None:
-                snap = snap.with_config(IndexConfig.from_dict(manifest["config"]))
-                self._snap = snap
-                self._bind(path, reading.Loaded(snap, manifest, stamp), self._base)
-                return True
-        loaded, base = _load(path, self._mmap)
-        self._snap = loaded.snapshot
-        self._bind(path, loaded, base)
+        self._snap = snap
         return True
 
     def refresh(self) -> bool:
@@ -915,14 +388,12 @@ class Index:
         process (or another index object) wrote one: a cheap check of ``CURRENT`` (one stat),
         then only what was written since is read. Never waits for a writer (returns False when
         one holds this object). Returns whether the index changed."""
-        if self._path is None or self._locked:
-            return False
-        if pointer.pointer_stamp(self._path) == self._stamp:
+        if self._dir is None or self._locked or not self._dir.changed():
             return False
         if not self._lock.acquire(blocking=False):
             return False
         try:
-            if self._snap is not self._committed:
+            if self._snap is not self._dir.committed:
                 raise Conflict("this index has changes not saved yet: save them (or reload) before refreshing")
             return self._catch_up()
         finally:
@@ -946,16 +417,16 @@ class Index:
             index._locked = True
             try:
                 yield index
-                index._commit(index._snap, full=index._full)  # compact() in the block: a new base
+                assert index._dir is not None  # opened from its directory
+                index._snap = index._dir.commit(index._snap, full=index._full)  # compact() in the block: a new base
             finally:
                 index._locked = index._full = False
 
     @classmethod
     def _open_locked(cls, path: Path, *, mmap: bool = False) -> Index:
-        loaded, base = _load(path, mmap)
+        bound = directory.Directory.load(path, mmap=mmap)
         index = cls.__new__(cls)
-        index._setup(loaded.snapshot, path=path, loaded=loaded, live=True, mmap=mmap)
-        index._base = base
+        index._setup(bound.committed, bound, live=True, mmap=mmap)
         return index
 
     @classmethod
@@ -970,15 +441,12 @@ class Index:
         :meth:`versions`), as an in-memory index not bound to the directory (``save`` it
         elsewhere for a copy of that version, or :meth:`restore` it)."""
         if version is not None:
-            loaded_version = versions.load_version(Path(path), check_positive_int(version, "version"), mmap=mmap)
             pinned = cls.__new__(cls)
-            pinned._setup(loaded_version.snapshot, mmap=mmap)
+            pinned._setup(directory.load_version(path, version, mmap=mmap), mmap=mmap)
             return pinned
-        path = Path(path)
-        loaded, base = _load(path, mmap)
+        bound = directory.Directory.load(path, mmap=mmap)
         index = cls.__new__(cls)
-        index._setup(loaded.snapshot, path=path, loaded=loaded, live=False, mmap=mmap)
-        index._base = base
+        index._setup(bound.committed, bound, live=False, mmap=mmap)
         return index
 
     @classmethod
@@ -996,10 +464,10 @@ class Index:
     def versions(path: str | os.PathLike) -> list[dict]:
         """The versions of the saved index at ``path`` that can be read, oldest first: the current
         one and those kept by ``keep_versions`` (:meth:`set_keep_versions`), each with its number,
-        items, rows, segments, base and commit time (:func:`hubless.index.disk.list_versions`).
+        items, rows, segments, base and commit time (:func:`hubless.index.versions.list_versions`).
         A kept version's files are never changed or removed while it is kept: a copy of them
         (or ``Index.load(path, version=v).save(backup)``) is a backup, while writes go on."""
-        return versions.list_versions(Path(path))
+        return directory.versions(path)
 
     @property
     def keep_versions(self) -> int:
@@ -1012,7 +480,7 @@ class Index:
         can be searched (``Index.load(path, version=v)``, ``hubless search --as-of``) and
         restored (:meth:`restore`); older ones are removed by the next write. 0 keeps none."""
         config = dataclasses.replace(self.config, keep_versions=n)  # validated by IndexConfig
-        self._write(lambda snap: (snap.with_config(config), None))
+        self._write(lambda snap: (writer.with_config(snap, config), None))
         return self
 
     @classmethod
@@ -1022,129 +490,4 @@ class Index:
         are checked first (as a load checks them); the index keeps its ``next_id`` (an id
         assigned since is never assigned again) and its ``keep_versions``. Returns the new
         version's number."""
-        path = Path(path)
-        version = check_positive_int(version, "version")
-        with write_lock(path, timeout=timeout):
-            current, _ = pointer.read_manifest(path)
-            versions.load_version(path, version, mmap=True)  # every file there and readable
-            target = versions.read_version(path, version)
-            config = dict(target["config"])
-            keep = int(current["config"].get("keep_versions") or 0)
-            config.pop("keep_versions", None)
-            if keep:
-                config["keep_versions"] = keep
-            number = _next_number(path, current)
-            body = {**target, "version": number, "config": config, "next_id": max(int(target["next_id"]), int(current["next_id"]))}
-            disk.commit(path, body, keep=pointer.names_in(current))
-        return number
-
-
-def _load(path: Path, mmap: bool) -> tuple[reading.Loaded, Snapshot]:
-    """A loaded index and its base alone (before the segments were replayed)."""
-    loaded = reading.load(path, mmap=mmap)
-    base = getattr(loaded, "base", None)
-    return loaded, base if base is not None else loaded.snapshot
-
-
-def _segments_grown(manifest: dict | None) -> bool:
-    """Whether a version's segments outgrew its base in bytes (see :data:`COMPACT_MIN_BYTES`)."""
-    if manifest is None or not manifest["segments"]:
-        return False
-    written = sum(s["bytes"] for s in manifest["segments"])
-    base = sum(f["bytes"] for f in manifest["base"]["files"].values())
-    return written > COMPACT_MIN_BYTES + COMPACT_FRACTION * base
-
-
-def _lists_changed(old: Snapshot, new: Snapshot) -> bool:
-    for side in ("query", "gallery"):
-        a, b = getattr(old.bank, f"{side}_activation"), getattr(new.bank, f"{side}_activation")
-        if a is not None and (a is not b) and not np.array_equal(a, b):
-            return True
-    return False
-
-
-_VERSIONED = re.compile(r"[bs](\d{6})(?:\.seg)?")
-
-
-def _next_number(path: Path, manifest: dict | None) -> int:
-    """The next version number: above the current one and every base or segment on disk (a
-    leftover of an interrupted write is never reused)."""
-    numbers = [int(m.group(1)) for name in os.listdir(path) if (m := _VERSIONED.fullmatch(name))]
-    return max([0 if manifest is None else manifest["version"], *numbers]) + 1
-
-
-def _same_dir(a: Path, b: Path) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return False
-
-
-def _faiss_search(snap: Snapshot, q: np.ndarray, extra: np.ndarray, k: int, params):
-    """FAISS top-k of [q, extra] over the base rows: (scores, rows), MISSING where unfilled."""
-    nq = q.shape[0]
-    if k <= 0:
-        return np.full((nq, 0), -np.inf, np.float32), np.full((nq, 0), MISSING, np.int64)
-    scores, rows = search_rows(snap.faiss, q, extra, k, params, snap.layout)
-    return np.where(rows >= 0, scores, -np.inf).astype(np.float32), np.where(rows >= 0, rows, MISSING)
-
-
-def _kept(snap: Snapshot, mask: np.ndarray, name: str, make):
-    """``make(mask)``, kept in the snapshot's caches for this very mask (a filter's mask and the
-    alive mask are made once per version), so a search does not redo O(n) work per call."""
-    cache = snap.extra.setdefault(name, {})
-    hit = cache.get(id(mask))
-    if hit is None or hit[0] is not mask:
-        if len(cache) > 64:
-            cache.clear()
-        hit = cache[id(mask)] = (mask, make(mask))
-    return hit[1]
-
-
-def _count(snap: Snapshot, allowed: np.ndarray) -> int:
-    """How many rows ``allowed`` (a mask of the snapshot's rows) lets through."""
-    return _kept(snap, allowed, "counts", lambda mask: int(np.count_nonzero(mask)))
-
-
-def _selection(snap: Snapshot, params, allowed: np.ndarray):
-    """:func:`~hubless.index.faiss_build.with_selection` of the base rows ``allowed`` lets
-    through (a mask of every row), its bitmap packed once per mask and version."""
-    bits = _kept(snap, allowed, "bits", lambda mask: packed_bits(mask[: snap.n_base]))
-    return with_selection(snap.faiss, params, allowed[: snap.n_base], bits=bits)
-
-
-def _pad(ranking: np.ndarray, rows: np.ndarray, k: int):
-    if ranking.shape[1] >= k:
-        return ranking, rows
-    pad = k - ranking.shape[1]
-    return np.pad(ranking, ((0, 0), (0, pad)), constant_values=-np.inf), np.pad(rows, ((0, 0), (0, pad)), constant_values=MISSING)
-
-
-def _rows_of_batch(batch: QueryBatch, which: np.ndarray) -> QueryBatch:
-    index = np.flatnonzero(which)
-    weight = batch.weight
-    if weight is not None and weight.ndim == 1:
-        weight = weight[index]
-    stats = batch.statistics
-    if stats is not None:
-        stats = QueryStatistics(
-            top1=None if stats.top1 is None else stats.top1[index], topk=None if stats.topk is None else stats.topk[index]
-        )
-    return QueryBatch(batch.vectors[index], weight, stats)
-
-
-def _is_flat(factory: str) -> bool:
-    """Whether a factory string is the exact flat index."""
-    return "".join(factory.split()).lower() == "flat"
-
-
-def _check_target(path: Path, overwrite: bool) -> None:
-    if not path.exists() and not path.is_symlink():
-        return
-    if not path.is_dir():
-        raise AlreadyExists(f"{path} exists and is not a directory; an index is saved as a directory")
-    if pointer.is_index(path):
-        if not overwrite:
-            raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-    elif any(path.iterdir()):
-        raise AlreadyExists(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")
+        return directory.restore(path, version, timeout=timeout)

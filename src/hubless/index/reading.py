@@ -32,6 +32,7 @@ from hubless._io import file_sha256
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Conflict, Corrupt, MissingDependencyError, optional_import
+from hubless.index import writer
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
 from hubless.index.live import SIDES, Snapshot, row_statistics_names
@@ -359,7 +360,7 @@ def replay(path: Path, snap: Snapshot, manifest: dict, segments: list[dict]) -> 
         raw = seg.read_bytes()
         with seg.parsing():
             part = parse_segment(raw, entry, snap, schema)
-        snap = snap.replayed(part)
+        snap = writer.replayed(snap, part)
     if (snap.n_alive, snap.n_rows) != (manifest["n_items"], manifest["n_rows"]):
         raise Corrupt(
             f"{path}: the base and segments hold {snap.n_alive} items in {snap.n_rows} rows; the manifest says {manifest['n_items']} in {manifest['n_rows']}"

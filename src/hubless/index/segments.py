@@ -33,6 +33,8 @@ import numpy as np
 
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput
+from hubless.index import writer
+from hubless.index.directory import Directory
 from hubless.index.disk import _write_segment_file, commit, manifest_for
 from hubless.index.ids import assigned_ids
 from hubless.index.live import SIDES, row_statistics_names
@@ -109,23 +111,20 @@ def commit_segments(path: str | os.PathLike, files, *, timeout: float | None = N
     the next segment name and checked as a load would (ids new and not repeated, metadata of the
     index's types, sizes); ids left to the commit are assigned here. All or nothing: on any
     error none is committed. Returns ``{"version", "ids"}`` (the ids, in order)."""
-    from hubless.index.index import Index
-
     path = Path(path)
     files = [Path(f) for f in files]
     for f in files:
         if f.parent.resolve() != path.resolve() or not PENDING.fullmatch(f.name) or not f.is_file():
             raise InvalidInput(f"{f} is not a pending segment of {path} (written by write_segment)")
     with write_lock(path, timeout=timeout):
-        index = Index._open_locked(path)
-        return commit_pending(index, files)
+        return commit_pending(Directory.load(path), files)
 
 
-def commit_pending(index, files: list[Path]) -> dict:
-    """The body of :func:`commit_segments`, for an index opened under its write lock."""
-    path = index._path
-    old_manifest = index._manifest
-    snap = index._snap
+def commit_pending(bound: Directory, files: list[Path]) -> dict:
+    """The body of :func:`commit_segments`, for an index directory read under its write lock."""
+    path = bound.path
+    old_manifest = bound.manifest
+    snap = bound.committed
     version = max(
         old_manifest["version"],
         *(int(p.name[1:7]) for p in path.iterdir() if BASE_NAME.fullmatch(p.name) or SEGMENT_NAME.fullmatch(p.name)),
@@ -148,14 +147,13 @@ def commit_pending(index, files: list[Path]) -> dict:
             if table is not None or meta_before is not None:  # typed against the index's schema now
                 meta_before = (meta_before if meta_before is not None else Metadata.empty(snap.n_rows)).appended(table, n)
             part = parse_segment(raw, entry, snap, None if meta_before is None else meta_before.schema)
-        snap = snap.replayed(part)
+        snap = writer.replayed(snap, part)
         all_ids.append(snap.ids[snap.n_rows - n :])
         version += 1
         entries.append({**entry, "name": f"s{version:06d}.seg"})
     for f, entry in zip(files, entries):
-        os.replace(f, path / entry["name"])
+        os.replace(f, path / str(entry["name"]))
     body = manifest_for(snap, version, old_manifest["base"], [*old_manifest["segments"], *entries])
     commit(path, body, keep=names_in(old_manifest))
-    index._snap = snap
-    index._bind(path, Loaded(snap, body, pointer_stamp(path)), index._base)
+    bound.bind(Loaded(snap, body, pointer_stamp(path)), bound.base)
     return {"version": version, "ids": np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)}
