@@ -7,6 +7,7 @@ QB-Norm authors' .pkl files), the banks are read in one pass each, S in row bloc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -23,6 +24,9 @@ from hubless.cli._common import (
     wide_console,
 )
 from hubless.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from hubless.evaluation import JSONValue
 
 TIES_HELP = (
     "How tied scores rank: index (the lower gallery index first, hubless's rule), average (the mean of the tied positions: "
@@ -92,7 +96,7 @@ def eval_scores(
     sb = load_matrix(query_bank_scores, "query bank scores")
     sg = load_matrix(gallery_bank_scores, "gallery bank scores")
     mask = load_query_mask(query_mask, s)
-    files: dict[str, object] = {
+    files: dict[str, JSONValue] = {
         name: describe_file(path, arr)
         for name, path, arr in (("scores", scores, s), ("query_bank_scores", query_bank_scores, sb), ("gallery_bank_scores", gallery_bank_scores, sg))
         if path is not None

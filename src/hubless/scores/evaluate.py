@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from hubless.corrections import Correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix
 from hubless.errors import InvalidInput
-from hubless.evaluation import Evaluation, prepare_methods
+from hubless.evaluation import Evaluation, JSONValue, prepare_methods
 from hubless.evaluation.evaluate import build_evaluation, check_bootstrap
 from hubless.metrics.retrieval import check_ks, check_ties
 from hubless.metrics.truth import Truth, load_truth
@@ -139,7 +138,7 @@ def evaluate_scores(
     query_mask=None,
     transpose: bool = False,
     progress: bool | None = None,
-    inputs: dict[str, Any] | None = None,
+    inputs: Mapping[str, JSONValue] | None = None,
 ) -> Evaluation:
     """Fit each method on the bank score matrices, rank the rows of ``scores`` and measure
     (R@K, MdR, MnR, MRR, mAP@R, paired bootstrap intervals, hubness), as
@@ -159,7 +158,7 @@ def evaluate_scores(
         corrections, data.scores, data.truth, rows=data.rows, ties=ties, depth=HUBNESS_DEPTH, progress=progress,
         desc=f"rank {len(corrections)} methods",
     )  # fmt: skip
-    described = {
+    described: dict[str, JSONValue] = {
         "mode": "scores",
         "n_gallery": int(data.truth.n_gallery),
         "n_queries": int(data.rows.size),
