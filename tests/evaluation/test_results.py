@@ -12,7 +12,7 @@ import pytest
 
 import hubless
 from hubless.errors import NotFound
-from hubless.evaluation import Evaluation, MethodResult, RerankNumbers
+from hubless.evaluation import Evaluation, MethodResult, RerankNumbers, TunedMethod
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,25 @@ def test_added_numbers_are_typed_fields_written_after_seconds(evaluation):
         r.extra["other"] = 1  # type: ignore[index]
     assert list(r.to_dict())[-3:] == ["seconds", "eccv", "rerank"] and r.to_dict()["rerank"] == expected
     assert "eccv" not in evaluation["nnn"].to_dict()  # the evaluation's own result is untouched
+
+
+def test_tune_result_is_typed_and_its_json_unchanged():
+    rng = np.random.default_rng(1)
+    gallery = rng.standard_normal((30, 8)).astype(np.float32)
+    val = gallery + 0.8 * rng.standard_normal((30, 8)).astype(np.float32)
+    bank = rng.standard_normal((90, 8)).astype(np.float32)
+    tuned = hubless.tune(
+        gallery, val, np.arange(30), bank, ["nnn", "is"], objective="MnR", grids={"nnn": {"alpha": (0.5, 1.0), "k": (1, 2, 4)}}
+    )
+    nnn = tuned.best["nnn"]
+    assert isinstance(nnn, TunedMethod) and nnn.objective == "MnR" and nnn.value == nnn.metrics["MnR"]
+    assert nnn.value == min(row["MnR"] for row in tuned.tables["nnn"])  # lower is better for ranks
+    assert tuned.fitted["nnn"].spec == nnn.spec and tuned.best_specs == [nnn.spec, tuned.best["is"].spec]
+    expected = {"spec": nnn.spec, "params": nnn.params, "MnR": nnn.value, "metrics": nnn.metrics, "at_edge": nnn.at_edge}
+    assert nnn == expected and list(nnn) == list(expected) and nnn["params"] == nnn.params  # still reads as the dict it was
+    assert list(nnn.params) == ["alpha", "k"] and tuned.tables["nnn"][0] == {"alpha": 0.5, "k": 1, **tuned.tables["nnn"][0]}
+    d = json.loads(json.dumps(tuned.to_dict()))
+    assert list(d) == ["objective", "best", "validation", "baseline"] and d["best"]["nnn"] == expected
+    assert len(d["validation"]["nnn"]) == 6 and d["baseline"] == tuned.baseline
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tuned.objective = "R@1"  # type: ignore[misc]

@@ -4,7 +4,7 @@ and the fairness audit; ECCV Caption / CxC metrics for COCO-5k in :mod:`hubless.
 
 from hubless.evaluation.core import prepare_methods, rank_queries
 from hubless.evaluation.evaluate import evaluate
-from hubless.evaluation.results import EccvScores, Evaluation, Interval, JSONValue, MethodResult, RerankNumbers
+from hubless.evaluation.results import EccvScores, Evaluation, Interval, JSONValue, MethodResult, RerankNumbers, TunedMethod, TuneResult
 
 __all__ = [
     "EccvScores",
@@ -13,6 +13,8 @@ __all__ = [
     "JSONValue",
     "MethodResult",
     "RerankNumbers",
+    "TuneResult",
+    "TunedMethod",
     "evaluate",
     "prepare_methods",
     "rank_queries",

@@ -9,6 +9,8 @@ checker reads. :meth:`Evaluation.to_dict` is the ``results.json`` schema of ``hu
 :func:`hubless.evaluation.eccv.eccv_evaluation`'s :data:`EccvScores`, are typed fields of each
 result too; :class:`RerankNumbers` still reads as the dict it was (``numbers["retrieve"]``,
 ``dict(numbers)``, ``numbers == {...}``), so callers can move to attributes at their pace.
+:func:`hubless.tune`'s :class:`TuneResult` holds one :class:`TunedMethod` per method (read as
+the dict it was too) and the validation table of every grid point.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ if TYPE_CHECKING:  # only annotations: no import cycle with the corrections at r
     from hubless.banks import BankReport
     from hubless.corrections import Correction
 
-__all__ = ["EccvScores", "Evaluation", "Interval", "JSONValue", "MethodResult", "RerankNumbers"]
+__all__ = ["EccvScores", "Evaluation", "Interval", "JSONValue", "MethodResult", "RerankNumbers", "TuneResult", "TunedMethod"]
 
 #: A value JSON can hold (what ``to_dict`` methods return, and ``Evaluation.inputs``).
 JSONValue: TypeAlias = str | int | float | bool | None | Sequence["JSONValue"] | Mapping[str, "JSONValue"]
@@ -35,6 +37,8 @@ JSONValue: TypeAlias = str | int | float | bool | None | Sequence["JSONValue"] |
 Interval: TypeAlias = tuple[float, float]
 #: ECCV Caption / CxC / COCO metrics (percent): {metric: {"t2i": value, "i2t": value}}.
 EccvScores: TypeAlias = dict[str, dict[str, float]]
+#: Metrics where lower is better (ranks); every other metric is higher-is-better.
+LOWER_IS_BETTER = frozenset({"MdR", "MnR"})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -178,6 +182,103 @@ class Evaluation:
             if spec in (r.spec, r.method):
                 return r
         raise NotFound(spec)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TunedMethod(Mapping[str, JSONValue]):
+    """The grid point chosen for one method: its ``spec`` and grid ``params``, the ``objective``
+    it was chosen on, every validation metric of it (``metrics``; ``value`` is the objective's)
+    and ``at_edge``, the parameters chosen at the border of their grid (see
+    :func:`hubless.tuning.grid_edges`). Reads as the dict it was: ``spec``, ``params``, the
+    objective's name (its value), ``metrics``, ``at_edge``."""
+
+    spec: str
+    params: dict[str, float]
+    objective: str
+    metrics: dict[str, float]
+    at_edge: list[str]
+
+    @property
+    def value(self) -> float:
+        """The objective's validation value."""
+        return self.metrics[self.objective]
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """The plain dict (an entry of ``best`` in the tuning JSON)."""
+        return {"spec": self.spec, "params": self.params, self.objective: self.value, "metrics": self.metrics, "at_edge": self.at_edge}
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TuneResult:
+    """What :func:`hubless.tune` (and :func:`hubless.tune_scores`) chose, per method.
+
+    ``best[method]``: the chosen :class:`TunedMethod`; ``tables[method]``: the validation table,
+    one row per grid point (its parameters, then its metrics). ``baseline``: the uncorrected
+    ranking's validation metrics. ``fitted[method]``: the chosen correction, fitted (on the
+    gallery given to :func:`hubless.tune`; not written to JSON). ``bank``: the query bank's
+    coverage report, with ``coverage=True``.
+    """
+
+    objective: str
+    best: dict[str, TunedMethod] = field(default_factory=dict)
+    tables: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    baseline: dict[str, float] = field(default_factory=dict)
+    fitted: dict[str, Correction] = field(default_factory=dict, repr=False)
+    bank: BankReport | None = None
+
+    @property
+    def best_specs(self) -> list[str]:
+        return [b.spec for b in self.best.values()]
+
+    def losses(self) -> list[str]:
+        """Chosen specs whose validation objective is worse than the baseline's."""
+        sign = -1.0 if self.objective in LOWER_IS_BETTER else 1.0
+        base = self.baseline.get(self.objective)
+        return [b.spec for b in self.best.values() if base is not None and sign * (b.value - base) < 0]
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """The tuning JSON (``hubless tune --out``)."""
+        out: dict[str, JSONValue] = {
+            "objective": self.objective,
+            "best": {m: b.to_dict() for m, b in self.best.items()},
+            "validation": self.tables,
+            "baseline": self.baseline,
+        }
+        if self.bank is not None:
+            out["query_bank_coverage"] = self.bank.to_dict()
+        return out
+
+
+def choose(
+    objective: str, points: Sequence[Mapping[str, float]], corrections: Sequence[Correction], metrics: Sequence[dict[str, float]]
+) -> tuple[TunedMethod, list[dict[str, float]]]:
+    """The best grid point of one method on ``objective`` (ties: the first) and the method's
+    validation table: what :func:`hubless.tune` and :func:`hubless.tune_scores` keep."""
+    sign = -1.0 if objective in LOWER_IS_BETTER else 1.0
+    best = int(np.argmax([sign * m[objective] for m in metrics]))
+    params = dict(points[best])
+    chosen = TunedMethod(corrections[best].spec, params, objective, metrics[best], grid_edges(points, params))
+    return chosen, [{**p, **m} for p, m in zip(points, metrics)]
+
+
+def grid_edges(points: Sequence[Mapping[str, float]], chosen: Mapping[str, float]) -> list[str]:
+    """The parameters whose chosen value is the smallest or largest of a grid of at least three
+    values: the optimum may lie outside the grid, so widen it there."""
+    edges = []
+    for name, value in chosen.items():
+        values = sorted({p[name] for p in points})
+        if len(values) >= 3 and value in (values[0], values[-1]):
+            edges.append(name)
+    return edges
 
 
 def _count(inputs: Mapping[str, JSONValue], key: str) -> int:

@@ -23,6 +23,7 @@ from hubless.banks import BankReport
 from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
+from hubless.evaluation.results import TuneResult
 
 __all__ = ["BankEvaluation", "checked_banks", "evaluate_banks", "geometric_mean"]
 
@@ -34,7 +35,7 @@ class BankEvaluation:
     evaluations: dict[str, Evaluation]
     reports: dict[str, BankReport]
     #: With :func:`hubless.tuning.tune_banks`: each bank's tuning result (parameters chosen with that bank).
-    tuned: dict[str, Any] | None = None
+    tuned: dict[str, TuneResult] | None = None
 
     @property
     def rows(self) -> list[dict[str, Any]]:
