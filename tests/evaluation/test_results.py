@@ -91,3 +91,12 @@ def test_tune_result_is_typed_and_its_json_unchanged():
     assert len(d["validation"]["nnn"]) == 6 and d["baseline"] == tuned.baseline
     with pytest.raises(dataclasses.FrozenInstanceError):
         tuned.objective = "R@1"  # type: ignore[misc]
+
+
+def test_every_result_object_is_frozen_and_slotted():
+    from hubless.evaluation import TuneResult
+    from hubless.evaluation.robustness import BankEvaluation
+    from hubless.fairness import FairnessAudit, FairnessResult
+
+    for cls in (Evaluation, MethodResult, RerankNumbers, TuneResult, TunedMethod, BankEvaluation, FairnessAudit, FairnessResult):
+        assert cls.__dataclass_params__.frozen and "__slots__" in vars(cls), cls.__name__

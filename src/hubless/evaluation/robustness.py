@@ -23,14 +23,15 @@ from hubless.banks import BankReport
 from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
-from hubless.evaluation.results import TuneResult
+from hubless.evaluation.results import JSONValue, TuneResult
 
 __all__ = ["BankEvaluation", "checked_banks", "evaluate_banks", "geometric_mean"]
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class BankEvaluation:
-    """One :class:`~hubless.evaluation.Evaluation` and one coverage report per bank."""
+    """One :class:`~hubless.evaluation.Evaluation` and one coverage report per bank (frozen:
+    :meth:`to_dict` is the JSON of ``hubless eval`` with named banks)."""
 
     evaluations: dict[str, Evaluation]
     reports: dict[str, BankReport]
@@ -38,9 +39,9 @@ class BankEvaluation:
     tuned: dict[str, TuneResult] | None = None
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, JSONValue]]:
         """One row per method x bank: bank, method, metrics and their change vs the baseline."""
-        out = []
+        out: list[dict[str, JSONValue]] = []
         for name, ev in self.evaluations.items():
             for r in ev.results:
                 ci = r.delta_ci95
@@ -62,8 +63,10 @@ class BankEvaluation:
             table[label] = {m: geometric_mean([ev.results[i].metrics[m] for ev in evaluations]) for m in r.metrics}
         return table
 
-    def to_dict(self) -> dict[str, Any]:
-        banks = {name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()}
+    def to_dict(self) -> dict[str, JSONValue]:
+        banks: dict[str, dict[str, JSONValue]] = {
+            name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()
+        }
         for name, tuned in (self.tuned or {}).items():
             banks[name]["tuning"] = tuned.to_dict()
         return {"banks": banks, "rows": self.rows, "overall": self.overall}
