@@ -17,27 +17,27 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
-from hubless.banks import coverage_report
+from hubless.banks import BankReport, coverage_report
 from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
 from hubless.engine import StatisticsRequest, use_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
-from hubless.evaluation.evaluate import evaluate
+from hubless.evaluation.evaluate import Evaluation, evaluate
 from hubless.evaluation.results import TunedMethod, TuneResult, choose, grid_edges
 from hubless.evaluation.robustness import BankEvaluation, checked_banks
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.metrics.truth import load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune", "tune_banks"]
 
 #: Default grids, from each method's ``default_grid`` (the papers': NNN, Chowdhury 2024, app. B;
 #: QB-Norm, Bogolin 2022; DBNorm, Wang 2023, log grid of both betas; DN, Zhou 2023, lambda in [0, 1]).
-DEFAULT_GRIDS: dict[str, dict[str, tuple]] = {name: dict(cls.default_grid) for name, cls in METHODS.items()}
+DEFAULT_GRIDS: dict[str, dict[str, tuple[float, ...]]] = {name: dict(cls.default_grid) for name, cls in METHODS.items()}
 
 
 def shared_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -68,11 +68,13 @@ def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence[float]]] | None
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
 
 
-def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
+def _fits(corr: Correction, gallery: np.ndarray, query_bank: np.ndarray | None, gallery_bank: npt.ArrayLike | None) -> bool:
     """Whether a grid point fits the data (e.g. k no larger than the bank); others are skipped."""
     try:
         corr.check_sizes(
-            gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0]
+            gallery.shape[0],
+            None if query_bank is None else query_bank.shape[0],
+            None if gallery_bank is None else np.shape(gallery_bank)[0],
         )
     except ValueError:
         return False
@@ -80,15 +82,15 @@ def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
 
 
 def tune(
-    gallery,
-    val_queries,
-    val_truth,
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    val_queries: npt.ArrayLike,
+    val_truth: TruthLike,
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str] = ("nnn",),
     *,
-    gallery_bank=None,
-    test_queries=None,
-    grids: Mapping[str, Mapping[str, Sequence]] | None = None,
+    gallery_bank: npt.ArrayLike | None = None,
+    test_queries: npt.ArrayLike | None = None,
+    grids: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     normalize: bool = True,
@@ -151,7 +153,9 @@ def tune(
     return TuneResult(objective, best, tables, metrics[0], fitted, coverage_report(stats) if also is not None else None)
 
 
-def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: str = "index") -> list[dict[str, float]]:
+def _validate_all(
+    corrections: Sequence[Correction], queries: np.ndarray, truth: Truth, ks: Sequence[int], progress: bool | None, ties: str = "index"
+) -> list[dict[str, float]]:
     """Metrics of every fitted correction on the validation queries (one streamed pass: each
     block of raw similarities is shared by every grid point)."""
     ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {len(corrections) - 1} grid points", ties=ties)
@@ -159,22 +163,22 @@ def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: s
 
 
 def tune_banks(
-    gallery,
-    val_queries,
-    val_truth,
-    banks: Mapping[str, Any],
+    gallery: npt.ArrayLike,
+    val_queries: npt.ArrayLike,
+    val_truth: TruthLike,
+    banks: Mapping[str, npt.ArrayLike],
     methods: Sequence[MethodName | str] = ("nnn",),
     *,
-    queries,
-    truth,
-    val_gallery=None,
-    gallery_bank=None,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    val_gallery: npt.ArrayLike | None = None,
+    gallery_bank: npt.ArrayLike | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
-    distractors=None,
+    distractors: npt.ArrayLike | None = None,
     progress: bool | None = None,
     ties: str = "index",
 ) -> BankEvaluation:
@@ -183,7 +187,9 @@ def tune_banks(
     g, checked = checked_banks(gallery, banks, normalize)
     same = val_gallery is None and distractors is None  # tuned on the very gallery tested: one pass per bank in all
     vg = g if val_gallery is None else val_gallery
-    evaluations, tuned, reports = {}, {}, {}
+    evaluations: dict[str, Evaluation] = {}
+    tuned: dict[str, TuneResult] = {}
+    reports: dict[str, BankReport | None] = {}
     for name, b in checked.items():
         tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
                            ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip

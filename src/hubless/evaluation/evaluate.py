@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
@@ -32,7 +33,7 @@ from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
 from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["Evaluation", "MethodResult", "evaluate"]
 
@@ -41,20 +42,20 @@ HUBNESS_DEPTH = 10
 
 
 def evaluate(
-    gallery,
-    queries,
-    truth,
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
     progress: bool | None = None,
     inputs: Mapping[str, JSONValue] | None = None,
-    distractors=None,
+    distractors: npt.ArrayLike | None = None,
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
@@ -126,7 +127,7 @@ def evaluate(
     return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
 
 
-def check_bootstrap(bootstrap) -> None:
+def check_bootstrap(bootstrap: object) -> None:
     """Refuse a resample count that is not an int >= 0 (0: no intervals)."""
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
@@ -137,7 +138,7 @@ def build_evaluation(
     ranked: Sequence[Ranked],
     fit_seconds: Sequence[float],
     truth: Truth,
-    ks,
+    ks: Sequence[int],
     bootstrap: int,
     seed: int,
     inputs: dict[str, JSONValue],
@@ -156,7 +157,9 @@ def build_evaluation(
     return Evaluation(inputs, results, tuple(ks), bank)
 
 
-def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+def method_result(
+    corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks: Sequence[int], bootstrap: int, seed: int
+) -> MethodResult:
     """One method's numbers from its ranks: R@K, MdR, MnR, MRR, mAP@R with bootstrap intervals,
     the hubness of its top 10 and its times."""
     values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)
