@@ -93,7 +93,9 @@ STRICT = [
     "src/hubless/export/api.py",
     "src/hubless/evaluation/__init__.py",
     "src/hubless/evaluation/evaluate.py",
+    "src/hubless/evaluation/eccv.py",
     "src/hubless/evaluation/results.py",
+    "src/hubless/rerank/evaluate.py",
     "src/hubless/tuning.py",
 ]
 

@@ -4,22 +4,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import Evaluation, RerankNumbers
 from hubless.metrics.retrieval import recall_at_k
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
+
+if TYPE_CHECKING:
+    from hubless.rerank.pipeline import Pipeline
+    from hubless.rerank.rerankers import Reranker
 
 __all__ = ["rerank_evaluation", "rerank_eval"]
 
 
-def _recalls(ids: np.ndarray, truth: Truth, ks) -> dict[str, float]:
+def _recalls(ids: np.ndarray, truth: Truth, ks: Sequence[int]) -> dict[str, float]:
     return {f"R@{k}": recall_at_k(ids, truth, k) for k in ks}
 
 
-def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5, 10), *, progress=None) -> RerankNumbers:
+def rerank_eval(
+    pipeline: Pipeline,
+    query_embeddings: np.ndarray,
+    query_items: Sequence[str],
+    truth: Truth,
+    ks: Sequence[int] = (1, 5, 10),
+    *,
+    progress: bool | None = None,
+) -> RerankNumbers:
     """R@K of the first stage alone and after reranking its top ``pipeline.k``, with the mean
     latency per query of each stage (ms), as a :class:`~hubless.evaluation.RerankNumbers` (which
     also reads as the dict it was). ``truth``: relevant gallery ids per query."""
@@ -40,16 +53,16 @@ def rerank_eval(pipeline, query_embeddings, query_items, truth: Truth, ks=(1, 5,
 
 def rerank_evaluation(
     evaluation: Evaluation,
-    queries,
+    queries: np.ndarray,
     query_items: Sequence[str],
-    truth,
-    reranker,
+    truth: TruthLike,
+    reranker: Reranker,
     gallery_items: Sequence[str],
     *,
     k: int = 50,
     fusion: str | None = None,
     fusion_weight: float = 0.5,
-    progress=None,
+    progress: bool | None = None,
 ) -> dict[str, RerankNumbers]:
     """Rerank every method of an :func:`hubless.evaluate` result: each method's top ``k`` is
     re-scored by ``reranker`` (a :class:`~hubless.rerank.Reranker`) and R@K (K <= k) is measured
