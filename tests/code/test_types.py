@@ -95,6 +95,8 @@ STRICT = [
     "src/hubless/evaluation/evaluate.py",
     "src/hubless/evaluation/eccv.py",
     "src/hubless/evaluation/results.py",
+    "src/hubless/evaluation/robustness.py",
+    "src/hubless/fairness/audit.py",
     "src/hubless/rerank/evaluate.py",
     "src/hubless/tuning.py",
 ]

@@ -100,3 +100,12 @@ def test_every_result_object_is_frozen_and_slotted():
 
     for cls in (Evaluation, MethodResult, RerankNumbers, TuneResult, TunedMethod, BankEvaluation, FairnessAudit, FairnessResult):
         assert cls.__dataclass_params__.frozen and "__slots__" in vars(cls), cls.__name__
+
+
+def test_eccv_evaluation_refuses_a_result_without_a_fitted_correction(evaluation):
+    from hubless.errors import InvalidInput
+    from hubless.evaluation.eccv import eccv_evaluation
+
+    by_hand = Evaluation(evaluation.inputs, [dataclasses.replace(r, correction=None) for r in evaluation.results], evaluation.ks)
+    with pytest.raises(InvalidInput, match="fitted correction"):
+        eccv_evaluation(by_hand, np.zeros((1, 8), np.float32), np.zeros((1, 8), np.float32), np.zeros((1, 8), np.float32))

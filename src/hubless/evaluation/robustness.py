@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport
@@ -24,6 +24,7 @@ from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
 from hubless.evaluation.results import JSONValue, TuneResult
+from hubless.metrics.truth import TruthLike
 
 __all__ = ["BankEvaluation", "checked_banks", "evaluate_banks", "geometric_mean"]
 
@@ -81,18 +82,18 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 
 def evaluate_banks(
-    gallery,
-    queries,
-    truth,
-    banks: Mapping[str, Any],
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    banks: Mapping[str, npt.ArrayLike],
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
-    distractors=None,
+    distractors: npt.ArrayLike | None = None,
     progress: bool | None = None,
     ties: str = "index",
 ) -> BankEvaluation:
@@ -121,7 +122,7 @@ def evaluate_banks(
     return BankEvaluation(evaluations, bank_reports(evaluations))
 
 
-def checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
+def checked_banks(gallery: npt.ArrayLike, banks: Mapping[str, npt.ArrayLike], normalize: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The validated gallery and each validated bank (every bank is checked before any work)."""
     if not banks:
         raise InvalidInput("banks is empty: give at least one name -> query bank")

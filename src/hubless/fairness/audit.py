@@ -26,7 +26,7 @@ from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import JSONValue
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]
 
@@ -34,7 +34,7 @@ MASCULINE = {"masculine", "male", "man", "men", "m"}
 FEMININE = {"feminine", "female", "woman", "women", "f"}
 
 
-def encode_attribute(values: Sequence) -> tuple[np.ndarray, list[str]]:
+def encode_attribute(values: Sequence[object]) -> tuple[npt.NDArray[np.int64], list[str]]:
     """Category labels -> (codes, sorted distinct labels)."""
     labels, codes = np.unique(np.asarray([str(v) for v in values]), return_inverse=True)
     return codes.astype(np.int64), labels.tolist()
@@ -92,14 +92,14 @@ class FairnessAudit:
 
 
 def audit(
-    gallery,
-    queries,
-    relevant,
-    attributes: Mapping[str, Sequence],
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    relevant: TruthLike,
+    attributes: Mapping[str, Sequence[object]],
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     joint: bool = True,
     top_n: int = 10,
     query_names: Sequence[str] | None = None,
@@ -146,7 +146,9 @@ def _product(lists: list[list[str]]) -> list[list[str]]:
     return out
 
 
-def _audit_one(corr: Correction, ranked: Ranked, relevant: Truth, encoded, top_n: int) -> FairnessResult:
+def _audit_one(
+    corr: Correction, ranked: Ranked, relevant: Truth, encoded: Mapping[str, tuple[npt.NDArray[np.int64], list[str]]], top_n: int
+) -> FairnessResult:
     ranks, top = ranked.ranks, ranked.top
     counts = relevant.counts
     per_query: dict[str, np.ndarray] = {"NDCG": ndcg(ranks, relevant.indptr), "AP": average_precision(ranks, relevant.indptr)}
