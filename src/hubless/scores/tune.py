@@ -22,7 +22,8 @@ from hubless.engine.score_statistics import check_score_matrix, read_rows, row_b
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import TunedMethod, TuneResult, choose
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.scores.evaluate import prepare_scores
+from hubless.metrics.truth import TruthLike
+from hubless.scores.evaluate import ScoreSource, prepare_scores
 from hubless.scores.files import load_scores
 from hubless.scores.rank import rank_score_rows
 from hubless.tuning import DEFAULT_GRIDS
@@ -67,18 +68,18 @@ def _check_disjoint(a, b, name_a: str, name_b: str) -> None:
 
 
 def tune_scores(
-    val_scores,
-    val_truth,
-    query_bank_scores=None,
+    val_scores: ScoreSource,
+    val_truth: TruthLike,
+    query_bank_scores: ScoreSource | None = None,
     methods: Sequence[str] = ("dis",),
     *,
-    gallery_bank_scores=None,
-    test_scores=None,
-    grids: Mapping[str, Mapping[str, Sequence]] | None = None,
+    gallery_bank_scores: ScoreSource | None = None,
+    test_scores: ScoreSource | None = None,
+    grids: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     ties: str = "index",
-    query_mask=None,
+    query_mask: ScoreSource | None = None,
     transpose: bool = False,
     progress: bool | None = None,
 ) -> TuneResult:
