@@ -107,7 +107,7 @@ def eval_scores(
         query_mask=mask, transpose=transpose, progress=progress, inputs={"files": files},
     )  # fmt: skip
     masked = f", {ev.inputs['n_masked']} masked rows" if ev.inputs["n_masked"] else ""
-    print_results(ev, f"{ev.inputs['n_queries']} queries over {ev.inputs['n_gallery']} items (score matrices, ties: {ties}{masked})")
+    print_results(ev, f"{ev.n_queries} queries over {ev.n_gallery} items (score matrices, ties: {ties}{masked})")
     if out is not None:
         write_json(out, {**generator_mark(), **ev.to_dict()})
         typer.echo(f"results: {out}")
@@ -170,7 +170,7 @@ def tune_scores_cli(
             s, truth, sb, tuned.best_specs, gallery_bank_scores=sg, ks=k_list, bootstrap=bootstrap, ties=ties,
             query_mask=load_query_mask(query_mask, s), transpose=transpose, progress=progress,
         )  # fmt: skip
-        print_results(ev, f"test: {ev.inputs['n_queries']} queries over {ev.inputs['n_gallery']} items, chosen parameters")
+        print_results(ev, f"test: {ev.n_queries} queries over {ev.n_gallery} items, chosen parameters")
     if out is not None:
         data = tuned.to_dict()
         if ev is not None:
