@@ -4,8 +4,8 @@
 (R@K, MdR, MnR, MRR, mAP@R), their bootstrap intervals, the change against the baseline with
 its paired interval, the hubness of its top 10 and its times, every field with the type a type
 checker reads. :meth:`Evaluation.to_dict` is the ``results.json`` schema of ``hubless eval``
-(unchanged by this module: the same keys in the same order). The numbers added afterwards,
-:func:`hubless.rerank.rerank_evaluation`'s :class:`RerankNumbers` and
+(fixed keys in a fixed order: tests/evaluation/test_results.py spells them out). The numbers
+added afterwards, :func:`hubless.rerank.rerank_evaluation`'s :class:`RerankNumbers` and
 :func:`hubless.evaluation.eccv.eccv_evaluation`'s :data:`EccvScores`, are typed fields of each
 result too; :class:`RerankNumbers` still reads as the dict it was (``numbers["retrieve"]``,
 ``dict(numbers)``, ``numbers == {...}``), so callers can move to attributes at their pace.
@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from hubless.errors import NotFound
 
-if TYPE_CHECKING:  # only annotations: no import cycle with the corrections at run time
+if TYPE_CHECKING:  # annotations only: this module imports nothing heavy at run time
     from hubless.banks import BankReport
     from hubless.corrections import Correction
 
