@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
@@ -28,54 +27,17 @@ from hubless.corrections import METHODS, Correction, MethodName, fit_shared, mak
 from hubless.engine import StatisticsRequest, use_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
-from hubless.evaluation.evaluate import evaluate
+from hubless.evaluation.evaluate import Evaluation, evaluate
+from hubless.evaluation.results import TunedMethod, TuneResult, choose, grid_edges
 from hubless.evaluation.robustness import BankEvaluation, checked_banks
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.metrics.truth import load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["DEFAULT_GRIDS", "TuneResult", "check_disjoint", "grid_edges", "shared_rows", "tune", "tune_banks"]
 
 #: Default grids, from each method's ``default_grid`` (the papers': NNN, Chowdhury 2024, app. B;
 #: QB-Norm, Bogolin 2022; DBNorm, Wang 2023, log grid of both betas; DN, Zhou 2023, lambda in [0, 1]).
-DEFAULT_GRIDS: dict[str, dict[str, tuple]] = {name: dict(cls.default_grid) for name, cls in METHODS.items()}
-
-#: Metrics where lower is better.
-_LOWER_IS_BETTER = {"MdR", "MnR"}
-
-
-@dataclass
-class TuneResult:
-    """Per method: the chosen spec and the validation table (one row per grid point).
-
-    ``best[method]`` holds ``spec``, ``params``, the objective's value, every validation metric
-    and ``at_edge``: the parameters chosen at the border of their grid (see :func:`grid_edges`).
-    ``baseline``: the uncorrected ranking's validation metrics. ``fitted[method]``: the chosen
-    correction, fitted (on the gallery given to :func:`tune`; not written to JSON). ``bank``: the
-    query bank's coverage report, with ``coverage=True``.
-    """
-
-    objective: str
-    best: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    baseline: dict[str, float] = field(default_factory=dict)
-    fitted: dict[str, Correction] = field(default_factory=dict, repr=False)
-    bank: BankReport | None = None
-
-    @property
-    def best_specs(self) -> list[str]:
-        return [b["spec"] for b in self.best.values()]
-
-    def losses(self) -> list[str]:
-        """Chosen specs whose validation objective is worse than the baseline's."""
-        sign = -1.0 if self.objective in _LOWER_IS_BETTER else 1.0
-        base = self.baseline.get(self.objective)
-        return [b["spec"] for b in self.best.values() if base is not None and sign * (b[self.objective] - base) < 0]
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"objective": self.objective, "best": self.best, "validation": self.tables, "baseline": self.baseline}
-        if self.bank is not None:
-            out["query_bank_coverage"] = self.bank.to_dict()
-        return out
+DEFAULT_GRIDS: dict[str, dict[str, tuple[float, ...]]] = {name: dict(cls.default_grid) for name, cls in METHODS.items()}
 
 
 def shared_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -98,7 +60,7 @@ def check_disjoint(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> No
         )
 
 
-def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence]] | None) -> list[dict[str, Any]]:
+def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence[float]]] | None) -> list[dict[str, float]]:
     if method not in METHODS:
         raise InvalidInput(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     grid = DEFAULT_GRIDS[method] if grids is None or method not in grids else grids[method]
@@ -106,22 +68,13 @@ def _grid(method: str, grids: Mapping[str, Mapping[str, Sequence]] | None) -> li
     return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
 
 
-def grid_edges(points: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any]) -> list[str]:
-    """The parameters whose chosen value is the smallest or largest of a grid of at least three
-    values: the optimum may lie outside the grid, so widen it there."""
-    edges = []
-    for name, value in chosen.items():
-        values = sorted({p[name] for p in points})
-        if len(values) >= 3 and value in (values[0], values[-1]):
-            edges.append(name)
-    return edges
-
-
-def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
+def _fits(corr: Correction, gallery: np.ndarray, query_bank: np.ndarray | None, gallery_bank: npt.ArrayLike | None) -> bool:
     """Whether a grid point fits the data (e.g. k no larger than the bank); others are skipped."""
     try:
         corr.check_sizes(
-            gallery.shape[0], None if query_bank is None else query_bank.shape[0], None if gallery_bank is None else gallery_bank.shape[0]
+            gallery.shape[0],
+            None if query_bank is None else query_bank.shape[0],
+            None if gallery_bank is None else np.shape(gallery_bank)[0],
         )
     except ValueError:
         return False
@@ -129,15 +82,15 @@ def _fits(corr, gallery, query_bank, gallery_bank) -> bool:
 
 
 def tune(
-    gallery,
-    val_queries,
-    val_truth,
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    val_queries: npt.ArrayLike,
+    val_truth: TruthLike,
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str] = ("nnn",),
     *,
-    gallery_bank=None,
-    test_queries=None,
-    grids: Mapping[str, Mapping[str, Sequence]] | None = None,
+    gallery_bank: npt.ArrayLike | None = None,
+    test_queries: npt.ArrayLike | None = None,
+    grids: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     normalize: bool = True,
@@ -176,8 +129,7 @@ def tune(
         bank = as_embeddings(query_bank, "query bank", normalize=normalize, dim=dim, dim_of="the gallery")
         check_disjoint(val, bank, "validation queries", "query bank")
         query_bank = bank
-    sign = -1.0 if objective in _LOWER_IS_BETTER else 1.0
-    grid: dict[str, tuple[list[dict[str, Any]], list[Correction]]] = {}
+    grid: dict[str, tuple[list[dict[str, float]], list[Correction]]] = {}
     for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
         candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
         candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
@@ -189,25 +141,21 @@ def tune(
     also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
     stats = fit_shared(everything, gallery, query_bank, gallery_bank, also=also, progress=progress)[1]
     metrics = _validate_all(everything, val, truth, ks, progress, ties)
-    result = TuneResult(objective, baseline=metrics[0])
-    if also is not None:
-        result.bank = coverage_report(stats)
+    best: dict[str, TunedMethod] = {}
+    tables: dict[str, list[dict[str, float]]] = {}
+    fitted: dict[str, Correction] = {}
     start = 1
     for method, (points, corrections) in grid.items():
         found = metrics[start : start + len(corrections)]
         start += len(corrections)
-        scores = np.array([sign * m[objective] for m in found])
-        best = int(np.argmax(scores))
-        result.tables[method] = [{**p, **m} for p, m in zip(points, found)]
-        result.best[method] = {
-            "spec": corrections[best].spec, "params": points[best], objective: found[best][objective],
-            "metrics": found[best], "at_edge": grid_edges(points, points[best]),
-        }  # fmt: skip
-        result.fitted[method] = corrections[best]
-    return result
+        best[method], tables[method] = choose(objective, points, corrections, found)
+        fitted[method] = next(c for c in corrections if c.spec == best[method].spec)
+    return TuneResult(objective, best, tables, metrics[0], fitted, coverage_report(stats) if also is not None else None)
 
 
-def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: str = "index") -> list[dict[str, float]]:
+def _validate_all(
+    corrections: Sequence[Correction], queries: np.ndarray, truth: Truth, ks: Sequence[int], progress: bool | None, ties: str = "index"
+) -> list[dict[str, float]]:
     """Metrics of every fitted correction on the validation queries (one streamed pass: each
     block of raw similarities is shared by every grid point)."""
     ranked = rank_queries(corrections, queries, truth, progress=progress, desc=f"tune {len(corrections) - 1} grid points", ties=ties)
@@ -215,22 +163,22 @@ def _validate_all(corrections, queries: np.ndarray, truth, ks, progress, ties: s
 
 
 def tune_banks(
-    gallery,
-    val_queries,
-    val_truth,
-    banks: Mapping[str, Any],
+    gallery: npt.ArrayLike,
+    val_queries: npt.ArrayLike,
+    val_truth: TruthLike,
+    banks: Mapping[str, npt.ArrayLike],
     methods: Sequence[MethodName | str] = ("nnn",),
     *,
-    queries,
-    truth,
-    val_gallery=None,
-    gallery_bank=None,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    val_gallery: npt.ArrayLike | None = None,
+    gallery_bank: npt.ArrayLike | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
-    distractors=None,
+    distractors: npt.ArrayLike | None = None,
     progress: bool | None = None,
     ties: str = "index",
 ) -> BankEvaluation:
@@ -239,7 +187,9 @@ def tune_banks(
     g, checked = checked_banks(gallery, banks, normalize)
     same = val_gallery is None and distractors is None  # tuned on the very gallery tested: one pass per bank in all
     vg = g if val_gallery is None else val_gallery
-    evaluations, tuned, reports = {}, {}, {}
+    evaluations: dict[str, Evaluation] = {}
+    tuned: dict[str, TuneResult] = {}
+    reports: dict[str, BankReport | None] = {}
     for name, b in checked.items():
         tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
                            ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip

@@ -61,7 +61,10 @@ def test_every_lazy_public_name_is_visible_to_type_checkers():
 def test_a_type_checker_reads_the_real_type_of_a_lazy_name(tmp_path):
     pytest.importorskip("mypy", reason="the test extra installs mypy")
     snippet = tmp_path / "use.py"
-    snippet.write_text("import hubless\nreveal_type(hubless.Index)\nreveal_type(hubless.NNN(k=4).fit)\n")
+    snippet.write_text(
+        "import hubless\nreveal_type(hubless.Index)\nreveal_type(hubless.NNN(k=4).fit)\n"
+        "reveal_type(hubless.evaluate([[1.0]], [[1.0]], [0]).results[0].ci95)\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--cache-dir", str(ROOT / ".cache" / "mypy"), "--config-file", "", str(snippet)],
         cwd=tmp_path,
@@ -70,12 +73,14 @@ def test_a_type_checker_reads_the_real_type_of_a_lazy_name(tmp_path):
         timeout=600,
     )
     revealed = [line for line in done.stdout.splitlines() if "Revealed type" in line]
-    assert len(revealed) == 2 and revealed[0].endswith('-> hubless.index.index.Index"'), done.stdout  # not Any
+    assert len(revealed) == 3 and revealed[0].endswith('-> hubless.index.index.Index"'), done.stdout  # not Any
     assert revealed[1].endswith('-> hubless.corrections.nnn.NNN"'), done.stdout
+    assert revealed[2].endswith('"dict[str, tuple[float, float]]"'), done.stdout  # typed results, not Any
 
 
-#: The public modules held to ``mypy --strict`` (issue 40 item 5): the package's face and the
-#: typed settings, answers and index description. Add a module here once it is strict-clean.
+#: The public modules held to ``mypy --strict`` (issue 40 item 5): the package's face, the typed
+#: settings, answers, index description, evaluate / tune and their results, and the export
+#: functions. Add a module here once it is strict-clean.
 STRICT = [
     "src/hubless/__init__.py",
     "src/hubless/index/__init__.py",
@@ -85,6 +90,15 @@ STRICT = [
     "src/hubless/service/answers.py",
     "src/hubless/cli/serve.py",
     "src/hubless/export/info.py",
+    "src/hubless/export/api.py",
+    "src/hubless/evaluation/__init__.py",
+    "src/hubless/evaluation/evaluate.py",
+    "src/hubless/evaluation/eccv.py",
+    "src/hubless/evaluation/results.py",
+    "src/hubless/evaluation/robustness.py",
+    "src/hubless/fairness/audit.py",
+    "src/hubless/rerank/evaluate.py",
+    "src/hubless/tuning.py",
 ]
 
 

@@ -212,6 +212,23 @@ def test_score_statistics_do_not_depend_on_threads(video_data, monkeypatch):
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
+def test_one_fit_on_scores_for_specs_instances_and_the_method(video_data):
+    """One definition (hubless.corrections.score_fit): the public path re-exports it and
+    Correction.fit_scores is it with [self]; specs and instances fit alike."""
+    import hubless.corrections.score_fit as score_fit
+
+    d = video_data
+    assert fit_on_scores is score_fit.fit_on_scores
+    from_specs = fit_on_scores(["nnn:k=8", hubless.make_correction("dualdis")], d["SB"], d["SG"])
+    alone = [
+        hubless.make_correction("nnn:k=8").fit_scores(d["SB"], d["SG"]),
+        hubless.make_correction("dualdis").fit_scores(d["SB"], d["SG"]),
+    ]
+    for a, b in zip(from_specs, alone):
+        assert a.spec == b.spec
+        np.testing.assert_array_equal(a.bias_columns_, b.bias_columns_)
+
+
 def test_bank_pass_in_small_blocks_and_bad_bank_rows(video_data, monkeypatch):
     import hubless.engine.score_statistics as engine
 

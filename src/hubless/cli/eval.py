@@ -243,9 +243,8 @@ def _rerank(ev, q, truth, reranker, model, k, fusion, fusion_weight, gallery_ite
         table.add_column(f"R@{k_} retrieve -> +rerank", justify="right")
     table.add_column("ms/query retrieve, rerank", justify="right")
     for spec, res in results.items():
-        cells = [f"{res['retrieve'][f'R@{k_}']:.2f} -> {res['retrieve+rerank'][f'R@{k_}']:.2f}" for k_ in ks]
-        ms = res["ms_per_query"]
-        table.add_row(spec, *cells, f"{ms['retrieve']:.2f}, {ms['rerank']:.1f}")
+        cells = [f"{res.retrieve[f'R@{k_}']:.2f} -> {res.reranked[f'R@{k_}']:.2f}" for k_ in ks]
+        table.add_row(spec, *cells, f"{res.ms_retrieve:.2f}, {res.ms_rerank:.1f}")
     wide_console().print(table)
 
 

@@ -7,6 +7,7 @@ QB-Norm authors' .pkl files), the banks are read in one pass each, S in row bloc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -23,6 +24,9 @@ from hubless.cli._common import (
     wide_console,
 )
 from hubless.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from hubless.evaluation import JSONValue
 
 TIES_HELP = (
     "How tied scores rank: index (the lower gallery index first, hubless's rule), average (the mean of the tied positions: "
@@ -92,7 +96,7 @@ def eval_scores(
     sb = load_matrix(query_bank_scores, "query bank scores")
     sg = load_matrix(gallery_bank_scores, "gallery bank scores")
     mask = load_query_mask(query_mask, s)
-    files: dict[str, object] = {
+    files: dict[str, JSONValue] = {
         name: describe_file(path, arr)
         for name, path, arr in (("scores", scores, s), ("query_bank_scores", query_bank_scores, sb), ("gallery_bank_scores", gallery_bank_scores, sg))
         if path is not None
@@ -103,7 +107,7 @@ def eval_scores(
         query_mask=mask, transpose=transpose, progress=progress, inputs={"files": files},
     )  # fmt: skip
     masked = f", {ev.inputs['n_masked']} masked rows" if ev.inputs["n_masked"] else ""
-    print_results(ev, f"{ev.inputs['n_queries']} queries over {ev.inputs['n_gallery']} items (score matrices, ties: {ties}{masked})")
+    print_results(ev, f"{ev.n_queries} queries over {ev.n_gallery} items (score matrices, ties: {ties}{masked})")
     if out is not None:
         write_json(out, {**generator_mark(), **ev.to_dict()})
         typer.echo(f"results: {out}")
@@ -153,11 +157,11 @@ def tune_scores_cli(
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
         table.add_column(col, justify="left" if col in ("method", "chosen") else "right")
     for m, b in tuned.best.items():
-        table.add_row(m, b["spec"], f"{b[objective]:.2f}", str(len(tuned.tables[m])))
+        table.add_row(m, b.spec, f"{b.value:.2f}", str(len(tuned.tables[m])))
     wide_console().print(table)
     for m, b in tuned.best.items():
-        if b["at_edge"]:
-            print_note(f"{m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
+        if b.at_edge:
+            print_note(f"{m}: {', '.join(b.at_edge)} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
         from hubless.cli._common import print_results
@@ -166,7 +170,7 @@ def tune_scores_cli(
             s, truth, sb, tuned.best_specs, gallery_bank_scores=sg, ks=k_list, bootstrap=bootstrap, ties=ties,
             query_mask=load_query_mask(query_mask, s), transpose=transpose, progress=progress,
         )  # fmt: skip
-        print_results(ev, f"test: {ev.inputs['n_queries']} queries over {ev.inputs['n_gallery']} items, chosen parameters")
+        print_results(ev, f"test: {ev.n_queries} queries over {ev.n_gallery} items, chosen parameters")
     if out is not None:
         data = tuned.to_dict()
         if ev is not None:

@@ -133,11 +133,11 @@ def tune_command(
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
         table.add_column(col, justify="left" if col in ("method", "chosen") else "right")
     for m, b in tuned.best.items():
-        table.add_row(m, b["spec"], f"{b[objective]:.2f}", str(len(tuned.tables[m])))
+        table.add_row(m, b.spec, f"{b.value:.2f}", str(len(tuned.tables[m])))
     console.print(table)
     for m, b in tuned.best.items():
-        if b["at_edge"]:
-            print_note(f"{m}: {', '.join(b['at_edge'])} chosen at the edge of the grid; the best value may lie beyond it")
+        if b.at_edge:
+            print_note(f"{m}: {', '.join(b.at_edge)} chosen at the edge of the grid; the best value may lie beyond it")
     ev = None
     if truth is not None:
         from hubless.cli._common import print_results

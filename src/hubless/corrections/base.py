@@ -222,11 +222,9 @@ class Correction:
         :func:`hubless.correct_scores` for files). Methods that need embeddings (DN) are refused
         with :class:`~hubless.errors.InvalidInput` saying what they need.
         """
-        from hubless.corrections.score_fit import fit_corrections_on_scores
+        from hubless.corrections.score_fit import fit_on_scores
 
-        fit_corrections_on_scores(
-            [self], query_bank_scores, gallery_bank_scores, n_gallery=n_gallery, statistics=statistics, progress=progress
-        )
+        fit_on_scores([self], query_bank_scores, gallery_bank_scores, n_gallery=n_gallery, statistics=statistics, progress=progress)
         return self
 
     @property

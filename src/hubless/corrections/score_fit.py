@@ -24,7 +24,7 @@ on embeddings ranks their similarities, and equals it when S = Q G^T.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,8 +35,9 @@ from hubless.errors import InvalidInput, MissingInputError
 
 if TYPE_CHECKING:  # the corrections call this module: no import at run time
     from hubless.corrections.base import Correction
+    from hubless.corrections.spec import MethodName
 
-__all__ = ["check_score_methods", "fit_corrections_on_scores"]
+__all__ = ["check_score_methods", "fit_on_scores"]
 
 
 def check_score_methods(corrections: Iterable[Correction]) -> None:
@@ -46,8 +47,8 @@ def check_score_methods(corrections: Iterable[Correction]) -> None:
             raise InvalidInput(f"{c.spec} cannot be computed from score matrices: {c.needs_embeddings}")
 
 
-def fit_corrections_on_scores(
-    items: Sequence[Correction],
+def fit_on_scores(
+    corrections: Iterable[Correction | MethodName | str],
     query_bank_scores=None,
     gallery_bank_scores=None,
     *,
@@ -55,14 +56,20 @@ def fit_corrections_on_scores(
     statistics: BankStatistics | None = None,
     progress: bool | None = None,
 ) -> list[Correction]:
-    """Fit several corrections on the same score matrices with one streamed pass per bank (their
-    statistics requests are merged, as :func:`hubless.fit_many` does for embeddings).
+    """Fit several corrections (instances or specs such as ``"nnn:k=8"``) on the same score
+    matrices with one streamed pass per bank (their statistics requests are merged, as
+    :func:`hubless.fit_many` does for embeddings). The one definition:
+    :meth:`Correction.fit_scores <hubless.corrections.base.Correction.fit_scores>` calls it
+    with ``[self]``, :mod:`hubless.corrections.scores` re-exports it.
 
     ``query_bank_scores`` SB (n_bank, n_gallery), ``gallery_bank_scores`` SG (n_gallery_bank,
-    n_gallery): arrays or memory maps; ``n_gallery`` is needed only when neither is given.
-    Returns the fitted corrections in order (:func:`hubless.corrections.scores.fit_on_scores` also
-    takes specs).
+    n_gallery): arrays or memory maps; ``n_gallery`` is needed only when neither is given;
+    ``statistics``: bank statistics already computed for these matrices (checked to hold what
+    every correction needs). Returns the fitted corrections in order.
     """
+    from hubless.corrections import make_correction  # the package's registry, complete once imported
+
+    items = [make_correction(c) for c in corrections]
     check_score_methods(items)
     for c in items:
         c._validate_params()

@@ -11,14 +11,22 @@ Karpathy order: image i, captions 5i..5i+4) to COCO ids with the package's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless.errors import Corrupt, InvalidInput, optional_import
+from hubless.evaluation.results import EccvScores, Evaluation
+
+if TYPE_CHECKING:
+    from hubless.corrections import Correction
 
 __all__ = ["DEPTH", "coco5k_ids", "eccv_metrics", "eccv_evaluate"]
 
@@ -45,7 +53,7 @@ def coco5k_ids() -> tuple[np.ndarray, np.ndarray]:
     return caption_ids, image_ids
 
 
-def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, dict[str, float]]:
+def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> EccvScores:
     """ECCV Caption / CxC / COCO metrics (percent) from ranked gallery indices.
 
     ``t2i_ranked`` (25,000, >= DEPTH) image indices per caption; ``i2t_ranked`` (5,000, >= DEPTH)
@@ -73,7 +81,14 @@ def eccv_metrics(t2i_ranked: np.ndarray, i2t_ranked: np.ndarray) -> dict[str, di
     return {name: {d: 100.0 * float(v) for d, v in scores[name].items()} for name in TARGETS if name in scores}
 
 
-def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progress=None) -> dict[str, dict]:
+def eccv_evaluate(
+    t2i_corrections: Sequence[Correction],
+    captions: npt.ArrayLike,
+    caption_bank: npt.ArrayLike,
+    image_bank: npt.ArrayLike,
+    *,
+    progress: bool | None = None,
+) -> dict[str, EccvScores]:
     """Every method in both directions on COCO-5k, scored with :func:`eccv_metrics`.
 
     ``t2i_corrections``: corrections already fitted text->image (gallery: the 5,000 images;
@@ -83,7 +98,7 @@ def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progre
     """
     from hubless.corrections import make_correction
 
-    out = {}
+    out: dict[str, EccvScores] = {}
     for t2i in t2i_corrections:
         i2t = make_correction(t2i.spec).set_params(normalize=t2i.normalize).fit(captions, image_bank, caption_bank, progress=progress)
         out[t2i.spec] = eccv_metrics(
@@ -92,11 +107,21 @@ def eccv_evaluate(t2i_corrections, captions, caption_bank, image_bank, *, progre
     return out
 
 
-def eccv_evaluation(evaluation, captions, caption_bank, image_bank, *, progress=None) -> dict[str, dict]:
+def eccv_evaluation(
+    evaluation: Evaluation,
+    captions: npt.ArrayLike,
+    caption_bank: npt.ArrayLike,
+    image_bank: npt.ArrayLike,
+    *,
+    progress: bool | None = None,
+) -> dict[str, EccvScores]:
     """ECCV Caption / CxC metrics of every method of a text->image :func:`hubless.evaluate`
-    result on COCO-5k (:func:`eccv_evaluate` on its fitted corrections); each result's
-    ``extra["eccv"]`` gets its numbers; returns {spec: metrics}."""
-    scores = eccv_evaluate([r.correction for r in evaluation.results], captions, caption_bank, image_bank, progress=progress)
-    for r in evaluation.results:
-        r.extra["eccv"] = scores[r.spec]
+    result on COCO-5k (:func:`eccv_evaluate` on its fitted corrections); each entry of
+    ``evaluation.results`` is replaced by one whose ``eccv`` holds its numbers (written to
+    ``results.json``); returns {spec: metrics}."""
+    corrections = [r.correction for r in evaluation.results if r.correction is not None]
+    if len(corrections) != len(evaluation.results):
+        raise InvalidInput("ECCV evaluation searches with each result's fitted correction; a result built without one cannot be measured")
+    scores = eccv_evaluate(corrections, captions, caption_bank, image_bank, progress=progress)
+    evaluation.results[:] = [dataclasses.replace(r, eccv=scores[r.spec]) for r in evaluation.results]
     return scores

@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest, use_device
-from hubless.errors import InvalidInput, NotFound
+from hubless.errors import InvalidInput
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
+from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
 from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["Evaluation", "MethodResult", "evaluate"]
 
@@ -41,94 +41,21 @@ __all__ = ["Evaluation", "MethodResult", "evaluate"]
 HUBNESS_DEPTH = 10
 
 
-@dataclass
-class MethodResult:
-    """One method's numbers. ``per_query`` holds the per-query values behind each metric,
-    ``n1`` the N_1 occurrence of every gallery item (for plots) and ``correction`` the fitted
-    correction (reused by reranking and ECCV evaluation); none of them goes to JSON.
-    ``seconds["fit"]`` is the shared pass that fitted every method at once (each method's own
-    would cost about as much), ``seconds["search"]`` this method's ranking of the queries."""
-
-    method: str
-    params: dict[str, Any]
-    spec: str
-    metrics: dict[str, float]
-    ci95: dict[str, tuple[float, float]]
-    hubness: dict[str, float]
-    seconds: dict[str, float]
-    delta: dict[str, float] = field(default_factory=dict)
-    delta_ci95: dict[str, tuple[float, float]] = field(default_factory=dict)
-    per_query: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    n1: np.ndarray | None = field(default=None, repr=False)
-    correction: Correction | None = field(default=None, repr=False)
-    #: Further results added by callers (e.g. "eccv", "rerank"); written to JSON as they are.
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "spec": self.spec,
-            "params": self.params,
-            "metrics": self.metrics,
-            "ci95": {k: list(v) for k, v in self.ci95.items()},
-            "delta_vs_baseline": self.delta,
-            "delta_ci95": {k: list(v) for k, v in self.delta_ci95.items()},
-            "hubness": self.hubness,
-            "seconds": self.seconds,
-            **self.extra,
-        }
-
-
-@dataclass
-class Evaluation:
-    """Results of :func:`evaluate`: ``results`` (baseline first), a description of the inputs
-    and, with ``coverage=True``, the query bank's coverage report (``bank``)."""
-
-    inputs: dict[str, Any]
-    results: list[MethodResult]
-    ks: tuple[int, ...]
-    bank: BankReport | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"inputs": self.inputs, "results": [r.to_dict() for r in self.results]}
-        if self.bank is not None:
-            out["query_bank_coverage"] = self.bank.to_dict()
-        return out
-
-    def losses(self, metric: str | None = None) -> list[str]:
-        """Specs of the methods that did worse than the baseline on ``metric`` (default: R@K at
-        the first K): their paired 95% interval of the change lies below 0 (without bootstrap
-        intervals: their change is below 0)."""
-        metric = metric or f"R@{self.ks[0]}"
-        worse = []
-        for r in self.results[1:]:
-            ci = r.delta_ci95.get(metric)
-            if (ci[1] < 0) if ci is not None else r.delta.get(metric, 0.0) < 0:
-                worse.append(r.spec)
-        return worse
-
-    def __getitem__(self, spec: str) -> MethodResult:
-        for r in self.results:
-            if spec in (r.spec, r.method):
-                return r
-        raise NotFound(spec)
-
-
 def evaluate(
-    gallery,
-    queries,
-    truth,
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
     progress: bool | None = None,
-    inputs: dict[str, Any] | None = None,
-    distractors=None,
+    inputs: Mapping[str, JSONValue] | None = None,
+    distractors: npt.ArrayLike | None = None,
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
@@ -181,7 +108,7 @@ def evaluate(
     ranked = rank_queries(
         corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
     )
-    described = {
+    described: dict[str, JSONValue] = {
         "n_gallery": int(gallery.shape[0]),
         "n_distractors": int(n_distractors),
         "n_queries": int(queries.shape[0]),
@@ -200,7 +127,7 @@ def evaluate(
     return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
 
 
-def check_bootstrap(bootstrap) -> None:
+def check_bootstrap(bootstrap: object) -> None:
     """Refuse a resample count that is not an int >= 0 (0: no intervals)."""
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, (int, np.integer)) or bootstrap < 0:
         raise InvalidInput(f"bootstrap must be a number of resamples >= 0; got {bootstrap!r}")
@@ -211,10 +138,10 @@ def build_evaluation(
     ranked: Sequence[Ranked],
     fit_seconds: Sequence[float],
     truth: Truth,
-    ks,
+    ks: Sequence[int],
     bootstrap: int,
     seed: int,
-    inputs: dict[str, Any],
+    inputs: dict[str, JSONValue],
     bank: BankReport | None = None,
 ) -> Evaluation:
     """The one place an :class:`Evaluation` is made from ranked results, whatever ranked them
@@ -223,15 +150,16 @@ def build_evaluation(
     resamples for every method)."""
     results = [method_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
     base = results[0]
-    for r in results[1:]:
+    for i, r in enumerate(results[1:], start=1):
         diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
-        r.delta = {m: float(d.mean()) for m, d in diffs.items()}
-        if bootstrap:
-            r.delta_ci95 = bootstrap_ci(diffs, bootstrap, seed=seed)
+        delta = {m: float(d.mean()) for m, d in diffs.items()}
+        results[i] = dataclasses.replace(r, delta=delta, delta_ci95=bootstrap_ci(diffs, bootstrap, seed=seed) if bootstrap else {})
     return Evaluation(inputs, results, tuple(ks), bank)
 
 
-def method_result(corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks, bootstrap: int, seed: int) -> MethodResult:
+def method_result(
+    corr: Correction, ranked: Ranked, fit_seconds: float, truth: Truth, ks: Sequence[int], bootstrap: int, seed: int
+) -> MethodResult:
     """One method's numbers from its ranks: R@K, MdR, MnR, MRR, mAP@R with bootstrap intervals,
     the hubness of its top 10 and its times."""
     values = per_query_metrics(PerQuery(ranked.ranks, truth), ks)

@@ -14,32 +14,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings
 from hubless.banks import BankReport
 from hubless.corrections import Correction, MethodName
 from hubless.errors import InvalidInput
 from hubless.evaluation.evaluate import Evaluation, evaluate
+from hubless.evaluation.results import JSONValue, TuneResult
+from hubless.metrics.truth import TruthLike
 
 __all__ = ["BankEvaluation", "checked_banks", "evaluate_banks", "geometric_mean"]
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class BankEvaluation:
-    """One :class:`~hubless.evaluation.Evaluation` and one coverage report per bank."""
+    """One :class:`~hubless.evaluation.Evaluation` and one coverage report per bank (frozen:
+    :meth:`to_dict` is the JSON of ``hubless eval`` with named banks)."""
 
     evaluations: dict[str, Evaluation]
     reports: dict[str, BankReport]
     #: With :func:`hubless.tuning.tune_banks`: each bank's tuning result (parameters chosen with that bank).
-    tuned: dict[str, Any] | None = None
+    tuned: dict[str, TuneResult] | None = None
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, JSONValue]]:
         """One row per method x bank: bank, method, metrics and their change vs the baseline."""
-        out = []
+        out: list[dict[str, JSONValue]] = []
         for name, ev in self.evaluations.items():
             for r in ev.results:
                 ci = r.delta_ci95
@@ -61,8 +64,10 @@ class BankEvaluation:
             table[label] = {m: geometric_mean([ev.results[i].metrics[m] for ev in evaluations]) for m in r.metrics}
         return table
 
-    def to_dict(self) -> dict[str, Any]:
-        banks = {name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()}
+    def to_dict(self) -> dict[str, JSONValue]:
+        banks: dict[str, dict[str, JSONValue]] = {
+            name: {"coverage": self.reports[name].to_dict(), **ev.to_dict()} for name, ev in self.evaluations.items()
+        }
         for name, tuned in (self.tuned or {}).items():
             banks[name]["tuning"] = tuned.to_dict()
         return {"banks": banks, "rows": self.rows, "overall": self.overall}
@@ -77,18 +82,18 @@ def geometric_mean(values: Sequence[float]) -> float:
 
 
 def evaluate_banks(
-    gallery,
-    queries,
-    truth,
-    banks: Mapping[str, Any],
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    truth: TruthLike,
+    banks: Mapping[str, npt.ArrayLike],
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     normalize: bool = True,
-    distractors=None,
+    distractors: npt.ArrayLike | None = None,
     progress: bool | None = None,
     ties: str = "index",
 ) -> BankEvaluation:
@@ -117,7 +122,7 @@ def evaluate_banks(
     return BankEvaluation(evaluations, bank_reports(evaluations))
 
 
-def checked_banks(gallery, banks: Mapping[str, Any], normalize: bool):
+def checked_banks(gallery: npt.ArrayLike, banks: Mapping[str, npt.ArrayLike], normalize: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The validated gallery and each validated bank (every bank is checked before any work)."""
     if not banks:
         raise InvalidInput("banks is empty: give at least one name -> query bank")

@@ -6,13 +6,33 @@ The functions here are the library's entry points; each opens the store a URI na
 
 from __future__ import annotations
 
-from hubless.export.base import open_store
+from typing import TYPE_CHECKING, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from hubless.export.base import VectorStore, open_store
 from hubless.export.info import StoreInfo
+
+if TYPE_CHECKING:  # annotations only
+    from hubless.index import Index
+
+#: The metadata of a search's hits: per query, per hit, {"id": ..., column: value, ...}.
+MetadataRows: TypeAlias = list[list[dict[str, object]]]
 
 __all__ = ["describe", "drop", "export", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
 
 
-def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: str | None = None, target_recall=None, **options):
+def export(
+    index: Index,
+    uri: str,
+    overwrite: bool = False,
+    *,
+    batch: int = 8192,
+    ann: str | None = None,
+    target_recall: float | None = None,
+    **options: object,
+) -> VectorStore:
     """Export ``index`` to a store URI (``lancedb://path/table``, ``postgresql://.../db/table``,
     ``qdrant://path/collection``, ``qdrant+http://host:port/collection``, ``milvus://path/collection``,
     ``chroma://path/collection``): [r, bias(r)], plain r and metadata of every item.
@@ -25,23 +45,56 @@ def export(index, uri: str, overwrite: bool = False, *, batch: int = 8192, ann: 
     return open_store(uri).export(index, overwrite=overwrite, batch=batch, ann=ann, target_recall=target_recall, **options)
 
 
-def to_lancedb(index, location: str, table: str, **kwargs):
+def to_lancedb(
+    index: Index,
+    location: str,
+    table: str,
+    overwrite: bool = False,
+    *,
+    batch: int = 8192,
+    ann: str | None = None,
+    target_recall: float | None = None,
+    **options: object,
+) -> VectorStore:
     """``export(index, f"lancedb://{location}/{table}", ...)``."""
-    return export(index, f"lancedb://{location}/{table}", **kwargs)
+    uri = f"lancedb://{location}/{table}"
+    return export(index, uri, overwrite, batch=batch, ann=ann, target_recall=target_recall, **options)
 
 
-def to_pgvector(index, dsn: str, table: str, **kwargs):
+def to_pgvector(
+    index: Index,
+    dsn: str,
+    table: str,
+    overwrite: bool = False,
+    *,
+    batch: int = 8192,
+    ann: str | None = None,
+    target_recall: float | None = None,
+    **options: object,
+) -> VectorStore:
     """``export`` into PostgreSQL table ``table`` of the database at ``dsn`` (a libpq URI)."""
     base, _, opts = dsn.partition("?")
-    return export(index, f"{base.rstrip('/')}/{table}" + (f"?{opts}" if opts else ""), **kwargs)
+    uri = f"{base.rstrip('/')}/{table}" + (f"?{opts}" if opts else "")
+    return export(index, uri, overwrite, batch=batch, ann=ann, target_recall=target_recall, **options)
 
 
-def to_qdrant(index, location: str, collection: str, **kwargs):
+def to_qdrant(
+    index: Index,
+    location: str,
+    collection: str,
+    overwrite: bool = False,
+    *,
+    batch: int = 8192,
+    ann: str | None = None,
+    target_recall: float | None = None,
+    **options: object,
+) -> VectorStore:
     """``export(index, f"qdrant://{location}/{collection}", ...)`` (Qdrant's engine in-process)."""
-    return export(index, f"qdrant://{location}/{collection}", **kwargs)
+    uri = f"qdrant://{location}/{collection}"
+    return export(index, uri, overwrite, batch=batch, ann=ann, target_recall=target_recall, **options)
 
 
-def sync(index, uri: str) -> dict:
+def sync(index: Index, uri: str) -> dict[str, int]:
     """Bring a store exported from ``index`` up to date after ``index.add/remove`` or grown
     banks (see :meth:`~hubless.export.base.VectorStore.sync`); returns the counts
     ``{"written": ..., "removed": ..., "unchanged": ...}``."""
@@ -60,7 +113,16 @@ def drop(store_uri: str) -> bool:
     return open_store(store_uri).drop()
 
 
-def search(store_uri: str, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, target_recall=None, **options):
+def search(
+    store_uri: str,
+    queries: npt.ArrayLike,
+    top_k: int = 10,
+    *,
+    corrected: bool = True,
+    exact: bool = False,
+    target_recall: float | None = None,
+    **options: object,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], MetadataRows]:
     """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
 
     ``options``: the method's query-time weight (``weight=``, or its own name: ``alpha=`` for NNN, ``lam=`` for DN), the

@@ -13,18 +13,20 @@ sequence whose NDKL is measured (SISPI protocol); NDCG and AP use their ranks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless._validation import as_embeddings, check_positive_int
 from hubless.corrections import Correction, MethodName, fit_many
 from hubless.errors import InvalidInput, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
+from hubless.evaluation.results import JSONValue
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]
 
@@ -32,33 +34,41 @@ MASCULINE = {"masculine", "male", "man", "men", "m"}
 FEMININE = {"feminine", "female", "woman", "women", "f"}
 
 
-def encode_attribute(values: Sequence) -> tuple[np.ndarray, list[str]]:
+def encode_attribute(values: Sequence[object]) -> tuple[npt.NDArray[np.int64], list[str]]:
     """Category labels -> (codes, sorted distinct labels)."""
     labels, codes = np.unique(np.asarray([str(v) for v in values]), return_inverse=True)
     return codes.astype(np.int64), labels.tolist()
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class FairnessResult:
+    """One method's audit: ``metrics`` (means over queries: ``NDCG``, ``AP``, ``NDKL_<attribute>``,
+    ``NDKL_joint``, ``precision@n``, ``bias@n``), ``delta`` (the change against the baseline;
+    empty for the baseline) and ``per_query``, the values behind each metric (in the JSON too)."""
+
     method: str
     spec: str
     metrics: dict[str, float]
     delta: dict[str, float] = field(default_factory=dict)
-    per_query: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    per_query: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return {"method": self.method, "spec": self.spec, "metrics": self.metrics, "delta_vs_baseline": self.delta,
                 "per_query": {k: v.tolist() for k, v in self.per_query.items()}}  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, eq=False)
 class FairnessAudit:
+    """What :func:`audit` returns: ``results`` (baseline first; ``audit["nnn"]`` finds one by spec
+    or method name), the labels of every ``attributes`` (``"joint"``: their intersections), the
+    ``query_names`` and the ``top_n`` of precision@n and bias@n."""
+
     results: list[FairnessResult]
     attributes: dict[str, list[str]]
     query_names: list[str]
     top_n: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return {
             "attributes": self.attributes,
             "queries": self.query_names,
@@ -82,14 +92,14 @@ class FairnessAudit:
 
 
 def audit(
-    gallery,
-    queries,
-    relevant,
-    attributes: Mapping[str, Sequence],
-    query_bank=None,
+    gallery: npt.ArrayLike,
+    queries: npt.ArrayLike,
+    relevant: TruthLike,
+    attributes: Mapping[str, Sequence[object]],
+    query_bank: npt.ArrayLike | None = None,
     methods: Sequence[MethodName | str | Correction] = ("baseline", "nnn"),
     *,
-    gallery_bank=None,
+    gallery_bank: npt.ArrayLike | None = None,
     joint: bool = True,
     top_n: int = 10,
     query_names: Sequence[str] | None = None,
@@ -125,8 +135,7 @@ def audit(
     ranked = rank_queries(corrections, queries, relevant, depth=top_n, progress=progress, desc=f"audit {len(corrections)} methods")
     results = [_audit_one(c, r, relevant, encoded, top_n) for c, r in zip(corrections, ranked)]
     base = results[0]
-    for r in results[1:]:
-        r.delta = {k: v - base.metrics[k] for k, v in r.metrics.items()}
+    results[1:] = [dataclasses.replace(r, delta={k: v - base.metrics[k] for k, v in r.metrics.items()}) for r in results[1:]]
     return FairnessAudit(results, {k: lab for k, (_, lab) in encoded.items()}, names, top_n)
 
 
@@ -137,7 +146,9 @@ def _product(lists: list[list[str]]) -> list[list[str]]:
     return out
 
 
-def _audit_one(corr: Correction, ranked: Ranked, relevant: Truth, encoded, top_n: int) -> FairnessResult:
+def _audit_one(
+    corr: Correction, ranked: Ranked, relevant: Truth, encoded: Mapping[str, tuple[npt.NDArray[np.int64], list[str]]], top_n: int
+) -> FairnessResult:
     ranks, top = ranked.ranks, ranked.top
     counts = relevant.counts
     per_query: dict[str, np.ndarray] = {"NDCG": ndcg(ranks, relevant.indptr), "AP": average_precision(ranks, relevant.indptr)}

@@ -8,14 +8,17 @@ image j // n), :func:`captions_per_item` builds both directions.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless.errors import InvalidInput, MissingFile
 
-__all__ = ["Truth", "captions_per_item", "load_truth"]
+__all__ = ["Truth", "TruthLike", "captions_per_item", "load_truth"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,11 @@ def captions_per_item(n_items: int, per: int = 5) -> tuple[Truth, Truth]:
     t2i = Truth.from_labels(np.arange(n_items * per) // per, n_items)
     i2t = Truth(np.arange(n_items + 1) * per, np.arange(n_items * per), n_items * per)
     return t2i, i2t
+
+
+#: Every form of ground truth :func:`load_truth` reads: a :class:`Truth`, ids (an array, a list,
+#: lists of ids), a ``.npy`` / ``.json`` file or a layout such as ``"t2i:5"``.
+TruthLike: TypeAlias = Union[Truth, npt.ArrayLike, "os.PathLike[str]"]
 
 
 def load_truth(source, n_queries: int, n_gallery: int) -> Truth:

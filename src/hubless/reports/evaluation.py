@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.evaluation import Evaluation
+from hubless.evaluation import Evaluation, TuneResult
 from hubless.reports.html import Report, html_table, require_matplotlib
 
 __all__ = ["evaluation_report", "recall_figure", "results_rows", "tune_report"]
@@ -105,7 +105,7 @@ def evaluation_report(ev: Evaluation, path: str | os.PathLike, *, title: str = "
     return report.write(path)
 
 
-def tune_report(tuned, path: str | os.PathLike, ev: Evaluation | None = None, *, title: str = "hubless tuning") -> Path:
+def tune_report(tuned: TuneResult, path: str | os.PathLike, ev: Evaluation | None = None, *, title: str = "hubless tuning") -> Path:
     """Write an HTML report of a :class:`~hubless.tuning.TuneResult`: the chosen parameters, a
     heat map of every two-parameter grid (NNN's alpha x k) with the choice marked, the
     validation tables and, when given, the test evaluation of the chosen parameters."""
@@ -113,14 +113,14 @@ def tune_report(tuned, path: str | os.PathLike, ev: Evaluation | None = None, *,
     report = Report(title)
     objective = tuned.objective
     chosen = [
-        {"method": m, "chosen": b["spec"], f"validation {objective}": b[objective], "at grid edge": ", ".join(b.get("at_edge", [])) or "-"}
+        {"method": m, "chosen": b.spec, f"validation {objective}": b.value, "at grid edge": ", ".join(b.at_edge) or "-"}
         for m, b in tuned.best.items()
     ]
     report.section("Chosen parameters", html_table(chosen), section_id="chosen")
-    if any(b.get("at_edge") for b in tuned.best.values()):
+    if any(b.at_edge for b in tuned.best.values()):
         report.paragraph("A parameter chosen at the edge of its grid may have its best value beyond it: widen that grid.")
     for method, rows in tuned.tables.items():
-        params = list(tuned.best[method]["params"])
+        params = list(tuned.best[method].params)
         shown = [{k: (f"{v:g}" if k in params and isinstance(v, float) else v) for k, v in r.items()} for r in rows]
         report.section(
             f"Validation: {method}",
@@ -128,7 +128,7 @@ def tune_report(tuned, path: str | os.PathLike, ev: Evaluation | None = None, *,
             section_id=f"validation-{method}",
         )
         if len(params) == 2:
-            report.figure(_grid_heatmap(plt, rows, params, tuned.best[method]["params"], objective, method),
+            report.figure(_grid_heatmap(plt, rows, params, tuned.best[method].params, objective, method),
                           caption=f"{method}: validation {objective} over the ({params[0]}, {params[1]}) grid; box: chosen", alt=f"{method} heat map")  # fmt: skip
     if ev is not None:
         report.section("Test queries, chosen parameters", html_table(results_rows(ev)), section_id="test")

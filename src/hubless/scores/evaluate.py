@@ -27,23 +27,27 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from hubless.corrections import Correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix
 from hubless.errors import InvalidInput
-from hubless.evaluation import Evaluation, prepare_methods
+from hubless.evaluation import Evaluation, JSONValue, prepare_methods
 from hubless.evaluation.evaluate import build_evaluation, check_bootstrap
 from hubless.metrics.retrieval import check_ks, check_ties
-from hubless.metrics.truth import Truth, load_truth
+from hubless.metrics.truth import Truth, TruthLike, load_truth
 from hubless.scores.files import load_mask, load_scores
 from hubless.scores.rank import rank_score_rows
 
-__all__ = ["Columns", "ScoreInputs", "evaluate_scores", "prepare_scores"]
+__all__ = ["Columns", "ScoreInputs", "ScoreSource", "evaluate_scores", "prepare_scores"]
+
+#: A score matrix (or query mask) as given: an array, a memory map, or a file path (.npy / .npz / .pkl).
+ScoreSource: TypeAlias = Union[npt.ArrayLike, "os.PathLike[str]"]
 
 #: Top results kept per query for the hubness statistics (N_1 and N_10), as in hubless.evaluate.
 HUBNESS_DEPTH = 10
@@ -126,20 +130,20 @@ def prepare_scores(
 
 
 def evaluate_scores(
-    scores,
-    truth,
-    query_bank_scores=None,
+    scores: ScoreSource,
+    truth: TruthLike,
+    query_bank_scores: ScoreSource | None = None,
     methods: Sequence[str | Correction] = ("baseline", "dis"),
     *,
-    gallery_bank_scores=None,
+    gallery_bank_scores: ScoreSource | None = None,
     ks: Sequence[int] = (1, 5, 10),
     bootstrap: int = 1000,
     seed: int = 0,
     ties: str = "index",
-    query_mask=None,
+    query_mask: ScoreSource | None = None,
     transpose: bool = False,
     progress: bool | None = None,
-    inputs: dict[str, Any] | None = None,
+    inputs: Mapping[str, JSONValue] | None = None,
 ) -> Evaluation:
     """Fit each method on the bank score matrices, rank the rows of ``scores`` and measure
     (R@K, MdR, MnR, MRR, mAP@R, paired bootstrap intervals, hubness), as
@@ -159,7 +163,7 @@ def evaluate_scores(
         corrections, data.scores, data.truth, rows=data.rows, ties=ties, depth=HUBNESS_DEPTH, progress=progress,
         desc=f"rank {len(corrections)} methods",
     )  # fmt: skip
-    described = {
+    described: dict[str, JSONValue] = {
         "mode": "scores",
         "n_gallery": int(data.truth.n_gallery),
         "n_queries": int(data.rows.size),

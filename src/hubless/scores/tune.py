@@ -20,16 +20,17 @@ from hubless.corrections import METHODS, make_correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
+from hubless.evaluation.results import TunedMethod, TuneResult, choose
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
-from hubless.scores.evaluate import prepare_scores
+from hubless.metrics.truth import TruthLike
+from hubless.scores.evaluate import ScoreSource, prepare_scores
 from hubless.scores.files import load_scores
 from hubless.scores.rank import rank_score_rows
-from hubless.tuning import DEFAULT_GRIDS, TuneResult, grid_edges
+from hubless.tuning import DEFAULT_GRIDS
 
 __all__ = ["shared_score_rows", "tune_scores"]
 
 #: Metrics where lower is better.
-_LOWER_IS_BETTER = {"MdR", "MnR"}
 
 
 def _fingerprints(matrix) -> np.ndarray:
@@ -67,18 +68,18 @@ def _check_disjoint(a, b, name_a: str, name_b: str) -> None:
 
 
 def tune_scores(
-    val_scores,
-    val_truth,
-    query_bank_scores=None,
+    val_scores: ScoreSource,
+    val_truth: TruthLike,
+    query_bank_scores: ScoreSource | None = None,
     methods: Sequence[str] = ("dis",),
     *,
-    gallery_bank_scores=None,
-    test_scores=None,
-    grids: Mapping[str, Mapping[str, Sequence]] | None = None,
+    gallery_bank_scores: ScoreSource | None = None,
+    test_scores: ScoreSource | None = None,
+    grids: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     objective: str = "R@1",
     ks: Sequence[int] = (1, 5, 10),
     ties: str = "index",
-    query_mask=None,
+    query_mask: ScoreSource | None = None,
     transpose: bool = False,
     progress: bool | None = None,
 ) -> TuneResult:
@@ -102,8 +103,8 @@ def tune_scores(
         _check_disjoint(data.scores, test.T if transpose else test, "validation scores", "test queries")
     if data.query_bank_scores is not None:
         _check_disjoint(data.scores, data.query_bank_scores, "validation scores", "query bank")
-    sign = -1.0 if objective in _LOWER_IS_BETTER else 1.0
-    result = TuneResult(objective)
+    best: dict[str, TunedMethod] = {}
+    tables: dict[str, list[dict[str, float]]] = {}
     for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
         if method not in METHODS:
             raise InvalidInput(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -127,13 +128,8 @@ def tune_scores(
             desc=f"tune {method} ({len(corrections)} points)",
         )  # fmt: skip
         metrics = [summarize(per_query_metrics(PerQuery(r.ranks, data.truth), ks)) for r in ranked]
-        best = int(np.argmax([sign * m[objective] for m in metrics]))
-        result.tables[method] = [{**p, **m} for p, m in zip(points, metrics)]
-        result.best[method] = {
-            "spec": corrections[best].spec, "params": points[best], objective: metrics[best][objective],
-            "metrics": metrics[best], "at_edge": grid_edges(points, points[best]),
-        }  # fmt: skip
-    return result
+        best[method], tables[method] = choose(objective, points, corrections, metrics)
+    return TuneResult(objective, best, tables)
 
 
 def _fits(corr, sizes) -> bool:
