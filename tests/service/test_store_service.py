@@ -153,6 +153,32 @@ def test_the_searcher_searches_a_store_as_export_search_does(store):
         searcher.model_for("mine")
 
 
+@pytest.mark.parametrize("store", ["qdrant", "lancedb"], indirect=True)
+def test_concurrent_searches_and_a_re_export_under_the_server(store, monkeypatch):
+    """8 threads search one served store at once (each answer equals export.search); a store
+    exported again under the server is what the next description and search read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import hubless.search.store_index as store_index
+
+    uri, queries, _ = store
+    batches = [np.roll(queries, i, axis=0) for i in range(16)]
+    with TestClient(base_url="http://localhost", app=create_app({"mine": uri})) as c:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda q: c.post("/search", json={"embeddings": q.tolist(), "top_k": 5, "compare": True}), batches))
+        for q, r in zip(batches, answers):
+            assert [[h["id"] for h in rec["hits"]] for rec in r.json()["results"]] == hubless.export.search(uri, q, 5)[1].tolist()
+        rng = np.random.default_rng(9)
+        hubless.export.export(
+            hubless.Index.build(unit_rows(rng, 30, 16), unit_rows(rng, 50, 16), "dn:lam=0.5", "Flat"), uri, overwrite=True
+        )
+        monkeypatch.setattr(store_index, "REFRESH_SECONDS", 0.0)  # read the description again at once (no sleep)
+        listed = c.get("/indexes").json()[0]
+        assert (listed["n_items"], listed["method"], listed["metadata_columns"]) == (30, "dn:lam=0.5", [])
+        r = c.post("/search", json={"embeddings": queries.tolist(), "top_k": 5}).json()
+        assert [[h["id"] for h in rec["hits"]] for rec in r["results"]] == hubless.export.search(uri, queries, 5)[1].tolist()
+
+
 def test_a_store_uri_with_credentials_is_never_shown():
     """A PostgreSQL store whose server does not answer: the error names the scheme and table,
     never the user, the password or the host."""
