@@ -251,3 +251,16 @@ def test_hubless_serve_serves_a_store_uri(tmp_path):
         server.stop()
     output = server.proc.stdout.read()
     assert "serving mine, gal" in output and str(tmp_path) not in output
+
+
+def test_serve_reads_a_store_uri_whole():
+    """`hubless serve`'s arguments: a store URI stays the string it is (a query string's `=` and
+    credentials included), named after its table unless given as NAME=URI; paths as before."""
+    from pathlib import Path
+
+    from hubless.cli.serve import _named
+
+    pg = "postgresql://u:p@h:5432/db/gal?sslmode=require"
+    assert _named(pg) == ("gal", pg) and _named(f"pg={pg}") == ("pg", pg)
+    assert _named("lancedb:///abs/db/gal") == ("gal", "lancedb:///abs/db/gal")
+    assert _named("coco=idx/") == ("coco", Path("idx")) and _named("idx/") == ("idx", Path("idx"))
