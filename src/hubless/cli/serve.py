@@ -122,7 +122,7 @@ def serve_command(
     ctx: typer.Context,
     indexes: list[str] = typer.Argument(
         ...,
-        help="Index directories to serve, as PATH (named after the folder) or NAME=PATH; an attached collection's sidecar directory (hubless attach --out) serves that collection, read only.",
+        help="Index directories to serve, as PATH (named after the folder) or NAME=PATH; an attached collection's sidecar directory (hubless attach --out) serves that collection, read only; a store URI written by hubless export (lancedb://, postgresql://, qdrant://, ...; as NAME=URI or named after its table) serves that store, read only.",
     ),
 ) -> None:
     """Serve saved indexes over HTTP: POST /search (embeddings, texts or images with the index's
@@ -143,13 +143,12 @@ def serve_command(
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
     for warning in transport_warnings(host, keys=settings.api_key_file is not None, tls=settings.tls_cert is not None, proxies=proxies):
         print_note(warning, "warning")
-    named = {}
+    named: dict[str, str | Path] = {}
     for value in indexes:
-        name, sep, path = value.partition("=")
-        name, path = (name, path) if sep else (Path(value).name, value)
+        name, source = _named(value)
         if name in named:
             raise InvalidInput(f"two indexes are named {name!r}: give them names as NAME=PATH")
-        named[name] = Path(path)
+        named[name] = source
     if host in ("0.0.0.0", "::") and settings.allowed_hosts == DEFAULT_HOSTS:
         print_note(f"bound to {host} without --allowed-host: only requests for localhost names are answered (400 otherwise); "
                    "pass --allowed-host with the names clients use")  # fmt: skip
@@ -160,7 +159,10 @@ def serve_command(
 
     import uvicorn
 
-    config = {**json.loads(settings.model_dump_json()), "indexes": {k: str(v.resolve()) for k, v in named.items()}}
+    config = {
+        **json.loads(settings.model_dump_json()),
+        "indexes": {k: v if isinstance(v, str) else str(v.resolve()) for k, v in named.items()},
+    }
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process (file names, never keys)
     options: dict[str, Any] = dict(host=host, port=settings.port, log_level="warning", http="hubless.service.protocol:ServeProtocol",
                                    server_header=False, timeout_keep_alive=5)  # fmt: skip
@@ -182,3 +184,17 @@ def serve_command(
         uvicorn.run("hubless.service.app:app_from_environment", factory=True, workers=workers, **options)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _named(value: str) -> tuple[str, str | Path]:
+    """``NAME=PATH`` or ``PATH`` (named after its folder) -> (name, Path); a store URI
+    (``lancedb://...``, ``postgresql://user:pass@host/db/table?sslmode=require``), given as it is
+    or as ``NAME=URI``, stays the string it is (named after its table)."""
+    from hubless.export.base import is_store_uri, parse_uri
+
+    if is_store_uri(value):
+        return parse_uri(value).table, value
+    name, sep, path = value.partition("=")
+    if sep and is_store_uri(path):
+        return name, path
+    return (name, Path(path)) if sep else (Path(value).name, Path(value))

@@ -20,12 +20,19 @@ queries were certified), ``compare`` is the store's own plain ranking, and the h
 the store's payload (none for a FAISS file). It is read only: a write goes to the store, then
 ``hubless attach --update``; filters, reranking and versions are refused, naming why.
 
+A store written by ``hubless export`` (a store URI: ``lancedb://``, ``postgresql://``,
+``qdrant://``, ...) is served the same way, as a :class:`StoreIndex`: its search is
+:func:`hubless.export.search`, ``compare`` the store's plain search (``corrected=False``), the
+hits' metadata the store's payload; read only (writes, versions, filters, reranking and item
+queries are refused, naming why), and its URI, which may hold credentials, is never shown.
+
 The model rule (one rule, one override): text and image queries are encoded with the model the
 index records; see :mod:`hubless.search.model_rule`.
 
 The package, one module per job: :mod:`~hubless.search.searcher` (the facade),
 :mod:`~hubless.search.result` (what a search returns), :mod:`~hubless.search.attached_index` (an
-attached collection served as an index), :mod:`~hubless.search.model_rule` (which model encodes
+attached collection served as an index), :mod:`~hubless.search.store_index` (an exported store
+served as an index), :mod:`~hubless.search.model_rule` (which model encodes
 the queries).
 """
 
@@ -35,5 +42,6 @@ from hubless.search.attached_index import AttachedIndex
 from hubless.search.model_rule import choose_model, same_model
 from hubless.search.result import SearchResult
 from hubless.search.searcher import RERANK_COLUMNS, Searcher
+from hubless.search.store_index import StoreIndex
 
-__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "choose_model", "same_model"]
+__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "StoreIndex", "choose_model", "same_model"]

@@ -1,4 +1,4 @@
-"""The facade: :class:`Searcher` searches one or several saved indexes (or attached collections)
+"""The facade: :class:`Searcher` searches one or several saved indexes (or attached collections, or stores)
 with queries of any kind; ``hubless search`` and ``hubless serve`` are thin layers over it (see
 :mod:`hubless.search` for what it does)."""
 
@@ -16,6 +16,7 @@ from hubless.errors import InvalidInput, NotFound
 from hubless.search.attached_index import AttachedIndex, as_attached, search_attached
 from hubless.search.model_rule import choose_model
 from hubless.search.result import SearchResult
+from hubless.search.store_index import StoreIndex, as_store, search_store
 
 __all__ = ["QUERY_KINDS", "RERANK_COLUMNS", "Searcher"]
 
@@ -29,7 +30,9 @@ class Searcher:
     """Search one or several indexes with queries of any kind (see :mod:`hubless.search`).
 
     ``indexes``: a saved index directory or a :class:`hubless.Index` (served as its folder's name,
-    or "index"), or a mapping name -> either. ``model`` / ``encoder``: the query encoder (a name or
+    or "index"), an attached collection's sidecar directory, a store URI written by
+    ``hubless export`` (served as its table's name; see :mod:`hubless.search.store_index`), or a
+    mapping name -> any of these. ``model`` / ``encoder``: the query encoder (a name or
     folder / a loaded :class:`hubless.encoders.Encoder`) for every index, checked against the model
     each index records unless ``allow_model_mismatch``; by default each index's own recorded model
     is loaded on first use (once per model), on ``device``. ``reranker``: a
@@ -57,16 +60,24 @@ class Searcher:
     ) -> None:
         from hubless.index import Index
 
-        if isinstance(indexes, (str, os.PathLike, Index, AttachedIndex)):
-            name = "index" if isinstance(indexes, (Index, AttachedIndex)) else Path(indexes).name
-            indexes = {name: indexes}
+        if isinstance(indexes, (str, os.PathLike, Index, AttachedIndex, StoreIndex)):
+            store = as_store(indexes)
+            if store is not None:  # a store URI: named after its table
+                indexes = {store.table: store}
+            elif isinstance(indexes, (Index, AttachedIndex)):
+                indexes = {"index": indexes}
+            elif isinstance(indexes, (str, os.PathLike)):
+                indexes = {Path(indexes).name: indexes}
         if not indexes:
             raise InvalidInput("give at least one index to search")
-        self._indexes: dict[str, Any] = {}  # name -> Index or AttachedIndex
+        self._indexes: dict[str, Any] = {}  # name -> Index, AttachedIndex or StoreIndex
         self.paths: dict[str, Path | None] = {}
         for name, value in indexes.items():
-            attached = None if isinstance(value, Index) else as_attached(value)
-            if attached is not None:  # read only, no versions: no path for the routes that read one
+            store = None if isinstance(value, Index) else as_store(value)
+            attached = None if isinstance(value, Index) or store is not None else as_attached(value)
+            if store is not None:  # a store written by hubless export: read only, no versions, no path
+                self._indexes[name], self.paths[name] = store, None
+            elif attached is not None:  # read only, no versions: no path for the routes that read one
                 self._indexes[name], self.paths[name] = attached, None
             elif isinstance(value, Index):
                 self._indexes[name], self.paths[name] = value, None
@@ -114,6 +125,8 @@ class Searcher:
         path = self.paths.get(self.name(name))
         if isinstance(self._indexes[name], AttachedIndex):
             raise InvalidInput(f"{name!r} is an attached collection: it keeps no versions")
+        if isinstance(self._indexes[name], StoreIndex):
+            raise InvalidInput(f"{name!r} is a store written by hubless export: it keeps no versions")
         if path is None:
             raise InvalidInput(f"index {name!r} is served from memory: it keeps no versions")
         key = (name, int(version))
@@ -161,7 +174,7 @@ class Searcher:
     def query_kinds(self, name: str | None = None) -> list[str]:
         """What index ``name`` can be queried with here: embeddings and item ids always; texts
         and images when its query encoder is loaded and reads them."""
-        kinds = ["embeddings", "item"]
+        kinds = ["embeddings", "item"] if getattr(self.index(name), "item_queries", True) else ["embeddings"]
         try:
             model = self.model_for(name)
         except InvalidInput:
@@ -254,6 +267,8 @@ class Searcher:
         result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
         if isinstance(current, AttachedIndex):
             return search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
+        if isinstance(current, StoreIndex):
+            return search_store(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
         if rerank:
             items = (
                 list(query_items)

@@ -32,6 +32,8 @@ __all__ = [
     "SearchAnswer",
     "ServedHub",
     "ServedHubness",
+    "StoreAnn",
+    "StoreDescription",
     "Weight",
 ]
 
@@ -83,12 +85,31 @@ class Banks(_Answer):
     gallery_bank: int | None = Field(description="Stored gallery-bank rows (None: not kept).")
 
 
+class StoreAnn(_Answer):
+    type: str | None = Field(description="The store's ANN index (e.g. IVF_FLAT, HNSW).")
+    knob: str | None = Field(description="The search knob it reads: nprobe or ef_search.")
+    default: int | None = Field(description="The knob's default (measured at export for a target recall).")
+
+
+class StoreDescription(_Answer):
+    """A served store (``hubless serve NAME=STORE_URI``): what :func:`hubless.export.describe`
+    says of it, and its scheme and table only (its URI may hold credentials: never shown)."""
+
+    scheme: str = Field(description="The store's URI scheme (lancedb, postgresql, qdrant, ...).")
+    table: str = Field(description="The table or collection.")
+    metric: str = Field(description="The stored vectors' metric (dot).")
+    bias_columns: int = Field(description="Bias columns appended to each row: [r, bias(r)].")
+    metadata_columns: dict[str, str] = Field(description="The payload columns and their types.")
+    ann: StoreAnn | None = Field(description="The store's ANN index (None: searched exactly).")
+
+
 class IndexDescription(IndexSummary):
     """``GET /indexes/{name}``."""
 
     info: dict[str, Any] = Field(description="Index.info() without what names the server's disk: parameters, sizes, build time.")
     banks: Banks
-    format_version: int = Field(description="The on-disk format version.")
+    format_version: int = Field(description="The on-disk format version (a store's: the format of what hubless export wrote).")
+    store: StoreDescription | None = Field(default=None, description="Present for a store written by hubless export.")
 
 
 class Item(_Answer):

@@ -88,7 +88,9 @@ def create_app(
     reranker=None,
     rerank_k: int = 20,
 ) -> FastAPI:
-    """The application serving ``indexes`` (name -> saved index directory or :class:`Index`).
+    """The application serving ``indexes`` (name -> saved index directory or :class:`Index`, an
+    attached collection's sidecar directory, or a store URI written by ``hubless export``, served
+    read only: see :mod:`hubless.search.store_index`).
 
     Text (and image) queries are encoded with the model each index records, loaded here, once
     per model (see :mod:`hubless.search` for the rule); ``model`` (a name or folder) or

@@ -43,10 +43,15 @@ def check_id(s: Served, item_id: int) -> None:
 def writable(service: ServiceState, name: str) -> Served:
     """The served index ``name`` if this server accepts writes (403 saying why not otherwise;
     the write key itself is checked by :class:`hubless.service.guard.Guard`); an attached
-    collection is never written here (409: write to the store, then ``hubless attach --update``)."""
-    if name in service.served and getattr(service.served[name].index, "read_only", False):
+    collection is never written here (409: write to the store, then ``hubless attach --update``), nor
+    a store written by ``hubless export`` (409: change its index, then ``hubless export --sync``)."""
+    if name in service.served and getattr(index := service.served[name].index, "read_only", False):
+        reason = getattr(index, "read_only_reason", None)
         raise HTTPException(
-            409, f"{clip(name)!r} is an attached collection, served read only: write to the store itself, then run hubless attach --update"
+            409,
+            f"{clip(name)!r}: {reason}"
+            if reason
+            else f"{clip(name)!r} is an attached collection, served read only: write to the store itself, then run hubless attach --update",
         )
     if service.settings.keys.write is None:
         raise HTTPException(403, "writes are disabled: start the server with --api-key-file to enable them")

@@ -23,7 +23,7 @@ def bank_hubness(s) -> dict:
     if cached is not None and cached[0] is index:
         return cached[1]
     from hubless.metrics.hubness import kurtosis, skewness
-    from hubless.search import AttachedIndex
+    from hubless.search import AttachedIndex, StoreIndex
 
     bank = index.query_bank
     if isinstance(index, AttachedIndex):
@@ -31,6 +31,9 @@ def bank_hubness(s) -> dict:
             "an attached collection: its sidecar keeps the query bank's fingerprint, not the bank, so there are no bank-based "
             "figures; 'served' counts the answers of its certified searches"
         )
+        return {"index": s.name, "n_bank_queries": 0, "note": note}
+    if isinstance(index, StoreIndex):
+        note = "a store written by hubless export keeps no query bank, so there are no bank-based figures; 'served' counts its answers"
         return {"index": s.name, "n_bank_queries": 0, "note": note}
     if bank is None:
         return {"index": s.name, "n_bank_queries": 0, "note": "the index was saved without its query bank: no bank-based figures"}

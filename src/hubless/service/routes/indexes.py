@@ -32,8 +32,26 @@ def describe(name: str, service: ServiceDep) -> dict:
         k: None if v is None else int(v.shape[0]) for k, v in (("query_bank", s.index.query_bank), ("gallery_bank", s.index.gallery_bank))
     }
     from hubless.index.pointer import VERSION
+    from hubless.search import StoreIndex
 
+    if isinstance(s.index, StoreIndex):  # the store's own description, typed; never its location
+        return {**summary(s), "info": info, "banks": banks, "format_version": s.index.format_version, "store": store_description(s.index)}
     return {**summary(s), "info": info, "banks": banks, "format_version": VERSION}
+
+
+def store_description(store) -> dict:
+    """A served store, as :class:`~hubless.service.answers.StoreDescription` (from its
+    :class:`~hubless.export.info.StoreInfo`): scheme and table, never its location."""
+    described = store.describe()
+    ann = described.ann
+    return {
+        "scheme": store.scheme,
+        "table": store.table,
+        "metric": described.metric,
+        "bias_columns": described.bias_columns,
+        "metadata_columns": {k: str(v) for k, v in described.metadata_columns.items()},
+        "ann": None if ann is None else {"type": ann.get("type"), "knob": ann.get("knob"), "default": ann.get("default")},
+    }
 
 
 @router.get("/hubness/{name}", response_model=HubnessAnswer, response_model_exclude_unset=True)

@@ -120,8 +120,9 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
         )
     omp_threads_for(n_queries)  # this worker thread's FAISS team (compare's search runs here)
     result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=s.run, **options)
-    if result.certified is not None:  # an attached collection's certified search runs outside s.run: counted here
-        s.sketch.add(result.ids, s.index.ntotal)
+    current = s.searcher.index(s.name)
+    if getattr(current, "read_only", False):  # an attached collection's or a store's search runs outside s.run: counted here
+        s.sketch.add(result.ids, current.ntotal)
     body: dict[str, Any] = {"index": s.name, "method": result.method}
     if result.reranked:
         body.update(reranked=True, rerank_k=result.rerank_k)
