@@ -165,3 +165,12 @@ def test_every_module_the_architecture_page_names_exists():
         if not re.search(rf"^(?:def|class) {attr}\b|^{attr}\b.*=|import .*\b{attr}\b", source, re.M):
             missing.append(name)
     assert not missing, f"docs/architecture.md names what the source does not have: {missing}"
+
+
+#: A module is one job a reader can hold in mind: at most this many lines (issue 40).
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_longer_than_a_reader_can_hold():
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
