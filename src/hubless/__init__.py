@@ -5,7 +5,7 @@
     scores, ids = nnn.search(queries, top_k=10)
 
 Every correction is a per-candidate bias fitted on reference banks (never on test queries);
-see :mod:`hubless.corrections` and ``docs/architecture.md``. The names below are imported on
+see :mod:`hubless.corrections`, ``docs/explanation/methods.md`` (the formulas) and ``docs/architecture.md`` (the code). The names below are imported on
 first use (PEP 562), so ``import hubless`` and the command line start fast.
 """
 

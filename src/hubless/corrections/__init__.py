@@ -1,6 +1,6 @@
 """Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
 
-See ``docs/architecture.md`` for the table of methods. Every class shares the interface of
+See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the interface of
 :class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
 """
 

@@ -1,4 +1,4 @@
-"""One facade for searching saved indexes: :class:`Searcher`.
+"""One facade for searching what hubless serves (saved indexes, attached collections, exported stores): :class:`Searcher`.
 
     from hubless.search import Searcher
     searcher = Searcher({"coco": "idx/"})                       # or Searcher("idx/"), or {name: Index}
