@@ -367,7 +367,9 @@ class VectorStore(abc.ABC):
         one per query), the search knob (``nprobe`` or ``ef_search``, whichever the store's
         ANN index uses) and the store's own search options; anything else is refused naming
         the valid ones. ``target_recall`` picks the knob from the curve measured at export.
-        ``exact`` scans every row instead of using the ANN index.
+        ``exact`` scans every row instead of using the ANN index. A ``top_k`` beyond the store's
+        items keeps the width: the slots past them come last with id -1 and score -inf (the one
+        top-k rule, :func:`hubless._validation.check_top_k`); the metadata rows hold the found hits.
         """
         for name, flag in (("corrected", corrected), ("exact", exact)):
             if not isinstance(flag, (bool, np.bool_)):

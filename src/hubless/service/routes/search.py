@@ -112,6 +112,7 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
     limits = service.limits
     if top_k > limits.max_top_k:
         raise HTTPException(422, f"top_k={top_k} exceeds the limit max_top_k={limits.max_top_k}")
+    # beyond the items, the library's unfilled slots (id -1) are left out of the answer: not counted
     hits = n_queries * min(top_k, s.index.ntotal) * (2 if compare else 1)
     if hits > limits.max_result_hits:
         raise HTTPException(
