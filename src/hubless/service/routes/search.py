@@ -24,7 +24,7 @@ from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
-from hubless.service.schemas import MAX_WEIGHT, SearchRequest
+from hubless.service.schemas import MAX_WEIGHT, TOP_K_HELP, SearchRequest
 from hubless.service.state import Served, ServiceState
 
 router = APIRouter()
@@ -91,7 +91,7 @@ async def search_binary(
     request: Request,
     service: ServiceDep,
     index: str | None = None,
-    top_k: Annotated[int, Query(ge=1, description="Results per query.")] = 10,
+    top_k: Annotated[int, Query(ge=1, description=TOP_K_HELP)] = 10,
     weight: Annotated[float | None, Query(ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="The query-time weight.")] = None,
     compare: bool = False,
 ) -> FastJSON:
