@@ -191,3 +191,12 @@ def test_a_reranked_search_is_padded_past_rerank_k(data):
     np.testing.assert_array_equal(result.ids[:, :5], want.ids)
     assert (result.ids[:, 5:] == -1).all() and (result.scores[:, 5:] == -np.inf).all()
     assert [len(r["hits"]) for r in result.records()] == [5] * len(items)
+
+
+def test_an_unfilled_slot_is_never_a_hit():
+    """R@K reads padded rankings: id -1 (encoded as the previous query's last item before) never counts."""
+    from hubless.metrics import recall_at_k
+
+    ranked = np.array([[0, 1], [2, -1]])  # query 1 asked beyond what was found; 3 items
+    assert recall_at_k(ranked, np.array([2, 0]), 2) == 0.0  # query 1's -1 is not query 0's relevant item 2
+    assert recall_at_k(ranked, np.array([1, 2]), 2) == 100.0
