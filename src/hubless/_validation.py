@@ -24,8 +24,18 @@ __all__ = [
     "check_positive_int",
     "check_k",
     "check_top_k",
+    "pad_top_k",
+    "MISSING",
+    "MAX_PADDED_TOP_K",
     "check_nonnegative_float",
 ]
+
+#: The id of a slot a search could not fill (fewer items than top_k, a filter, an ANN index's
+#: probed lists running dry); its score is -inf. Such slots come last.
+MISSING = -1
+#: A top_k beyond the items a search can return is answered with unfilled slots up to this
+#: many (see :func:`check_top_k`); above it and above the item count it is refused.
+MAX_PADDED_TOP_K = 16384
 
 #: Relative tolerance on ||x|| = 1 under which vectors count as already normalised.
 NORM_TOLERANCE = 1e-3
@@ -192,9 +202,38 @@ def check_k(k: int, n: int, name: str, what: str) -> int:
     return k
 
 
-def check_top_k(top_k: int, n_gallery: int) -> int:
-    """Check the number of results asked from a search."""
-    return check_k(top_k, n_gallery, "top_k", "the gallery")
+def check_top_k(top_k, n_items: int, what: str = "the gallery") -> int:
+    """The one top-k rule, read by every search (``Correction.search``, ``Index.search`` and
+    ``search_uncorrected``, ``correct_scores``, the stores, an attached collection, the
+    ``Searcher`` and so the CLI and the service): ``top_k`` is a positive integer
+    (:class:`~hubless.errors.InvalidType` / :class:`~hubless.errors.InvalidInput` otherwise).
+
+    A ``top_k`` larger than the ``n_items`` a search can return is not an error and never a
+    narrower answer: the arrays stay ``top_k`` wide, the unfilled slots last with id
+    :data:`MISSING` (-1) and score -inf (:func:`pad_top_k`); the CLI and the service leave them
+    out. Only a ``top_k`` above both ``n_items`` and :data:`MAX_PADDED_TOP_K` is refused (it
+    would allocate queries x top_k slots for nothing); up to ``n_items`` is always accepted.
+    """
+    top_k = check_positive_int(top_k, "top_k")
+    if top_k > max(int(n_items), MAX_PADDED_TOP_K):
+        raise InvalidInput(
+            f"top_k={top_k} is far beyond the {n_items} items of {what}; choose top_k <= {max(int(n_items), MAX_PADDED_TOP_K)} "
+            "(slots beyond the items come back with id -1 and score -inf)"
+        )
+    return top_k
+
+
+def pad_top_k(scores: np.ndarray, ids: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores, ids)`` (numpy arrays) of width at most ``top_k`` widened to ``top_k`` by the
+    rule of :func:`check_top_k`: the added slots (last) have score -inf and id :data:`MISSING`;
+    the dtypes are kept."""
+    missing = top_k - ids.shape[1]
+    if missing <= 0:
+        return scores, ids
+    n = ids.shape[0]
+    scores = np.concatenate([scores, np.full((n, missing), -np.inf, scores.dtype)], axis=1)
+    ids = np.concatenate([ids, np.full((n, missing), MISSING, ids.dtype)], axis=1)
+    return scores, ids
 
 
 def check_target_recall(value) -> float:

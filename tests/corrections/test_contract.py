@@ -161,7 +161,10 @@ def check_bad_input_is_refused_and_changes_nothing(cls, data):
     with pytest.raises(InvalidInput, match="dimension"):
         corr.search(q[:, :-1], 3)
     with pytest.raises(InvalidInput, match="top_k"):
-        corr.search(q, corr.n_gallery_ + 1)
+        corr.search(q, 0)
+    padded = corr.search(q, corr.n_gallery_ + 1)  # the one top-k rule: beyond the gallery, an unfilled slot last
+    assert (padded[1][:, -1] == -1).all() and (padded[0][:, -1] == -np.inf).all()
+    np.testing.assert_array_equal(padded[1][:, :-1], corr.search(q, corr.n_gallery_)[1])
     after = corr.search(q, 5)  # every refusal left the fitted correction as it was
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_array_equal(after[0], before[0])

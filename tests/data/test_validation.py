@@ -101,10 +101,19 @@ def test_k_larger_than_the_bank(small_data):
         hubless.DynamicInvertedSoftmax(k_activation=61).fit(small_data["gallery"], small_data["query_bank"])
 
 
-@pytest.mark.parametrize("top_k,exc,match", [(61, ValueError, "top_k=61 exceeds"), (0, ValueError, ">= 1"), (2.5, TypeError, "integer")])
+@pytest.mark.parametrize(
+    "top_k,exc,match", [(10**6, ValueError, "top_k=1000000 is far beyond"), (0, ValueError, ">= 1"), (2.5, TypeError, "integer")]
+)
 def test_bad_top_k(fitted, small_data, top_k, exc, match):
     with pytest.raises(exc, match=match):
         fitted.search(small_data["queries"], top_k=top_k)
+
+
+def test_top_k_beyond_the_gallery_is_padded(fitted, small_data):
+    """The one top-k rule (tests/code/test_top_k_rule.py): 61 of 60 items keeps the width."""
+    scores, ids = fitted.search(small_data["queries"], top_k=61)
+    assert ids.shape == (small_data["queries"].shape[0], 61)
+    assert (ids[:, 60] == -1).all() and (scores[:, 60] == -np.inf).all() and (np.sort(ids[:, :60], axis=1) == np.arange(60)).all()
 
 
 def test_top_k_equal_to_gallery_size_returns_a_permutation(fitted, small_data):

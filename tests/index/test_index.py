@@ -72,8 +72,10 @@ def test_gc_and_bad_queries_are_refused(data):
     index = hubless.Index.build(data.gallery, data.query_bank, "nnn", "Flat")
     with pytest.raises(ValueError, match="dimension"):
         index.search(np.ones((2, 7), np.float32))
-    with pytest.raises(ValueError):
-        index.search(data.queries[:2], top_k=5000)
+    with pytest.raises(ValueError, match="top_k"):
+        index.search(data.queries[:2], top_k=10**6)  # far beyond the items and MAX_PADDED_TOP_K
+    scores, ids = index.search(data.queries[:2], top_k=5000)  # the one top-k rule: beyond the items, unfilled slots
+    assert ids.shape == (2, 5000) and (ids[:, index.ntotal :] == -1).all() and (scores[:, index.ntotal :] == -np.inf).all()
 
 
 def test_save_load_roundtrip_and_metadata(data, tmp_path):

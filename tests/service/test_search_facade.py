@@ -101,7 +101,9 @@ def test_items_and_errors(indexes, data):
         searcher.search("flat", texts=["a dog"])
     with pytest.raises(InvalidInput, match="reranker"):
         searcher.search("flat", embeddings=queries[:1], rerank=True, query_items=["a"])
-    assert searcher.search("flat", item=3, top_k=10_000).ids.shape == (1, 600)  # top_k beyond the gallery: all of it
+    beyond = searcher.search("flat", item=3, top_k=10_000)  # top_k beyond the gallery: all of it, then unfilled slots
+    assert beyond.ids.shape == (1, 10_000) and (beyond.ids[0, 600:] == -1).all() and sorted(beyond.ids[0, :600]) == list(range(600))
+    assert len(beyond.records()[0]["hits"]) == 600
     assert searcher.query_kinds("flat") == ["embeddings", "item"]
 
 

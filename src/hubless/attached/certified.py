@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hubless._validation import check_positive_int
+from hubless._validation import check_positive_int, check_top_k
 from hubless.attached.prepare import collection_rows, correction_for
 from hubless.attached.sidecar import Sidecar, read_sidecar, source_address
 from hubless.attached.sources.base import BATCH, Source, open_source, sample_hash
@@ -159,12 +159,14 @@ class AttachedCollection:
         collection). ``options``: the correction's weight (``alpha=``, ``lam=``, ``weight=``) and
         the store's search knobs (``nprobe``, ``ef_search``, ...). ``metadata``: also read the
         hits' metadata from the store (its payload or other columns; one read for the batch).
+        A ``top_k`` beyond the collection keeps the width: the slots past it come last with id
+        -1 and score -inf (the one top-k rule, :func:`hubless._validation.check_top_k`).
         """
         if not isinstance(metadata, (bool, np.bool_)):
             raise InvalidType(f"metadata must be True or False; got {metadata!r}")
         corr = self.correction
-        top_k = check_positive_int(top_k, "top_k")
         n = self.ntotal
+        top_k = check_top_k(top_k, n, "the collection")  # the one top-k rule: beyond the items, padded
         weight = {k: options.pop(k) for k in list(options) if k in (corr.weight_param, "weight")}
         batch = corr.queries(queries, **weight)
         depth = corr.query_request.depth
@@ -243,7 +245,7 @@ class AttachedCollection:
         from hubless.corrections import QueryStatistics
 
         corr = self.correction
-        top_k = check_positive_int(top_k, "top_k")
+        top_k = check_top_k(top_k, self.ntotal, "the collection")
         batch = check_positive_int(batch, "batch")
         all_queries = corr.queries(queries, **weight)
         self._check_count()

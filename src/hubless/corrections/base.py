@@ -31,7 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k
+from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k, pad_top_k
 from hubless.corrections import incremental
 from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
@@ -447,8 +447,10 @@ class Correction:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
 
-        Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64;
-        ties are broken by the lower gallery index. Methods with a weight parameter accept it
+        Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64
+        (gallery row positions); ties are broken by the lower gallery index. A ``top_k`` beyond
+        the gallery keeps the width: the slots past the gallery come last with id -1 and score
+        -inf (the one top-k rule, :func:`hubless._validation.check_top_k`). Methods with a weight parameter accept it
         here to override the fitted value without refitting, as a scalar or one value per
         query: ``weight=`` for every method (``NNN.search(q, weight=0.5)``), or the method's own
         name (``alpha=`` for NNN, ``lam=`` for DN). ``device``: as in :meth:`fit`.
@@ -459,9 +461,14 @@ class Correction:
             self.query_statistics(batch, progress=progress)
             additive = self.additive_ranking(batch) if torch_device() is not None else None  # ranked on the device
             ranking, ids = exact_search(
-                batch.vectors, self.gallery_, top_k, transform=self._block_transform(batch), additive=additive, progress=progress
+                batch.vectors,
+                self.gallery_,
+                min(top_k, self.n_gallery_),
+                transform=self._block_transform(batch),
+                additive=additive,
+                progress=progress,
             )
-        return self.method_scores(batch, ranking), ids
+        return pad_top_k(self.method_scores(batch, ranking), ids, top_k)
 
 
 def _format_value(value, default) -> str:

@@ -75,8 +75,6 @@ class StaleRead(Exception):
     """The table a search pinned was replaced and removed by exports meanwhile (retried)."""
 
 
-#: A top_k above a store's item count is answered with missing slots (id -1) up to this many.
-MAX_PADDED_TOP_K = 16384
 #: Extra rows asked of a store beyond top_k, so that items tied with the k-th (duplicate
 #: embeddings) are all seen and the lower ids win, as in hubless.
 TIE_MARGIN = 8
@@ -369,7 +367,9 @@ class VectorStore(abc.ABC):
         one per query), the search knob (``nprobe`` or ``ef_search``, whichever the store's
         ANN index uses) and the store's own search options; anything else is refused naming
         the valid ones. ``target_recall`` picks the knob from the curve measured at export.
-        ``exact`` scans every row instead of using the ANN index.
+        ``exact`` scans every row instead of using the ANN index. A ``top_k`` beyond the store's
+        items keeps the width: the slots past them come last with id -1 and score -inf (the one
+        top-k rule, :func:`hubless._validation.check_top_k`); the metadata rows hold the found hits.
         """
         for name, flag in (("corrected", corrected), ("exact", exact)):
             if not isinstance(flag, (bool, np.bool_)):
@@ -384,23 +384,19 @@ class VectorStore(abc.ABC):
         raise AssertionError("unreachable")
 
     def _search(self, queries, top_k, corrected: bool, exact: bool, target_recall, options: dict):
-        from hubless._validation import as_embeddings, check_positive_int
+        from hubless._validation import as_embeddings, check_positive_int, check_top_k, pad_top_k
         from hubless.corrections import make_additive
         from hubless.corrections.serving import check_servable_as_rows, weighted_query_rows
         from hubless.export.calibrate import check_target, knob_for_target
 
-        top_k = check_positive_int(top_k, "top_k")
+        check_positive_int(top_k, "top_k")  # a bad type is refused before the store is read
         info = self.read_info()
         if info.get("metric") != "dot":
             raise InvalidInput(f"store {self.uri} uses metric {info.get('metric')!r}: hubless needs dot (cosine would normalise [r, bias])")
         corr = make_additive(info["spec"]).for_queries(info.get("query_state", {}), int(info["dim"]), int(info["bias_columns"]))
         check_servable_as_rows(corr)
         n_items = int(info.get("n_items", 0))
-        if top_k > max(n_items, MAX_PADDED_TOP_K):
-            raise InvalidInput(
-                f"top_k={top_k} exceeds the {n_items} items of store {self.uri}; choose top_k <= {max(n_items, MAX_PADDED_TOP_K)} "
-                "(slots beyond the items are filled with id -1)"
-            )
+        top_k = check_top_k(top_k, n_items, f"store {self.uri}")  # the one top-k rule: beyond the items, padded
         q = np.asarray(queries) if not isinstance(queries, np.ndarray) else queries
         if q.ndim == 2 and q.shape[1] != int(info["dim"]):
             raise InvalidInput(f"queries have dimension {q.shape[1]} but store {self.uri} holds {info['dim']}-d items")
@@ -439,10 +435,7 @@ class VectorStore(abc.ABC):
             scores = np.where(found, scores, -np.inf).astype(np.float32)
         scores, ids, rows = scores[:, :k], ids[:, :k], [hits[:k] for hits in rows]
         rows = typed_rows(rows, info.get("metadata_columns"))
-        if k < top_k:  # fewer items than asked: the rest is id -1, score -inf
-            pad = top_k - k
-            scores = np.hstack([scores, np.full((len(scores), pad), -np.inf, np.float32)])
-            ids = np.hstack([ids, np.full((len(ids), pad), -1, np.int64)])
+        scores, ids = pad_top_k(scores, ids, top_k)  # fewer items than asked: the rest is id -1, score -inf
         return scores, ids, rows
 
     # ------------------------------------------------------------------ helpers

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hubless._validation import MISSING  # the row (and id) of a search slot that could not be filled
 from hubless.corrections import AdditiveCorrection, QueryBatch, make_additive, make_correction
 from hubless.engine import BankStatistics, StatisticsRequest, TopK, stream_reduce
 from hubless.engine.topk import NO_ID
@@ -45,8 +46,6 @@ from hubless.index.rows import Growable
 
 __all__ = ["MISSING", "Snapshot", "row_statistics_names", "split_statistics"]
 
-#: Row returned for a search slot that could not be filled.
-MISSING = -1
 #: Elements of candidate rows gathered at a time by :meth:`Snapshot.candidate_sims` (1 MB of float32).
 CANDIDATE_CHUNK = 1 << 18
 SIDES = ("query", "gallery")

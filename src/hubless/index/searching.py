@@ -38,7 +38,9 @@ def search(
     **weight,
 ) -> tuple[np.ndarray, np.ndarray]:
     """:meth:`hubless.index.Index.search` over one version ``snap`` of an index: top ``top_k``
-    (method scores, item ids); unfilled slots have id ``MISSING`` and score -inf."""
+    (method scores, item ids); unfilled slots (fewer items, or fewer matching ``where``, than
+    ``top_k``; IVF lists probed that ran dry) come last with id ``MISSING`` and score -inf, the
+    one top-k rule of :func:`hubless._validation.check_top_k`."""
     corr = snap.serving
     config = snap.config
     nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
@@ -46,7 +48,7 @@ def search(
     batch = corr.queries(queries, **weight)
     allowed = snap.allowed(where)
     n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-    top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
+    top_k = check_top_k(top_k, snap.n_alive, "the index")
     params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
     raw_statistics(snap, batch, params)
     selection = None
@@ -80,7 +82,7 @@ def search_uncorrected(
     vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
     allowed = snap.allowed(where)
     n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
-    top_k = check_top_k(top_k, snap.n_alive) if where is None else check_positive_int(top_k, "top_k")
+    top_k = check_top_k(top_k, snap.n_alive, "the index")
     selection = None
     if snap.faiss is not None:
         nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")

@@ -233,9 +233,9 @@ class IndexView:
         ``where``: a metadata filter (``{"split": "test", "year": {"gte": 2020}}``; see
         :mod:`hubless.index.metadata`): the results are the corrected ranking restricted to the
         items that match (the correction itself, its gates included, is the index's). Slots that
-        cannot be filled (fewer matching items than ``top_k``, or IVF lists probed that ran dry)
-        come last, with id ``-1`` (``MISSING``) and score ``-inf``; the CLI and the service
-        leave them out.
+        cannot be filled (fewer items, or fewer matching items, than ``top_k``; IVF lists probed
+        that ran dry) come last, with id ``-1`` (``MISSING``) and score ``-inf``; the CLI and
+        the service leave them out (the one top-k rule, :func:`hubless._validation.check_top_k`).
 
         ``weight`` overrides the correction's weight per call (``weight=`` for every method, or
         its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index

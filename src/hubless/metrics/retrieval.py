@@ -161,13 +161,14 @@ def recall_percent(first_rank: np.ndarray, k: int) -> np.ndarray:
 
 def first_hit_ranks(ranked_ids: np.ndarray, truth: Truth) -> np.ndarray:
     """1-based position of the first relevant item in each query's ranked list (n_queries,),
-    or a value beyond any K when the list holds none."""
+    or a value beyond any K when the list holds none. An unfilled slot (id -1, see
+    :func:`hubless._validation.check_top_k`) is never a hit."""
     ranked_ids = np.asarray(ranked_ids)
     if ranked_ids.ndim != 2 or ranked_ids.shape[0] != truth.n_queries:
         raise InvalidInput(f"ranked_ids must be ({truth.n_queries}, n_ranked); got {ranked_ids.shape}")
     # Membership of (query, item) pairs, encoded as query * n_gallery + item.
     pairs = np.arange(ranked_ids.shape[0])[:, None] * truth.n_gallery + ranked_ids
-    hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices)
+    hits = np.isin(pairs, truth.rows * truth.n_gallery + truth.indices) & (ranked_ids >= 0)  # -1 would read the previous query's last item
     return np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, np.iinfo(np.int64).max)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless._io import mark_npz, open_marked_npy, umask_mode
-from hubless._validation import check_top_k
+from hubless._validation import MISSING, check_top_k
 from hubless.corrections import Correction, make_correction
 from hubless.corrections.scores import fit_on_scores
 from hubless.engine.parallel import run_blocks
@@ -58,7 +58,9 @@ def correct_scores(
     (.npy/.npz/.pkl). ``transpose``: every matrix is stored gallery x queries (gallery x bank).
 
     Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` the pair (scores, ids)
-    of each row's best ``top_k`` (best first, ties to the lower index). With ``out`` the result
+    of each row's best ``top_k`` (best first, ties to the lower index; a ``top_k`` beyond the
+    gallery keeps the width, the slots past it last with id -1 and score -inf: the one top-k
+    rule of :func:`hubless._validation.check_top_k`). With ``out`` the result
     is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
     for top-k, both marked as hubless's so that a re-run may replace them: see
     :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
@@ -82,13 +84,14 @@ def correct_scores(
     if out is not None and not top_k:
         return _write_matrix(corr, s, out, ranking, progress)
     width = top_k or n_gallery
-    values = np.empty((n_queries, width), np.float32)
-    ids = np.empty((n_queries, width), np.int64) if top_k else None
+    values = np.full((n_queries, width), -np.inf, np.float32)
+    ids = np.full((n_queries, width), MISSING, np.int64) if top_k else None
+    found = min(width, n_gallery)  # the slots past the gallery stay unfilled
 
     def work(start: int, stop: int) -> None:
         block = _corrected(corr, s, start, stop, ranking)
         if ids is not None and top_k:
-            values[start:stop], ids[start:stop] = best_of(block, top_k)
+            values[start:stop, :found], ids[start:stop, :found] = best_of(block, found)
         else:
             values[start:stop] = block
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless._validation import check_top_k, pad_top_k
 from hubless.errors import Conflict, InvalidInput
 from hubless.search.result import SearchResult
 
@@ -119,8 +120,11 @@ class AttachedIndex:
         return self.collection.search_certified(queries, top_k, **options)
 
     def search_uncorrected(self, queries, top_k: int, **knobs) -> tuple[np.ndarray, np.ndarray]:
-        """The store's own plain top-``top_k``."""
-        return self.collection.source.search(np.asarray(queries, np.float32), top_k, **knobs)
+        """The store's own plain top-``top_k`` (the store is asked at most its item count; the
+        slots past it are id -1, score -inf: the one top-k rule)."""
+        top_k = check_top_k(top_k, self.ntotal, "the collection")
+        scores, ids = self.collection.source.search(np.asarray(queries, np.float32), min(top_k, max(self.ntotal, 1)), **knobs)
+        return pad_top_k(scores, ids, top_k)
 
     def _refuse(self, *args, **kwargs):
         raise Conflict(

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hubless._validation import check_top_k, pad_top_k
 from hubless.errors import InvalidInput, NotFound
 from hubless.search.attached_index import AttachedIndex, as_attached, search_attached
 from hubless.search.model_rule import choose_model
@@ -254,14 +255,17 @@ class Searcher:
         (:meth:`hubless.Index.versions`) instead of the current one. ``where``: a metadata filter, passed to
         :meth:`hubless.Index.search`. ``rerank``: rerank the corrected top ``rerank_k`` with the
         reranker, which reads ``query_items`` (default: the texts or images given).
-        ``nprobe`` / ``ef_search`` / ``rescore``: ANN knobs for this call. ``runner``: what
-        runs the corrected search, ``runner(index, queries, top_k, **options)`` (default
+        ``nprobe`` / ``ef_search`` / ``rescore``: ANN knobs for this call. A ``top_k`` beyond the
+        index's items (or, reranked, beyond ``rerank_k``) keeps the width: the slots that cannot
+        be filled come last with id -1 and score -inf (the one top-k rule,
+        :func:`hubless._validation.check_top_k`); :meth:`SearchResult.records` leaves them out.
+        ``runner``: what runs the corrected search, ``runner(index, queries, top_k, **options)`` (default
         ``index.search``; the service passes its batcher).
         """
         name = self.name(index)
         current = self._indexes[name].snapshot() if version is None else self.version(name, version)  # one version for the call
+        top_k = check_top_k(top_k, current.ntotal, f"index {name!r}")  # beyond the items: unfilled slots, never narrower
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
-        top_k = _top_k(top_k, current.ntotal)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
         result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
@@ -333,14 +337,10 @@ class Searcher:
             gallery_items=_Text(ItemColumn(index, str(column))),  # a Mapping: read by id
         )
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
-        result.ids, result.scores, result.first_stage_scores = reranked.ids, reranked.scores, reranked.first_stage_scores
+        # only the first rerank_k are reranked: the slots past them are unfilled (the one top-k rule)
+        result.scores, result.ids = pad_top_k(reranked.scores, reranked.ids, top_k)
+        result.first_stage_scores = pad_top_k(reranked.first_stage_scores, reranked.ids, top_k)[0]
         result.reranked, result.rerank_k = True, k
-
-
-def _top_k(top_k, n: int) -> int:
-    from hubless._validation import check_positive_int
-
-    return min(check_positive_int(top_k, "top_k"), n)
 
 
 def _image_name(image) -> str:

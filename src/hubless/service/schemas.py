@@ -18,6 +18,8 @@ Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 #: The largest query-time weight accepted: the papers' grids stop at 1.5, and DN's score has a
 #: lam^2 term that a weight near 1e19 takes past float32's range (scores turn into null).
 MAX_WEIGHT = 1000.0
+#: What /docs says of top_k (the one top-k rule: the library pads, the answer leaves the padding out).
+TOP_K_HELP = "Results per query, at most the server's max_top_k; beyond the index's items every item is returned (no error)."
 
 
 class SearchRequest(BaseModel):
@@ -36,7 +38,7 @@ class SearchRequest(BaseModel):
         None, description="Image queries: base64 of image files (PNG, JPEG, ...), encoded with the index's model (an image encoder)."
     )
     item: Id | None = Field(None, description="A gallery item id: search with its embedding ('more like this').")
-    top_k: int = Field(10, ge=1, description="Results per query.")
+    top_k: int = Field(10, ge=1, description=TOP_K_HELP)
     weight: float | None = Field(
         None, ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="The correction's query-time weight (NNN alpha, DN lambda)."
     )

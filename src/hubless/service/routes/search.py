@@ -24,7 +24,7 @@ from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
-from hubless.service.schemas import MAX_WEIGHT, SearchRequest
+from hubless.service.schemas import MAX_WEIGHT, TOP_K_HELP, SearchRequest
 from hubless.service.state import Served, ServiceState
 
 router = APIRouter()
@@ -91,7 +91,7 @@ async def search_binary(
     request: Request,
     service: ServiceDep,
     index: str | None = None,
-    top_k: Annotated[int, Query(ge=1, description="Results per query.")] = 10,
+    top_k: Annotated[int, Query(ge=1, description=TOP_K_HELP)] = 10,
     weight: Annotated[float | None, Query(ge=0, le=MAX_WEIGHT, allow_inf_nan=False, description="The query-time weight.")] = None,
     compare: bool = False,
 ) -> FastJSON:
@@ -112,6 +112,7 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
     limits = service.limits
     if top_k > limits.max_top_k:
         raise HTTPException(422, f"top_k={top_k} exceeds the limit max_top_k={limits.max_top_k}")
+    # beyond the items, the library's unfilled slots (id -1) are left out of the answer: not counted
     hits = n_queries * min(top_k, s.index.ntotal) * (2 if compare else 1)
     if hits > limits.max_result_hits:
         raise HTTPException(
