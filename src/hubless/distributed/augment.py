@@ -65,7 +65,7 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shar
     ``shared``: the statistics' global values (sizes, means); ``rows_files``: the gallery shards'
     per-item statistics files holding these rows."""
     from hubless._io import atomic_open
-    from hubless.index.index import augmented_rows
+    from hubless.index.live import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
     corr = make_additive(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))

@@ -44,7 +44,7 @@ class Rows:
 
 def index_rows(index, meta) -> Rows:
     """Every item of ``index`` as a store keeps it: ids, [r, bias(r)], plain r and ``meta``."""
-    from hubless.index.index import augmented_rows
+    from hubless.index.live import augmented_rows
 
     corr = index.correction
     ids = getattr(index, "ids", None)

@@ -80,7 +80,7 @@ class BaseFiles:
         n: int, metadata: Metadata | None,
     ) -> dict:  # fmt: skip
         """Hash the row files (streamed, on threads), fsync the folder, and return the manifest
-        naming this base (the fields of :func:`hubless.index.disk.manifest_for`, for ``n``
+        naming this base (:func:`hubless.index.disk.manifest_fields`, for ``n``
         items with ids 0..n-1 and no segments)."""
 
         def digest(name: str) -> tuple[str, dict]:
@@ -94,13 +94,11 @@ class BaseFiles:
         with ThreadPoolExecutor(min(len(self.files), 4)) as pool:  # hashing releases the GIL
             self.entries.update(pool.map(digest, self.files))
         disk._fsync_dir(self.folder)
-        return {
-            "version": version, "method": spec, "normalize": bool(normalize), "dim": dim, "faiss_dim": faiss_dim,
-            "bias_columns": int(bias_columns), "config": config.to_dict(), "next_id": n, "n_items": n, "n_rows": n,
-            "metadata_schema": None if metadata is None else metadata.schema_text(),
-            "base": {"name": self.folder.name, "rows": n, "files": {name: self.entries[name] for name in sorted(self.entries)}},
-            "segments": [],
-        }  # fmt: skip
+        base = {"name": self.folder.name, "rows": n, "files": {name: self.entries[name] for name in sorted(self.entries)}}
+        return disk.manifest_fields(
+            version=version, spec=spec, normalize=normalize, dim=dim, faiss_dim=faiss_dim, bias_columns=bias_columns,
+            config=config, next_id=n, n_items=n, n_rows=n, metadata=metadata, base=base, segments=[],
+        )  # fmt: skip
 
 
 def write_rows(files: dict[str, tuple[str, int]], start: int, rows: np.ndarray, bias: np.ndarray, statistics: dict) -> None:

@@ -44,12 +44,12 @@ from hubless.index.faiss_build import (
     with_spill,
 )
 from hubless.index.ids import check_ids
-from hubless.index.live import MISSING, Snapshot, augmented_rows
+from hubless.index.live import Snapshot
 from hubless.index.lock import write_lock
 from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
 
-__all__ = ["MISSING", "Index", "augmented_rows"]  # MISSING, augmented_rows: index.live's, imported from here by export and distributed
+__all__ = ["Index"]
 
 
 class Index(IndexView):
