@@ -109,7 +109,7 @@ def test_a_store_is_searched_by_text_with_the_model_it_records(setup, tmp_path):
     assert _results(result.output) == ids.tolist()
     assert [json.loads(line)["text"] for line in result.output.strip().splitlines()] == queries
     refused = runner.invoke(app, ["search", uri, "--text", "a dog", "--rerank", str(model)])
-    assert refused.exit_code == 2 and "need the index itself" in refused.output
+    assert refused.exit_code == 2 and "reranking is not offered" in refused.output
     runner.invoke(app, ["export", str(root / "nomodel"), "--to", f"lancedb://{tmp_path}/stores/n"])
     no_model = runner.invoke(app, ["search", f"lancedb://{tmp_path}/stores/n", "--text", "a dog"])
     assert no_model.exit_code == 2 and "records no model" in no_model.output

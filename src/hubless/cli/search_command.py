@@ -1,7 +1,8 @@
-"""``hubless search``: the top k of queries (embeddings, texts, images) in a saved index, through
-:class:`hubless.search.Searcher`, or in a store it was exported to (``lancedb://``,
-``postgresql://``, ``qdrant://``, ...), through :func:`hubless.export.search`; printed as a table
-or JSON lines."""
+"""``hubless search``: the top k of queries (embeddings, texts, images) in a saved index, an
+attached collection or a store it was exported to (``lancedb://``, ``postgresql://``,
+``qdrant://``, ...), all through :class:`hubless.search.Searcher` (a store through
+:class:`hubless.search.store_index.StoreIndex`, i.e. :func:`hubless.export.search`): the model
+rule, the top-k rule and the refusals are the library's; printed as a table or JSON lines."""
 
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ def search_command(
     """Search a saved index (or a store it was exported to); scores are the method's own, ids the items' ids."""
     from hubless._validation import exactly_one
     from hubless.cli._common import deprecated_flag
-    from hubless.export.base import is_store_uri
 
     weight = deprecated_flag(weight, alpha, "--alpha", "--weight")
     fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
@@ -68,32 +68,17 @@ def search_command(
         raise typer.BadParameter("--model encodes --text/--texts/--image queries; --queries are already embeddings")
     items = _query_items(text, texts, image)
     condition = parse_where(where)
-    if is_store_uri(path):
-        if condition is not None:
-            raise InvalidInput("--where filters an index; a store is filtered with its own query language")
-        if rerank or rescore is not None or as_of is not None:
-            raise InvalidInput("--rerank, --rescore and --as-of need the index itself; a store is searched with its own engine")
-        import hubless.export
-
-        info = hubless.export.describe(path)
-        if queries is not None:
-            q = load(queries, "queries", normalize=True, dim=int(info["dim"]))
-        else:
-            q = _encode_for_store(info.get("model"), int(info["dim"]), path, text, image, items, model, allow_model_mismatch, device)
-        knobs = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search), ("target_recall", target_recall)) if v is not None}
-        return _search_store(path, q, items, top_k, weight, knobs, as_json)
-    if target_recall is not None:
-        raise InvalidInput("--target-recall applies to a store; on an index, run `hubless index calibrate` (Index.calibrate)")
     from hubless.search import Searcher
+    from hubless.search.store_index import as_store
 
-    source = Path(path)
-    if as_of is not None:
-        from hubless.index import Index
-
-        source = Index.load(path, version=as_of, mmap=True)  # that version, read only
-    searcher = Searcher({Path(path).name: source}, model=model, device=device, allow_model_mismatch=allow_model_mismatch,
-                        reranker=rerank, rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
-    index = searcher.index()
+    store = as_store(path)  # a store written by hubless export (a URI), else None: an index or attached sidecar
+    sources = {Path(path).name: Path(path)} if store is None else {store.table: store}
+    # a store is not reranked (its search refuses rerank=True): no cross-encoder is loaded for it
+    searcher = Searcher(sources, model=model, device=device,
+                        allow_model_mismatch=allow_model_mismatch, reranker=rerank if store is None else None,
+                        rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
+    name = searcher.name()
+    index = searcher.index() if as_of is None else searcher.version(name, as_of)  # that kept version, read only
     info = index.info()
     embeddings = None if queries is None else load(queries, "queries", normalize=info["normalize"], dim=info["dim"])
     reranked_items = None
@@ -104,6 +89,7 @@ def search_command(
         if reranked_items is None:
             raise InvalidInput("--rerank needs --query-items (the query texts or image paths the cross-encoder reads) with --queries")
     result = searcher.search(
+        name,
         embeddings=embeddings,
         texts=items if (text or texts) else None,
         images=items if image else None,
@@ -115,8 +101,14 @@ def search_command(
         ef_search=ef_search,
         rescore=rescore,
         where=condition,
+        version=as_of,
+        target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
     )
-    title = f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
+    title = (
+        f"{path}: top {top_k}"
+        if store is not None
+        else f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
+    )
     records = result.metadata
     _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
 
@@ -165,29 +157,3 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
     console.print(table)
     if n > 20:
         typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
-
-
-def _search_store(uri: str, q, query_texts, top_k: int, weight: float | None, knobs: dict, as_json: bool) -> None:
-    """`hubless search lancedb://...`: the store's corrected top k, printed like an index's."""
-    import hubless.export
-
-    options: dict = {**knobs, **({} if weight is None else {"weight": weight})}
-    scores, ids, rows = hubless.export.search(uri, q, top_k, **options)
-
-    def record(i, rank, j):
-        return {k: x for k, x in rows[i][rank].items() if k != "id"}
-
-    has_metadata = any(key != "id" for hits in rows for row in hits for key in row)
-    _print_results(f"{uri}: top {top_k}", scores, ids, record if has_metadata else None, query_texts, as_json)
-
-
-def _encode_for_store(recorded_model, dim, uri, text, image, items, model, allow_mismatch, device):
-    """A store's text/image queries, encoded by the same model rule as an index's
-    (:func:`hubless.search.choose_model`)."""
-    from hubless.encoders import encode_queries
-    from hubless.search import choose_model
-
-    name = choose_model(recorded_model, model, allow_mismatch=allow_mismatch, what=uri)
-    if image:
-        return encode_queries(name, images=items, device=device, expected_dim=dim)
-    return encode_queries(name, texts=items, device=device, expected_dim=dim)

@@ -7,8 +7,9 @@ index records (``index build --model NAME``). A model given explicitly (``model=
 ``allow_model_mismatch=True``; for an index that records no model it is required. In every case
 the model's dimension must be the index's.
 
-:func:`choose_model` applies the rule (the :class:`~hubless.search.Searcher` for indexes, ``hubless
-search STORE`` for stores); :func:`same_model` says whether two names name one model.
+:func:`choose_model` applies the rule (in :class:`~hubless.search.Searcher`, for indexes, attached
+collections and stores alike: the service and ``hubless search`` reach it there);
+:func:`same_model` says whether two names name one model.
 """
 
 from __future__ import annotations

@@ -245,6 +245,7 @@ class Searcher:
         rescore: bool | None = None,
         runner: Callable | None = None,
         version: int | None = None,
+        **store_options,
     ) -> SearchResult:
         """The top ``top_k`` of each query in index ``index`` (the only one when None).
 
@@ -260,11 +261,18 @@ class Searcher:
         be filled come last with id -1 and score -inf (the one top-k rule,
         :func:`hubless._validation.check_top_k`); :meth:`SearchResult.records` leaves them out.
         ``runner``: what runs the corrected search, ``runner(index, queries, top_k, **options)`` (default
-        ``index.search``; the service passes its batcher).
+        ``index.search``; the service passes its batcher). ``store_options``: on a store written by
+        ``hubless export``, its own search options passed to :func:`hubless.export.search`
+        (``target_recall``: the knob measured at export for that recall@10; ``exact``; LanceDB's
+        ``refine_factor``); None values are left out; refused on an index or attached collection.
         """
         name = self.name(index)
         current = self._indexes[name].snapshot() if version is None else self.version(name, version)  # one version for the call
         top_k = check_top_k(top_k, current.ntotal, f"index {name!r}")  # beyond the items: unfilled slots, never narrower
+        extra = {key: value for key, value in store_options.items() if value is not None}
+        if extra and not isinstance(current, StoreIndex):
+            hint = "; on an index, Index.calibrate (hubless index calibrate) sets the knob for a recall" if "target_recall" in extra else ""
+            raise InvalidInput(f"{', '.join(sorted(extra))} apply to a store written by hubless export; {name!r} is not one{hint}")
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
@@ -272,7 +280,7 @@ class Searcher:
         if isinstance(current, AttachedIndex):
             return search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
         if isinstance(current, StoreIndex):
-            return search_store(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
+            return search_store(result, current, vectors, top_k, {**options, **extra}, compare=compare, rerank=rerank)
         if rerank:
             items = (
                 list(query_items)
