@@ -84,6 +84,25 @@ def test_cli_export_and_search_on_postgres_and_qdrant(store, index, small_data, 
     assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
 
 
+def test_cli_search_never_prints_the_password_of_a_store_uri(postgres, index, small_data, tmp_path):
+    """The table `hubless search` prints is titled with the store's URI without its credentials
+    (the local server trusts its socket, so the password given is not checked, only carried)."""
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    base, _, query = postgres.partition("?")
+    uri = f"{base.replace('postgres:@', 'postgres:s3cret-word@', 1)}/g_{uuid.uuid4().hex[:8]}?{query}"
+    assert "s3cret-word" in uri
+    index.save(tmp_path / "idx")
+    np.save(tmp_path / "q.npy", small_data["queries"][:2])
+    runner = CliRunner()
+    assert runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri]).exit_code == 0
+    result = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "3"])
+    assert result.exit_code == 0, result.output
+    assert "s3cret-word" not in result.output and "top 3" in result.output
+
+
 def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
     from typer.testing import CliRunner
 

@@ -105,7 +105,7 @@ def search_command(
         target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
     )
     title = (
-        f"{path}: top {top_k}"
+        f"{store.shown_uri}: top {top_k}"  # credentials in the URI are never printed
         if store is not None
         else f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
     )

@@ -85,6 +85,12 @@ class StoreIndex:
         return f"{self.scheme}://.../{self.table}"
 
     @property
+    def shown_uri(self) -> str:
+        """The URI as given with any credentials (``user:password@``) removed: what a command
+        line tool may print (a local path helps; a password never shows)."""
+        return _USERINFO.sub("//", self._uri)
+
+    @property
     def read_only_reason(self) -> str:
         return (
             f"{self.public_name} is a store written by hubless export, served read only: change the index it was "
@@ -225,7 +231,7 @@ def search_store(result: SearchResult, current: StoreIndex, vectors, top_k: int,
     """:meth:`Searcher.search` on a store: :func:`hubless.export.search` (corrected, with the
     weight and the store's knob ``nprobe`` / ``ef_search`` when given), the store's plain search
     for ``compare``, the store's payloads as metadata."""
-    for given, what in ((rerank, "reranking"), ("where" in options, "metadata filters (where)"), ("rescore" in options, "rescore")):
+    for given, what in ((rerank, "reranking"), ("where" in options, "filtering by metadata (where)"), ("rescore" in options, "rescore")):
         if given:
             raise InvalidInput(f"{result.index!r} is a store: {what} is not offered on it (the store ranks with its own engine)")
     result.scores, result.ids, rows = current.search(vectors, top_k, **options)
