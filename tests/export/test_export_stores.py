@@ -98,9 +98,11 @@ def test_cli_search_never_prints_the_password_of_a_store_uri(postgres, index, sm
     np.save(tmp_path / "q.npy", small_data["queries"][:2])
     runner = CliRunner()
     assert runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri]).exit_code == 0
-    result = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "3"])
-    assert result.exit_code == 0, result.output
-    assert "s3cret-word" not in result.output and "top 3" in result.output
+    as_param = uri.replace("postgres:s3cret-word@", "postgres:@", 1) + "&password=s3cret-word"  # the same store, libpq's other form
+    for given in (uri, as_param):
+        result = runner.invoke(app, ["search", given, "--queries", str(tmp_path / "q.npy"), "--top-k", "3"])
+        assert result.exit_code == 0, result.output
+        assert "s3cret-word" not in result.output and "top 3" in result.output
 
 
 def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):

@@ -71,7 +71,7 @@ def search_command(
     from hubless.search import Searcher
     from hubless.search.store_index import as_store
 
-    store = as_store(path)  # a store written by hubless export (a URI), else None: an index or attached sidecar
+    store = as_store(path, show_location=True)  # a store written by hubless export (a URI), else None: an index or attached sidecar
     sources = {Path(path).name: Path(path)} if store is None else {store.table: store}
     # a store is not reranked (its search refuses rerank=True): no cross-encoder is loaded for it
     searcher = Searcher(sources, model=model, device=device,

@@ -42,6 +42,8 @@ __all__ = ["REFRESH_SECONDS", "StoreIndex", "as_store", "search_store"]
 REFRESH_SECONDS = 1.0
 #: The user-info part of a URL (``//user:password@``), removed from anything shown.
 _USERINFO = re.compile(r"//[^/@\s'\"]*@")
+#: A password given as a URI parameter (``?password=...``), its value removed from anything shown.
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&\s'\"]*", re.IGNORECASE)
 
 
 class StoreIndex:
@@ -58,23 +60,26 @@ class StoreIndex:
     gallery_bank = None
     keep_versions = 0
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, *, show_location: bool = False) -> None:
         from hubless.export.base import parse_uri
 
         if not isinstance(uri, str):
             raise InvalidInput(f"a store is named by its URI as a string; got {type(uri).__name__}")
         parsed = parse_uri(uri)  # a known scheme and a valid table name
         self._uri = uri  # may hold credentials: never shown
+        #: errors name the store's location (credentials removed): for the person who typed the URI
+        #: (the CLI), not for clients of a server (the service shows the scheme and table only)
+        self.show_location = bool(show_location)
         self._secrets = tuple(s for s in {uri, str(parsed.location)} if len(s) > 3)
         self.scheme, self.table = parsed.scheme, parsed.table
         self._lock = threading.Lock()
         self._state = self._read()
 
     @classmethod
-    def open(cls, uri: str) -> StoreIndex:
+    def open(cls, uri: str, *, show_location: bool = False) -> StoreIndex:
         """The store ``uri`` names, its description read (:class:`~hubless.errors.NotFound` when
         there is no table, :class:`~hubless.errors.InvalidInput` for one hubless did not write)."""
-        return cls(uri)
+        return cls(uri, show_location=show_location)
 
     def __repr__(self) -> str:
         return f"StoreIndex({self.public_name!r})"
@@ -88,7 +93,7 @@ class StoreIndex:
     def shown_uri(self) -> str:
         """The URI as given with any credentials (``user:password@``) removed: what a command
         line tool may print (a local path helps; a password never shows)."""
-        return _USERINFO.sub("//", self._uri)
+        return _PASSWORD_PARAM.sub(r"\1...", _USERINFO.sub("//", self._uri))
 
     @property
     def read_only_reason(self) -> str:
@@ -211,19 +216,23 @@ class StoreIndex:
             raise exc from None
 
     def hide(self, text: str) -> str:
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            text = text.replace(secret, self.public_name if secret == self._uri else "...")
-        return _USERINFO.sub("//", text)
+        """``text`` without the store's credentials, and (unless :attr:`show_location`) without
+        its location: the URI becomes :attr:`public_name`, the location "..."."""
+        if not self.show_location:
+            for secret in sorted(self._secrets, key=len, reverse=True):
+                text = text.replace(secret, self.public_name if secret == self._uri else "...")
+        return _PASSWORD_PARAM.sub(r"\1...", _USERINFO.sub("//", text))
 
 
-def as_store(value) -> StoreIndex | None:
-    """``value`` as a served store when it is one (a store URI string or a StoreIndex), else None."""
+def as_store(value, *, show_location: bool = False) -> StoreIndex | None:
+    """``value`` as a served store when it is one (a store URI string or a StoreIndex), else None
+    (``show_location``: see :class:`StoreIndex`)."""
     from hubless.export.base import is_store_uri
 
     if isinstance(value, StoreIndex):
         return value
     if isinstance(value, str) and is_store_uri(value):
-        return StoreIndex.open(value)
+        return StoreIndex.open(value, show_location=show_location)
     return None
 
 
