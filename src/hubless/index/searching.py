@@ -51,10 +51,8 @@ def search(
     top_k = check_top_k(top_k, snap.n_alive, "the index")
     params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
     raw_statistics(snap, batch, params)
-    selection = None
-    if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
-        selection = _selection(snap, params, allowed)
-    if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
+    exact, selection = _route(snap, params, allowed, n_allowed)
+    if exact:
         ranking, rows = exact_topk(snap, batch, top_k, allowed, n_allowed)
     else:
         ranking, rows = ann_topk(snap, batch, top_k, allowed, n_allowed, params if selection is None else selection[0], rescore)
@@ -83,14 +81,13 @@ def search_uncorrected(
     allowed = snap.allowed(where)
     n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
     top_k = check_top_k(top_k, snap.n_alive, "the index")
-    selection = None
+    params = None
     if snap.faiss is not None:
         nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
         ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
         params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
-        if allowed is not None:
-            selection = _selection(snap, params, allowed)
-    if snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None)):
+    exact, selection = _route(snap, params, allowed, n_allowed)
+    if exact:
         scores, rows = snap.stream_topk(vectors, top_k, allowed)
     else:
         params = params if selection is None else selection[0]
@@ -223,6 +220,18 @@ def _kept(snap: Snapshot, mask: np.ndarray, name: str, make):
 def _count(snap: Snapshot, allowed: np.ndarray) -> int:
     """How many rows ``allowed`` (a mask of the snapshot's rows) lets through."""
     return _kept(snap, allowed, "counts", lambda mask: int(np.count_nonzero(mask)))
+
+
+def _route(snap: Snapshot, params, allowed: np.ndarray | None, n_allowed: int):
+    """How a search over ``snap`` runs: (exact, selection). Exact over the allowed rows for a
+    Flat index, a filter leaving at most :data:`SUBSET_ROWS` rows, or a FAISS index that cannot
+    leave rows out; else through FAISS, with ``selection`` (:func:`_selection`) when a filter is
+    given (packed only when FAISS will use it)."""
+    selection = None
+    if snap.faiss is not None and allowed is not None and n_allowed > SUBSET_ROWS:
+        selection = _selection(snap, params, allowed)
+    exact = snap.faiss is None or (allowed is not None and (n_allowed <= SUBSET_ROWS or selection is None))
+    return exact, selection
 
 
 def _selection(snap: Snapshot, params, allowed: np.ndarray):
