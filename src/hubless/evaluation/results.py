@@ -41,8 +41,27 @@ EccvScores: TypeAlias = dict[str, dict[str, float]]
 LOWER_IS_BETTER = frozenset({"MdR", "MnR"})
 
 
+class _ReadsAsItsDict(Mapping[str, JSONValue]):
+    """A result that still reads as the plain dict it was: its keys and values are
+    :meth:`to_dict`'s (built on each read; these results are small)."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> JSONValue:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
 @dataclass(frozen=True, slots=True, eq=False)
-class RerankNumbers(Mapping[str, JSONValue]):
+class RerankNumbers(_ReadsAsItsDict):
     """One method's retrieve-only vs retrieve+rerank numbers (:func:`hubless.rerank.rerank_eval`):
     ``k`` candidates per query given to the reranker, its ``fusion`` and ``fusion_weight``, R@K
     (K <= k) of the first stage alone (``retrieve``) and after reranking (``reranked``), and the
@@ -67,15 +86,6 @@ class RerankNumbers(Mapping[str, JSONValue]):
             "retrieve+rerank": self.reranked,
             "ms_per_query": {"retrieve": self.ms_retrieve, "rerank": self.ms_rerank},
         }
-
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -185,7 +195,7 @@ class Evaluation:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class TunedMethod(Mapping[str, JSONValue]):
+class TunedMethod(_ReadsAsItsDict):
     """The grid point chosen for one method: its ``spec`` and grid ``params``, the ``objective``
     it was chosen on, every validation metric of it (``metrics``; ``value`` is the objective's)
     and ``at_edge``, the parameters chosen at the border of their grid (see
@@ -206,15 +216,6 @@ class TunedMethod(Mapping[str, JSONValue]):
     def to_dict(self) -> dict[str, JSONValue]:
         """The plain dict (an entry of ``best`` in the tuning JSON)."""
         return {"spec": self.spec, "params": self.params, self.objective: self.value, "metrics": self.metrics, "at_edge": self.at_edge}
-
-    def __getitem__(self, key: str) -> JSONValue:
-        return self.to_dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
-
-    def __len__(self) -> int:
-        return len(self.to_dict())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
