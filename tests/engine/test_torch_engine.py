@@ -151,6 +151,52 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     np.testing.assert_array_equal(values.numpy(), np.take_along_axis(block.numpy(), order, axis=1))
 
 
+@pytest.mark.parametrize("where", ["one-device", "bank-streamed", "two-devices"])
+def test_activation_sets_from_the_row_pass_keep_ties_at_the_lower_gallery_id(where, block_shape, monkeypatch):
+    """The device takes each bank item's nearest gallery items from the gallery x bank blocks
+    (a column top-k); with exact ties (duplicate gallery rows, integer vectors: every product
+    exact in both orientations) its lists equal the numpy engine's bank x gallery top-k, ties
+    to the lower gallery id at the k-th place too, whatever the blocks, a streamed bank or the
+    rows split between two devices."""
+    monkeypatch.setattr(ta, "STREAM_BANKS", where == "bank-streamed")
+    rng = np.random.default_rng(5)
+    base = rng.integers(-2, 3, size=(45, 6)).astype(np.float32)
+    gallery = np.concatenate([base, base[::-1], base[:17]])  # every row twice, some thrice
+    query_bank, gallery_bank = (rng.integers(-2, 3, size=(n, 6)).astype(np.float32) for n in (130, 70))
+    request = StatisticsRequest(query_activation_k=5, gallery_activation_k=1, query_nearest=True, query_betas=frozenset({20.0}))
+    want = compute_statistics(gallery, query_bank, gallery_bank, request)
+    with use_device(PAIR if where == "two-devices" else DEVICE):
+        got = compute_statistics(gallery, query_bank, gallery_bank, request)
+    for name in ("query_activation", "query_activation_scores", "gallery_activation", "gallery_activation_scores", "query_nearest"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
+def test_the_device_reads_each_bank_in_one_product_pass(data, monkeypatch):
+    """DIS and DualDIS need, per bank, log-sum-exps of the gallery rows AND each bank item's
+    nearest gallery items: on the device both come from one product pass per bank (two passes
+    for the two banks, not four), and the fit equals the numpy fit."""
+    from hubless.engine import torch_passes
+
+    calls = []
+    real = torch_passes.reduce_blocks
+
+    def counting(rows, cols, makers, device, transform=None):
+        calls.append((len(rows), len(cols)))
+        return real(rows, cols, makers, device, transform)
+
+    monkeypatch.setattr(torch_passes, "reduce_blocks", counting)
+    g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
+    request = (
+        make_correction("dis:k_activation=3").statistics_request().merge(make_correction("dualdis:k_activation=2").statistics_request())
+    )
+    with use_device(DEVICE):
+        got = compute_statistics(g, qb, gb, request)
+    assert calls == [(len(g), len(qb)), (len(g), len(gb))]
+    want = compute_statistics(g, qb, gb, request)
+    for name in ("query_activation", "gallery_activation"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
 @pytest.mark.parametrize("spec", ["nnn:k=5", "is:beta=20.0", "dualdis:k_activation=2"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["bank-on-device", "bank-streamed"])
 def test_a_bank_streamed_in_pieces_equals_one_piece(spec, data, block_shape, streamed, monkeypatch):
@@ -284,6 +330,31 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
         for name, values in w.per_query.items():
             np.testing.assert_array_equal(o.per_query[name], values)
+
+
+def test_evaluate_on_the_device_searches_the_raw_neighbours_once_for_every_method(data, monkeypatch):
+    """The gated methods' raw top-1 (DIS, DualDIS) comes from one search of the queries shared
+    by all of them; CSLS, whose ranking needs none of its r_q, causes none. The metrics equal
+    the numpy engine's."""
+    from hubless.engine import torch_passes
+
+    searched = []
+    real = torch_passes.exact_search
+
+    def counting(queries, gallery, top_k, **kwargs):
+        searched.append(top_k)
+        return real(queries, gallery, top_k, **kwargs)
+
+    monkeypatch.setattr(torch_passes, "exact_search", counting)
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "dualdis:k_activation=2"]
+    kwargs = dict(gallery_bank=gb, bootstrap=0, progress=False)
+    want = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
+    with use_device(DEVICE):
+        got = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
+    assert searched == [1]
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
 
 
 def test_evaluate_ranks_ties_by_index_on_the_device():

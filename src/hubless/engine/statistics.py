@@ -231,18 +231,25 @@ def compute_statistics(
     """
     on_device = torch_device()
     if on_device is None:
-        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean)
+        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean, fused=False)
     from hubless.engine import torch_arrays
 
     def mean(x: np.ndarray) -> np.ndarray:
         return torch_arrays.mean(x, *on_device)
 
     with torch_arrays.resident():  # each array is uploaded once for all the passes
-        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean)
+        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, fused=True)
 
 
-def _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean) -> BankStatistics:
+def _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, *, fused: bool) -> BankStatistics:
+    """The passes of :func:`compute_statistics`: one gallery x bank pass per bank. ``fused``
+    (the torch engine): the activation sets are column top-k lists of those very blocks (a
+    column reduction costs little on a device; a second product would cost a whole pass). The
+    numpy engine keeps them in their own bank x gallery pass, on the block grid the distributed
+    fit's tiles reproduce bitwise (:func:`nearest_gallery_items`)."""
     n_gallery = gallery.shape[0]
+    query_k = min(request.query_activation_k, n_gallery) if fused else 0
+    gallery_k = min(request.gallery_activation_k, n_gallery) if fused else 0
     if query_bank is None:
         query_bank = np.zeros((0, gallery.shape[1]), dtype=np.float32)
     if bank_means is None:
@@ -264,21 +271,30 @@ def _compute_statistics(gallery, query_bank, gallery_bank, request, progress, ba
         k=request.query_topk,
         betas=request.query_betas,
         probes=request.query_probes,
-        nearest=request.query_nearest and len(query_bank) > 0,
+        nearest=max(query_k, int(request.query_nearest)) if len(query_bank) else 0,
         progress=progress,
         desc="query bank",
     )
     stats.query_topk, stats.query_lse, stats.query_probes = by_query_bank.topk, by_query_bank.lse, by_query_bank.probes
     if by_query_bank.nearest is not None:
-        stats.query_nearest_scores, stats.query_nearest = by_query_bank.nearest
+        scores, ids = by_query_bank.nearest
+        if request.query_nearest:
+            stats.query_nearest_scores, stats.query_nearest = scores[:, 0].copy(), ids[:, 0].copy()
+        if query_k:
+            stats.query_activation_scores, stats.query_activation = scores[:, :query_k], ids[:, :query_k]
     if request.needs_gallery_bank and gallery_bank is None:
         raise InvalidInput("these statistics need a gallery bank; pass gallery_bank=")
-    stats.gallery_lse = row_statistics(gallery, gallery_bank, betas=request.gallery_betas, progress=progress, desc="gallery bank").lse
-    if request.query_activation_k:
+    by_gallery_bank = row_statistics(
+        gallery, gallery_bank, betas=request.gallery_betas, nearest=gallery_k, progress=progress, desc="gallery bank"
+    )
+    stats.gallery_lse = by_gallery_bank.lse
+    if by_gallery_bank.nearest is not None:
+        stats.gallery_activation_scores, stats.gallery_activation = by_gallery_bank.nearest
+    if request.query_activation_k and not query_k:
         stats.query_activation_scores, stats.query_activation = nearest_gallery_items(
             query_bank, gallery, min(request.query_activation_k, n_gallery), progress=progress
         )
-    if request.gallery_activation_k:
+    if request.gallery_activation_k and not gallery_k:
         assert gallery_bank is not None  # checked above: the request needs it
         stats.gallery_activation_scores, stats.gallery_activation = nearest_gallery_items(
             gallery_bank, gallery, min(request.gallery_activation_k, n_gallery), progress=progress
@@ -292,7 +308,7 @@ class RowStatistics(NamedTuple):
     topk: np.ndarray | None
     lse: dict[float, np.ndarray]
     probes: np.ndarray | None
-    #: (scores, ids) of the gallery item nearest to each bank item
+    #: (scores, ids), (n_bank, k) each, of the k gallery items nearest to each bank item
     nearest: tuple[np.ndarray, np.ndarray] | None = None
 
 
@@ -303,15 +319,16 @@ def row_statistics(
     k: int = 0,
     betas: Iterable[float] = (),
     probes: bool = False,
-    nearest: bool = False,
+    nearest: int = 0,
     initial_topk: np.ndarray | None = None,
     progress: bool | None = None,
     desc: str = "bank",
 ) -> RowStatistics:
     """Top-k, {beta: log-sum-exp} and sorted probes of each gallery item's similarities to
-    ``bank`` and (``nearest``) the nearest gallery item of each bank item, all in one streamed
-    pass (none at all when nothing is asked for). ``initial_topk``: an earlier top-k of the same
-    items to merge the bank into."""
+    ``bank`` and the ``nearest`` gallery items nearest to each bank item (a column top-k of the
+    same blocks; the numpy engine computes one, the torch engine any number), all in one
+    streamed pass (none at all when nothing is asked for). ``initial_topk``: an earlier top-k of
+    the same items to merge the bank into."""
     n = gallery.shape[0]
     betas = sorted(betas)
     if bank is None:  # nothing to stream against
@@ -333,6 +350,8 @@ def row_statistics(
                 dtype=on_device[1],
             )
         )
+    if nearest > 1:
+        raise InvalidInput("the numpy engine keeps one nearest gallery item per bank item in a row pass (nearest <= 1)")
     topk = TopK(n, k, initial=None if initial_topk is None else (initial_topk, None)) if k else None
     lse = LogSumExp(n, betas) if betas else None
     rows = SortedRows(n, bank.shape[0]) if probes else None
@@ -344,7 +363,7 @@ def row_statistics(
         None if topk is None else topk.values,
         {} if lse is None else {b: lse.values[:, t] for t, b in enumerate(betas)},
         None if rows is None else rows.values,
-        None if columns is None else (columns.values, columns.ids),
+        None if columns is None else (columns.values[:, None], columns.ids[:, None]),
     )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from hubless._torch import from_numpy
 from hubless.engine.formulas import lse_terms
+from hubless.engine.topk import NO_ID
 from hubless.engine.torch_arrays import (
     Streamed,
     block_shape,
@@ -32,7 +33,7 @@ from hubless.engine.torch_arrays import (
     torch_module,
     torch_namespace,
 )
-from hubless.engine.torch_reducers import ColumnNearest, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
+from hubless.engine.torch_reducers import ColumnTopK, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
 
 __all__ = ["exact_search", "nearest_gallery_items", "row_statistics", "score_bank_pass", "topk_with_ids"]
 
@@ -44,15 +45,15 @@ def row_statistics(
     k: int,
     betas: list[float],
     probes: bool,
-    nearest: bool,
+    nearest: int,
     initial_topk: np.ndarray | None,
     device: str,
     dtype: str,
 ) -> tuple[np.ndarray | None, dict[float, np.ndarray], np.ndarray | None, tuple[np.ndarray, np.ndarray] | None]:
     """What :func:`hubless.engine.statistics.row_statistics` computes, on the device: (top-k
-    values, {beta: log-sum-exp}, sorted probes, (scores, ids) of each bank item's nearest gallery
-    item). Several devices split the gallery rows (the nearest rows are merged: ties to the
-    lower row)."""
+    values, {beta: log-sum-exp}, sorted probes, (scores, ids) (n_bank, ``nearest``) of each bank
+    item's ``nearest`` nearest gallery items, from the same blocks). Several devices split the
+    gallery rows (the nearest rows are merged by (value descending, row ascending))."""
     parts = device_parts(device, gallery.shape[0])
     if parts is not None:
 
@@ -65,11 +66,10 @@ def row_statistics(
         results = on_parts(parts, part)
         near = None
         if nearest:
-            values, ids = np.full(len(bank), -np.inf, np.float32), np.full(len(bank), np.iinfo(np.int64).max, np.int64)
-            for (_, a, _), result in zip(parts, results):
-                better = result[3][0] > values  # parts in row order: a tie keeps the lower row
-                values[better], ids[better] = result[3][0][better], result[3][1][better] + a
-            near = (values, ids)
+            values = np.concatenate([r[3][0] for r in results], axis=1)
+            ids = np.concatenate([np.where(r[3][1] == NO_ID, NO_ID, r[3][1] + a) for (_, a, _), r in zip(parts, results)], axis=1)
+            order = np.lexsort((ids, -values), axis=1)[:, :nearest]  # a tie keeps the lower row
+            near = (np.take_along_axis(values, order, axis=1), np.take_along_axis(ids, order, axis=1))
         return (
             None if not k else np.concatenate([r[0] for r in results]),
             {b: np.concatenate([r[1][b] for r in results]) for b in betas},
@@ -98,10 +98,10 @@ def row_statistics(
     near = None
     if nearest:
         near = (
-            torch.full((m,), -torch.inf, dtype=torch.float32, device=dev),
-            torch.full((m,), np.iinfo(np.int64).max, dtype=torch.int64, device=dev),
+            torch.full((m, nearest), -torch.inf, dtype=torch.float32, device=dev),
+            torch.full((m, nearest), NO_ID, dtype=torch.int64, device=dev),
         )
-        makers.append(lambda r0, r1: ColumnNearest(near[0], near[1], r0))
+        makers.append(lambda r0, r1: ColumnTopK(near[0], near[1], r0))
     if makers:
         reduce_blocks(rows, cols, makers, device)
     lse_host = None if lse is None else to_host(lse)

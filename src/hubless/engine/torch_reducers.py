@@ -13,8 +13,9 @@ The reductions are the numpy engine's (:mod:`hubless.engine.stream`), with the s
   around the running row maximum (the numpy engine refreshes its shift only when a term would
   overflow, a pass saved on a CPU; on a device the maximum costs less than the host sync the
   check needs);
-* sorted probe rows (GC; :class:`SortedRows`), the nearest row of every column (bank coverage;
-  :class:`ColumnNearest`).
+* sorted probe rows (GC; :class:`SortedRows`);
+* the nearest rows of every column (:class:`ColumnTopK`): each bank item's nearest gallery items
+  (activation sets, bank coverage) from the gallery x bank blocks, in the same pass.
 
 Products in float16 / bfloat16 are reduced in float32. No reducer reads a value back to the
 host inside the loop except :func:`ordered_topk`, once per block, to find rows tied at the k-th
@@ -32,7 +33,7 @@ from hubless.engine.formulas import LseTerm, lse_add, lse_finish, lse_recentre
 from hubless.engine.torch_arrays import Streamed, block_shape, to_host, torch_module
 
 __all__ = [
-    "ColumnNearest",
+    "ColumnTopK",
     "LogSumExp",
     "SortedRows",
     "State",
@@ -217,20 +218,32 @@ class SortedRows(State):
             self.out[self.r0 : self.r1] = to_host(self.rows.sort(dim=1).values)
 
 
-class ColumnNearest(State):
-    """The nearest row of every column (ties: the lower row) over all row blocks, in
-    ``values`` / ``ids`` (device tensors); row blocks arrive in order, so only a strictly larger
-    value replaces the best so far."""
+class ColumnTopK(State):
+    """The ``k`` nearest rows of every column over all row blocks, ordered by (value
+    descending, row ascending), in ``values`` / ``ids`` ((n_cols, k) device tensors; empty slots
+    -inf / int64 max). A gallery x bank pass gives each bank item's nearest gallery items (the
+    activation sets of DIS / DualDIS, the bank's coverage) from the blocks the row reducers see,
+    without a second product over the transposed pair. Row blocks reach every column in
+    increasing row order (resident and streamed banks alike), so a stable merge keeps a tie at
+    the lower row; k = 1 takes the first maximal row of each column (``max(dim=0)``)."""
 
     def __init__(self, values, ids, r0: int) -> None:
         self.values, self.ids, self.r0 = values, ids, r0
 
     def update(self, block, c0: int) -> None:
-        best, rows = block.max(dim=0)  # the first maximal row of each column
-        c1 = c0 + block.shape[1]
-        better = best > self.values[c0:c1]
-        self.values[c0:c1] = self.values[c0:c1].where(~better, best)
-        self.ids[c0:c1] = self.ids[c0:c1].where(~better, rows + self.r0)
+        torch = torch_module()
+        c1, k = c0 + block.shape[1], self.values.shape[1]
+        if k == 1:
+            best, rows = block.max(dim=0)  # the first maximal row of each column
+            better = best > self.values[c0:c1, 0]
+            self.values[c0:c1, 0] = self.values[c0:c1, 0].where(~better, best)
+            self.ids[c0:c1, 0] = self.ids[c0:c1, 0].where(~better, rows + self.r0)
+            return
+        new_values, new_rows = ordered_topk(block.T, min(k, block.shape[0]))
+        values = torch.cat([self.values[c0:c1], new_values], dim=1)
+        ids = torch.cat([self.ids[c0:c1], new_rows + self.r0], dim=1)
+        values, order = torch.sort(values, dim=1, descending=True, stable=True)  # earlier rows first among ties
+        self.values[c0:c1], self.ids[c0:c1] = values[:, :k], ids.gather(1, order[:, :k])
 
     def finish(self) -> None:
         pass

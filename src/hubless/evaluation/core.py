@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hubless.corrections import Correction, make_correction
+from hubless.corrections import Correction, QueryStatistics, make_correction
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
+from hubless.engine.search import exact_search
 from hubless.engine.topk import RunningTopK
 from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import relevant_ranks
@@ -139,9 +140,9 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
 
         return rank
 
+    _shared_raw_neighbours(corrections, batches, gallery)
     rankers = []
     for corr, batch in zip(corrections, batches):
-        corr.query_statistics(batch)  # a gated correction's raw top-1, searched on the device
         additive = corr.additive_ranking(batch)
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
     results = torch_ranking.rank_queries(
@@ -157,3 +158,20 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
         dtype=on_device[1],
     )
     return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
+
+
+def _shared_raw_neighbours(corrections, batches, gallery: np.ndarray) -> None:
+    """The raw neighbours the rankings need (a gated correction's raw top-1: DIS, DualDIS) from
+    one search of the queries for all of them, before the ranking pass; a correction whose
+    ranking needs none (CSLS's r_q only serves its scores) gets none."""
+    needing = [
+        (corr, batch)
+        for corr, batch in zip(corrections, batches)
+        if corr.ranking_request.depth and (batch.statistics is None or not batch.statistics.satisfies(corr.ranking_request))
+    ]
+    if not needing:
+        return
+    depth = min(max(corr.query_request.depth for corr, _ in needing), gallery.shape[0])
+    scores, ids = exact_search(batches[0].vectors, gallery, depth)  # the batches hold one array of query rows
+    for corr, batch in needing:
+        batch.statistics = QueryStatistics.from_neighbours(corr.query_request, scores, ids)
