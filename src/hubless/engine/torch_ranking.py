@@ -107,13 +107,18 @@ def rank_queries(
             torch.cuda.synchronize(dev)
         return time.perf_counter()
 
+    # the blocks of one pass: the raw similarities, a ranking's scores, 0/1 flags to count
+    sims_buffer = torch.empty((min(n, rb), m), dtype=torch.float32, device=dev)
+    scores_buffer = torch.empty_like(sims_buffer)
+    flags_buffer = torch.empty((min(n, rb) * (1 if one_each else most), m), dtype=torch.float32, device=dev)
     with torch.no_grad(), tf32_products(device):
         for start in range(0, n, rb):
             stop = min(n, start + rb)
             t0 = clock()
-            sims = Q[start:stop] @ G.T
-            if sims.dtype != torch.float32:
-                sims = sims.float()
+            if G.dtype == torch.float32:
+                sims = torch.matmul(Q[start:stop], G.T, out=sims_buffer[: stop - start])
+            else:  # a half-precision product, ranked in float32
+                sims = sims_buffer[: stop - start].copy_(Q[start:stop] @ G.T)
             shared = clock() - t0
             lo, hi = int(truth_indptr[start]), int(truth_indptr[stop])
             r, c = rows_t[lo:hi] - start, cols_t[lo:hi]
@@ -126,15 +131,15 @@ def rank_queries(
                     host = to_host(sims) if host is None else host
                     scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
                 else:
-                    w, bias = ranker[0][start:stop], ranker[1]
-                    scores = sims - w[:, :1] * bias[:, 0] if bias.shape[1] == 1 else sims - w @ bias.T
+                    scores = _additive_scores(sims, ranker[0][start:stop], ranker[1], scores_buffer[: stop - start])
                 block = scores if one_each else scores.index_select(0, r)
                 target = block.gather(1, c[:, None])
-                above = (block > target).sum(dim=1)
+                flags = flags_buffer[: len(block)]
+                above = count_true(torch.gt(block, target, out=flags))
                 if ties == "optimistic":
                     ranks[i][lo:hi] = above + 1
                 else:
-                    equal = (block == target).sum(dim=1)
+                    equal = count_true(torch.eq(block, target, out=flags))
                     if ties == "average":  # in float64: a half rank stays exact at any gallery size
                         ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
                     else:  # "index": among equal scores, the lower gallery index first
@@ -148,3 +153,28 @@ def rank_queries(
                     top[start:stop] = ordered_topk(scores, depth)[1]
                 seconds[i] += shared + clock() - t0
     return [(to_host(ranks[i]), None if tops[i] is None else to_host(tops[i]), seconds[i]) for i in range(len(rankers))]
+
+
+#: Columns a float32 sum of 0/1 flags counts exactly (every partial sum an integer < 2^24).
+EXACT_FLOAT_COUNT = 1 << 24
+
+
+def count_true(flags):
+    """Per row, the number of ones in ``flags`` (float32 0/1), as int64: float sums, exact in
+    chunks of :data:`EXACT_FLOAT_COUNT` columns (torch sums a bool tensor about 10x slower on
+    a CPU, and a fresh bool block per count costs an allocation)."""
+    width = flags.shape[1]
+    if width <= EXACT_FLOAT_COUNT:
+        return flags.sum(dim=1).long()
+    return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))
+
+
+def _additive_scores(sims, w, bias, out):
+    """``sims - W(q) . bias_columns(r)`` into ``out``: the product ``w_q * b_r`` rounded before
+    the subtraction, as the numpy ranking does (bitwise the same scores), without a fresh block."""
+    torch = torch_module()
+    if bias.shape[1] == 1:
+        torch.mul(w[:, :1], bias[:, 0], out=out)
+    else:
+        torch.matmul(w, bias.T, out=out)
+    return torch.sub(sims, out, out=out)
