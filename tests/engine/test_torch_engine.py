@@ -357,6 +357,22 @@ def test_evaluate_on_the_device_searches_the_raw_neighbours_once_for_every_metho
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
 
 
+def test_rank_counts_beyond_the_exact_float_width_are_summed_in_chunks(data, monkeypatch):
+    """The device counts ranks by float sums of 0/1 flags, exact up to 2^24 columns; a wider
+    gallery is counted in chunks (here 7 columns wide) and gives the same ranks."""
+    from hubless.engine import torch_ranking
+
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]
+    want = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
+    monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", 7)
+    with use_device(DEVICE):
+        got = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
+    for w, o in zip(want.results, got.results):
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
 def test_evaluate_ranks_ties_by_index_on_the_device():
     rng = np.random.default_rng(5)
     base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)
