@@ -357,15 +357,18 @@ def test_evaluate_on_the_device_searches_the_raw_neighbours_once_for_every_metho
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
 
 
-def test_rank_counts_beyond_the_exact_float_width_are_summed_in_chunks(data, monkeypatch):
-    """The device counts ranks by float sums of 0/1 flags, exact up to 2^24 columns; a wider
-    gallery is counted in chunks (here 7 columns wide) and gives the same ranks."""
+@pytest.mark.parametrize("flags", ["float32", "bool"])
+def test_rank_counts_from_either_kind_of_flags_equal_the_numpy_ranks(flags, data, monkeypatch):
+    """The device counts ranks from 0/1 flags: float32 sums (a CPU), exact up to 2^24 columns,
+    a wider gallery counted in chunks (here 7 columns wide), or bool sums (a GPU); both give
+    the numpy engine's ranks."""
     from hubless.engine import torch_ranking
 
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
     truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]
     want = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
     monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", 7)
+    monkeypatch.setattr(torch_ranking, "FLAG_TYPES", {"cuda": flags, "other": flags})
     with use_device(DEVICE):
         got = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
     for w, o in zip(want.results, got.results):

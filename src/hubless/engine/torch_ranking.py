@@ -110,7 +110,8 @@ def rank_queries(
     # the blocks of one pass: the raw similarities, a ranking's scores, 0/1 flags to count
     sims_buffer = torch.empty((min(n, rb), m), dtype=torch.float32, device=dev)
     scores_buffer = torch.empty_like(sims_buffer)
-    flags_buffer = torch.empty((min(n, rb) * (1 if one_each else most), m), dtype=torch.float32, device=dev)
+    flag_type = getattr(torch, FLAG_TYPES["cuda" if dev.type == "cuda" else "other"])
+    flags_buffer = torch.empty((min(n, rb) * (1 if one_each else most), m), dtype=flag_type, device=dev)
     with torch.no_grad(), tf32_products(device):
         for start in range(0, n, rb):
             stop = min(n, start + rb)
@@ -155,15 +156,21 @@ def rank_queries(
     return [(to_host(ranks[i]), None if tops[i] is None else to_host(tops[i]), seconds[i]) for i in range(len(rankers))]
 
 
+#: The type of the 0/1 flags a ranking's ranks are counted from: bool on a GPU (a quarter of the
+#: memory traffic of float32; its sums are fast there), float32 on other devices (torch sums a
+#: bool block about 10x slower than a float one on a CPU).
+FLAG_TYPES = {"cuda": "bool", "other": "float32"}
 #: Columns a float32 sum of 0/1 flags counts exactly (every partial sum an integer < 2^24).
 EXACT_FLOAT_COUNT = 1 << 24
 
 
 def count_true(flags):
-    """Per row, the number of ones in ``flags`` (float32 0/1), as int64: float sums, exact in
-    chunks of :data:`EXACT_FLOAT_COUNT` columns (torch sums a bool tensor about 10x slower on
-    a CPU, and a fresh bool block per count costs an allocation)."""
+    """Per row, the number of true entries of ``flags`` (bool, or float32 0/1), as int64; float
+    flags are summed in chunks of :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of
+    ones is exact."""
     width = flags.shape[1]
+    if flags.dtype == torch_module().bool:
+        return flags.sum(dim=1)
     if width <= EXACT_FLOAT_COUNT:
         return flags.sum(dim=1).long()
     return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))

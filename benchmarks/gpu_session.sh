@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The one call of a session lent a GPU (issue 39): the torch engine's tests on the GPU, then
+# benchmarks/gpu_engine.py at issue 39's sizes; everything it prints is also written under $OUT
+# (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt and gpu_engine.md (the table for
+# docs/benchmarks/measured.md).
+#
+# Prepare here, where PyPI answers (nnn-retrieval is pure Python; torch, numpy and tqdm are there):
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl nnn-retrieval==1.0.1
+# then run it there with .whl carried:   bash benchmarks/gpu_session.sh
+# It runs on CPU torch too (no GPU: the tests on "cpu", the benchmark at its small sizes unless
+# BENCH_ARGS names others), which is how it is checked before a device call.
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/hubless-site .whl/*.whl \
+        && export PYTHONPATH=/tmp/hubless-site
+fi
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+PYTHON=${PYTHON:-python3}
+(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || echo "no nvidia-smi") > "$OUT/card.txt"
+device=$("$PYTHON" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+full="--gallery 100000 --bank 50000 --dim 512 --queries 10000"
+[ "$device" = cuda ] || full=""
+
+HUBLESS_TEST_DEVICE=$device timeout "${TEST_SECONDS:-150}" "$PYTHON" -m pytest -q -x -p no:cacheprovider \
+    tests/engine/test_torch_engine.py > "$OUT/engine_tests.txt" 2>&1
+echo "engine tests on $device: exit $?" >> "$OUT/engine_tests.txt"
+
+# shellcheck disable=SC2086 # the size arguments split into words on purpose
+timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" \
+    > "$OUT/gpu_engine.txt" 2>&1
+echo "benchmark on $device: exit $?" >> "$OUT/gpu_engine.txt"
+
+cat "$OUT/card.txt"
+grep -E "passed|failed|error|exit" "$OUT/engine_tests.txt" | tail -5
+cat "$OUT/gpu_engine.txt"
