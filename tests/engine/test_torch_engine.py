@@ -332,10 +332,12 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
-def test_evaluate_on_the_device_searches_the_raw_neighbours_once_for_every_method(data, monkeypatch):
-    """The gated methods' raw top-1 (DIS, DualDIS) comes from one search of the queries shared
-    by all of them; CSLS, whose ranking needs none of its r_q, causes none. The metrics equal
-    the numpy engine's."""
+@pytest.mark.parametrize("device", ["one", "two"])
+def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, data, monkeypatch):
+    """The gated methods' raw top-1 (DIS, DualDIS) comes from the ranking pass's own blocks, as
+    in the numpy pass: no search of the queries (CSLS, whose ranking needs none of its r_q,
+    causes none either), on one device or with the queries split between two. The metrics
+    equal the numpy engine's."""
     from hubless.engine import torch_passes
 
     searched = []
@@ -350,9 +352,10 @@ def test_evaluate_on_the_device_searches_the_raw_neighbours_once_for_every_metho
     methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "dualdis:k_activation=2"]
     kwargs = dict(gallery_bank=gb, bootstrap=0, progress=False)
     want = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
-    with use_device(DEVICE):
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    with use_device(DEVICE if device == "one" else PAIR):
         got = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
-    assert searched == [1]
+    assert searched == []
     for w, o in zip(want.results, got.results):
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,17 +25,35 @@ from hubless.engine.device import tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
 from hubless.engine.torch_reducers import ordered_topk
 
-__all__ = ["HostRanker", "rank_queries"]
+__all__ = ["GatedRanker", "HostRanker", "rank_queries"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
 HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
 
 
+@dataclass(frozen=True)
+class GatedRanker:
+    """A ranking ``q . r - W(q) . bias_columns(r)`` whose weights depend on each query's raw
+    neighbours (DIS, DualDIS: a gate opens when the query's raw top-1 is in an activation set).
+    ``weights(start, stop, scores, ids)`` gives the W rows (float32) of queries start:stop from
+    their raw top-``depth`` (scores, ids) over the gallery (best first, ties to the lower id),
+    which :func:`rank_queries` takes from the very block of similarities it ranks: no search of
+    the queries of its own."""
+
+    weights: Callable[[int, int, np.ndarray, np.ndarray], np.ndarray]
+    bias: np.ndarray
+    depth: int
+
+    def shifted(self, offset: int) -> GatedRanker:
+        """The same ranking for the queries from ``offset`` on (a device's share of the rows)."""
+        return GatedRanker(lambda start, stop, s, i: self.weights(start + offset, stop + offset, s, i), self.bias, self.depth)
+
+
 def rank_queries(
     queries: np.ndarray,
     gallery: np.ndarray,
-    rankers: Sequence[tuple[np.ndarray, np.ndarray] | HostRanker],
+    rankers: Sequence[tuple[np.ndarray, np.ndarray] | GatedRanker | HostRanker],
     truth_rows: np.ndarray,
     truth_indptr: np.ndarray,
     truth_indices: np.ndarray,
@@ -50,8 +69,8 @@ def rank_queries(
     lower id) and the seconds it would take alone.
 
     A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
-    on the device, or a host function (a non-additive correction) given each block of raw
-    similarities. Each block of query rows spans the whole gallery (one product shared by every
+    on the device, a :class:`GatedRanker` (the same with W from each block's raw neighbours), or
+    a host function (a non-additive correction) given each block of raw similarities. Each block of query rows spans the whole gallery (one product shared by every
     ranking); only the ranks and top ids come back. Several devices split the queries.
     """
     parts = device_parts(device, queries.shape[0])
@@ -60,7 +79,10 @@ def rank_queries(
         def part(dev: str, a: int, b: int):
             lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
             shares = [
-                (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r) else (r[0][a:b], r[1]) for r in rankers
+                r.shifted(a) if isinstance(r, GatedRanker)
+                else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r)
+                else (r[0][a:b], r[1])
+                for r in rankers
             ]  # fmt: skip
             return rank_queries(
                 queries[a:b], gallery, shares, truth_rows[lo:hi] - a, truth_indptr[a : b + 1] - lo, truth_indices[lo:hi],
@@ -87,8 +109,11 @@ def rank_queries(
     Q = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
     rows_t, cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
     prepared: list[Any] = []
+    neighbours = min(m, max((r.depth for r in rankers if isinstance(r, GatedRanker)), default=0))
     for ranker in rankers:
-        if callable(ranker):
+        if isinstance(ranker, GatedRanker):
+            prepared.append((ranker.weights, put(ranker.bias, device, "float32", keep=True)))
+        elif callable(ranker):
             prepared.append(ranker)
         else:
             w, bias = ranker
@@ -123,7 +148,7 @@ def rank_queries(
             shared = clock() - t0
             lo, hi = int(truth_indptr[start]), int(truth_indptr[stop])
             r, c = rows_t[lo:hi] - start, cols_t[lo:hi]
-            host = None
+            host = raw = None
             for i, ranker in enumerate(prepared):
                 t0 = clock()
                 if ranker is None:
@@ -131,6 +156,15 @@ def rank_queries(
                 elif callable(ranker):
                     host = to_host(sims) if host is None else host
                     scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
+                elif callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
+                    if raw is None:
+                        raw = tuple(to_host(x) for x in ordered_topk(sims, neighbours))
+                    w = ranker[0](start, stop, *raw)
+                    if np.any(w):
+                        w_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev)
+                        scores = _additive_scores(sims, w_t, ranker[1], scores_buffer[: stop - start])
+                    else:  # every gate of the block closed: the raw scores rank
+                        scores = sims
                 else:
                     scores = _additive_scores(sims, ranker[0][start:stop], ranker[1], scores_buffer[: stop - start])
                 block = scores if one_each else scores.index_select(0, r)

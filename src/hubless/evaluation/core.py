@@ -24,7 +24,6 @@ import numpy as np
 from hubless.corrections import Correction, QueryStatistics, make_correction
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
-from hubless.engine.search import exact_search
 from hubless.engine.topk import RunningTopK
 from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import relevant_ranks
@@ -131,7 +130,9 @@ def rank_queries(
 
 def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str]) -> list[Ranked]:
     """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_ranking.rank_queries`):
-    additive corrections rank on the device; the others rank each block on the host."""
+    additive corrections rank on the device, the gated ones (DIS, DualDIS) with their gates
+    from each block's raw top-1 (as the numpy pass takes them from its blocks: no search of
+    the queries); the others rank each block on the host."""
     from hubless.engine import torch_ranking
 
     def host_ranker(corr: Correction, batch):
@@ -140,9 +141,23 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
 
         return rank
 
-    _shared_raw_neighbours(corrections, batches, gallery)
-    rankers = []
+    def gated_weights(corr: Correction, batch):
+        def weights(start: int, stop: int, scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            rows = batch.rows(start, stop)
+            rows.statistics = QueryStatistics.from_neighbours(corr.query_request, scores, ids)
+            additive = corr.additive_ranking(rows)
+            assert additive is not None  # exactly additive: checked below
+            return additive[0]
+
+        return weights
+
+    rankers: list = []
     for corr, batch in zip(corrections, batches):
+        gated = corr.ranking_request.depth and batch.statistics is None and getattr(corr, "exactly_additive", False)
+        if gated:  # W from each query's raw neighbours, taken from the ranking pass's own blocks
+            depth = min(corr.query_request.depth, gallery.shape[0])
+            rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, depth))
+            continue
         additive = corr.additive_ranking(batch)
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
     results = torch_ranking.rank_queries(
@@ -158,20 +173,3 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
         dtype=on_device[1],
     )
     return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
-
-
-def _shared_raw_neighbours(corrections, batches, gallery: np.ndarray) -> None:
-    """The raw neighbours the rankings need (a gated correction's raw top-1: DIS, DualDIS) from
-    one search of the queries for all of them, before the ranking pass; a correction whose
-    ranking needs none (CSLS's r_q only serves its scores) gets none."""
-    needing = [
-        (corr, batch)
-        for corr, batch in zip(corrections, batches)
-        if corr.ranking_request.depth and (batch.statistics is None or not batch.statistics.satisfies(corr.ranking_request))
-    ]
-    if not needing:
-        return
-    depth = min(max(corr.query_request.depth for corr, _ in needing), gallery.shape[0])
-    scores, ids = exact_search(batches[0].vectors, gallery, depth)  # the batches hold one array of query rows
-    for corr, batch in needing:
-        batch.statistics = QueryStatistics.from_neighbours(corr.query_request, scores, ids)
