@@ -328,6 +328,8 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
     for w, o in zip(want.results, got.results):
         assert o.method == w.method
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+        assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method  # from the top-10 ids of every query
+        np.testing.assert_array_equal(o.n1, w.n1)
         for name, values in w.per_query.items():
             np.testing.assert_array_equal(o.per_query[name], values)
 
@@ -358,6 +360,7 @@ def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, da
     assert searched == []
     for w, o in zip(want.results, got.results):
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+        assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method
 
 
 @pytest.mark.parametrize("flags", ["float32", "bool"])

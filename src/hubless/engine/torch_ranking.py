@@ -70,8 +70,9 @@ def rank_queries(
 
     A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
     on the device, a :class:`GatedRanker` (the same with W from each block's raw neighbours), or
-    a host function (a non-additive correction) given each block of raw similarities. Each block of query rows spans the whole gallery (one product shared by every
-    ranking); only the ranks and top ids come back. Several devices split the queries.
+    a host function (a non-additive correction) given each block of raw similarities. Each
+    block of query rows spans the whole gallery (one product shared by every ranking); only the
+    ranks and top ids come back. Several devices split the queries.
     """
     parts = device_parts(device, queries.shape[0])
     if parts is not None:

@@ -155,8 +155,8 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
     for corr, batch in zip(corrections, batches):
         gated = corr.ranking_request.depth and batch.statistics is None and getattr(corr, "exactly_additive", False)
         if gated:  # W from each query's raw neighbours, taken from the ranking pass's own blocks
-            depth = min(corr.query_request.depth, gallery.shape[0])
-            rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, depth))
+            neighbours = min(corr.query_request.depth, gallery.shape[0])
+            rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, neighbours))
             continue
         additive = corr.additive_ranking(batch)
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
