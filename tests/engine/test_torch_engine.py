@@ -382,6 +382,29 @@ def test_rank_counts_from_either_kind_of_flags_equal_the_numpy_ranks(flags, data
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
+@pytest.mark.parametrize("spec", ["nnn:k=5", "csls:k=4", "is:beta=20.0"])
+def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec, data, monkeypatch):
+    """With one weight for every query the device subtracts one precomputed row per block
+    (search and the ranking pass) instead of a per-query outer product: the same float32
+    products, so the scores and the ranks are bitwise those of the per-query form."""
+    from hubless.engine import torch_passes, torch_ranking
+
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    fitted = make_correction(spec).fit(g, qb)
+    got = fitted.search(q, 10, device=DEVICE)
+    kwargs = dict(bootstrap=0, progress=False, device=DEVICE)
+    got_eval = hubless.evaluate(g, q, np.arange(len(q)), qb, [spec], **kwargs)
+    monkeypatch.setattr(torch_passes, "one_row", lambda *args: None)
+    monkeypatch.setattr(torch_ranking, "one_row", lambda *args: None)
+    want = fitted.search(q, 10, device=DEVICE)
+    want_eval = hubless.evaluate(g, q, np.arange(len(q)), qb, [spec], **kwargs)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    for w, o in zip(want_eval.results, got_eval.results):
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
 def test_evaluate_ranks_ties_by_index_on_the_device():
     rng = np.random.default_rng(5)
     base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)

@@ -33,6 +33,7 @@ from hubless.engine.torch_arrays import (
     torch_module,
     torch_namespace,
 )
+from hubless.engine.torch_ranking import one_row
 from hubless.engine.torch_reducers import ColumnTopK, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
 
 __all__ = ["exact_search", "nearest_gallery_items", "row_statistics", "score_bank_pass", "topk_with_ids"]
@@ -196,8 +197,12 @@ def exact_search(
         weights, columns = additive
         w = from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
         bias = put(columns, device, "float32", keep=True)
+        row = one_row(weights, w, bias)
 
         def transform(block, r0, r1, c0, c1):
+            if row is not None:  # one weight for every query: one row subtracted (the same products)
+                block.sub_(row[c0:c1])
+                return
             wb, bb = w[r0:r1], bias[c0:c1]
             if wb.shape[1] == 1:
                 block.sub_(wb[:, :1] * bb[:, 0])  # w_q * b_r by broadcasting, as the numpy ranking

@@ -25,7 +25,7 @@ from hubless.engine.device import tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
 from hubless.engine.torch_reducers import ordered_topk
 
-__all__ = ["GatedRanker", "HostRanker", "rank_queries"]
+__all__ = ["GatedRanker", "HostRanker", "one_row", "rank_queries"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -121,7 +121,8 @@ def rank_queries(
             if not np.any(w):  # W = 0 (the baseline, closed gates): the raw scores rank
                 prepared.append(None)
                 continue
-            prepared.append((from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)))
+            w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)
+            prepared.append((one_row(w, w_t, bias_t) if len(w) else None, w_t, bias_t))
     rank_type = torch.float64 if ties == "average" else torch.int64
     ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
     tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
@@ -166,8 +167,10 @@ def rank_queries(
                         scores = _additive_scores(sims, w_t, ranker[1], scores_buffer[: stop - start])
                     else:  # every gate of the block closed: the raw scores rank
                         scores = sims
+                elif ranker[0] is not None:  # one weight for every query: one row subtracted
+                    scores = torch.sub(sims, ranker[0], out=scores_buffer[: stop - start])
                 else:
-                    scores = _additive_scores(sims, ranker[0][start:stop], ranker[1], scores_buffer[: stop - start])
+                    scores = _additive_scores(sims, ranker[1][start:stop], ranker[2], scores_buffer[: stop - start])
                 block = scores if one_each else scores.index_select(0, r)
                 target = block.gather(1, c[:, None])
                 flags = flags_buffer[: len(block)]
@@ -209,6 +212,16 @@ def count_true(flags):
     if width <= EXACT_FLOAT_COUNT:
         return flags.sum(dim=1).long()
     return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))
+
+
+def one_row(weights: np.ndarray, w, bias):
+    """``w_0 * bias_r`` (a device row) when every query has the one weight ``w_0`` and there is
+    one bias column (NNN, CSLS, DN, IS, DualIS without per-query weights), else None: the
+    ranking then subtracts one row from each block, the products rounded as in the per-query
+    form (each ``w_0 * b_r`` once, in float32), so the scores are bitwise the same."""
+    if weights.shape[1] != 1 or not np.all(weights == weights[0, 0]):
+        return None
+    return bias[:, 0] * w[0, 0]
 
 
 def _additive_scores(sims, w, bias, out):
