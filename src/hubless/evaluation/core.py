@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hubless.corrections import Correction, QueryStatistics, make_correction
+from hubless.corrections import Correction, QueryBatch, QueryStatistics, make_correction
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
@@ -92,7 +92,8 @@ def rank_queries(
         raise InvalidInput("rank_queries compares corrections fitted on one gallery array; fit them on the same validated gallery")
     if len({bool(c.normalize) for c in corrections}) > 1:
         raise InvalidInput("rank_queries compares corrections with one normalize setting")
-    batches = [c.queries(queries) for c in corrections]
+    first = corrections[0].queries(queries)  # validated once: one gallery, one normalize setting
+    batches = [first] + [QueryBatch(first.vectors) for _ in corrections[1:]]  # each correction fills its own statistics
     n_queries, n_gallery = len(batches[0]), gallery.shape[0]
     depth = min(depth, n_gallery)
     on_device = torch_device()
