@@ -588,6 +588,31 @@ def test_a_device_fit_checks_its_input_on_the_device_with_the_host_messages(bad,
     assert f"{where} contains NaN or Inf in 2 row(s) (first: row 7)" in str(on_device.value)
 
 
+@pytest.mark.parametrize("where", ["gallery", "queries", "query_bank"])
+def test_evaluate_on_a_device_checks_its_inputs_there_with_the_host_messages(where, data, monkeypatch):
+    """evaluate on a torch device checks its inputs (row norms) on the device, as a device fit
+    does: a NaN is refused with the host check's message, and good inputs are measured there."""
+    from hubless.engine import torch_arrays
+
+    arrays = {"gallery": data["gallery"], "queries": data["queries"], "query_bank": data["query_bank"]}
+    truth = np.arange(len(arrays["queries"]))
+    measured = []
+    real = torch_arrays.row_norms
+    monkeypatch.setattr(torch_arrays, "row_norms", lambda array, device: measured.append(len(array)) or real(array, device))
+    with use_device(DEVICE):
+        hubless.evaluate(arrays["gallery"], arrays["queries"], truth, arrays["query_bank"], ["nnn:k=5"], bootstrap=0, progress=False)
+    assert {len(a) for a in arrays.values()} <= set(measured)
+    bad = {**arrays, where: arrays[where].copy()}
+    bad[where][[3, 9], 1] = np.nan
+    errors = []
+    for on in ("numpy", DEVICE):
+        with pytest.raises(hubless.errors.InvalidInput) as caught:
+            hubless.evaluate(bad["gallery"], bad["queries"], truth, bad["query_bank"], ["nnn:k=5"], bootstrap=0, progress=False, device=on)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+    assert f"{where} contains NaN or Inf in 2 row(s) (first: row 3)" in errors[1]
+
+
 def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
     """Rows that are not unit length (float64, scaled) are normalised from the device's norms
     into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep

@@ -27,6 +27,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest, use_device
+from hubless.engine.device import checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
@@ -85,46 +86,49 @@ def evaluate(
         arguments = {name: value for name, value in locals().items() if name != "device"}
         with use_device(device):
             return evaluate(**arguments)
-    gallery = as_embeddings(gallery, "gallery", normalize=normalize)
-    queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
-    truth = load_truth(truth, queries.shape[0], gallery.shape[0])
-    n_distractors = 0
-    if distractors is not None:
-        extra = as_embeddings(distractors, "distractors", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
-        n_distractors = extra.shape[0]
-        gallery = np.concatenate([gallery, extra])
-        truth = dataclasses.replace(truth, n_gallery=gallery.shape[0])  # never relevant: no truth points at them
-    ks = check_ks(ks, gallery.shape[0])
-    check_bootstrap(bootstrap)
-    corrections = prepare_methods(methods, normalize)
-    check_ties(ties)
-    reuse = [not refit and getattr(c, "gallery_", None) is gallery for c in corrections]
-    also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
-    to_fit = [c for c, kept in zip(corrections, reuse) if not kept]
-    t0 = time.perf_counter()
-    stats = fit_shared(to_fit, gallery, query_bank, gallery_bank, also=also, progress=progress)[1] if to_fit else None
-    fit_seconds = time.perf_counter() - t0
-    bank = coverage_report(stats, queries=queries) if also is not None and stats is not None and stats.query_nearest is not None else None
-    ranked = rank_queries(
-        corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
-    )
-    described: dict[str, JSONValue] = {
-        "n_gallery": int(gallery.shape[0]),
-        "n_distractors": int(n_distractors),
-        "n_queries": int(queries.shape[0]),
-        "dim": int(gallery.shape[1]),
-        "n_query_bank": None if query_bank is None else int(np.shape(query_bank)[0]),
-        "n_gallery_bank": None if gallery_bank is None else int(np.shape(gallery_bank)[0]),
-        "relevant_per_query": float(truth.counts.mean()),
-        "ks": list(ks),
-        "bootstrap": int(bootstrap),
-        "seed": int(seed),
-        "normalize": bool(normalize),
-        "ties": ties,
-    }
-    described.update(inputs or {})
-    fit_seconds_each = [0.0 if kept else fit_seconds for kept in reuse]
-    return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
+    with checked_on_device():  # on a torch device the input checks run there, and their uploads serve the passes
+        gallery = as_embeddings(gallery, "gallery", normalize=normalize)
+        queries = as_embeddings(queries, "queries", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
+        truth = load_truth(truth, queries.shape[0], gallery.shape[0])
+        n_distractors = 0
+        if distractors is not None:
+            extra = as_embeddings(distractors, "distractors", normalize=normalize, dim=gallery.shape[1], dim_of="the gallery")
+            n_distractors = extra.shape[0]
+            gallery = np.concatenate([gallery, extra])
+            truth = dataclasses.replace(truth, n_gallery=gallery.shape[0])  # never relevant: no truth points at them
+        ks = check_ks(ks, gallery.shape[0])
+        check_bootstrap(bootstrap)
+        corrections = prepare_methods(methods, normalize)
+        check_ties(ties)
+        reuse = [not refit and getattr(c, "gallery_", None) is gallery for c in corrections]
+        also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
+        to_fit = [c for c, kept in zip(corrections, reuse) if not kept]
+        t0 = time.perf_counter()
+        stats = fit_shared(to_fit, gallery, query_bank, gallery_bank, also=also, progress=progress)[1] if to_fit else None
+        fit_seconds = time.perf_counter() - t0
+        bank = (
+            coverage_report(stats, queries=queries) if also is not None and stats is not None and stats.query_nearest is not None else None
+        )
+        ranked = rank_queries(
+            corrections, queries, truth, depth=HUBNESS_DEPTH, progress=progress, desc=f"rank {len(corrections)} methods", ties=ties
+        )
+        described: dict[str, JSONValue] = {
+            "n_gallery": int(gallery.shape[0]),
+            "n_distractors": int(n_distractors),
+            "n_queries": int(queries.shape[0]),
+            "dim": int(gallery.shape[1]),
+            "n_query_bank": None if query_bank is None else int(np.shape(query_bank)[0]),
+            "n_gallery_bank": None if gallery_bank is None else int(np.shape(gallery_bank)[0]),
+            "relevant_per_query": float(truth.counts.mean()),
+            "ks": list(ks),
+            "bootstrap": int(bootstrap),
+            "seed": int(seed),
+            "normalize": bool(normalize),
+            "ties": ties,
+        }
+        described.update(inputs or {})
+        fit_seconds_each = [0.0 if kept else fit_seconds for kept in reuse]
+        return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
 
 
 def check_bootstrap(bootstrap: object) -> None:
