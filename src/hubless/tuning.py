@@ -25,6 +25,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
 from hubless.engine import StatisticsRequest, use_device
+from hubless.engine.device import checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.evaluation.evaluate import Evaluation, evaluate
@@ -113,44 +114,45 @@ def tune(
         arguments = {name: value for name, value in locals().items() if name != "device"}
         with use_device(device):
             return tune(**arguments)
-    check_ties(ties)
-    gallery = as_embeddings(gallery, "gallery", normalize=normalize)
-    dim = gallery.shape[1]
-    val = as_embeddings(val_queries, "validation queries", normalize=normalize, dim=dim, dim_of="the gallery")
-    truth = load_truth(val_truth, val.shape[0], gallery.shape[0])
-    ks = check_ks(ks, gallery.shape[0])
-    valid = {f"R@{k}" for k in ks} | {"MdR", "MnR", "MRR", "mAP@R"}
-    if objective not in valid:
-        raise InvalidInput(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
-    if test_queries is not None:
-        test = as_embeddings(test_queries, "test queries", normalize=normalize, dim=dim, dim_of="the gallery")
-        check_disjoint(val, test, "validation queries", "test queries")
-    if query_bank is not None:
-        bank = as_embeddings(query_bank, "query bank", normalize=normalize, dim=dim, dim_of="the gallery")
-        check_disjoint(val, bank, "validation queries", "query bank")
-        query_bank = bank
-    grid: dict[str, tuple[list[dict[str, float]], list[Correction]]] = {}
-    for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
-        candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
-        candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
-        if not candidates:
-            raise InvalidInput(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
-        grid[method] = ([p for p, _ in candidates], [c for _, c in candidates])
-    # every grid point of every method (and the baseline) from one pass per bank
-    everything = [make_correction("baseline").set_params(normalize=normalize)] + [c for _, cs in grid.values() for c in cs]
-    also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
-    stats = fit_shared(everything, gallery, query_bank, gallery_bank, also=also, progress=progress)[1]
-    metrics = _validate_all(everything, val, truth, ks, progress, ties)
-    best: dict[str, TunedMethod] = {}
-    tables: dict[str, list[dict[str, float]]] = {}
-    fitted: dict[str, Correction] = {}
-    start = 1
-    for method, (points, corrections) in grid.items():
-        found = metrics[start : start + len(corrections)]
-        start += len(corrections)
-        best[method], tables[method] = choose(objective, points, corrections, found)
-        fitted[method] = next(c for c in corrections if c.spec == best[method].spec)
-    return TuneResult(objective, best, tables, metrics[0], fitted, coverage_report(stats) if also is not None else None)
+    with checked_on_device():  # on a torch device the input checks run there, and their uploads serve the passes
+        check_ties(ties)
+        gallery = as_embeddings(gallery, "gallery", normalize=normalize)
+        dim = gallery.shape[1]
+        val = as_embeddings(val_queries, "validation queries", normalize=normalize, dim=dim, dim_of="the gallery")
+        truth = load_truth(val_truth, val.shape[0], gallery.shape[0])
+        ks = check_ks(ks, gallery.shape[0])
+        valid = {f"R@{k}" for k in ks} | {"MdR", "MnR", "MRR", "mAP@R"}
+        if objective not in valid:
+            raise InvalidInput(f"objective must be one of {', '.join(sorted(valid))}; got {objective!r}")
+        if test_queries is not None:
+            test = as_embeddings(test_queries, "test queries", normalize=normalize, dim=dim, dim_of="the gallery")
+            check_disjoint(val, test, "validation queries", "test queries")
+        if query_bank is not None:
+            bank = as_embeddings(query_bank, "query bank", normalize=normalize, dim=dim, dim_of="the gallery")
+            check_disjoint(val, bank, "validation queries", "query bank")
+            query_bank = bank
+        grid: dict[str, tuple[list[dict[str, float]], list[Correction]]] = {}
+        for method in dict.fromkeys(m.partition(":")[0].strip().lower() for m in methods):
+            candidates = [(p, make_correction(method).set_params(normalize=normalize, **p)) for p in _grid(method, grids)]
+            candidates = [(p, c) for p, c in candidates if _fits(c, gallery, query_bank, gallery_bank)]
+            if not candidates:
+                raise InvalidInput(f"no grid point of {method} fits these data (e.g. every k exceeds the bank)")
+            grid[method] = ([p for p, _ in candidates], [c for _, c in candidates])
+        # every grid point of every method (and the baseline) from one pass per bank
+        everything = [make_correction("baseline").set_params(normalize=normalize)] + [c for _, cs in grid.values() for c in cs]
+        also = StatisticsRequest(query_nearest=True) if coverage and query_bank is not None else None
+        stats = fit_shared(everything, gallery, query_bank, gallery_bank, also=also, progress=progress)[1]
+        metrics = _validate_all(everything, val, truth, ks, progress, ties)
+        best: dict[str, TunedMethod] = {}
+        tables: dict[str, list[dict[str, float]]] = {}
+        fitted: dict[str, Correction] = {}
+        start = 1
+        for method, (points, corrections) in grid.items():
+            found = metrics[start : start + len(corrections)]
+            start += len(corrections)
+            best[method], tables[method] = choose(objective, points, corrections, found)
+            fitted[method] = next(c for c in corrections if c.spec == best[method].spec)
+        return TuneResult(objective, best, tables, metrics[0], fitted, coverage_report(stats) if also is not None else None)
 
 
 def _validate_all(

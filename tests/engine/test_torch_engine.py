@@ -613,6 +613,17 @@ def test_evaluate_on_a_device_checks_its_inputs_there_with_the_host_messages(whe
     assert f"{where} contains NaN or Inf in 2 row(s) (first: row 3)" in errors[1]
 
 
+def test_tune_on_a_device_checks_its_inputs_there(data, monkeypatch):
+    from hubless.engine import torch_arrays
+
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    measured = []
+    real = torch_arrays.row_norms
+    monkeypatch.setattr(torch_arrays, "row_norms", lambda array, device: measured.append(len(array)) or real(array, device))
+    hubless.tune(g, q, np.arange(len(q)), qb, ["nnn"], grids={"nnn": {"k": [5]}}, progress=False, device=DEVICE)
+    assert {len(g), len(q), len(qb)} <= set(measured)
+
+
 def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
     """Rows that are not unit length (float64, scaled) are normalised from the device's norms
     into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep
