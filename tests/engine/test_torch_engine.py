@@ -481,6 +481,46 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
     )
 
 
+@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+def test_score_matrix_evaluation_ranks_on_the_device_as_numpy_does(ties, data, tmp_path, monkeypatch):
+    """hubless.scores.evaluate_scores (hubless eval --scores) with a torch device: each block of
+    score rows is read and checked on the host, uploaded once and ranked there by every method
+    (additive, gated DIS / DualDIS with their gates from the rows, GC and published DualDIS on
+    the host); ranks, metrics and hubness equal the numpy pass's, rows read from a memory map and
+    a subset of rows (a query mask) included."""
+    from hubless.scores import evaluate_scores
+
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # 80 rows cut unevenly
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    np.save(tmp_path / "scores.npy", q @ g.T)
+    scores = np.load(tmp_path / "scores.npy", mmap_mode="r")
+    truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]
+    methods = [
+        "nnn:k=5",
+        "csls:k=4",
+        "is:beta=20.0",
+        "dis:k_activation=3",
+        "dualdis:k_activation=2",
+        "dualdis:k_activation=2,ungated=exp",
+        "gc",
+    ]
+    mask = np.arange(len(q)) % 5 != 2
+    kwargs = dict(gallery_bank_scores=gb @ g.T, bootstrap=0, ties=ties, query_mask=mask, progress=False)
+    want = evaluate_scores(scores, truth, qb @ g.T, methods, **kwargs)
+    from hubless.engine import torch_ranking
+
+    ranked_on_device = []
+    real = torch_ranking.rank_score_rows
+    monkeypatch.setattr(torch_ranking, "rank_score_rows", lambda *a, **k: ranked_on_device.append(1) or real(*a, **k))
+    got = evaluate_scores(scores, truth, qb @ g.T, methods, device=DEVICE, **kwargs)
+    assert ranked_on_device == [1]
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+        assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
 def test_read_only_arrays_go_to_the_device_without_a_warning(data):
     """Memory maps and a loaded index's arrays are read-only: torch's warning about them would
     reach users (the engine never writes into those tensors)."""

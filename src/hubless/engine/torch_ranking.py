@@ -25,7 +25,7 @@ from hubless.engine.device import tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
 from hubless.engine.torch_reducers import ordered_topk
 
-__all__ = ["GatedRanker", "HostRanker", "one_row", "rank_queries"]
+__all__ = ["GatedRanker", "HostRanker", "one_row", "rank_queries", "rank_score_rows"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -100,98 +100,155 @@ def rank_queries(
             for i in range(len(rankers))
         ]
     torch = torch_module()
-    dev = torch.device(device)
-    n, m = queries.shape[0], gallery.shape[0]
-    most = int(np.diff(truth_indptr).max()) if n else 1
-    one_each = truth_indices.size == n  # one relevant item per query: rows are the queries
-    shape = torch_arrays.BLOCK_SHAPE
-    rb = shape[0] if shape is not None else max(1, min(n, block_budget(device) // max(1, m * max(1, most))))
     G = put(gallery, device, dtype, keep=True)
-    Q = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=G.dtype)
-    rows_t, cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
-    prepared: list[Any] = []
-    neighbours = min(m, max((r.depth for r in rankers if isinstance(r, GatedRanker)), default=0))
-    for ranker in rankers:
-        if isinstance(ranker, GatedRanker):
-            prepared.append((ranker.weights, put(ranker.bias, device, "float32", keep=True)))
-        elif callable(ranker):
-            prepared.append(ranker)
-        else:
-            w, bias = ranker
-            if not np.any(w):  # W = 0 (the baseline, closed gates): the raw scores rank
-                prepared.append(None)
-                continue
-            w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)
-            prepared.append((one_row(w, w_t, bias_t) if len(w) else None, w_t, bias_t))
-    rank_type = torch.float64 if ties == "average" else torch.int64
-    ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
-    tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
-    seconds = [0.0] * len(rankers)
-    positions = torch.arange(m, device=dev)
+    Q = from_numpy(np.ascontiguousarray(queries)).to(device=torch.device(device), dtype=G.dtype)
+    ranking = _RankingPass(rankers, gallery.shape[0], truth_rows, truth_indptr, truth_indices, ties=ties, depth=depth, device=device)
+    with torch.no_grad(), tf32_products(device):
+        for start, stop in ranking.blocks():
+            t0 = ranking.clock()
+            sims = ranking.similarities(start, stop)
+            if G.dtype == torch.float32:
+                torch.matmul(Q[start:stop], G.T, out=sims)
+            else:  # a half-precision product, ranked in float32
+                sims.copy_(Q[start:stop] @ G.T)
+            ranking.rank(start, stop, sims, ranking.clock() - t0)
+    return ranking.results()
 
-    def clock() -> float:  # the device's queued work done: each ranking's seconds are its own
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
+
+def rank_score_rows(
+    read: Callable[[int, int], np.ndarray],
+    n_gallery: int,
+    rankers: Sequence[tuple[np.ndarray, np.ndarray] | GatedRanker | HostRanker],
+    truth_rows: np.ndarray,
+    truth_indptr: np.ndarray,
+    truth_indices: np.ndarray,
+    *,
+    ties: str,
+    depth: int,
+    device: str,
+) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+    """:func:`rank_queries` for rows of a query x gallery score matrix instead of embeddings:
+    ``read(start, stop)`` gives the checked float32 rows start:stop (host), each block is
+    uploaded once and ranked on the device as a block of similarities is (the score-matrix
+    mode's ranking pass, :func:`hubless.scores.rank.rank_score_rows`). The first device of a
+    list is used."""
+    torch = torch_module()
+    device = device.split(",")[0]
+    ranking = _RankingPass(rankers, n_gallery, truth_rows, truth_indptr, truth_indices, ties=ties, depth=depth, device=device)
+    with torch.no_grad():
+        for start, stop in ranking.blocks():
+            t0 = ranking.clock()
+            sims = ranking.similarities(start, stop).copy_(from_numpy(np.ascontiguousarray(read(start, stop), dtype=np.float32)))
+            ranking.rank(start, stop, sims, ranking.clock() - t0)
+    return ranking.results()
+
+
+class _RankingPass:
+    """The per-block work of the ranking pass on one device: every ranking's scores of a block
+    of raw similarities (query rows x the whole gallery), the ranks of the relevant items, the
+    top ids and each ranking's seconds. Three blocks are reused throughout (the similarities, a
+    ranking's scores, 0/1 flags to count)."""
+
+    def __init__(self, rankers, m: int, truth_rows, truth_indptr, truth_indices, *, ties: str, depth: int, device: str) -> None:
+        torch = self.torch = torch_module()
+        dev = self.dev = torch.device(device)
+        n = self.n = len(truth_indptr) - 1
+        self.ties, self.depth, self.indptr = ties, depth, truth_indptr
+        most = int(np.diff(truth_indptr).max()) if n else 1
+        self.one_each = truth_indices.size == n  # one relevant item per query: rows are the queries
+        shape = torch_arrays.BLOCK_SHAPE
+        self.rb = shape[0] if shape is not None else max(1, min(n, block_budget(device) // max(1, m * max(1, most))))
+        self.rows_t, self.cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
+        self.prepared: list[Any] = []
+        self.neighbours = min(m, max((r.depth for r in rankers if isinstance(r, GatedRanker)), default=0))
+        for ranker in rankers:
+            if isinstance(ranker, GatedRanker):
+                self.prepared.append((ranker.weights, put(ranker.bias, device, "float32", keep=True)))
+            elif callable(ranker):
+                self.prepared.append(ranker)
+            else:
+                w, bias = ranker
+                if not np.any(w):  # W = 0 (the baseline, closed gates): the raw scores rank
+                    self.prepared.append(None)
+                    continue
+                w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)
+                self.prepared.append((one_row(w, w_t, bias_t) if len(w) else None, w_t, bias_t))
+        rank_type = torch.float64 if ties == "average" else torch.int64
+        self.ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
+        self.tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
+        self.seconds = [0.0] * len(rankers)
+        self.positions = torch.arange(m, device=dev)
+        self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
+        self.scores_buffer = torch.empty_like(self.sims_buffer)
+        flag_type = getattr(torch, FLAG_TYPES["cuda" if dev.type == "cuda" else "other"])
+        self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=flag_type, device=dev)
+
+    def blocks(self) -> list[tuple[int, int]]:
+        return [(start, min(self.n, start + self.rb)) for start in range(0, self.n, self.rb)]
+
+    def similarities(self, start: int, stop: int):
+        """The reused block the raw similarities of rows start:stop go into."""
+        return self.sims_buffer[: stop - start]
+
+    def clock(self) -> float:
+        """Seconds, once the device's queued work is done (each ranking's seconds are its own)."""
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize(self.dev)
         return time.perf_counter()
 
-    # the blocks of one pass: the raw similarities, a ranking's scores, 0/1 flags to count
-    sims_buffer = torch.empty((min(n, rb), m), dtype=torch.float32, device=dev)
-    scores_buffer = torch.empty_like(sims_buffer)
-    flag_type = getattr(torch, FLAG_TYPES["cuda" if dev.type == "cuda" else "other"])
-    flags_buffer = torch.empty((min(n, rb) * (1 if one_each else most), m), dtype=flag_type, device=dev)
-    with torch.no_grad(), tf32_products(device):
-        for start in range(0, n, rb):
-            stop = min(n, start + rb)
-            t0 = clock()
-            if G.dtype == torch.float32:
-                sims = torch.matmul(Q[start:stop], G.T, out=sims_buffer[: stop - start])
-            else:  # a half-precision product, ranked in float32
-                sims = sims_buffer[: stop - start].copy_(Q[start:stop] @ G.T)
-            shared = clock() - t0
-            lo, hi = int(truth_indptr[start]), int(truth_indptr[stop])
-            r, c = rows_t[lo:hi] - start, cols_t[lo:hi]
-            host = raw = None
-            for i, ranker in enumerate(prepared):
-                t0 = clock()
-                if ranker is None:
+    def rank(self, start: int, stop: int, sims, shared: float) -> None:
+        """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
+        (``shared``: the seconds the block itself took)."""
+        torch, dev, ties = self.torch, self.dev, self.ties
+        lo, hi = int(self.indptr[start]), int(self.indptr[stop])
+        r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
+        out = self.scores_buffer[: stop - start]
+        host = raw = None
+        for i, ranker in enumerate(self.prepared):
+            t0 = self.clock()
+            if ranker is None:
+                scores = sims
+            elif callable(ranker):
+                host = to_host(sims) if host is None else host
+                scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
+            elif callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
+                if raw is None:
+                    raw = tuple(to_host(x) for x in ordered_topk(sims, self.neighbours))
+                w = ranker[0](start, stop, *raw)
+                if np.any(w):
+                    scores = _additive_scores(sims, from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
+                else:  # every gate of the block closed: the raw scores rank
                     scores = sims
-                elif callable(ranker):
-                    host = to_host(sims) if host is None else host
-                    scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
-                elif callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
-                    if raw is None:
-                        raw = tuple(to_host(x) for x in ordered_topk(sims, neighbours))
-                    w = ranker[0](start, stop, *raw)
-                    if np.any(w):
-                        w_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev)
-                        scores = _additive_scores(sims, w_t, ranker[1], scores_buffer[: stop - start])
-                    else:  # every gate of the block closed: the raw scores rank
-                        scores = sims
-                elif ranker[0] is not None:  # one weight for every query: one row subtracted
-                    scores = torch.sub(sims, ranker[0], out=scores_buffer[: stop - start])
-                else:
-                    scores = _additive_scores(sims, ranker[1][start:stop], ranker[2], scores_buffer[: stop - start])
-                block = scores if one_each else scores.index_select(0, r)
-                target = block.gather(1, c[:, None])
-                flags = flags_buffer[: len(block)]
-                above = count_true(torch.gt(block, target, out=flags))
-                if ties == "optimistic":
-                    ranks[i][lo:hi] = above + 1
-                else:
-                    equal = count_true(torch.eq(block, target, out=flags))
-                    if ties == "average":  # in float64: a half rank stays exact at any gallery size
-                        ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
-                    else:  # "index": among equal scores, the lower gallery index first
-                        tied = (equal > 1).nonzero().squeeze(1)
-                        if tied.numel():
-                            before = (block[tied] == target[tied]) & (positions[None, :] < c[tied, None])
-                            equal[tied] = before.sum(dim=1) + 1
-                        ranks[i][lo:hi] = above + equal
-                top = tops[i]
-                if top is not None:
-                    top[start:stop] = ordered_topk(scores, depth)[1]
-                seconds[i] += shared + clock() - t0
-    return [(to_host(ranks[i]), None if tops[i] is None else to_host(tops[i]), seconds[i]) for i in range(len(rankers))]
+            elif ranker[0] is not None:  # one weight for every query: one row subtracted
+                scores = torch.sub(sims, ranker[0], out=out)
+            else:
+                scores = _additive_scores(sims, ranker[1][start:stop], ranker[2], out)
+            block = scores if self.one_each else scores.index_select(0, r)
+            target = block.gather(1, c[:, None])
+            flags = self.flags_buffer[: len(block)]
+            above = count_true(torch.gt(block, target, out=flags))
+            if ties == "optimistic":
+                self.ranks[i][lo:hi] = above + 1
+            else:
+                equal = count_true(torch.eq(block, target, out=flags))
+                if ties == "average":  # in float64: a half rank stays exact at any gallery size
+                    self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
+                else:  # "index": among equal scores, the lower gallery index first
+                    tied = (equal > 1).nonzero().squeeze(1)
+                    if tied.numel():
+                        before = (block[tied] == target[tied]) & (self.positions[None, :] < c[tied, None])
+                        equal[tied] = before.sum(dim=1) + 1
+                    self.ranks[i][lo:hi] = above + equal
+            top = self.tops[i]
+            if top is not None:
+                top[start:stop] = ordered_topk(scores, self.depth)[1]
+            self.seconds[i] += shared + self.clock() - t0
+
+    def results(self) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+        return [
+            (to_host(ranks), None if top is None else to_host(top), seconds)
+            for ranks, top, seconds in zip(self.ranks, self.tops, self.seconds)
+        ]
 
 
 #: The type of the 0/1 flags a ranking's ranks are counted from: bool on a GPU (a quarter of the

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hubless.corrections import Correction, QueryBatch, QueryStatistics, make_correction
+from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
@@ -29,7 +29,7 @@ from hubless.errors import InvalidInput
 from hubless.metrics.retrieval import relevant_ranks
 from hubless.metrics.truth import Truth
 
-__all__ = ["BLOCK_ELEMENTS", "Ranked", "prepare_methods", "query_block_rows", "rank_queries"]
+__all__ = ["BLOCK_ELEMENTS", "Ranked", "device_rankers", "prepare_methods", "query_block_rows", "rank_queries"]
 
 #: Score elements per block of query rows (16 MiB of float32).
 BLOCK_ELEMENTS = 1 << 22
@@ -130,19 +130,41 @@ def rank_queries(
 
 
 def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str]) -> list[Ranked]:
-    """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_ranking.rank_queries`):
-    additive corrections rank on the device, the gated ones (DIS, DualDIS) with their gates
-    from each block's raw top-1 (as the numpy pass takes them from its blocks: no search of
-    the queries); the others rank each block on the host."""
+    """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_ranking.rank_queries`)
+    with the rankings of :func:`device_rankers`."""
     from hubless.engine import torch_ranking
 
-    def host_ranker(corr: Correction, batch):
+    results = torch_ranking.rank_queries(
+        batches[0].vectors,
+        gallery,
+        device_rankers(corrections, batches, gallery.shape[0]),
+        truth.rows,
+        truth.indptr,
+        truth.indices,
+        ties=ties,
+        depth=depth,
+        device=on_device[0],
+        dtype=on_device[1],
+    )
+    return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
+
+
+def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBatch], n_gallery: int) -> list:
+    """The rankings of the device's ranking pass (:mod:`hubless.engine.torch_ranking`), one per
+    correction with its batch: an additive correction ranks on the device (``(W,
+    bias_columns)``), a gated one (DIS, DualDIS) with its gates from each block's raw top-1 (as
+    the numpy pass takes them from its blocks: no search of the queries, a
+    :class:`~hubless.engine.torch_ranking.GatedRanker`); the others rank each block on the host
+    with their own :meth:`~hubless.corrections.Correction.rank`."""
+    from hubless.engine import torch_ranking
+
+    def host_ranker(corr: Correction, batch: QueryBatch):
         def rank(start: int, stop: int, sims: np.ndarray) -> np.ndarray:
             return corr.rank(batch.rows(start, stop), sims, out=np.empty_like(sims))
 
         return rank
 
-    def gated_weights(corr: Correction, batch):
+    def gated_weights(corr: Correction, batch: QueryBatch):
         def weights(start: int, stop: int, scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
             rows = batch.rows(start, stop)
             rows.statistics = QueryStatistics.from_neighbours(corr.query_request, scores, ids)
@@ -154,23 +176,13 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
 
     rankers: list = []
     for corr, batch in zip(corrections, batches):
-        gated = corr.ranking_request.depth and batch.statistics is None and getattr(corr, "exactly_additive", False)
-        if gated:  # W from each query's raw neighbours, taken from the ranking pass's own blocks
-            neighbours = min(corr.query_request.depth, gallery.shape[0])
+        exactly_additive = isinstance(corr, AdditiveCorrection) and corr.exactly_additive
+        if corr.ranking_request.depth and batch.statistics is None and exactly_additive:
+            # W from each query's raw neighbours, taken from the ranking pass's own blocks
+            assert isinstance(corr, AdditiveCorrection)
+            neighbours = min(corr.query_request.depth, n_gallery)
             rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, neighbours))
             continue
         additive = corr.additive_ranking(batch)
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
-    results = torch_ranking.rank_queries(
-        batches[0].vectors,
-        gallery,
-        rankers,
-        truth.rows,
-        truth.indptr,
-        truth.indices,
-        ties=ties,
-        depth=depth,
-        device=on_device[0],
-        dtype=on_device[1],
-    )
-    return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
+    return rankers

@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from hubless.corrections import Correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
+from hubless.engine import use_device
 from hubless.engine.score_statistics import check_score_matrix
 from hubless.errors import InvalidInput
 from hubless.evaluation import Evaluation, JSONValue, prepare_methods
@@ -144,12 +145,20 @@ def evaluate_scores(
     transpose: bool = False,
     progress: bool | None = None,
     inputs: Mapping[str, JSONValue] | None = None,
+    device: str | None = None,
 ) -> Evaluation:
     """Fit each method on the bank score matrices, rank the rows of ``scores`` and measure
     (R@K, MdR, MnR, MRR, mAP@R, paired bootstrap intervals, hubness), as
     :func:`hubless.evaluate` does for embeddings; see the module docstring for the inputs.
     Methods that need embeddings (DN) are refused before any work, saying what they need.
+    ``device``: where the bank statistics are reduced and the rows ranked ("cuda", "cpu" for
+    torch, "numpy"; default ``HUBLESS_DEVICE`` or numpy): the rows are read and checked on the
+    host either way.
     """
+    if device is not None:  # the whole call with this device in effect
+        arguments = {name: value for name, value in locals().items() if name != "device"}
+        with use_device(device):
+            return evaluate_scores(**arguments)
     check_ties(ties)
     check_bootstrap(bootstrap)
     corrections = prepare_methods(methods)

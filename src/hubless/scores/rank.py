@@ -5,7 +5,9 @@ is read once (a memory map is never loaded whole), its raw-neighbour statistics 
 CSLS's r_q) are taken from the rows, and every fitted correction ranks it with its own
 :meth:`~hubless.corrections.Correction.rank`, the hook its ``search`` and ``correct`` use. From
 each block come the rank of every relevant item (counted, never sorted) and the top ``depth`` ids.
-Blocks run on all cores; memory stays at a few blocks whatever the number of queries.
+Blocks run on all cores; memory stays at a few blocks whatever the number of queries. With a torch
+device (``device=``, ``use_device``, ``HUBLESS_DEVICE``) each block is read on the host and ranked
+on the device by every correction, only the ranks and top ids coming back.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from hubless.corrections import Correction, QueryBatch, QueryRequest, QueryStatistics
+from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import read_rows, row_blocks
 from hubless.engine.topk import RunningTopK
-from hubless.evaluation.core import Ranked
+from hubless.evaluation.core import Ranked, device_rankers
 from hubless.metrics.retrieval import relevant_ranks
 from hubless.metrics.truth import Truth
 
@@ -80,6 +83,13 @@ def rank_score_rows(
     rows = np.arange(scores.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
     contiguous = rows.size == 0 or (rows[0] == 0 and rows.size == scores.shape[0] and (np.diff(rows) == 1).all())
     depth = min(depth, n_gallery)
+
+    def read(start: int, stop: int) -> np.ndarray:
+        return read_rows(scores, start, stop, "scores") if contiguous else read_rows(scores, 0, 0, "scores", rows=rows[start:stop])
+
+    on_device = torch_device()
+    if on_device is not None and rows.size:
+        return _rank_on_device(corrections, read, rows.size, n_gallery, truth, ties, depth, on_device[0])
     fractional = ties == "average"
     ranks = [np.empty(truth.indices.size, dtype=np.float64 if fractional else np.int64) for _ in corrections]
     tops = [np.empty((rows.size, depth), dtype=np.int64) if depth else None for _ in corrections]
@@ -89,7 +99,7 @@ def rank_score_rows(
 
     def work(start: int, stop: int) -> None:
         t0 = time.perf_counter()
-        block = read_rows(scores, start, stop, "scores") if contiguous else read_rows(scores, 0, 0, "scores", rows=rows[start:stop])
+        block = read(start, stop)
         batch = score_batch(corrections, block)
         shared = time.perf_counter() - t0
         sub = truth.subset(np.arange(start, stop))
@@ -105,3 +115,25 @@ def rank_score_rows(
 
     run_blocks(work, bounds, progress=progress, desc=desc, unit="queries")
     return [Ranked(r, t, float(s)) for r, t, s in zip(ranks, tops, seconds.sum(axis=0))]
+
+
+def _rank_on_device(corrections, read, n_rows: int, n_gallery: int, truth: Truth, ties: str, depth: int, device: str) -> list[Ranked]:
+    """:func:`rank_score_rows` on a torch device: each block of score rows is read and checked
+    on the host, uploaded once and ranked there by every correction
+    (:func:`hubless.engine.torch_ranking.rank_score_rows`, the rankings of
+    :func:`hubless.evaluation.core.device_rankers`); only the ranks and top ids come back."""
+    from hubless.engine import torch_ranking
+
+    batches = [QueryBatch(np.empty((n_rows, 0), np.float32)) for _ in corrections]  # score rows carry no vectors
+    results = torch_ranking.rank_score_rows(
+        read,
+        n_gallery,
+        device_rankers(corrections, batches, n_gallery),
+        truth.rows,
+        truth.indptr,
+        truth.indices,
+        ties=ties,
+        depth=depth,
+        device=device,
+    )
+    return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
