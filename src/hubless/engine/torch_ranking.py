@@ -50,10 +50,16 @@ class GatedRanker:
         return GatedRanker(lambda start, stop, s, i: self.weights(start + offset, stop + offset, s, i), self.bias, self.depth)
 
 
+#: A ranking of the pass: ``(W, bias_columns)`` (additive), a :class:`GatedRanker` or a host ranker.
+Ranking = tuple[np.ndarray, np.ndarray] | GatedRanker | HostRanker
+#: What the pass gives per ranking: (ranks of the relevant items, top ids or None, seconds).
+Ranked = tuple[np.ndarray, np.ndarray | None, float]
+
+
 def rank_queries(
     queries: np.ndarray,
     gallery: np.ndarray,
-    rankers: Sequence[tuple[np.ndarray, np.ndarray] | GatedRanker | HostRanker],
+    rankers: Sequence[Ranking],
     truth_rows: np.ndarray,
     truth_indptr: np.ndarray,
     truth_indices: np.ndarray,
@@ -62,7 +68,7 @@ def rank_queries(
     depth: int,
     device: str,
     dtype: str,
-) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+) -> list[Ranked]:
     """Rank ``queries`` over ``gallery`` for several rankings in one pass on the device: per
     ranking, the 1-based rank of every relevant item (``truth_indices``, CSR by query) with the
     tie convention of :func:`hubless.metrics.relevant_ranks`, the top ``depth`` ids (ties: the
@@ -118,7 +124,7 @@ def rank_queries(
 def rank_score_rows(
     read: Callable[[int, int], np.ndarray],
     n_gallery: int,
-    rankers: Sequence[tuple[np.ndarray, np.ndarray] | GatedRanker | HostRanker],
+    rankers: Sequence[Ranking],
     truth_rows: np.ndarray,
     truth_indptr: np.ndarray,
     truth_indices: np.ndarray,
@@ -126,7 +132,7 @@ def rank_score_rows(
     ties: str,
     depth: int,
     device: str,
-) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+) -> list[Ranked]:
     """:func:`rank_queries` for rows of a query x gallery score matrix instead of embeddings:
     ``read(start, stop)`` gives the checked float32 rows start:stop (host), each block is
     uploaded once and ranked on the device as a block of similarities is (the score-matrix
@@ -244,7 +250,7 @@ class _RankingPass:
                 top[start:stop] = ordered_topk(scores, self.depth)[1]
             self.seconds[i] += shared + self.clock() - t0
 
-    def results(self) -> list[tuple[np.ndarray, np.ndarray | None, float]]:
+    def results(self) -> list[Ranked]:
         return [
             (to_host(ranks), None if top is None else to_host(top), seconds)
             for ranks, top, seconds in zip(self.ranks, self.tops, self.seconds)
