@@ -138,6 +138,41 @@ def test_a_qdrant_collection_with_another_metric_is_refused(tmp_path, index, sma
         search(uri, small_data["queries"], top_k=3)
 
 
+def test_the_first_searches_of_an_embedded_qdrant_store_from_many_threads_load_it_once(tmp_path, index, small_data, monkeypatch):
+    """Threads of one process (a served store under concurrent requests) all search a store
+    none of them has opened yet: the shard is loaded once and every search answers (a second
+    load used to hit Qdrant's own file lock: "open in another process", a 503 in the service).
+    The load is slowed so that the threads meet in it."""
+    import threading
+    import time
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hubless.export import qdrant_store
+
+    uri = f"qdrant://{tmp_path}/qd/g"
+    export(index, uri)
+    for key in [k for k in qdrant_store._OPEN if k.startswith(str(tmp_path))]:  # as a new server finds it
+        qdrant_store._OPEN.pop(key).close()
+    real = qdrant_store._qdrant()
+    loads = []
+
+    def slow_load(path):
+        loads.append(threading.get_ident())
+        time.sleep(0.3)
+        return real.EdgeShard.load(path)
+
+    engine = types.SimpleNamespace(**{name: getattr(real, name) for name in dir(real) if not name.startswith("__")})
+    engine.EdgeShard = types.SimpleNamespace(load=slow_load)
+    monkeypatch.setattr(qdrant_store, "_qdrant", lambda: engine)
+    queries = small_data["queries"]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: search(uri, np.roll(queries, i, axis=0), 5)[1], range(4)))
+    assert len(loads) == 1
+    for i, ids in enumerate(answers):
+        np.testing.assert_array_equal(ids, search(uri, np.roll(queries, i, axis=0), 5)[1])
+
+
 @pytest.mark.parametrize("kind", ["lancedb", "postgresql", "qdrant", "chroma"])  # Milvus Lite: one process at a time
 def test_concurrent_exports_and_syncs_of_one_store_all_land_whole(kind, tmp_path, request, small_data):
     """Two processes export (overwrite) and sync the same table at once, several times: the

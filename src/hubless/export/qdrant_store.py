@@ -27,6 +27,7 @@ import atexit
 import contextlib
 import json
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ from hubless.export.store_rows import Rows
 _NEVER_INDEX_KB = 2**40
 
 _OPEN: dict[str, Any] = {}  # shard path -> the loaded shard, kept for searches
+#: Held while a shard is looked up and loaded: two threads' first searches would otherwise both
+#: load it, and the engine's own file lock refuses the second ("open in another process").
+_OPEN_LOCK = threading.Lock()
 #: The payload key holding a point's float metadata as exact text (see the module docstring).
 EXACT_FLOATS = "__hubless_floats"
 
@@ -236,19 +240,20 @@ class QdrantEdgeStore(VectorStore):
         qd = _qdrant()
         version = version or self._version()
         key = str(version / "shard")
-        if key not in _OPEN:  # a re-export is a new version: a new key
-            for stale in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
-                del _OPEN[stale]  # not closed here: a search in another thread may still use it (freed with its last use)
-            try:
-                _OPEN[key] = qd.EdgeShard.load(key)
-            except Exception as exc:
-                if _is_locked(exc):
-                    raise StoreUnavailable(
-                        f"{self.uri} is open in another process: Qdrant's in-process engine serves one process at a time "
-                        "(close it there, or serve the collection from a Qdrant server, qdrant+http://)"
-                    ) from None
-                raise
-        return _OPEN[key]
+        with _OPEN_LOCK:
+            if key not in _OPEN:  # a re-export is a new version: a new key
+                for stale in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
+                    del _OPEN[stale]  # not closed here: a search in another thread may still use it (freed with its last use)
+                try:
+                    _OPEN[key] = qd.EdgeShard.load(key)
+                except Exception as exc:
+                    if _is_locked(exc):
+                        raise StoreUnavailable(
+                            f"{self.uri} is open in another process: Qdrant's in-process engine serves one process at a time "
+                            "(close it there, or serve the collection from a Qdrant server, qdrant+http://)"
+                        ) from None
+                    raise
+            return _OPEN[key]
 
     def native_knobs(self, knob: str, value: int, k: int, options: dict) -> dict:
         return {"hnsw_ef": max(value, k)}
@@ -316,14 +321,14 @@ class QdrantEdgeStore(VectorStore):
         write_json(self._version() / "hubless.json", info)
 
     def release(self) -> None:
-        for key in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
-            _OPEN.pop(key).close()
+        with _OPEN_LOCK:
+            for key in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
+                _OPEN.pop(key).close()
 
     def drop_table(self) -> bool:
         if not self.folder.is_dir():
             return False
-        for key in [k for k in _OPEN if k.startswith(str(self.folder) + "/")]:
-            _OPEN.pop(key).close()
+        self.release()
         existed = self.exists()
         shutil.rmtree(self.folder, ignore_errors=True)
         return existed
