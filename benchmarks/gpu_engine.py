@@ -23,10 +23,11 @@ The work: an NNN k=16 fit, a corrected top-10 search of ``--queries`` queries, a
 fit (log-sum-exp) and an ``evaluate`` of NNN (fit + ranks of the truth, R@K, hubness counts)
 against the raw rank-of-truth loop, and of six methods, at issue 39's evaluation shape: as many
 queries and gallery items as bank items (50,000 each at the sizes above; random queries, truth
-= a random gallery item each, the gallery the first ``--bank`` items); and the NNN fit through the code paths a GPU run takes
-only at other sizes (a bank streamed from pinned host memory, forced; the rows split between two
-devices, two threads on one GPU where there is one) against the one-device fit. Each row prints seconds and ratios, and each floor of
-issue 39 its measured ratio and whether it is met (the floors apply at the sizes above on one
+= a random gallery item each, the gallery the first ``--bank`` items); and the NNN fit through
+the code paths a GPU run takes only at other sizes (a bank streamed from pinned host memory,
+forced; the rows split between two devices, two threads on one GPU where there is one) against
+the one-device fit. Each row prints seconds and ratios, and each floor of issue 39 its measured
+ratio and whether it is met (the floors apply at the sizes above on one
 GPU). Then the error of float16 / bfloat16 products against float32: the largest bias
 difference and the top-10 agreement.
 
