@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias, Union
+from typing import Any, Protocol, TypeAlias, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,7 @@ from hubless.metrics.truth import Truth, TruthLike, load_truth
 from hubless.scores.files import load_mask, load_scores
 from hubless.scores.rank import rank_score_rows
 
-__all__ = ["Columns", "ScoreInputs", "ScoreSource", "evaluate_scores", "prepare_scores"]
+__all__ = ["Columns", "ScoreInputs", "ScoreMatrix", "ScoreSource", "evaluate_scores", "prepare_scores"]
 
 #: A score matrix (or query mask) as given: an array, a memory map, or a file path (.npy / .npz / .pkl).
 ScoreSource: TypeAlias = Union[npt.ArrayLike, "os.PathLike[str]"]
@@ -54,16 +54,30 @@ ScoreSource: TypeAlias = Union[npt.ArrayLike, "os.PathLike[str]"]
 HUBNESS_DEPTH = 10
 
 
+class ScoreMatrix(Protocol):
+    """What the score-matrix mode reads rows from: a (n, m) numpy array, a memory map or
+    :class:`Columns` (``read_rows`` reads ``matrix[rows]`` block by block)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def __getitem__(self, rows: Any) -> Any: ...
+
+
 class Columns:
     """Some columns of a score matrix (an array or a memory map), read row block by row block:
     how a query mask removes padding items from the gallery without copying the matrix."""
 
-    def __init__(self, matrix, columns: np.ndarray) -> None:
+    def __init__(self, matrix: ScoreMatrix, columns: npt.ArrayLike) -> None:
         self.matrix, self.columns = matrix, np.asarray(columns, dtype=np.int64)
-        self.shape = (matrix.shape[0], self.columns.size)
-        self.dtype, self.ndim = matrix.dtype, 2
+        self.shape: tuple[int, ...] = (matrix.shape[0], self.columns.size)
+        self.dtype: np.dtype[Any] = matrix.dtype
+        self.ndim = 2
 
-    def __getitem__(self, rows):
+    def __getitem__(self, rows: Any) -> np.ndarray:
         return np.asarray(self.matrix[rows])[:, self.columns]
 
 
@@ -71,29 +85,45 @@ class ScoreInputs:
     """Validated score inputs of one evaluation: S, SB, SG in query x gallery orientation, the
     rows of S to rank and the truth over them (see :func:`prepare_scores`)."""
 
-    def __init__(self, scores, query_bank_scores, gallery_bank_scores, truth: Truth, rows: np.ndarray, n_masked: int) -> None:
+    def __init__(
+        self,
+        scores: ScoreMatrix,
+        query_bank_scores: ScoreMatrix | None,
+        gallery_bank_scores: ScoreMatrix | None,
+        truth: Truth,
+        rows: np.ndarray,
+        n_masked: int,
+    ) -> None:
         self.scores, self.query_bank_scores, self.gallery_bank_scores = scores, query_bank_scores, gallery_bank_scores
         self.truth, self.rows, self.n_masked = truth, rows, n_masked
 
     @property
     def n_gallery(self) -> int:
-        return self.scores.shape[1]
+        return int(self.scores.shape[1])
 
 
-def _oriented(matrix, name: str, transpose: bool):
+def _oriented(matrix: ScoreSource | None, name: str, transpose: bool) -> ScoreMatrix | None:
     if matrix is None:
         return None
     if isinstance(matrix, (str, os.PathLike)):  # a file: memory-mapped where the format allows
         matrix = load_scores(matrix, name)
-    matrix = check_score_matrix(matrix, name)
-    return matrix.T if transpose else matrix
+    checked: np.ndarray = check_score_matrix(matrix, name)
+    return checked.T if transpose else checked
 
 
 def prepare_scores(
-    scores, truth, query_bank_scores=None, gallery_bank_scores=None, *, query_mask=None, transpose: bool = False
+    scores: ScoreSource,
+    truth: TruthLike,
+    query_bank_scores: ScoreSource | None = None,
+    gallery_bank_scores: ScoreSource | None = None,
+    *,
+    query_mask: ScoreSource | None = None,
+    transpose: bool = False,
 ) -> ScoreInputs:
     """Orient and check the matrices, apply the query mask and load the truth (module docstring)."""
     s = _oriented(scores, "scores", transpose)
+    if s is None:
+        raise InvalidInput("scores are needed (a query x gallery score matrix)")
     sb = _oriented(query_bank_scores, "query_bank_scores", transpose)
     sg = _oriented(gallery_bank_scores, "gallery_bank_scores", transpose)
     n_queries, n_gallery = s.shape

@@ -16,24 +16,22 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from hubless.corrections import METHODS, make_correction
+from hubless.corrections import METHODS, Correction, make_correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import TunedMethod, TuneResult, choose
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import TruthLike
-from hubless.scores.evaluate import ScoreSource, prepare_scores
+from hubless.scores.evaluate import ScoreMatrix, ScoreSource, prepare_scores
 from hubless.scores.files import load_scores
 from hubless.scores.rank import rank_score_rows
 from hubless.tuning import DEFAULT_GRIDS
 
 __all__ = ["shared_score_rows", "tune_scores"]
 
-#: Metrics where lower is better.
 
-
-def _fingerprints(matrix) -> np.ndarray:
+def _fingerprints(matrix: ScoreMatrix) -> np.ndarray:
     """One float64 per row (its dot product with a fixed random vector), read in row blocks."""
     weights = np.random.default_rng(0).standard_normal(matrix.shape[1])
     out = np.empty(matrix.shape[0])
@@ -42,7 +40,7 @@ def _fingerprints(matrix) -> np.ndarray:
     return out
 
 
-def shared_score_rows(a, b) -> int:
+def shared_score_rows(a: ScoreMatrix, b: ScoreMatrix) -> int:
     """How many rows of ``a`` equal some row of ``b`` exactly (both n x same columns), found
     by fingerprints and confirmed on the candidate rows only (bounded memory)."""
     if a.shape[1] != b.shape[1]:
@@ -58,7 +56,7 @@ def shared_score_rows(a, b) -> int:
     return shared
 
 
-def _check_disjoint(a, b, name_a: str, name_b: str) -> None:
+def _check_disjoint(a: ScoreMatrix, b: ScoreMatrix, name_a: str, name_b: str) -> None:
     shared = shared_score_rows(a, b)
     if shared:
         raise InvalidInput(
@@ -132,7 +130,7 @@ def tune_scores(
     return TuneResult(objective, best, tables)
 
 
-def _fits(corr, sizes) -> bool:
+def _fits(corr: Correction, sizes: tuple[int, int | None, int | None]) -> bool:
     try:
         corr.check_sizes(*sizes)
     except ValueError:
