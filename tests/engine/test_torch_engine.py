@@ -363,18 +363,15 @@ def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, da
         assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method
 
 
-@pytest.mark.parametrize("flags", ["float32", "bool"])
-def test_rank_counts_from_either_kind_of_flags_equal_the_numpy_ranks(flags, data, monkeypatch):
-    """The device counts ranks from 0/1 flags: float32 sums (a CPU), exact up to 2^24 columns,
-    a wider gallery counted in chunks (here 7 columns wide), or bool sums (a GPU); both give
-    the numpy engine's ranks."""
+def test_rank_counts_beyond_the_exact_float_width_are_summed_in_chunks(data, monkeypatch):
+    """The device counts ranks by float sums of 0/1 flags, exact up to 2^24 columns; a wider
+    gallery is counted in chunks (here 7 columns wide) and gives the numpy engine's ranks."""
     from hubless.engine import torch_ranking
 
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
     truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]
     want = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
     monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", 7)
-    monkeypatch.setattr(torch_ranking, "FLAG_TYPES", {"cuda": flags, "other": flags})
     with use_device(DEVICE):
         got = hubless.evaluate(g, q, truth, qb, ["nnn:k=5"], bootstrap=0, progress=False)
     for w, o in zip(want.results, got.results):
@@ -405,13 +402,18 @@ def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec,
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
+@pytest.mark.filterwarnings("ignore::hubless.UnnormalizedEmbeddingsWarning")
 def test_evaluate_ranks_ties_by_index_on_the_device():
+    """Exact ties (every gallery item twice) rank by index on the device as on the host. The
+    vectors are small integers and half-integers, not normalised: every product is exact in any
+    summation order, so the ties are ties on a GPU too (cuBLAS may sum two equal columns of
+    normalised vectors in different orders, a last-bit difference that is no longer a tie)."""
     rng = np.random.default_rng(5)
     base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)
     gallery = np.concatenate([base, base])  # every item twice: exact ties
     queries = rng.integers(-2, 3, size=(40, 6)).astype(np.float32) + 0.5
     truth = rng.integers(0, 60, size=40)
-    kwargs = dict(bootstrap=0, progress=False)  # normalised duplicates stay exact duplicates
+    kwargs = dict(bootstrap=0, progress=False, normalize=False)
     want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
     with use_device(DEVICE):
         got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
@@ -651,6 +653,30 @@ def test_evaluate_on_a_device_checks_its_inputs_there_with_the_host_messages(whe
         errors.append(str(caught.value))
     assert errors[0] == errors[1]
     assert f"{where} contains NaN or Inf in 2 row(s) (first: row 3)" in errors[1]
+
+
+def test_a_device_search_checks_its_queries_there(data, monkeypatch):
+    """search on a torch device measures the queries' row norms on the device (as a fit does;
+    the search then uses that upload); a NaN query is refused with the host check's message."""
+    from hubless.engine import torch_arrays
+
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    fitted = make_correction("nnn:k=5").fit(g, qb)
+    want = fitted.search(q, 10)
+    measured = []
+    real_norms = torch_arrays.row_norms
+    monkeypatch.setattr(torch_arrays, "row_norms", lambda array, device: measured.append(len(array)) or real_norms(array, device))
+    got = fitted.search(q, 10, device=DEVICE)
+    assert measured == [len(q)]
+    np.testing.assert_array_equal(got[1], want[1])
+    bad = q.copy()
+    bad[4, 2] = np.nan
+    errors = []
+    for on in (None, DEVICE):
+        with pytest.raises(hubless.errors.InvalidInput) as caught:
+            fitted.search(bad, 10, device=on)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1] and "queries contains NaN or Inf in 1 row(s) (first: row 4)" in errors[0]
 
 
 def test_tune_on_a_device_checks_its_inputs_there(data, monkeypatch):
