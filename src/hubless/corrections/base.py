@@ -455,9 +455,9 @@ class Correction:
         query: ``weight=`` for every method (``NNN.search(q, weight=0.5)``), or the method's own
         name (``alpha=`` for NNN, ``lam=`` for DN). ``device``: as in :meth:`fit`.
         """
-        batch = self.queries(queries, **weight)
-        top_k = check_top_k(top_k, self.n_gallery_)
-        with use_device(device):
+        with use_device(device), checked_on_device():  # on a device: the query check there, its upload searched
+            batch = self.queries(queries, **weight)
+            top_k = check_top_k(top_k, self.n_gallery_)
             self.query_statistics(batch, progress=progress)
             additive = self.additive_ranking(batch) if torch_device() is not None else None  # ranked on the device
             ranking, ids = exact_search(

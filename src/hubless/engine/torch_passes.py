@@ -191,7 +191,7 @@ def exact_search(
     torch = torch_module()
     dev = torch.device(device)
     gallery_t = put(gallery, device, dtype, keep=True)
-    queries_t = from_numpy(np.ascontiguousarray(queries)).to(device=dev, dtype=gallery_t.dtype)
+    queries_t = put(queries, device, dtype)  # the upload the input check made, when there was one
     transform = None
     if additive is not None and np.any(additive[0]):  # W = 0 (the baseline, closed gates): raw scores
         weights, columns = additive
