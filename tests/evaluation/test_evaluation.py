@@ -227,3 +227,19 @@ def test_evaluate_rejects_bad_input(data):
         evaluate(data.gallery, data.queries[:10], data.query_item, data.query_bank, ["baseline"])
     with pytest.raises(ValueError, match="unknown method"):
         evaluate(data.gallery, data.queries, data.query_item, data.query_bank, ["nope"])
+
+
+@pytest.mark.parametrize("fractional", [False, True])
+def test_per_query_values_with_one_relevant_item_each_follow_the_definitions(fractional):
+    """One relevant item per query (the fast path): the first rank is its rank and AP@R (R = 1)
+    is 1 at rank 1, else 0; "average" tie ranks (halves) included."""
+    rng = np.random.default_rng(4)
+    ranks = rng.integers(1, 6, size=200).astype(np.float64 if fractional else np.int64)
+    if fractional:
+        ranks += rng.integers(0, 2, size=200) * 0.5
+    truth = Truth.from_labels(rng.integers(0, 50, size=200), 50)
+    pq = PerQuery(ranks, truth)
+    np.testing.assert_array_equal(pq.first_rank, ranks)
+    np.testing.assert_array_equal(pq.ap_at_r, [1.0 if r == 1 else 0.0 for r in ranks])
+    ranks[0] = 99  # the values are the query's own, not a view of the caller's array
+    assert pq.first_rank[0] != 99

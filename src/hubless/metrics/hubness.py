@@ -26,16 +26,20 @@ def _central_moments(x: np.ndarray) -> tuple[float, float, float]:
     return float(np.mean(d**2)), float(np.mean(d**3)), float(np.mean(d**4))
 
 
+def _skewness_kurtosis(x: np.ndarray) -> tuple[float, float]:
+    """(skewness, excess kurtosis) of float64 ``x`` from one computation of its moments."""
+    m2, m3, m4 = _central_moments(x)
+    return (0.0, 0.0) if m2 == 0 else (m3 / m2**1.5, m4 / m2**2 - 3.0)
+
+
 def skewness(x) -> float:
     """Sample skewness m3 / m2^1.5 (biased moments, as ``scipy.stats.skew``); 0 for a constant."""
-    m2, m3, _ = _central_moments(np.asarray(x, dtype=np.float64))
-    return 0.0 if m2 == 0 else m3 / m2**1.5
+    return _skewness_kurtosis(np.asarray(x, dtype=np.float64))[0]
 
 
 def kurtosis(x) -> float:
     """Excess (Fisher) kurtosis m4 / m2^2 - 3 (biased, as ``scipy.stats.kurtosis``); 0 for a constant."""
-    m2, _, m4 = _central_moments(np.asarray(x, dtype=np.float64))
-    return 0.0 if m2 == 0 else m4 / m2**2 - 3.0
+    return _skewness_kurtosis(np.asarray(x, dtype=np.float64))[1]
 
 
 def hubness_statistics(
@@ -64,8 +68,7 @@ def hubness_statistics(
             continue
         counts = k_occurrence(ranked_ids, n_gallery, k).astype(np.float64)
         total = counts.sum()
-        out[f"N{k}_skewness"] = skewness(counts)
-        out[f"N{k}_kurtosis"] = kurtosis(counts)
+        out[f"N{k}_skewness"], out[f"N{k}_kurtosis"] = _skewness_kurtosis(counts)
         out[f"N{k}_max"] = int(counts.max())  # a count
         out[f"N{k}_antihub_share"] = float(np.mean(counts == 0))
         out[f"N{k}_robin_hood"] = float(0.5 * np.abs(counts - counts.mean()).sum() / total)

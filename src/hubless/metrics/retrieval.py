@@ -108,6 +108,10 @@ class PerQuery:
         if ranks.shape != truth.indices.shape:
             raise InvalidInput("ranks must align with truth.indices")
         rows, counts = truth.rows, truth.counts
+        if ranks.size == counts.size:  # one relevant item per query: its rank is the first, AP@R = 1/rank at rank 1
+            self.first_rank = ranks.copy()
+            self.ap_at_r = np.where(ranks <= 1, 1.0 / ranks, 0.0)
+            return
         self.first_rank = np.minimum.reduceat(ranks, truth.indptr[:-1])
         # Position m (1-based) of each relevant rank within its query, in rank order.
         order = np.lexsort((ranks, rows))
