@@ -70,11 +70,7 @@ def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], dev
             per_row_block = [[make(r0, r1) for make in makers] for r0, r1 in row_bounds]
             for c0, c1, column_block in cols.blocks():
                 for (r0, r1), row_states in zip(row_bounds, per_row_block):
-                    block = rows[r0:r1] @ column_block.T
-                    if block.dtype != torch.float32:
-                        block = block.float()
-                    if transform is not None:
-                        transform(block, r0, r1, c0, c1)
+                    block = _similarities(rows[r0:r1], column_block, transform, r0, r1, c0, c1)
                     for row_state in row_states:
                         row_state.update(block, c0)
             for row_states in per_row_block:
@@ -88,15 +84,22 @@ def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], dev
             block_rows = rows[r0:r1]
             for c0 in range(0, m, cb):
                 c1 = min(m, c0 + cb)
-                block = block_rows @ cols[c0:c1].T
-                if block.dtype != torch.float32:
-                    block = block.float()
-                if transform is not None:
-                    transform(block, r0, r1, c0, c1)
+                block = _similarities(block_rows, cols[c0:c1], transform, r0, r1, c0, c1)
                 for state in states:
                     state.update(block, c0)
             for state in states:
                 state.finish()
+
+
+def _similarities(block_rows, column_block, transform, r0: int, r1: int, c0: int, c1: int):
+    """One block ``block_rows @ column_block.T`` in float32 (a half-precision product is widened),
+    rewritten in place by ``transform(block, r0, r1, c0, c1)`` when one is given."""
+    block = block_rows @ column_block.T
+    if block.dtype != torch_module().float32:
+        block = block.float()
+    if transform is not None:
+        transform(block, r0, r1, c0, c1)
+    return block
 
 
 class TopKValues(State):
