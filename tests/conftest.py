@@ -29,6 +29,20 @@ def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
+def ivf_lists(index) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each inverted list's (codes, ids) of a FAISS IVF index (to compare two builds list by list)."""
+    import faiss
+
+    ivf = faiss.extract_index_ivf(index)
+    inv, out = ivf.invlists, []
+    for i in range(ivf.nlist):
+        size = inv.list_size(i)
+        codes = faiss.rev_swig_ptr(inv.get_codes(i), size * inv.code_size).copy() if size else np.zeros(0, np.uint8)
+        ids = faiss.rev_swig_ptr(inv.get_ids(i), size).copy() if size else np.zeros(0, np.int64)
+        out.append((codes, ids))
+    return out
+
+
 @pytest.fixture
 def small_data():
     """gallery (60, 16), query bank (200, 16), gallery bank (80, 16), queries (40, 16): unit float32."""

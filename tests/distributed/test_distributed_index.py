@@ -12,7 +12,7 @@ import pytest
 
 import hubless.distributed as hd
 from hubless.index import Index
-from tests.conftest import unit_rows
+from tests.conftest import ivf_lists, unit_rows
 
 
 @pytest.fixture
@@ -25,20 +25,6 @@ def shards(tmp_path):
         np.save(folder / f"part_{i}.npy", gallery[a:b])
     np.save(tmp_path / "bank.npy", bank)
     return gallery, bank, queries, folder, tmp_path / "bank.npy"
-
-
-def _lists(index) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each inverted list's (codes, ids) of a FAISS IVF index."""
-    import faiss
-
-    ivf = faiss.extract_index_ivf(index)
-    inv, out = ivf.invlists, []
-    for i in range(ivf.nlist):
-        size = inv.list_size(i)
-        codes = faiss.rev_swig_ptr(inv.get_codes(i), size * inv.code_size).copy() if size else np.zeros(0, np.uint8)
-        ids = faiss.rev_swig_ptr(inv.get_ids(i), size).copy() if size else np.zeros(0, np.int64)
-        out.append((codes, ids))
-    return out
 
 
 @pytest.mark.parametrize(
@@ -71,7 +57,7 @@ def test_a_distributed_build_writes_the_index_a_single_machine_build_saves(ray_l
     assert isinstance(built._snap.base_rows, np.memmap)  # the driver maps the gallery, never reads it
     if factory != "Flat":  # every inverted list holds the same codes and ids, in the same order
         assert snap.config.spill_below == want_snap.config.spill_below
-        for (codes, ids), (want_codes, want_ids) in zip(_lists(snap.faiss), _lists(want_snap.faiss), strict=True):
+        for (codes, ids), (want_codes, want_ids) in zip(ivf_lists(snap.faiss), ivf_lists(want_snap.faiss), strict=True):
             np.testing.assert_array_equal(ids, want_ids)
             np.testing.assert_array_equal(codes, want_codes)
     assert sorted(p.name for p in out.iterdir()) == ["CURRENT", "b000001"]  # no work file left

@@ -9,20 +9,7 @@ import pytest
 
 from hubless.index import Index
 from hubless.index.ivf_lists import train_from_base, write_merged, write_shard_lists
-from tests.conftest import unit_rows
-
-
-def _lists(index) -> list[tuple[np.ndarray, np.ndarray]]:
-    import faiss
-
-    ivf = faiss.extract_index_ivf(index)
-    inv, out = ivf.invlists, []
-    for i in range(ivf.nlist):
-        size = inv.list_size(i)
-        codes = faiss.rev_swig_ptr(inv.get_codes(i), size * inv.code_size).copy() if size else np.zeros(0, np.uint8)
-        ids = faiss.rev_swig_ptr(inv.get_ids(i), size).copy() if size else np.zeros(0, np.int64)
-        out.append((codes, ids))
-    return out
+from tests.conftest import ivf_lists, unit_rows
 
 
 @pytest.mark.parametrize("factory", ["IVF16,Flat", "IVF8,PQ4x4"])
@@ -44,6 +31,6 @@ def test_shard_lists_merged_by_streaming_equal_a_single_machine_build(factory, t
     entry = write_merged(tmp_path / "merged.faiss", faiss.deserialize_index(empty), ordered, ntotal)
     merged = faiss.read_index(str(tmp_path / "merged.faiss"))
     assert entry["bytes"] == (tmp_path / "merged.faiss").stat().st_size and merged.ntotal == single._snap.faiss.ntotal
-    for (codes, ids), (want_codes, want_ids) in zip(_lists(merged), _lists(single._snap.faiss), strict=True):
+    for (codes, ids), (want_codes, want_ids) in zip(ivf_lists(merged), ivf_lists(single._snap.faiss), strict=True):
         np.testing.assert_array_equal(ids, want_ids)
         np.testing.assert_array_equal(codes, want_codes)
