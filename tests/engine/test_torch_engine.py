@@ -11,13 +11,15 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hubless
 from hubless.corrections import make_correction
-from hubless.engine import StatisticsRequest, compute_statistics, exact_search, use_device
+from hubless.engine import StatisticsRequest, compute_statistics, exact_search, torch_reducers, use_device
 from hubless.engine import torch_arrays as ta
 from hubless.engine.device import resolve, tf32_enabled
-from hubless.engine.torch_reducers import ordered_topk
+from hubless.engine.torch_reducers import TopKValues, chunk_width, ordered_topk
 from tests.conftest import unit_rows
 
 torch = pytest.importorskip("torch", reason="the torch engine needs torch (the models extra)")
@@ -44,8 +46,9 @@ METHODS = [
     "gc",
 ]
 #: (rows, columns) of the device blocks: 300 gallery / 1200 and 500 bank rows cut unevenly,
-#: and one block over everything
-SHAPES = [(37, 101), None]
+#: and one block over everything; with the top-k of wide rows taken through chunk maxima
+#: (chunks of 2 to 4 columns, so small blocks take that path too) or over whole rows
+SHAPES = [((37, 101), (2, 4)), (None, None), (None, (2, 4))]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,10 +60,13 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(params=SHAPES, ids=["uneven-blocks", "one-block"])
+@pytest.fixture(params=SHAPES, ids=["uneven-blocks-chunked", "one-block", "one-block-chunked"])
 def block_shape(request, monkeypatch):
-    monkeypatch.setattr(ta, "BLOCK_SHAPE", request.param)
-    return request.param
+    shape, chunks = request.param
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", shape)
+    if chunks is not None:
+        monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", chunks)
+    return shape
 
 
 def _same_biases(got, want):
@@ -149,6 +155,54 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     order = np.lexsort((np.arange(50)[None, :].repeat(30, 0), -block.numpy()), axis=1)[:, :5]
     np.testing.assert_array_equal(ids.numpy(), order)
     np.testing.assert_array_equal(values.numpy(), np.take_along_axis(block.numpy(), order, axis=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 90),
+    k=st.integers(1, 7),
+    levels=st.integers(1, 4),
+    chunks=st.sampled_from([(1, 1), (2, 2), (2, 8), (4, 16)]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_top_k_through_chunk_maxima_is_the_top_k_of_the_whole_rows(rows, cols, k, levels, chunks, seed):
+    """The two-step top-k of wide rows (chunk maxima, then the entries of the best chunks)
+    gives every row's k best entries in (value descending, id ascending) order, whatever the
+    ties (values from a few levels, -inf among them) and a last chunk narrower than the others;
+    the values-only reducer gives the same values."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, levels + 1, size=(rows, cols)).astype(np.float32)
+    values[values == levels] = -np.inf
+    k = min(k, cols)
+    order = np.lexsort((np.broadcast_to(np.arange(cols), values.shape), -values), axis=1)[:, :k]
+    block = torch.from_numpy(values).to(DEVICE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch_reducers, "CHUNK_WIDTHS", chunks)
+        got_values, got_ids = ordered_topk(block, k)
+        out = torch.empty((rows, k), dtype=torch.float32, device=DEVICE)
+        state = TopKValues(out, 0, rows, k)
+        state.update(block, 0)
+        state.finish()
+        chunked = chunk_width(block, k)
+    if chunks[0] < 2 or 4 * k * chunks[0] > cols:
+        assert chunked == 0
+    else:
+        assert chunks[0] <= chunked <= chunks[1] and 4 * k * chunked <= cols
+    np.testing.assert_array_equal(got_ids.cpu().numpy(), order)
+    np.testing.assert_array_equal(got_values.cpu().numpy(), np.take_along_axis(values, order, axis=1))
+    np.testing.assert_array_equal(out.cpu().numpy(), np.take_along_axis(values, order, axis=1))
+
+
+def test_the_chunk_width_balances_the_two_top_ks():
+    """sqrt(columns / k) rounded to a power of two within CHUNK_WIDTHS; whole rows when the chosen
+    chunks would hold more than a quarter of a row or the rows are strided (a transposed block)."""
+    wide = torch.empty((3, 50_000))
+    assert chunk_width(wide, 11) == 64
+    assert chunk_width(torch.empty((3, 100_000)), 10) == 128
+    assert chunk_width(wide, 1) == 256 and chunk_width(wide, 1000) == 0
+    assert chunk_width(torch.empty((3, 1000)), 10) == 0
+    assert chunk_width(torch.empty((50_000, 3)).T, 11) == 0
 
 
 @pytest.mark.parametrize("where", ["one-device", "bank-streamed", "two-devices"])

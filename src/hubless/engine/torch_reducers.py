@@ -17,9 +17,12 @@ The reductions are the numpy engine's (:mod:`hubless.engine.stream`), with the s
 * the nearest rows of every column (:class:`ColumnTopK`): each bank item's nearest gallery items
   (activation sets, bank coverage) from the gallery x bank blocks, in the same pass.
 
-Products in float16 / bfloat16 are reduced in float32. No reducer reads a value back to the
-host inside the loop except :func:`ordered_topk`, once per block, to find rows tied at the k-th
-place (a block is up to 2^27 similarities, so the sync is small against its work).
+The top-k of a wide block is taken in two steps, the maximum of each chunk of columns and then
+the top-k of the best chunks' entries (:func:`chunk_width`): the same result, ties included, for
+one read of the block instead of a top-k over whole rows. Products in float16 / bfloat16 are
+reduced in float32. No reducer reads a value back to the host inside the loop except
+:func:`ordered_topk`, to find rows tied at the k-th place (once per block and step; a block is up
+to 2^27 similarities, so the sync is small against its work).
 """
 
 from __future__ import annotations
@@ -115,7 +118,13 @@ class TopKValues(State):
 
     def update(self, block, c0: int) -> None:
         torch = torch_module()
-        new = torch.topk(block, min(self.k, block.shape[1]), dim=1, sorted=False).values
+        k = min(self.k, block.shape[1])
+        width = chunk_width(block, k)
+        if width:  # the k largest lie in the k chunks of the largest maxima (any k of them when tied)
+            best = torch.topk(_chunk_maxima(block, width), k, dim=1, sorted=False).indices
+            new = torch.topk(_chunk_entries(block, best, width)[0], k, dim=1, sorted=False).values
+        else:
+            new = torch.topk(block, k, dim=1, sorted=False).values
         self.values = torch.topk(torch.cat([self.values, new], dim=1), self.k, dim=1, sorted=False).values
 
     def finish(self) -> None:
@@ -125,8 +134,22 @@ class TopKValues(State):
 def ordered_topk(block, k: int):
     """(values, column ids) of each row's ``k`` largest entries of ``block``, ordered by value
     descending then id ascending: ties go to the lower id, also at the k-th place (rows whose
-    k-th value is tied beyond the k-th place are taken from a stable sort)."""
+    k-th value is tied beyond the k-th place are taken from a stable sort).
+
+    A wide block is reduced in two steps (:func:`chunk_width`): the maximum of each chunk of
+    columns, then the top k among the entries of the k chunks ranked first by (maximum
+    descending, chunk ascending). That is exact, ties included: an entry outside those chunks
+    has k entries before it in the order, the first maximal entry of each chosen chunk (a
+    larger value, or the same value in an earlier chunk, so a lower id). One read of the block
+    and a top-k over about ``k * width`` entries instead of a top-k over the whole row (3x
+    faster on a CPU at 50,000 columns)."""
     torch = torch_module()
+    width = chunk_width(block, k)
+    if width:
+        chunks = ordered_topk(_chunk_maxima(block, width), k)[1].sort(dim=1).values  # in column order
+        candidates, columns = _chunk_entries(block, chunks, width)
+        values, at = ordered_topk(candidates, k)  # a tie to the earlier entry: the lower id
+        return values, columns.gather(1, at)
     # the (k+1)-th largest equals the k-th exactly when a tie straddles the k-th place
     values, ids = torch.topk(block, min(k + 1, block.shape[1]), dim=1)
     tied = values[:, k] == values[:, k - 1] if values.shape[1] > k else torch.zeros(len(block), dtype=torch.bool, device=block.device)
@@ -139,6 +162,49 @@ def ordered_topk(block, k: int):
     values = values.gather(1, order)
     values, order = torch.sort(values, dim=1, descending=True, stable=True)
     return values, ids.gather(1, order)
+
+
+#: The narrowest chunk of columns :func:`ordered_topk` / :class:`TopKValues` reduce by their
+#: maxima, and the widest (measured on a CPU, 2,684 rows: 32 to 128 columns within 15% of the best at 50,000 and
+#: 100,000 columns for k from 1 to 16).
+CHUNK_WIDTHS = (32, 256)
+
+
+def chunk_width(block, k: int) -> int:
+    """The chunk width for the top ``k`` of each row of ``block``: the power of two nearest
+    sqrt(columns / k) within :data:`CHUNK_WIDTHS` (it balances the top-k over the chunk maxima
+    and over the chosen chunks' entries) and so that the k chosen chunks hold at most a quarter
+    of a row; 0 (one top-k over the whole rows) when no such width is left, or the rows are not
+    contiguous (a transposed block)."""
+    n, m = block.shape
+    if not n or not k or block.stride(1) != 1:
+        return 0
+    low, high = CHUNK_WIDTHS
+    widest = 1 << int(np.log2(m / (4 * k))) if m >= 4 * k else 0  # the chosen chunks: a quarter of a row at most
+    width = min(max(1 << round(np.log2(max(1.0, m / k)) / 2), low), high, widest)
+    return width if width >= max(2, low) else 0
+
+
+def _chunk_maxima(block, width: int):
+    """The maximum of each chunk of ``width`` columns of each row (the last chunk may be narrower)."""
+    n, m = block.shape
+    full = m // width
+    maxima = block[:, : full * width].reshape(n, full, width).amax(dim=2)
+    if full * width < m:
+        maxima = torch_module().cat([maxima, block[:, full * width :].amax(dim=1, keepdim=True)], dim=1)
+    return maxima
+
+
+def _chunk_entries(block, chunks, width: int):
+    """(entries, column ids) of the chunks ``chunks`` ((rows, c) chunk numbers) of each row, side
+    by side in the given order; the places past the last column hold -inf (never chosen before
+    an entry: they come last)."""
+    torch = torch_module()
+    n, m = block.shape
+    columns = (chunks[:, :, None] * width + torch.arange(width, device=block.device)).reshape(n, -1)
+    past = columns >= m
+    columns.clamp_(max=m - 1)
+    return block.gather(1, columns).masked_fill_(past, -torch.inf), columns
 
 
 class TopKIds(State):
