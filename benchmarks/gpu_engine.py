@@ -21,7 +21,8 @@ before each clock starts and stops):
 
 The work: an NNN k=16 fit, a corrected top-10 search of ``--queries`` queries, an IS beta=20
 fit (log-sum-exp) and an ``evaluate`` of NNN (fit + ranks of the truth, R@K, hubness counts)
-against the raw rank-of-truth loop, and of six methods, at issue 39's evaluation shape: as many
+against the raw rank-of-truth loop, and of six methods, with eager kernels and with the ranking
+pass compiled (``HUBLESS_COMPILE``; the first call, which compiles, timed apart), at issue 39's evaluation shape: as many
 queries and gallery items as bank items (50,000 each at the sizes above; random queries, truth
 = a random gallery item each, the gallery the first ``--bank`` items); and the NNN fit through
 the code paths a GPU run takes only at other sizes (a bank streamed from pinned host memory,
@@ -274,7 +275,7 @@ def main() -> None:
 
     def row(label: str, seconds: dict[str, float | str], floors: list[str]) -> None:
         raw = seconds.get("raw torch")
-        value = "; ".join(f"{name} {shown(t, None if name == 'raw torch' else raw)}" for name, t in seconds.items())
+        value = "; ".join(f"{name} {shown(t, None if name == 'raw torch' or 'first call' in name else raw)}" for name, t in seconds.items())
         rows.append((label, value, "; ".join(floors)))
         print(f"{label}: {value}" + (f"  [{'; '.join(floors)}]" if floors else ""), flush=True)
 
@@ -392,12 +393,17 @@ def main() -> None:
     except Exception as exc:  # the untimed bias of the raw loop failed: its cell says so
         ev["raw torch"] = failed(exc)
 
-    def evaluate(methods, on):
-        with use_device(on):
+    def evaluate(methods, on, compiled=False):
+        with use_device(on, compiled=compiled):
             return hubless.evaluate(g_eval, q_eval, truth, b, methods, gallery_bank=gb, bootstrap=0, progress=False)
 
     ev["hubless device, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
     ev["hubless device, six methods"], _ = run.time(lambda: evaluate(SIX, device))
+    # the ranking pass's per-block work by torch.compile's kernels (HUBLESS_COMPILE=1): the first
+    # call compiles (its seconds are shown apart), the timed calls after it reuse the kernels
+    ev["compiled: first call"], _ = run.time(lambda: evaluate(["nnn"], device, True), repeats=1, warm=False)
+    ev["hubless device compiled, NNN"], _ = run.time(lambda: evaluate(["nnn"], device, True))
+    ev["hubless device compiled, six methods"], _ = run.time(lambda: evaluate(SIX, device, True))
     if not args.skip_numpy:
         ev["hubless numpy, NNN"], _ = run.time(lambda: evaluate(["nnn"], "numpy"), repeats=1, warm=False)
     row(
@@ -406,6 +412,8 @@ def main() -> None:
         [
             floor_check(ev, "hubless device, NNN", "raw torch", 4.0),
             floor_check(ev, "hubless device, six methods", "hubless device, NNN", 2.0),
+            floor_check(ev, "hubless device compiled, NNN", "raw torch", 4.0),
+            floor_check(ev, "hubless device compiled, six methods", "hubless device compiled, NNN", 2.0),
         ],
     )
 

@@ -388,6 +388,65 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
+@pytest.fixture
+def fresh_compile(monkeypatch):
+    """The compiled kernels of the ranking pass, forgetting an earlier test's compiler failure."""
+    from hubless.engine import torch_fused
+
+    monkeypatch.setattr(torch_fused, "_STATE", {})
+    return torch_fused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, data, fresh_compile, monkeypatch):
+    """With HUBLESS_COMPILE the ranking pass counts and takes its top ids by torch.compile's
+    kernels (the scores never written): ranks, R@K, hubness and N_1 bitwise those of the numpy
+    engine, for a bias row (NNN, CSLS), per-query products (DIS's gates), a host ranking (GC),
+    the baseline, one or two relevant items per query and exact ties (duplicate gallery items)."""
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    g = np.concatenate([g, g[:40]])  # exact duplicates: ties ranked by the convention
+    truth = [[i, 300 + i % 40] if i % 3 else [i] for i in range(len(q))]
+    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "gc"]
+    kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
+    want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    calls = []
+    real = fresh_compile.compiled_block_counts
+    monkeypatch.setattr(fresh_compile, "compiled_block_counts", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))  # top ids through chunk maxima here too
+    with use_device(DEVICE, compiled=True):
+        got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+        one_each = hubless.evaluate(g, q, np.arange(len(q)) * 4, qb, methods, **kwargs)  # one relevant item per query
+    assert calls and all(c is not None for c in calls)  # compiled, no fallback
+    pairs = [(want, got), (hubless.evaluate(g, q, np.arange(len(q)) * 4, qb, methods, **kwargs), one_each)]
+    for w, o in ((w, o) for want_all, got_all in pairs for w, o in zip(want_all.results, got_all.results)):
+        assert o.method == w.method
+        assert o.metrics == w.metrics and o.hubness == w.hubness, w.method
+        np.testing.assert_array_equal(o.n1, w.n1)
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
+def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_compile, monkeypatch):
+    """A compiler that fails (no C++ compiler, no Triton) is reported once; the ranks are the
+    eager pass's."""
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    want = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore lines")
+
+    monkeypatch.setattr(fresh_compile.torch, "compile", lambda fn, **kwargs: no_compiler)
+    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))
+    with pytest.warns(fresh_compile.CompileFallbackWarning, match="torch.compile failed .RuntimeError: InvalidCxxCompiler") as caught:
+        with use_device(DEVICE, compiled=True):
+            got = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
+    assert len(caught) == 1 and "more lines" not in str(caught[0].message)
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == w.metrics, w.method
+
+
 @pytest.mark.parametrize("device", ["one", "two"])
 def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, data, monkeypatch):
     """The gated methods' raw top-1 (DIS, DualDIS) comes from the ranking pass's own blocks, as

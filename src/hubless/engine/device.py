@@ -19,7 +19,10 @@ memory (:mod:`hubless.engine.torch_arrays`). ``dtype`` (``HUBLESS_DTYPE``): ``fl
 ``float16`` / ``bfloat16`` products returned as float32 (their error against float32 is
 measured in ``benchmarks/gpu_engine.py`` and bounded in the tests). ``tf32``
 (``HUBLESS_TF32=1``): let CUDA run float32 products as TF32 (off by default: TF32 keeps 10
-bits of mantissa, about 1e-3 relative error per product).
+bits of mantissa, about 1e-3 relative error per product). ``compiled`` (``HUBLESS_COMPILE=1``):
+the ranking pass of ``evaluate`` / ``tune`` runs each block's per-ranking work as kernels
+compiled by ``torch.compile`` (:mod:`hubless.engine.torch_fused`; off by default: compiling
+takes seconds).
 """
 
 from __future__ import annotations
@@ -34,23 +37,35 @@ import numpy as np
 
 from hubless.errors import InvalidInput, optional_import
 
-__all__ = ["DTYPES", "block_product", "checked_on_device", "resolve", "tf32_products", "torch_device", "use_device"]
+__all__ = [
+    "DTYPES",
+    "block_product",
+    "checked_on_device",
+    "compiled_enabled",
+    "resolve",
+    "tf32_products",
+    "torch_device",
+    "use_device",
+]
 
 DTYPES = ("float32", "float16", "bfloat16")
 _CURRENT: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar("hubless_device", default=(None, None))
 _TF32: contextvars.ContextVar[bool | None] = contextvars.ContextVar("hubless_tf32", default=None)
+_COMPILED: contextvars.ContextVar[bool | None] = contextvars.ContextVar("hubless_compiled", default=None)
 
 #: ``product(rows, c0, c1, out)`` writes ``rows @ cols[c0:c1].T`` into ``out`` (float32).
 Product = Callable[[np.ndarray, int, int, np.ndarray], None]
 
 
 @contextlib.contextmanager
-def use_device(device: str | None, dtype: str | None = None, *, tf32: bool | None = None) -> Iterator[None]:
+def use_device(device: str | None, dtype: str | None = None, *, tf32: bool | None = None, compiled: bool | None = None) -> Iterator[None]:
     """Run the engine's blocks on ``device`` (and ``dtype``; ``tf32``: allow TF32 float32
-    products on CUDA) inside the block; None keeps the surrounding setting (the environment's
-    by default)."""
+    products on CUDA; ``compiled``: the ranking pass's per-block work as kernels compiled by
+    ``torch.compile``, see :mod:`hubless.engine.torch_fused`) inside the block; None keeps the
+    surrounding setting (the environment's by default)."""
     token = _CURRENT.set((device, dtype)) if device is not None or dtype is not None else None
     tf32_token = _TF32.set(tf32) if tf32 is not None else None
+    compiled_token = _COMPILED.set(compiled) if compiled is not None else None
     try:
         yield
     finally:
@@ -58,6 +73,8 @@ def use_device(device: str | None, dtype: str | None = None, *, tf32: bool | Non
             _CURRENT.reset(token)
         if tf32_token is not None:
             _TF32.reset(tf32_token)
+        if compiled_token is not None:
+            _COMPILED.reset(compiled_token)
 
 
 def resolve(device: str | None = None, dtype: str | None = None) -> tuple[str, str]:
@@ -114,10 +131,21 @@ def checked_on_device(device: str | None = None, *, when: bool = True) -> Iterat
 def tf32_enabled() -> bool:
     """Whether TF32 float32 products are allowed: :func:`use_device`'s ``tf32``, else
     ``HUBLESS_TF32`` (1/true/yes/on), else False."""
-    chosen = _TF32.get()
-    if chosen is not None:
-        return chosen
-    return os.environ.get("HUBLESS_TF32", "").strip().lower() in {"1", "true", "yes", "on"}
+    return _switch(_TF32, "HUBLESS_TF32")
+
+
+def compiled_enabled() -> bool:
+    """Whether the ranking pass compiles its per-block work (:mod:`hubless.engine.torch_fused`):
+    :func:`use_device`'s ``compiled``, else ``HUBLESS_COMPILE`` (1/true/yes/on), else False."""
+    return _switch(_COMPILED, "HUBLESS_COMPILE")
+
+
+def _switch(chosen: contextvars.ContextVar[bool | None], variable: str) -> bool:
+    """A switch of :func:`use_device` if set there, else the environment's ``variable``."""
+    value = chosen.get()
+    if value is not None:
+        return value
+    return os.environ.get(variable, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 _TF32_LOCK = threading.Lock()

@@ -21,9 +21,9 @@ import numpy as np
 
 from hubless._torch import from_numpy
 from hubless.engine import torch_arrays
-from hubless.engine.device import tf32_products
+from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
-from hubless.engine.torch_reducers import ordered_topk
+from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
 
 __all__ = ["GatedRanker", "HostRanker", "one_row", "rank_queries", "rank_score_rows"]
 
@@ -160,6 +160,7 @@ class _RankingPass:
         dev = self.dev = torch.device(device)
         n = self.n = len(truth_indptr) - 1
         self.ties, self.depth, self.indptr = ties, depth, truth_indptr
+        self.compiled = compiled_enabled()  # the per-ranking work by torch.compile's kernels (torch_fused)
         most = int(np.diff(truth_indptr).max()) if n else 1
         self.one_each = truth_indices.size == n  # one relevant item per query: rows are the queries
         shape = torch_arrays.BLOCK_SHAPE
@@ -204,50 +205,101 @@ class _RankingPass:
     def rank(self, start: int, stop: int, sims, shared: float) -> None:
         """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
         (``shared``: the seconds the block itself took)."""
-        torch, dev, ties = self.torch, self.dev, self.ties
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
         r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
         out = self.scores_buffer[: stop - start]
-        host = raw = None
+        cache: dict[str, Any] = {}
         for i, ranker in enumerate(self.prepared):
             t0 = self.clock()
-            if ranker is None:
-                scores = sims
-            elif callable(ranker):
-                host = to_host(sims) if host is None else host
-                scores = from_numpy(np.ascontiguousarray(ranker(start, stop, host), dtype=np.float32)).to(dev)
-            elif callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
-                if raw is None:
-                    raw = tuple(to_host(x) for x in ordered_topk(sims, self.neighbours))
-                w = ranker[0](start, stop, *raw)
-                if np.any(w):
-                    scores = _additive_scores(sims, from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
-                else:  # every gate of the block closed: the raw scores rank
-                    scores = sims
-            elif ranker[0] is not None:  # one weight for every query: one row subtracted
-                scores = torch.sub(sims, ranker[0], out=out)
-            else:
-                scores = _additive_scores(sims, ranker[1][start:stop], ranker[2], out)
-            block = scores if self.one_each else scores.index_select(0, r)
-            target = block.gather(1, c[:, None])
-            flags = self.flags_buffer[: len(block)]
-            above = count_true(torch.gt(block, target, out=flags))
-            if ties == "optimistic":
-                self.ranks[i][lo:hi] = above + 1
-            else:
-                equal = count_true(torch.eq(block, target, out=flags))
-                if ties == "average":  # in float64: a half rank stays exact at any gallery size
-                    self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
-                else:  # "index": among equal scores, the lower gallery index first
-                    tied = (equal > 1).nonzero().squeeze(1)
-                    if tied.numel():
-                        before = (block[tied] == target[tied]) & (self.positions[None, :] < c[tied, None])
-                        equal[tied] = before.sum(dim=1) + 1
-                    self.ranks[i][lo:hi] = above + equal
-            top = self.tops[i]
-            if top is not None:
-                top[start:stop] = ordered_topk(scores, self.depth)[1]
+            base, minus = self._terms(ranker, start, stop, sims, out, cache)
+            if not (self.compiled and self._rank_compiled(i, lo, hi, start, stop, base, minus, r, c)):
+                scores = base if minus is None else self.torch.sub(base, minus, out=out)
+                self._rank_eager(i, lo, hi, start, stop, scores, r, c)
             self.seconds[i] += shared + self.clock() - t0
+
+    def _terms(self, ranker, start: int, stop: int, sims, out, cache: dict[str, Any]):
+        """(base, minus) of one ranking's scores ``base - minus`` for rows start:stop: the raw
+        similarities or a host ranking's scores, less nothing, one row, or the per-query
+        products ``W(q) . bias_columns(r)`` (formed in ``out``)."""
+        dev = self.dev
+        if ranker is None:
+            return sims, None
+        if callable(ranker):
+            if "host" not in cache:
+                cache["host"] = to_host(sims)
+            return from_numpy(np.ascontiguousarray(ranker(start, stop, cache["host"]), dtype=np.float32)).to(dev), None
+        if callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
+            if "raw" not in cache:
+                cache["raw"] = tuple(to_host(x) for x in ordered_topk(sims, self.neighbours))
+            w = ranker[0](start, stop, *cache["raw"])
+            if not np.any(w):  # every gate of the block closed: the raw scores rank
+                return sims, None
+            return sims, _products(from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
+        if ranker[0] is not None:  # one weight for every query: one row subtracted
+            return sims, ranker[0]
+        return sims, _products(ranker[1][start:stop], ranker[2], out)
+
+    def _rank_eager(self, i: int, lo: int, hi: int, start: int, stop: int, scores, r, c) -> None:
+        """Ranks and top ids of ranking ``i`` from its scores, by eager passes (float 0/1 flags
+        counted by float sums)."""
+        torch = self.torch
+        block = scores if self.one_each else scores.index_select(0, r)
+        target = block.gather(1, c[:, None])
+        flags = self.flags_buffer[: len(block)]
+        above = count_true(torch.gt(block, target, out=flags))
+        equal = None if self.ties == "optimistic" else count_true(torch.eq(block, target, out=flags))
+        self._store_ranks(i, lo, hi, above, equal, target, c, lambda at: block[at])
+        top = self.tops[i]
+        if top is not None:
+            top[start:stop] = ordered_topk(scores, self.depth)[1]
+
+    def _rank_compiled(self, i: int, lo: int, hi: int, start: int, stop: int, base, minus, r, c) -> bool:
+        """Ranks and top ids of ranking ``i`` from ``base - minus`` by the compiled kernels of
+        :mod:`hubless.engine.torch_fused` (the scores never written); False when they do not
+        apply (top ids over a gallery too narrow for chunks) or could not be compiled."""
+        from hubless.engine import torch_fused
+
+        width = chunk_width(base, self.depth) if self.depth else 0
+        if self.depth and not width:
+            return False
+        rows = None if self.one_each else r
+        pair_rows = torch_fused.torch.arange(len(c), device=self.dev) if self.one_each else r
+        target = base[pair_rows, c] if minus is None else base[pair_rows, c] - (minus[c] if minus.dim() == 1 else minus[pair_rows, c])
+        counts = torch_fused.compiled_block_counts(base, minus, rows, target[:, None], width)
+        if counts is None:
+            return False
+        above, equal, maxima = counts
+
+        def scores_at(at):  # the scores of the pairs ``at`` (whole rows)
+            rows_at = pair_rows[at]
+            return base[rows_at] if minus is None else base[rows_at] - (minus if minus.dim() == 1 else minus[rows_at])
+
+        self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target[:, None], c, scores_at)
+        top = self.tops[i]
+        if top is not None:
+
+            def entries(columns):  # the scores at ``columns`` of each row, as the kernels form them
+                got = base.gather(1, columns)
+                return got if minus is None else got - (minus[columns] if minus.dim() == 1 else minus.gather(1, columns))
+
+            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], entries)[1]
+        return True
+
+    def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target, c, scores_at) -> None:
+        """The 1-based ranks of pairs lo:hi of ranking ``i`` from the counts of scores above and
+        equal to each pair's (``equal`` None for optimistic ties), by the tie convention;
+        ``scores_at(at)`` gives the score rows of the pairs ``at`` (for index ties)."""
+        ties = self.ties
+        if ties == "optimistic":
+            self.ranks[i][lo:hi] = above + 1
+        elif ties == "average":  # in float64: a half rank stays exact at any gallery size
+            self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
+        else:  # "index": among equal scores, the lower gallery index first
+            tied = (equal > 1).nonzero().squeeze(1)
+            if tied.numel():
+                before = (scores_at(tied) == target[tied]) & (self.positions[None, :] < c[tied, None])
+                equal[tied] = before.sum(dim=1) + 1
+            self.ranks[i][lo:hi] = above + equal
 
     def results(self) -> list[Ranked]:
         return [
@@ -281,12 +333,11 @@ def one_row(weights: np.ndarray, w, bias):
     return bias[:, 0] * w[0, 0]
 
 
-def _additive_scores(sims, w, bias, out):
-    """``sims - W(q) . bias_columns(r)`` into ``out``: the product ``w_q * b_r`` rounded before
-    the subtraction, as the numpy ranking does (bitwise the same scores), without a fresh block."""
+def _products(w, bias, out):
+    """``W(q) . bias_columns(r)`` into ``out``: each product ``w_q * b_r`` rounded before the
+    ranking subtracts it from the similarities, as the numpy ranking does (bitwise the same
+    scores), without a fresh block."""
     torch = torch_module()
     if bias.shape[1] == 1:
-        torch.mul(w[:, :1], bias[:, 0], out=out)
-    else:
-        torch.matmul(w, bias.T, out=out)
-    return torch.sub(sims, out, out=out)
+        return torch.mul(w[:, :1], bias[:, 0], out=out)
+    return torch.matmul(w, bias.T, out=out)

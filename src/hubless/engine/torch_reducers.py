@@ -42,7 +42,10 @@ __all__ = [
     "State",
     "TopKIds",
     "TopKValues",
+    "chunk_maxima",
+    "chunk_width",
     "ordered_topk",
+    "topk_from_chunks",
     "reduce_blocks",
 ]
 
@@ -121,8 +124,9 @@ class TopKValues(State):
         k = min(self.k, block.shape[1])
         width = chunk_width(block, k)
         if width:  # the k largest lie in the k chunks of the largest maxima (any k of them when tied)
-            best = torch.topk(_chunk_maxima(block, width), k, dim=1, sorted=False).indices
-            new = torch.topk(_chunk_entries(block, best, width)[0], k, dim=1, sorted=False).values
+            best = torch.topk(chunk_maxima(block, width), k, dim=1, sorted=False).indices
+            candidates = _chunk_entries(best, width, block.shape[1], lambda columns: block.gather(1, columns))[0]
+            new = torch.topk(candidates, k, dim=1, sorted=False).values
         else:
             new = torch.topk(block, k, dim=1, sorted=False).values
         self.values = torch.topk(torch.cat([self.values, new], dim=1), self.k, dim=1, sorted=False).values
@@ -146,10 +150,7 @@ def ordered_topk(block, k: int):
     torch = torch_module()
     width = chunk_width(block, k)
     if width:
-        chunks = ordered_topk(_chunk_maxima(block, width), k)[1].sort(dim=1).values  # in column order
-        candidates, columns = _chunk_entries(block, chunks, width)
-        values, at = ordered_topk(candidates, k)  # a tie to the earlier entry: the lower id
-        return values, columns.gather(1, at)
+        return topk_from_chunks(chunk_maxima(block, width), k, width, block.shape[1], lambda columns: block.gather(1, columns))
     # the (k+1)-th largest equals the k-th exactly when a tie straddles the k-th place
     values, ids = torch.topk(block, min(k + 1, block.shape[1]), dim=1)
     tied = values[:, k] == values[:, k - 1] if values.shape[1] > k else torch.zeros(len(block), dtype=torch.bool, device=block.device)
@@ -185,8 +186,10 @@ def chunk_width(block, k: int) -> int:
     return width if width >= max(2, low) else 0
 
 
-def _chunk_maxima(block, width: int):
-    """The maximum of each chunk of ``width`` columns of each row (the last chunk may be narrower)."""
+def chunk_maxima(block, width: int):
+    """The maximum of each chunk of ``width`` columns of each row (the last chunk may be
+    narrower). Written with torch operations only, so a compiled caller
+    (:mod:`hubless.engine.torch_fused`) fuses it with the work on the same block."""
     n, m = block.shape
     full = m // width
     maxima = block[:, : full * width].reshape(n, full, width).amax(dim=2)
@@ -195,16 +198,26 @@ def _chunk_maxima(block, width: int):
     return maxima
 
 
-def _chunk_entries(block, chunks, width: int):
+def topk_from_chunks(maxima, k: int, width: int, n_cols: int, entries):
+    """The second step of :func:`ordered_topk`: (values, column ids) of each row's ``k`` best
+    entries, ordered by (value descending, id ascending), from its chunk ``maxima`` and
+    ``entries(columns)``, which gives the entries at ``columns`` ((rows, c) column ids, clamped
+    to the last column) of the block the maxima came from."""
+    chunks = ordered_topk(maxima, k)[1].sort(dim=1).values  # the best k chunks, in column order
+    candidates, columns = _chunk_entries(chunks, width, n_cols, entries)
+    values, at = ordered_topk(candidates, k)  # a tie to the earlier entry: the lower id
+    return values, columns.gather(1, at)
+
+
+def _chunk_entries(chunks, width: int, n_cols: int, entries):
     """(entries, column ids) of the chunks ``chunks`` ((rows, c) chunk numbers) of each row, side
     by side in the given order; the places past the last column hold -inf (never chosen before
     an entry: they come last)."""
     torch = torch_module()
-    n, m = block.shape
-    columns = (chunks[:, :, None] * width + torch.arange(width, device=block.device)).reshape(n, -1)
-    past = columns >= m
-    columns.clamp_(max=m - 1)
-    return block.gather(1, columns).masked_fill_(past, -torch.inf), columns
+    columns = (chunks[:, :, None] * width + torch.arange(width, device=chunks.device)).reshape(len(chunks), -1)
+    past = columns >= n_cols
+    columns.clamp_(max=n_cols - 1)
+    return entries(columns).masked_fill_(past, -torch.inf), columns
 
 
 class TopKIds(State):
