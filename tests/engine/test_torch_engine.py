@@ -636,6 +636,38 @@ def test_score_matrix_evaluation_ranks_on_the_device_as_numpy_does(ties, data, t
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
+@pytest.mark.parametrize("ranking", [False, True], ids=["method-scores", "ranking-scores"])
+def test_correct_scores_top_k_ranks_on_the_device_as_on_the_host(ranking, data, block_shape, monkeypatch):
+    """correct_scores(..., top_k=) with a torch device: an additive method's rows are ranked there
+    (raw neighbours, bias, top-k) and only the top k come back, the same values and ids as the host
+    path (the correction fitted on the host for both, so the rows' ranking is what is compared);
+    GC and published DualDIS are ranked on the host. Blocks of 23 rows."""
+    from hubless.engine import torch_ranking
+    from hubless.scores import correct, correct_scores
+
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    S, SB, SG = q @ g.T, qb @ g.T, gb @ g.T
+    fit = correct.fit_on_scores
+
+    def fit_on_the_host(*args, **kwargs):
+        with use_device("numpy"):
+            return fit(*args, **kwargs)
+
+    monkeypatch.setattr(correct, "fit_on_scores", fit_on_the_host)
+    monkeypatch.setattr(correct, "RANK_BLOCK_ELEMENTS", 23 * S.shape[1])
+    ranked = []
+    real = torch_ranking.corrected_top_k
+    monkeypatch.setattr(torch_ranking, "corrected_top_k", lambda *a, **k: ranked.append(1) or real(*a, **k))
+    on_the_host = ("gc", "dualdis:k_activation=2")  # not exactly additive (published DualDIS)
+    for spec in ("nnn:k=5", "csls:k=4", "is:beta=20.0", "dis:k_activation=3", "dualis", "dualdis:k_activation=2,ungated=exp", *on_the_host):
+        ranked.clear()
+        want = correct_scores(S, SB, spec, gallery_bank_scores=SG, top_k=9, ranking=ranking)
+        got = correct_scores(S, SB, spec, gallery_bank_scores=SG, top_k=9, ranking=ranking, device=DEVICE)
+        assert len(ranked) == (0 if spec in on_the_host else 4), spec  # 80 rows: 4 blocks on the device
+        np.testing.assert_array_equal(got[1], want[1], err_msg=spec)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=spec)
+
+
 def test_read_only_arrays_go_to_the_device_without_a_warning(data):
     """Memory maps and a loaded index's arrays are read-only: torch's warning about them would
     reach users (the engine never writes into those tensors)."""

@@ -176,6 +176,22 @@ def test_corrected_matrices_rank_as_the_reference(video_data, tmp_path):
         np.testing.assert_array_equal(top["ids"], np.argsort(-shown, axis=1, kind="stable")[:, :7])
 
 
+def test_top_k_of_method_scores_follows_the_ranking_where_they_underflow():
+    """With ``top_k`` the best items are those the method ranks first (by its ranking scores),
+    and their values the method's own scores: where exp(beta s) underflows to 0 (DualIS at beta
+    20 on scores far below the banks'), the ids are still the ranking's, not the lowest ids of a
+    row of tied zeros."""
+    rng = np.random.default_rng(0)
+    g, q, qb, gb = (unit_rows(rng, n, 16) for n in (300, 80, 400, 200))
+    S, SB, SG = q @ g.T - 3.0, qb @ g.T, gb @ g.T  # test scores far below the banks'
+    ranked = correct_scores(S, SB, "dualis", gallery_bank_scores=SG, top_k=7, ranking=True)
+    shown = correct_scores(S, SB, "dualis", gallery_bank_scores=SG, top_k=7)
+    assert (shown[0] == 0).all()  # every method score underflows
+    np.testing.assert_array_equal(shown[1], ranked[1])
+    whole = correct_scores(S, SB, "dualis", gallery_bank_scores=SG)
+    np.testing.assert_array_equal(shown[0], np.take_along_axis(whole, shown[1], axis=1))
+
+
 METHODS = ["baseline", "nnn:alpha=0.75,k=8", "csls:k=4", "is:beta=20", "dis:beta=20", "dualis", "dualdis", "gc"]
 
 

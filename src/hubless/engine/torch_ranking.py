@@ -25,7 +25,7 @@ from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
 from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
 
-__all__ = ["GatedRanker", "HostRanker", "one_row", "rank_queries", "rank_score_rows"]
+__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "rank_queries", "rank_score_rows"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -147,6 +147,36 @@ def rank_score_rows(
             sims = ranking.similarities(start, stop).copy_(from_numpy(np.ascontiguousarray(read(start, stop), dtype=np.float32)))
             ranking.rank(start, stop, sims, ranking.clock() - t0)
     return ranking.results()
+
+
+def corrected_top_k(
+    block: np.ndarray,
+    k: int,
+    *,
+    depth: int,
+    weights: Callable[[tuple[np.ndarray, np.ndarray] | None], np.ndarray],
+    bias: np.ndarray,
+    device: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(values, ids) of each row's ``k`` best corrected scores ``s - W(q) . bias(r)`` of a block
+    of raw score rows (host, checked), best first, ties to the lower id, on the device: the
+    block is uploaded once, each row's raw top-``depth`` (scores, ids) taken there and given to
+    ``weights`` (None when ``depth`` is 0), which returns W (host), and the subtraction and the
+    top-k run there (the score-matrix mode's ``correct_scores(..., top_k=)``). The scores are
+    the ranking pass's, bitwise: one row subtracted when every row has one weight, else the
+    rounded products."""
+    torch = torch_module()
+    dev = torch.device(device.split(",")[0])
+    with torch.no_grad():
+        scores = from_numpy(np.ascontiguousarray(block, dtype=np.float32)).to(dev)
+        raw = tuple(to_host(x) for x in ordered_topk(scores, depth)) if depth else None
+        w = weights(raw)  # type: ignore[arg-type]
+        if np.any(w):
+            w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, str(dev), "float32", keep=True)
+            row = one_row(w, w_t, bias_t)
+            torch.sub(scores, row if row is not None else _products(w_t, bias_t, torch.empty_like(scores)), out=scores)
+        values, ids = ordered_topk(scores, k)
+    return to_host(values), to_host(ids)
 
 
 class _RankingPass:

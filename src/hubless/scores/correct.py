@@ -21,8 +21,9 @@ import numpy as np
 
 from hubless._io import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
-from hubless.corrections import Correction, make_correction
+from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
 from hubless.corrections.scores import fit_on_scores
+from hubless.engine.device import torch_device, use_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
@@ -52,6 +53,7 @@ def correct_scores(
     ranking: bool = False,
     transpose: bool = False,
     progress: bool | None = None,
+    device: str | None = None,
 ):
     """The corrected scores of ``scores`` (queries x gallery) under ``method`` fitted on the bank
     score matrices (see the module docstring). Inputs are arrays, memory maps or file paths
@@ -65,6 +67,11 @@ def correct_scores(
     for top-k, both marked as hubless's so that a re-run may replace them: see
     :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
     held in memory.
+
+    With a torch device (``device=``, ``use_device``, ``HUBLESS_DEVICE``) the bank passes of the
+    fit run there, and with ``top_k`` an additive method's rows are ranked there too: each block
+    is read and checked on the host, uploaded once, and only its top ``top_k`` come back (the same
+    values and ids as without a device).
     """
     corr = make_correction(method)
     s = _matrix(scores, "scores")
@@ -80,7 +87,8 @@ def correct_scores(
         suffix = ".npz" if top_k else ".npy"
         if out.suffix.lower() != suffix:
             raise InvalidInput(f"out must be a {suffix} file ({'top-k scores and ids' if top_k else 'the corrected matrix'}); got {out}")
-    fit_on_scores([corr], sb, sg, n_gallery=n_gallery, progress=progress)
+    with use_device(device):  # the bank passes on the device when one is given
+        fit_on_scores([corr], sb, sg, n_gallery=n_gallery, progress=progress)
     if out is not None and not top_k:
         return _write_matrix(corr, s, out, ranking, progress)
     width = top_k or n_gallery
@@ -88,12 +96,22 @@ def correct_scores(
     ids = np.full((n_queries, width), MISSING, np.int64) if top_k else None
     found = min(width, n_gallery)  # the slots past the gallery stay unfilled
 
+    on_device = torch_device(device)
+
     def work(start: int, stop: int) -> None:
-        block = _corrected(corr, s, start, stop, ranking)
-        if ids is not None and top_k:
-            values[start:stop, :found], ids[start:stop, :found] = best_of(block, found)
-        else:
-            values[start:stop] = block
+        if ids is not None and on_device is not None and isinstance(corr, AdditiveCorrection) and corr.exactly_additive:
+            values[start:stop, :found], ids[start:stop, :found] = _top_on_device(corr, s, start, stop, found, ranking, on_device[0])
+            return
+        if ids is None:
+            values[start:stop] = _corrected(corr, s, start, stop, ranking)
+            return
+        # the best by the ranking scores, then the method's scores of those (an underflow to 0 of
+        # exp(beta s) could tie items the ranking tells apart)
+        block = read_rows(s, start, stop, "scores")
+        batch = score_batch([corr], block)
+        best, best_ids = best_of(corr.rank(batch, block), found)
+        values[start:stop, :found] = best if ranking else np.asarray(corr.method_scores(batch, best), dtype=np.float32)
+        ids[start:stop, :found] = best_ids
 
     run_blocks(work, row_blocks(n_queries, n_gallery, RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
     if out is None:
@@ -117,6 +135,29 @@ def _corrected(corr: Correction, s, start: int, stop: int, ranking: bool) -> np.
         return ranked
     # method scores are an increasing map of the ranking scores per query: the order is kept
     return np.asarray(corr.method_scores(batch, ranked), dtype=np.float32)
+
+
+def _top_on_device(corr: AdditiveCorrection, s, start: int, stop: int, k: int, ranking: bool, device: str):
+    """(values, ids) of the ``k`` best corrected scores of rows start:stop, ranked on the device
+    (:func:`hubless.engine.torch_ranking.corrected_top_k`: the rows read and checked on the host,
+    the raw neighbours, the bias and the top-k on the device); the method's own scores of those k
+    from the host formula (:meth:`~hubless.corrections.Correction.method_scores` maps each
+    ranking score on its own, per query)."""
+    from hubless.engine import torch_ranking
+
+    block = read_rows(s, start, stop, "scores")
+    batch = QueryBatch(np.empty((stop - start, 0), np.float32))  # score rows carry no vectors
+
+    def weights(raw):
+        if raw is not None:
+            batch.statistics = QueryStatistics.from_neighbours(corr.query_request, *raw)
+        additive = corr.additive_ranking(batch)
+        assert additive is not None  # exactly additive
+        return additive[0]
+
+    depth = min(corr.query_request.depth, block.shape[1])
+    values, ids = torch_ranking.corrected_top_k(block, k, depth=depth, weights=weights, bias=corr.bias_columns_, device=device)
+    return (values if ranking else np.asarray(corr.method_scores(batch, values), dtype=np.float32)), ids
 
 
 def _atomic(out: Path, write) -> None:
