@@ -4,9 +4,12 @@
 # (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt and gpu_engine.md (the table for
 # docs/benchmarks/measured.md).
 #
-# Prepare here, where PyPI answers (nnn-retrieval is pure Python; torch, numpy and tqdm are there):
+# Prepare here, where PyPI answers (torch, numpy, tqdm and pytest are there; the engine's tests
+# also use hypothesis, a compiled wheel: the device's Python is 3.12):
 #   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: -d .whl nnn-retrieval==1.0.1
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl nnn-retrieval==1.0.1 sortedcontainers
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl --python-version 3.12 \
+#       --platform manylinux2014_x86_64 hypothesis
 # then run it there with .whl carried:   bash benchmarks/gpu_session.sh
 # It runs on CPU torch too (no GPU: the tests on "cpu", the benchmark at its small sizes unless
 # BENCH_ARGS names others), which is how it is checked before a device call.
@@ -14,8 +17,11 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/hubless-site .whl/*.whl \
-        && export PYTHONPATH=/tmp/hubless-site
+    for wheel in .whl/*.whl; do  # one by one: a wheel for another Python is skipped, not fatal
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/hubless-site "$wheel" \
+            || echo "skipped $wheel (not installable here)"
+    done
+    export PYTHONPATH=/tmp/hubless-site
 fi
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 PYTHON=${PYTHON:-python3}
@@ -24,7 +30,7 @@ device=$("$PYTHON" -c "import torch; print('cuda' if torch.cuda.is_available() e
 full="--gallery 100000 --bank 50000 --dim 512 --queries 10000"
 [ "$device" = cuda ] || full=""
 
-HUBLESS_TEST_DEVICE=$device timeout "${TEST_SECONDS:-150}" "$PYTHON" -m pytest -q -x -p no:cacheprovider \
+HUBLESS_TEST_DEVICE=$device timeout "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -q -p no:cacheprovider \
     tests/engine/test_torch_engine.py > "$OUT/engine_tests.txt" 2>&1
 echo "engine tests on $device: exit $?" >> "$OUT/engine_tests.txt"
 
