@@ -8,6 +8,9 @@ computed once on the device and shared by every ranking (an additive correction'
 block), and only the 1-based ranks of the relevant items, the top ids and the seconds come back.
 Ranks follow the tie conventions of :func:`hubless.metrics.relevant_ranks`. Several devices
 (``"cuda:0,cuda:1"``) split the queries. Arrays are placed by :mod:`hubless.engine.torch_arrays`.
+Each ranking's counts and top ids come from eager passes over its block, or with
+``HUBLESS_COMPILE`` from the compiled kernels of :mod:`hubless.engine.torch_fused` (the same
+ranks). :func:`corrected_top_k` is the top-k of corrected score rows (``correct_scores``).
 """
 
 from __future__ import annotations
@@ -293,7 +296,7 @@ class _RankingPass:
         if self.depth and not width:
             return False
         rows = None if self.one_each else r
-        pair_rows = torch_fused.torch.arange(len(c), device=self.dev) if self.one_each else r
+        pair_rows = self.torch.arange(len(c), device=self.dev) if self.one_each else r
         target = base[pair_rows, c] if minus is None else base[pair_rows, c] - (minus[c] if minus.dim() == 1 else minus[pair_rows, c])
         counts = torch_fused.compiled_block_counts(base, minus, rows, target[:, None], width)
         if counts is None:
