@@ -3,9 +3,9 @@
 
 For every ranking of a block of queries, :mod:`hubless.engine.torch_ranking` needs the rank of
 each relevant item, ``1 + #(scores above its score)`` and the number of equal scores (for the
-tie conventions), and the chunk maxima that give the top ids (:func:`~hubless.engine.
-torch_reducers.topk_from_chunks`), where ``scores = base - minus`` (the raw similarities less a
-bias row, or less the per-query products ``W(q) . bias_columns(r)``). In eager torch each of
+tie conventions), and the chunk maxima that give the top ids
+(:func:`hubless.engine.torch_reducers.topk_from_chunks`), where ``scores = base - minus`` (the
+raw similarities less a bias row, or less the per-query products ``W(q) . bias_columns(r)``). In eager torch each of
 these is a pass over the block (the subtraction, two compares and two sums, the maxima: about
 ten reads and writes of a 2^27-entry block per ranking). :func:`block_counts` states them as
 one function that ``torch.compile`` turns into kernels reading the block once for the counts
