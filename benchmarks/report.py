@@ -86,6 +86,13 @@ BENCHMARKS: dict[str, tuple[str, str, list[str], list[str], str | None]] = {
         ["--gallery", "5000", "--bank", "20000"],
         None,
     ),
+    "ranking_pass": (
+        "The device ranking pass",
+        "per method and block of 2,684 x 50,000: eager kernels with torch.topk over whole rows, with the chunked top-k, and compiled (HUBLESS_COMPILE)",
+        [],
+        ["--queries", "1000", "--gallery", "20000"],
+        None,
+    ),
     "distributed_fit": ("Ray", "the distributed fit against the single-machine fit, and the tile cost model", [], ["--scale", "0.2"], None),
     "driver_memory": (
         "The Ray driver's memory",
