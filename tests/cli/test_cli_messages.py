@@ -203,5 +203,5 @@ def test_a_closed_pipe_ends_a_command_quietly(tmp_path):
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, stderr
-    assert json.loads(first)["query"] == 0 and len(json.loads(first)["results"]) == 10
+    assert json.loads(first)["query"] == 0 and len(json.loads(first)["hits"]) == 10
     assert stderr == "", stderr

@@ -47,9 +47,9 @@ def test_cli_json_equals_the_searchers_records(tmp_path, data):
         want = Searcher({"gallery": uri}).search(embeddings=q, **{"top_k": 10, **options}).records()
         got = _lines(result.output)
         assert [line["query"] for line in got] == [r["query"] for r in want]
-        assert [line["results"] for line in got] == [r["hits"] for r in want]
-    assert len(got[0]["results"]) == 200  # top_k beyond the items: the unfilled slots are left out
-    assert got[0]["results"][0]["metadata"] == {"caption": f"item {got[0]['results'][0]['id']}"}
+        assert [line["hits"] for line in got] == [r["hits"] for r in want]
+    assert len(got[0]["hits"]) == 200  # top_k beyond the items: the unfilled slots are left out
+    assert got[0]["hits"][0]["metadata"] == {"caption": f"item {got[0]['hits'][0]['id']}"}
 
 
 def test_store_options_reach_the_store_through_the_searcher(tmp_path, data):
@@ -74,7 +74,7 @@ def test_store_options_reach_the_store_through_the_searcher(tmp_path, data):
         scores, ids, _ = hubless.export.search(uri, q, 5, **options)
         np.testing.assert_array_equal(got.ids, ids)
         np.testing.assert_array_equal(got.scores, scores)
-        assert [[h["id"] for h in line["results"]] for line in _lines(result.output)] == ids.tolist()
+        assert [[h["id"] for h in line["hits"]] for line in _lines(result.output)] == ids.tolist()
     both = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--target-recall", "0.95", "--ef-search", "8"])
     assert both.exit_code == 2 and "not both" in both.output
     with pytest.raises(InvalidInput, match="target_recall apply to a store.*Index.calibrate"):

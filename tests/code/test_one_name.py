@@ -76,7 +76,7 @@ def test_cli_weight_and_deprecated_alpha(tmp_path, arrays):
     old = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--alpha", "0.1", "--json"])
     assert new.exit_code == 0 and old.exit_code == 0, new.output + old.output
     ids = hubless.Index.load(tmp_path / "idx").search(queries, 10, lam=0.1)[1]
-    rows = lambda out: [[h["id"] for h in json.loads(line)["results"]] for line in out.splitlines() if line.startswith("{")]  # noqa: E731
+    rows = lambda out: [[h["id"] for h in json.loads(line)["hits"]] for line in out.splitlines() if line.startswith("{")]  # noqa: E731
     assert rows(new.stdout) == rows(old.stdout) == ids.tolist()
     assert "--alpha is deprecated: use --weight" in old.output and "deprecated" not in new.output
     both = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--weight", "0.1", "--alpha", "0.1"])

@@ -155,7 +155,7 @@ def test_the_cli_and_the_service_leave_unfilled_slots_out(data, exact, tmp_path)
     want = exact["corrected"][1].tolist()
     out = CliRunner().invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--top-k", str(TOP_K), "--json"])
     assert out.exit_code == 0, out.output
-    assert [[h["id"] for h in json.loads(line)["results"]] for line in out.output.strip().splitlines()] == want
+    assert [[h["id"] for h in json.loads(line)["hits"]] for line in out.output.strip().splitlines()] == want
     pytest.importorskip("fastapi")
     pytest.importorskip("pydantic_settings")
     from starlette.testclient import TestClient

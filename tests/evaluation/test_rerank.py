@@ -184,4 +184,4 @@ def test_search_cli_with_rerank(data, tmp_path):
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in r.stdout.strip().splitlines() if x.startswith("{")]
     first = hubless.Index.load(tmp_path / "idx").search(data.queries[:4], 10)[1]
-    assert len(lines) == 4 and all(set(h["id"] for h in line["results"]) <= set(first[i]) for i, line in enumerate(lines))
+    assert len(lines) == 4 and all(set(h["id"] for h in line["hits"]) <= set(first[i]) for i, line in enumerate(lines))

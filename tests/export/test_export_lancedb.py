@@ -120,8 +120,8 @@ def test_cli_search_on_a_store_equals_the_index(tmp_path):
     assert result.exit_code == 0, result.output
     _, ids = index.search(q, 5, alpha=0.3)
     lines = [_json.loads(line) for line in result.output.strip().splitlines()]
-    assert [[h["id"] for h in line["results"]] for line in lines] == ids.tolist()
-    assert lines[0]["results"][0]["metadata"] == {"caption": f"item {ids[0][0]}"}
+    assert [[h["id"] for h in line["hits"]] for line in lines] == ids.tolist()
+    assert lines[0]["hits"][0]["metadata"] == {"caption": f"item {ids[0][0]}"}
     table = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy")])
     assert table.exit_code == 0 and "item" in table.output
     refused = CliRunner().invoke(app, ["search", uri, "--text", "a dog"])  # exported from an index that records no model

@@ -81,7 +81,7 @@ def test_cli_export_and_search_on_postgres_and_qdrant(store, index, small_data, 
     result = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json"])
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert [[h["id"] for h in line["results"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
+    assert [[h["id"] for h in line["hits"]] for line in lines] == index.search(small_data["queries"], 5)[1].tolist()
 
 
 def test_cli_search_never_prints_the_password_of_a_store_uri(postgres, index, small_data, tmp_path):
@@ -292,7 +292,7 @@ def test_cli_search_passes_the_weight_by_its_name_and_the_knob_of_the_store(tmp_
     )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert [[h["id"] for h in line["results"]] for line in lines] == index.search(d["queries"], 5, lam=0.9)[1].tolist()
+    assert [[h["id"] for h in line["hits"]] for line in lines] == index.search(d["queries"], 5, lam=0.9)[1].tolist()
     refused = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--nprobe", "4"])
     assert refused.exit_code == 2 and "nprobe" in refused.output and "ef_search" in refused.output
     bad = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", f"qdrant://{tmp_path}/qd/x", "--option", "nope=1"])

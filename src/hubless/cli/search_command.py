@@ -138,7 +138,7 @@ def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool
         for i in range(n):
             hits = [{"id": j, "score": v, **({} if metadata is None else {"metadata": metadata(i, r, j)})} for r, j, v in found[i]]
             given = {} if query_texts is None else {"text": query_texts[i]}
-            typer.echo(to_json({"query": i, **given, "results": hits}))
+            typer.echo(to_json({"query": i, **given, "hits": hits}))  # the key of SearchResult.records() and the service
         return
     table = Table()
     for col in ("query", "rank", "id", "score"):
