@@ -480,3 +480,41 @@ def test_the_sidecar_is_switched_atomically_and_names_what_it_belongs_to(data, t
         AttachedCollection.open(str(tmp_path / "other.faiss"), side)
     with pytest.raises(Conflict, match="attached to"):
         update(side, str(tmp_path / "other.faiss"), bank)
+
+
+@pytest.mark.parametrize("engine", ["server", "in-process"])
+def test_both_qdrant_sources_choose_the_vector_alike(engine, tmp_path, request):
+    """A Qdrant collection (qdrant-client's engine standing in for a server) and an in-process
+    shard with two named vectors: without vector_field= the choice is asked for, a name it does
+    not have and a distance other than Dot / Cosine are refused, the same messages for both; a
+    named Dot vector is attached by its name."""
+    from hubless.attached.sources.qdrant import QdrantEdgeSource, QdrantSource
+
+    if engine == "server":
+        from qdrant_client import models
+
+        client = request.getfixturevalue("qdrant_server")
+        client.create_collection(
+            "two",
+            vectors_config={"a": models.VectorParams(size=4, distance=models.Distance.DOT), "b": models.VectorParams(size=4, distance=models.Distance.EUCLID)},
+        )  # fmt: skip
+        uri, what, open_source = f"qdrant+{QDRANT_TEST_URL}/two", "Qdrant collection", QdrantSource
+    else:
+        import qdrant_edge as qd
+
+        config = qd.EdgeConfig(
+            vectors={
+                "a": qd.EdgeVectorParams(size=4, distance=qd.Distance.Dot),
+                "b": qd.EdgeVectorParams(size=4, distance=qd.Distance.Euclid),
+            }
+        )
+        qd.EdgeShard.create(str(tmp_path / "qd" / "two"), config).flush()
+        uri, what, open_source = f"qdrant://{tmp_path / 'qd'}/two", "Qdrant shard", QdrantEdgeSource
+    with pytest.raises(InvalidInput, match=rf"^{what} \S+ has the named vectors '[ab]', '[ab]': choose one with vector_field=$"):
+        open_source(uri)
+    with pytest.raises(InvalidInput, match=rf"^{what} \S+ has no vector 'c' \(it has '[ab]', '[ab]'\)$"):
+        open_source(uri, vector_field="c")
+    with pytest.raises(InvalidInput, match=rf"^{what} \S+ uses the euclid distance: a correction attaches to Dot or Cosine$"):
+        open_source(uri, vector_field="b")
+    source = open_source(uri, vector_field="a")
+    assert (source.vector_field, source.dim, source.cosine) == ("a", 4, False)

@@ -16,13 +16,41 @@ import numpy as np
 from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits
 from hubless.errors import InvalidInput, NotFound, optional_import
 
-__all__ = ["QDRANT_EF_FACTOR", "QdrantEdgeSource", "QdrantSource"]
+__all__ = ["QDRANT_EF_FACTOR", "QdrantEdgeSource", "QdrantSource", "choose_vector", "is_cosine"]
 
 #: Qdrant's default beam for k' candidates: this many times k'. Measured at 100k x 256 (hub-prone
 #: synthetic, Qdrant's default m 16, NNN): recall@10 of the attached search against exact
 #: corrected search 0.959 with 2 k', 0.972 with 4 k', next to 0.974 for Qdrant's own plain top 10
 #: (benchmarks/attach.py; docs/benchmarks/measured.md).
 QDRANT_EF_FACTOR = 4
+
+
+def choose_vector(what: str, named: dict[str, Any] | None, unnamed: Any, vector_field: str | None) -> tuple[str | None, Any]:
+    """(name, parameters) of the vector a Qdrant collection or shard is attached by (``what``
+    names it in the messages): one of its ``named`` vectors (name -> parameters), chosen by
+    ``vector_field`` or the only one, or with ``named`` None its one ``unnamed`` vector. Both
+    Qdrant sources choose here."""
+    if named is None:
+        if vector_field is not None:
+            raise InvalidInput(f"{what} has one unnamed vector: leave vector_field out")
+        return None, unnamed
+    names = ", ".join(map(repr, named))
+    if vector_field is None:
+        if len(named) != 1:
+            raise InvalidInput(f"{what} has the named vectors {names}: choose one with vector_field=")
+        vector_field = next(iter(named))
+    if vector_field not in named:
+        raise InvalidInput(f"{what} has no vector {vector_field!r} (it has {names})")
+    return vector_field, named[vector_field]
+
+
+def is_cosine(what: str, distance: str) -> bool:
+    """Whether a Qdrant vector's ``distance`` is Cosine (else Dot); any other distance is refused:
+    a correction attaches to Dot or Cosine."""
+    distance = distance.lower()
+    if distance not in ("dot", "cosine"):
+        raise InvalidInput(f"{what} uses the {distance} distance: a correction attaches to Dot or Cosine")
+    return distance == "cosine"
 
 
 class _QdrantPoints(Source):
@@ -83,23 +111,10 @@ class QdrantSource(_QdrantPoints):
         if not self.client.collection_exists(self.collection):
             raise NotFound(f"no collection {self.collection!r} on the Qdrant server {parsed.location}")
         vectors = self.client.get_collection(self.collection).config.params.vectors
-        if isinstance(vectors, dict):
-            if vector_field is None:
-                if len(vectors) != 1:
-                    raise InvalidInput(f"Qdrant collection {uri} has named vectors {', '.join(vectors)}: choose one with vector_field=")
-                vector_field = next(iter(vectors))
-            if vector_field not in vectors:
-                raise InvalidInput(f"Qdrant collection {uri} has no vector {vector_field!r} (it has {', '.join(vectors)})")
-            params = vectors[vector_field]
-        else:
-            if vector_field is not None:
-                raise InvalidInput(f"Qdrant collection {uri} has one unnamed vector: leave vector_field out")
-            params = vectors
-        distance = str(getattr(params.distance, "value", params.distance)).lower()
-        if distance not in ("dot", "cosine"):
-            raise InvalidInput(f"Qdrant collection {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
-        self.cosine = distance == "cosine"
-        self.vector_field, self._dim = vector_field, int(params.size)
+        what = f"Qdrant collection {uri}"
+        self.vector_field, params = choose_vector(what, vectors if isinstance(vectors, dict) else None, vectors, vector_field)
+        self.cosine = is_cosine(what, str(getattr(params.distance, "value", params.distance)))
+        self._dim = int(params.size)
 
     @property
     def dim(self) -> int:
@@ -181,19 +196,10 @@ class QdrantEdgeSource(_QdrantPoints):
         except (OSError, ValueError):
             hint = " (a collection hubless exported: search it with hubless search instead)" if (folder / "CURRENT").is_file() else ""
             raise NotFound(f"no Qdrant in-process shard at {folder} (no edge_config.json){hint}") from None
-        vectors = config.get("vectors") or {}
-        if vector_field is None:
-            if len(vectors) != 1:
-                raise InvalidInput(f"Qdrant shard {uri} has vectors {', '.join(map(repr, vectors))}: choose one with vector_field=")
-            vector_field = next(iter(vectors))
-        if vector_field not in vectors:
-            raise InvalidInput(f"Qdrant shard {uri} has no vector {vector_field!r} (it has {', '.join(map(repr, vectors))})")
-        params = vectors[vector_field]
-        distance = str(params.get("distance", "")).lower()
-        if distance not in ("dot", "cosine"):
-            raise InvalidInput(f"Qdrant shard {uri} uses the {distance} distance: a correction attaches to Dot or Cosine")
-        self.cosine = distance == "cosine"
-        self.vector_field, self._dim = vector_field, int(params["size"])
+        what = f"Qdrant shard {uri}"
+        self.vector_field, params = choose_vector(what, config.get("vectors") or {}, None, vector_field)
+        self.cosine = is_cosine(what, str(params.get("distance", "")))
+        self._dim = int(params["size"])
         self._owned = shard is None
         if shard is not None:  # the process's own open shard (the engine lets one holder open it)
             self.shard = shard
