@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.data.synthetic import make_retrieval_data
+from hubless.errors import InvalidInput
 from hubless.index import disk
 
 runner = CliRunner()
@@ -376,3 +377,18 @@ def test_calibrate_edge_cases_and_cli(data, tmp_path):
     r = runner.invoke(app, ["index", "calibrate", idx, "--target-recall", "0.5", "--sample", "300"])
     assert r.exit_code == 0 and "nprobe" in r.output, r.output
     assert hubless.Index.load(idx).config.nprobe <= chosen
+
+
+@pytest.mark.parametrize("factory", [None, "HNSW16"], ids=["exact", "hnsw"])
+def test_search_knobs_are_checked_alike_by_every_search_of_every_index(factory):
+    """nprobe / ef_search are checked by search and search_uncorrected alike, whether the index
+    uses them (HNSW) or not (an exact index ignores them, but an invalid value is still an error)."""
+    rng = np.random.default_rng(0)
+    gallery, bank = (rng.standard_normal((n, 8)).astype(np.float32) for n in (300, 200))
+    index = hubless.Index.build(gallery, bank, "nnn", factory)
+    queries = gallery[:3]
+    for search in (index.search, index.search_uncorrected):
+        for knob in ("nprobe", "ef_search"):
+            with pytest.raises(InvalidInput, match=f"^{knob} must be >= 1; got 0"):
+                search(queries, 5, **{knob: 0})
+        assert search(queries, 5, nprobe=4, ef_search=32)[1].shape == (3, 5)

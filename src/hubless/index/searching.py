@@ -42,9 +42,7 @@ def search(
     ``top_k``; IVF lists probed that ran dry) come last with id ``MISSING`` and score -inf, the
     one top-k rule of :func:`hubless._validation.check_top_k`."""
     corr = snap.serving
-    config = snap.config
-    nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-    ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
+    nprobe, ef_search = _knobs(snap, nprobe, ef_search)
     batch = corr.queries(queries, **weight)
     allowed = snap.allowed(where)
     n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
@@ -77,15 +75,12 @@ def search_uncorrected(
     """:meth:`hubless.index.Index.search_uncorrected` over ``snap``: plain inner products
     through the same structure as :func:`search`, ANN candidates re-scored exactly."""
     config = snap.config
+    nprobe, ef_search = _knobs(snap, nprobe, ef_search)
     vectors = as_embeddings(queries, "queries", normalize=snap.normalize, dim=snap.dim)
     allowed = snap.allowed(where)
     n_allowed = snap.n_alive if allowed is None else _count(snap, allowed)
     top_k = check_top_k(top_k, snap.n_alive, "the index")
-    params = None
-    if snap.faiss is not None:
-        nprobe = config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe")
-        ef_search = config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search")
-        params = search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
+    params = None if snap.faiss is None else search_parameters(snap.faiss, nprobe=nprobe, ef_search=ef_search)
     exact, selection = _route(snap, params, allowed, n_allowed)
     if exact:
         scores, rows = snap.stream_topk(vectors, top_k, allowed)
@@ -106,6 +101,16 @@ def search_uncorrected(
             scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
     found = rows != MISSING
     return scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
+
+
+def _knobs(snap: Snapshot, nprobe: int | None, ef_search: int | None) -> tuple[int, int]:
+    """(nprobe, ef_search) of a search: the given values, checked whatever the index (an exact
+    index ignores them but refuses an invalid one, as an ANN index does), else the index's own."""
+    config = snap.config
+    return (
+        config.nprobe if nprobe is None else check_positive_int(nprobe, "nprobe"),
+        config.ef_search if ef_search is None else check_positive_int(ef_search, "ef_search"),
+    )
 
 
 def _transform(snap: Snapshot, batch: QueryBatch):
