@@ -259,11 +259,11 @@ def test_cli_build_info_add_search(data, tmp_path):
     r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--top-k", "4", "--weight", "0.5", "--json"])
     assert r.exit_code == 0, r.output
     lines = [json.loads(line) for line in r.output.strip().splitlines()]
-    assert len(lines) == 3 and len(lines[0]["results"]) == 4
+    assert len(lines) == 3 and len(lines[0]["hits"]) == 4
     index = hubless.Index.load(idx)
     _, ids = index.search(data.queries[:3], 4, alpha=0.5)
-    assert [h["id"] for h in lines[0]["results"]] == ids[0].tolist()
-    assert index.ntotal == 1100 and "metadata" in lines[0]["results"][0]
+    assert [h["id"] for h in lines[0]["hits"]] == ids[0].tolist()
+    assert index.ntotal == 1100 and "metadata" in lines[0]["hits"][0]
     r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])
     assert r.exit_code == 2 and "no such index directory" in r.output
 

@@ -288,7 +288,7 @@ def test_cli_remove_where_update_metadata_and_combined_filters(tmp_path):
     where = '{"$or": [{"label": "B"}, {"info.src": "web"}]}'
     r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--where", where, "--json"])
     assert r.exit_code == 0, r.output
-    hits = [h for line in r.output.strip().splitlines() for h in json.loads(line)["results"]]
+    hits = [h for line in r.output.strip().splitlines() for h in json.loads(line)["hits"]]
     assert hits and all(h["metadata"]["label"] == "B" or (h["metadata"]["info"] or {}).get("src") == "web" for h in hits)
     gone = [i for i, m in enumerate(meta) if m["s"] == "c"]
     r = runner.invoke(app, ["index", "remove", idx, "--where", '{"s": "c"}'])
@@ -477,7 +477,7 @@ def test_cli_and_service_versions(tmp_path):
     assert runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy")]).exit_code == 0
     r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--as-of", str(first), "--top-k", "5", "--json"])
     assert r.exit_code == 0, r.output
-    assert [[h["id"] for h in json.loads(line)["results"]] for line in r.output.strip().splitlines()] == before.tolist()
+    assert [[h["id"] for h in json.loads(line)["hits"]] for line in r.output.strip().splitlines()] == before.tolist()
     r = runner.invoke(app, ["index", "versions", idx])
     assert r.exit_code == 0 and "current" in r.output and str(first) in r.output
     r = runner.invoke(app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--as-of", "999"])

@@ -225,11 +225,11 @@ def test_cli_where_get_compact_verify(tmp_path):
         app, ["search", idx, "--queries", str(tmp_path / "q.npy"), "--where", '{"split": "test", "year": {"gte": 2010}}', "--json"]
     )
     assert r.exit_code == 0, r.output
-    hits = [h for line in r.output.strip().splitlines() for h in json.loads(line)["results"]]
+    hits = [h for line in r.output.strip().splitlines() for h in json.loads(line)["hits"]]
     assert hits and all(h["metadata"]["split"] == "test" and h["metadata"]["year"] >= 2010 for h in hits)
     index = hubless.Index.load(idx)
     expected = index.search(QUERIES[:2], 10, where={"split": "test", "year": {"gte": 2010}})[1]
-    assert [h["id"] for h in json.loads(r.output.splitlines()[0])["results"]] == [i for i in expected[0] if i >= 0]
+    assert [h["id"] for h in json.loads(r.output.splitlines()[0])["hits"]] == [i for i in expected[0] if i >= 0]
     r = runner.invoke(app, ["index", "get", idx, "--ids", "1000,1601"])
     assert r.exit_code == 0 and [json.loads(x)["metadata"]["year"] for x in r.output.splitlines()] == [META[0]["year"], META[302]["year"]]
     r = runner.invoke(app, ["index", "add", idx, "--embeddings", str(tmp_path / "new.npy"), "--ids", "1000,1,2", "--upsert"])

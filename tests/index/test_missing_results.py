@@ -47,7 +47,7 @@ def test_cli_leaves_unfilled_slots_out(sparse_index, tmp_path):
     assert result.exit_code == 0, result.output
     _, ids = index.search(queries, 20)
     for line, row in zip(result.output.strip().splitlines(), ids):
-        hits = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))["results"]
+        hits = json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))["hits"]
         assert [h["id"] for h in hits] == [int(j) for j in row if j >= 0]
         assert all(h["metadata"] == {"n": h["id"]} for h in hits)
     table = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--top-k", "20"])

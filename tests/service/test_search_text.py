@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
 
 
 def _results(output: str) -> list[list[int]]:
-    return [[hit["id"] for hit in json.loads(line)["results"]] for line in output.strip().splitlines()]
+    return [[hit["id"] for hit in json.loads(line)["hits"]] for line in output.strip().splitlines()]
 
 
 def test_text_queries_match_embedded_queries(setup):
