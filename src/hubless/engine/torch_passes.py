@@ -33,7 +33,7 @@ from hubless.engine.torch_arrays import (
     torch_module,
     torch_namespace,
 )
-from hubless.engine.torch_ranking import one_row
+from hubless.engine.torch_ranking import one_row, products
 from hubless.engine.torch_reducers import ColumnTopK, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
 
 __all__ = ["exact_search", "nearest_gallery_items", "row_statistics", "score_bank_pass", "topk_with_ids"]
@@ -200,14 +200,8 @@ def exact_search(
         row = one_row(weights, w, bias)
 
         def transform(block, r0, r1, c0, c1):
-            if row is not None:  # one weight for every query: one row subtracted (the same products)
-                block.sub_(row[c0:c1])
-                return
-            wb, bb = w[r0:r1], bias[c0:c1]
-            if wb.shape[1] == 1:
-                block.sub_(wb[:, :1] * bb[:, 0])  # w_q * b_r by broadcasting, as the numpy ranking
-            else:
-                block.sub_(wb @ bb.T)
+            # one weight for every query: one row subtracted (the same products); else w_q * b_r
+            block.sub_(row[c0:c1] if row is not None else products(w[r0:r1], bias[c0:c1]))
 
     values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform)
     return to_host(values), to_host(ids)

@@ -28,7 +28,7 @@ from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
 from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
 
-__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "rank_queries", "rank_score_rows"]
+__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "products", "rank_queries", "rank_score_rows"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -177,7 +177,7 @@ def corrected_top_k(
         if np.any(w):
             w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, str(dev), "float32", keep=True)
             row = one_row(w, w_t, bias_t)
-            torch.sub(scores, row if row is not None else _products(w_t, bias_t, torch.empty_like(scores)), out=scores)
+            torch.sub(scores, row if row is not None else products(w_t, bias_t, torch.empty_like(scores)), out=scores)
         values, ids = ordered_topk(scores, k)
     return to_host(values), to_host(ids)
 
@@ -267,10 +267,10 @@ class _RankingPass:
             w = ranker[0](start, stop, *cache["raw"])
             if not np.any(w):  # every gate of the block closed: the raw scores rank
                 return sims, None
-            return sims, _products(from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
+            return sims, products(from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
         if ranker[0] is not None:  # one weight for every query: one row subtracted
             return sims, ranker[0]
-        return sims, _products(ranker[1][start:stop], ranker[2], out)
+        return sims, products(ranker[1][start:stop], ranker[2], out)
 
     def _rank_eager(self, i: int, lo: int, hi: int, start: int, stop: int, scores, r, c) -> None:
         """Ranks and top ids of ranking ``i`` from its scores, by eager passes (float 0/1 flags
@@ -295,27 +295,24 @@ class _RankingPass:
         width = chunk_width(base, self.depth) if self.depth else 0
         if self.depth and not width:
             return False
-        rows = None if self.one_each else r
-        pair_rows = self.torch.arange(len(c), device=self.dev) if self.one_each else r
-        target = base[pair_rows, c] if minus is None else base[pair_rows, c] - (minus[c] if minus.dim() == 1 else minus[pair_rows, c])
-        counts = torch_fused.compiled_block_counts(base, minus, rows, target[:, None], width)
+        torch = self.torch
+        whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
+
+        def scores(index):  # ``(base - minus)[index]``, formed as the kernels form it
+            return base[index] if whole is None else base[index] - whole[index]
+
+        pair_rows = torch.arange(len(c), device=self.dev) if self.one_each else r
+        target = scores((pair_rows, c))[:, None]
+        counts = torch_fused.compiled_block_counts(base, minus, None if self.one_each else r, target, width)
         if counts is None:
             return False
         above, equal, maxima = counts
-
-        def scores_at(at):  # the scores of the pairs ``at`` (whole rows)
-            rows_at = pair_rows[at]
-            return base[rows_at] if minus is None else base[rows_at] - (minus if minus.dim() == 1 else minus[rows_at])
-
-        self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target[:, None], c, scores_at)
+        equal = None if self.ties == "optimistic" else equal
+        self._store_ranks(i, lo, hi, above, equal, target, c, lambda at: scores(pair_rows[at]))
         top = self.tops[i]
         if top is not None:
-
-            def entries(columns):  # the scores at ``columns`` of each row, as the kernels form them
-                got = base.gather(1, columns)
-                return got if minus is None else got - (minus[columns] if minus.dim() == 1 else minus.gather(1, columns))
-
-            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], entries)[1]
+            row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
+            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], lambda columns: scores((row_ids, columns)))[1]
         return True
 
     def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target, c, scores_at) -> None:
@@ -366,10 +363,10 @@ def one_row(weights: np.ndarray, w, bias):
     return bias[:, 0] * w[0, 0]
 
 
-def _products(w, bias, out):
-    """``W(q) . bias_columns(r)`` into ``out``: each product ``w_q * b_r`` rounded before the
-    ranking subtracts it from the similarities, as the numpy ranking does (bitwise the same
-    scores), without a fresh block."""
+def products(w, bias, out=None):
+    """``W(q) . bias_columns(r)`` (into ``out`` when given, no fresh block): each product
+    ``w_q * b_r`` rounded before a ranking subtracts it from the similarities, as the numpy
+    ranking does (bitwise the same scores). The ranking pass and the device's search form it here."""
     torch = torch_module()
     if bias.shape[1] == 1:
         return torch.mul(w[:, :1], bias[:, 0], out=out)
