@@ -54,6 +54,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ from _table import table_lines  # noqa: E402 - benchmarks/_table.py
 
 import hubless  # noqa: E402
 from hubless.corrections import make_correction  # noqa: E402
-from hubless.engine import torch_arrays, use_device  # noqa: E402
+from hubless.engine import torch_arrays, torch_reducers, use_device  # noqa: E402
 from hubless.engine.device import tf32_enabled  # noqa: E402
 
 FULL = {"gallery": 100_000, "bank": 50_000, "dim": 512, "queries": 10_000}
@@ -179,6 +180,51 @@ def raw_ranks(torch, device, G, bias, q, truth):
     return torch.cat(ranks).cpu().numpy()
 
 
+@contextmanager
+def whole_row_topk():
+    """The engine's top-k over whole rows (``torch.topk``) instead of through chunk maxima."""
+    before = torch_reducers.CHUNK_WIDTHS
+    torch_reducers.CHUNK_WIDTHS = (2**62, 2**62)  # no width is left: chunk_width() gives 0
+    try:
+        yield
+    finally:
+        torch_reducers.CHUNK_WIDTHS = before
+
+
+def profile(torch, device: str, folder: Path, works: dict[str, Callable[[], Any]]) -> None:
+    """For each work (one warm-up call first), ``folder/<name>.txt``: torch.profiler's operators
+    by their own device time and by their own host time (syncs and copies included)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    for name, fn in works.items():
+        try:
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with profiler(activities=activities) as prof:
+                fn()
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            averages = prof.key_averages()
+            by_device = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+            text = "\n\n".join(
+                [
+                    f"{name}: {seconds:.3f} s under the profiler",
+                    averages.table(sort_by=by_device, row_limit=30, max_name_column_width=70),
+                    averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70),
+                ]
+            )
+        except Exception as exc:  # one profile's failure is its file, never the end of the run
+            text = failed(exc)
+        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+        print(f"profiled {name}", flush=True)
+
+
 # ---------------------------------------------------------------------- the run
 def environment(torch, device: str) -> list[str]:
     """Lines naming the machine and the software (the card, torch, CUDA, the commit)."""
@@ -235,6 +281,10 @@ def main() -> None:
     ap.add_argument("--skip-numpy", action="store_true", help="leave hubless numpy out (its rows take longest)")
     ap.add_argument("--budget", type=float, default=200.0, help="seconds after which no new comparison starts (default 200)")
     ap.add_argument("--out", type=Path, default=None, help="also write the header and table as Markdown to this file")
+    ap.add_argument(
+        "--profile", type=Path, default=None,
+        help="after the table, write torch.profiler tables of hubless's search and evaluate into this folder",
+    )  # fmt: skip
     args = ap.parse_args()
     import torch
 
@@ -297,6 +347,8 @@ def main() -> None:
             fit[f"nnn-retrieval b{batch}"], ranker = run.time(fit_nnn)
             fitted = fitted or ranker
     fit["hubless device"], corr = run.time(lambda: hubless.NNN(alpha=ALPHA, k=K).fit(g, b, device=device, progress=False))
+    with whole_row_topk():
+        fit["hubless device, whole-row top-k"], _ = run.time(lambda: hubless.NNN(alpha=ALPHA, k=K).fit(g, b, device=device, progress=False))
     numpy_corr = None
     if not args.skip_numpy:
         fit["hubless numpy"], numpy_corr = run.time(lambda: hubless.NNN(alpha=ALPHA, k=K).fit(g, b, progress=False), repeats=1, warm=False)
@@ -358,6 +410,8 @@ def main() -> None:
             search["faiss IndexFlatIP (host)"] = built if index is None else run.time(lambda: index.search(aug, TOP))[0]
         search["hubless device"], out = run.time(lambda: base_corr.search(q, TOP, device=device))
         ids = None if out is None else out[1]
+        with whole_row_topk():
+            search["hubless device, whole-row top-k"], _ = run.time(lambda: base_corr.search(q, TOP, device=device))
         if numpy_corr is not None:
             search["hubless numpy"], _ = run.time(lambda: numpy_corr.search(q, TOP), repeats=1, warm=False)
     agree = attempt(lambda: f"{np.mean(ids == raw_ids):.4f}" if ids is not None and raw_ids is not None else "n/a")
@@ -399,6 +453,9 @@ def main() -> None:
 
     ev["hubless device, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
     ev["hubless device, six methods"], _ = run.time(lambda: evaluate(SIX, device))
+    with whole_row_topk():
+        ev["hubless device whole-row top-k, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
+        ev["hubless device whole-row top-k, six methods"], _ = run.time(lambda: evaluate(SIX, device))
     # the ranking pass's per-block work by torch.compile's kernels (HUBLESS_COMPILE=1): the first
     # call compiles (its seconds are shown apart), the timed calls after it reuse the kernels
     ev["compiled: first call"], _ = run.time(lambda: evaluate(["nnn"], device, True), repeats=1, warm=False)
@@ -440,6 +497,17 @@ def main() -> None:
     if args.out is not None:
         write_markdown(args.out, header, lines)
         print(f"wrote {args.out}")
+    if args.profile is not None and base_corr is not None:
+        profile(
+            torch, device, args.profile,
+            {
+                "search": lambda: base_corr.search(q, TOP, device=device),
+                "fit_nnn": lambda: hubless.NNN(alpha=ALPHA, k=K).fit(g, b, device=device, progress=False),
+                "evaluate_nnn": lambda: evaluate(["nnn"], device),
+                "evaluate_six": lambda: evaluate(SIX, device),
+                "evaluate_six_compiled": lambda: evaluate(SIX, device, True),
+            },
+        )  # fmt: skip
 
 
 def write_markdown(path: Path, header: list[str], table: list[str]) -> None:

@@ -35,7 +35,7 @@ HUBLESS_TEST_DEVICE=$device timeout "${TEST_SECONDS:-200}" "$PYTHON" -m pytest -
 echo "engine tests on $device: exit $?" >> "$OUT/engine_tests.txt"
 
 # shellcheck disable=SC2086 # the size arguments split into words on purpose
-timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" \
+timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" --profile "$OUT/profile" \
     > "$OUT/gpu_engine.txt" 2>&1
 echo "benchmark on $device: exit $?" >> "$OUT/gpu_engine.txt"
 
