@@ -67,7 +67,7 @@ from _table import table_lines  # noqa: E402 - benchmarks/_table.py
 
 import hubless  # noqa: E402
 from hubless.corrections import make_correction  # noqa: E402
-from hubless.engine import torch_arrays, torch_reducers, use_device  # noqa: E402
+from hubless.engine import torch_arrays, torch_ranking, torch_reducers, use_device  # noqa: E402
 from hubless.engine.device import tf32_enabled  # noqa: E402
 
 FULL = {"gallery": 100_000, "bank": 50_000, "dim": 512, "queries": 10_000}
@@ -189,6 +189,17 @@ def whole_row_topk():
         yield
     finally:
         torch_reducers.CHUNK_WIDTHS = before
+
+
+@contextmanager
+def flag_dtype(name: str):
+    """The eager ranking pass's 0/1 flags in another dtype (``torch_ranking.FLAG_DTYPE``)."""
+    before = torch_ranking.FLAG_DTYPE
+    torch_ranking.FLAG_DTYPE = name
+    try:
+        yield
+    finally:
+        torch_ranking.FLAG_DTYPE = before
 
 
 def profile(torch, device: str, folder: Path, works: dict[str, Callable[[], Any]]) -> None:
@@ -456,6 +467,10 @@ def main() -> None:
     with whole_row_topk():
         ev["hubless device whole-row top-k, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
         ev["hubless device whole-row top-k, six methods"], _ = run.time(lambda: evaluate(SIX, device))
+    other_flags = "float16" if torch_ranking.FLAG_DTYPE == "float32" else "float32"
+    with flag_dtype(other_flags):
+        ev[f"hubless device {other_flags} flags, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
+        ev[f"hubless device {other_flags} flags, six methods"], _ = run.time(lambda: evaluate(SIX, device))
     # the ranking pass's per-block work by torch.compile's kernels (HUBLESS_COMPILE=1): the first
     # call compiles (its seconds are shown apart), the timed calls after it reuse the kernels
     ev["compiled: first call"], _ = run.time(lambda: evaluate(["nnn"], device, True), repeats=1, warm=False)
@@ -502,9 +517,9 @@ def main() -> None:
             torch, device, args.profile,
             {
                 "search": lambda: base_corr.search(q, TOP, device=device),
-                "fit_nnn": lambda: hubless.NNN(alpha=ALPHA, k=K).fit(g, b, device=device, progress=False),
                 "evaluate_nnn": lambda: evaluate(["nnn"], device),
                 "evaluate_six": lambda: evaluate(SIX, device),
+                "evaluate_nnn_compiled": lambda: evaluate(["nnn"], device, True),
                 "evaluate_six_compiled": lambda: evaluate(SIX, device, True),
             },
         )  # fmt: skip

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one call of a session lent a GPU (issue 39): the torch engine's tests on the GPU, then
 # benchmarks/gpu_engine.py at issue 39's sizes; everything it prints is also written under $OUT
-# (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt and gpu_engine.md (the table for
-# docs/benchmarks/measured.md).
+# (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt, gpu_engine.md (the table for
+# docs/benchmarks/measured.md) and profile.tar.gz (torch.profiler tables of search and evaluate).
 #
 # Prepare here, where PyPI answers (torch, numpy, tqdm and pytest are there; the engine's tests
 # also use hypothesis, a compiled wheel: the device's Python is 3.12):
@@ -38,6 +38,8 @@ echo "engine tests on $device: exit $?" >> "$OUT/engine_tests.txt"
 timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" --profile "$OUT/profile" \
     > "$OUT/gpu_engine.txt" 2>&1
 echo "benchmark on $device: exit $?" >> "$OUT/gpu_engine.txt"
+# the profiles as one file (a device call brings back a few files only)
+[ -d "$OUT/profile" ] && tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
 
 cat "$OUT/card.txt"
 grep -E "passed|failed|error|exit" "$OUT/engine_tests.txt" | tail -5

@@ -164,21 +164,25 @@ def test_ties_go_to_the_lower_id_on_the_device(block_shape, monkeypatch):
     k=st.integers(1, 7),
     levels=st.integers(1, 4),
     chunks=st.sampled_from([(1, 1), (2, 2), (2, 8), (4, 16)]),
+    keyed=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_the_top_k_through_chunk_maxima_is_the_top_k_of_the_whole_rows(rows, cols, k, levels, chunks, seed):
+def test_the_top_k_through_chunk_maxima_is_the_top_k_of_the_whole_rows(rows, cols, k, levels, chunks, keyed, seed):
     """The two-step top-k of wide rows (chunk maxima, then the entries of the best chunks)
     gives every row's k best entries in (value descending, id ascending) order, whatever the
-    ties (values from a few levels, -inf among them) and a last chunk narrower than the others;
-    the values-only reducer gives the same values."""
+    ties (values from a few levels, -inf, -0.0 and +0.0 among them) and a last chunk narrower
+    than the others, with the rows' top-k by int64 keys or by torch.topk and a stable sort of
+    tied rows; the values-only reducer gives the same values."""
     rng = np.random.default_rng(seed)
-    values = rng.integers(0, levels + 1, size=(rows, cols)).astype(np.float32)
-    values[values == levels] = -np.inf
+    values = rng.integers(0, levels + 1, size=(rows, cols)).astype(np.float32) - 1
+    values[values == levels - 1] = -np.inf
+    values[(values == 0) & (rng.random(values.shape) < 0.5)] = -0.0  # equal to +0.0, as numpy orders them
     k = min(k, cols)
     order = np.lexsort((np.broadcast_to(np.arange(cols), values.shape), -values), axis=1)[:, :k]
     block = torch.from_numpy(values).to(DEVICE)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch_reducers, "CHUNK_WIDTHS", chunks)
+        patch.setattr(torch_reducers, "KEYED_TOPK_ENTRIES", torch_reducers.KEYED_TOPK_ENTRIES if keyed else 0)
         got_values, got_ids = ordered_topk(block, k)
         out = torch.empty((rows, k), dtype=torch.float32, device=DEVICE)
         state = TopKValues(out, 0, rows, k)
@@ -367,6 +371,28 @@ def test_the_default_path_never_imports_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
+@pytest.mark.parametrize(("flags", "exact_count"), [("float16", 1 << 24), ("bfloat16", 7), ("float32", 7)])
+def test_the_ranking_pass_counts_with_half_flags_and_column_chunks(flags, exact_count, data, monkeypatch):
+    """The eager ranking pass's 0/1 flags in half precision, and their sums in column chunks
+    (a gallery wider than a float32 sum counts exactly), rank as numpy does."""
+    from hubless.engine import torch_ranking
+
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    g = np.concatenate([g, g[:40]])  # exact duplicates: ties
+    truth = [[i, 300 + i % 40] if i % 3 else [i] for i in range(len(q))]
+    methods = ["nnn:k=5", "is:beta=20.0", "dis:k_activation=3"]
+    kwargs = dict(bootstrap=0, ties="average", progress=False)
+    want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    monkeypatch.setattr(torch_ranking, "FLAG_DTYPE", flags)
+    monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", exact_count)
+    with use_device(DEVICE):
+        got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == w.metrics and o.hubness == w.hubness, w.method
+        for name, values in w.per_query.items():
+            np.testing.assert_array_equal(o.per_query[name], values)
+
+
 @pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
 def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
     """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
@@ -381,6 +407,7 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
         got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     for w, o in zip(want.results, got.results):
         assert o.method == w.method
+        assert 0 < o.seconds["search"] < 60  # each ranking's own time on the device (CUDA events there)
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
         assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method  # from the top-10 ids of every query
         np.testing.assert_array_equal(o.n1, w.n1)

@@ -38,24 +38,28 @@ class CompileFallbackWarning(RuntimeWarning):
     """``torch.compile`` failed for the ranking pass; it runs with eager torch kernels."""
 
 
-def block_counts(base, minus, rows, target, width: int):
+def block_counts(base, minus, rows, target, width: int, before=None):
     """(above, equal, maxima) of one ranking of a block: with ``scores = base - minus``
     (``minus`` None, a row broadcast over the block, or a block of the same shape) and
     ``block = scores[rows]`` (``rows`` None: the scores' own rows), per row of ``block`` the
-    number of entries above and equal to its ``target`` (int64), and the maxima of the chunks
-    of ``width`` columns of ``scores`` (None when ``width`` is 0)."""
+    number of entries above and equal to its ``target`` (int64; with ``before``, a column per
+    row, only the equal entries in columns before it: the index tie convention's count, so no
+    row needs a second look), and the maxima of the chunks of ``width`` columns of ``scores``
+    (None when ``width`` is 0)."""
     scores = base if minus is None else base - minus
     block = scores if rows is None else scores.index_select(0, rows)
     above = (block > target).sum(dim=1)
-    equal = (block == target).sum(dim=1)
-    return above, equal, chunk_maxima(scores, width) if width else None
+    same = block == target
+    if before is not None:
+        same = same & (torch.arange(block.shape[1], device=block.device) < before)
+    return above, same.sum(dim=1), chunk_maxima(scores, width) if width else None
 
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
 
-def compiled_block_counts(base, minus, rows, target, width: int):
+def compiled_block_counts(base, minus, rows, target, width: int, before=None):
     """:func:`block_counts` compiled by ``torch.compile`` (dynamic shapes: one compilation
     serves every block and gallery size), or None when compiling failed (now or before: a
     :class:`CompileFallbackWarning` says why, once per process)."""
@@ -66,7 +70,7 @@ def compiled_block_counts(base, minus, rows, target, width: int):
             _STATE["compiled"] = torch.compile(block_counts, dynamic=True)
         compiled = _STATE["compiled"]
     try:
-        return compiled(base, minus, rows, target, width)  # type: ignore[operator]
+        return compiled(base, minus, rows, target, width, before)  # type: ignore[operator]
     except Exception as exc:  # a missing or failing compiler: the eager kernels do the same work
         with _LOCK:
             first = "failed" not in _STATE

@@ -149,9 +149,10 @@ def nearest_gallery_items(
     return scores_out, ids_out
 
 
-def topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int = 0, transform=None):
+def topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int = 0, transform=None, column_offsets=None):
     """(values, ids) device tensors of the ``k`` best columns of each row (ties: the lower id),
-    merged into ``initial`` (host (scores, ids) of earlier columns) when given."""
+    merged into ``initial`` (host (scores, ids) of earlier columns) when given; the blocks
+    rewritten by ``transform`` or given ``column_offsets`` (see :func:`reduce_blocks`)."""
     torch = torch_module()
     n = rows.shape[0]
     values = torch.empty((n, k), dtype=torch.float32, device=rows.device)
@@ -162,7 +163,8 @@ def topk_with_ids(rows, cols, k: int, device: str, *, initial=None, offset: int 
             from_numpy(np.ascontiguousarray(initial[0], dtype=np.float32)).to(rows.device),
             from_numpy(np.ascontiguousarray(initial[1], dtype=np.int64)).to(rows.device),
         )
-    reduce_blocks(rows, cols, [lambda r0, r1: TopKIds(values, ids, r0, r1, k, offset, first)], device, transform=transform)
+    makers = [lambda r0, r1: TopKIds(values, ids, r0, r1, k, offset, first)]
+    reduce_blocks(rows, cols, makers, device, transform=transform, offsets=column_offsets)
     return values, ids
 
 
@@ -192,18 +194,20 @@ def exact_search(
     dev = torch.device(device)
     gallery_t = put(gallery, device, dtype, keep=True)
     queries_t = put(queries, device, dtype)  # the upload the input check made, when there was one
-    transform = None
+    transform = offsets = None
     if additive is not None and np.any(additive[0]):  # W = 0 (the baseline, closed gates): raw scores
         weights, columns = additive
         w = from_numpy(np.ascontiguousarray(weights, dtype=np.float32)).to(dev)
         bias = put(columns, device, "float32", keep=True)
         row = one_row(weights, w, bias)
+        if row is not None:  # one weight for every query: minus one row, added by the product itself
+            offsets = torch.neg(row)
+        else:  # per-query weights: minus the products w_q * b_r
 
-        def transform(block, r0, r1, c0, c1):
-            # one weight for every query: one row subtracted (the same products); else w_q * b_r
-            block.sub_(row[c0:c1] if row is not None else products(w[r0:r1], bias[c0:c1]))
+            def transform(block, r0, r1, c0, c1):
+                block.sub_(products(w[r0:r1], bias[c0:c1]))
 
-    values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform)
+    values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform, column_offsets=offsets)
     return to_host(values), to_host(ids)
 
 

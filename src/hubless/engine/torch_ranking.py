@@ -114,13 +114,13 @@ def rank_queries(
     ranking = _RankingPass(rankers, gallery.shape[0], truth_rows, truth_indptr, truth_indices, ties=ties, depth=depth, device=device)
     with torch.no_grad(), tf32_products(device):
         for start, stop in ranking.blocks():
-            t0 = ranking.clock()
+            t0 = ranking.clock.mark()
             sims = ranking.similarities(start, stop)
             if G.dtype == torch.float32:
                 torch.matmul(Q[start:stop], G.T, out=sims)
             else:  # a half-precision product, ranked in float32
                 sims.copy_(Q[start:stop] @ G.T)
-            ranking.rank(start, stop, sims, ranking.clock() - t0)
+            ranking.rank(start, stop, sims, (t0, ranking.clock.mark()))
     return ranking.results()
 
 
@@ -146,9 +146,9 @@ def rank_score_rows(
     ranking = _RankingPass(rankers, n_gallery, truth_rows, truth_indptr, truth_indices, ties=ties, depth=depth, device=device)
     with torch.no_grad():
         for start, stop in ranking.blocks():
-            t0 = ranking.clock()
+            t0 = ranking.clock.mark()
             sims = ranking.similarities(start, stop).copy_(from_numpy(np.ascontiguousarray(read(start, stop), dtype=np.float32)))
-            ranking.rank(start, stop, sims, ranking.clock() - t0)
+            ranking.rank(start, stop, sims, (t0, ranking.clock.mark()))
     return ranking.results()
 
 
@@ -216,11 +216,13 @@ class _RankingPass:
         rank_type = torch.float64 if ties == "average" else torch.int64
         self.ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
         self.tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
-        self.seconds = [0.0] * len(rankers)
+        self.clock = Stopwatch(dev)
+        self.intervals: list[list[tuple[Any, Any]]] = [[] for _ in rankers]  # (start, end) marks of each ranking's work
         self.positions = torch.arange(m, device=dev)
         self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
-        self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=torch.float32, device=dev)
+        flag_rows = min(n, self.rb) * (1 if self.one_each else most)
+        self.flags_buffer = torch.empty((flag_rows, m), dtype=getattr(torch, FLAG_DTYPE), device=dev)
 
     def blocks(self) -> list[tuple[int, int]]:
         return [(start, min(self.n, start + self.rb)) for start in range(0, self.n, self.rb)]
@@ -229,26 +231,21 @@ class _RankingPass:
         """The reused block the raw similarities of rows start:stop go into."""
         return self.sims_buffer[: stop - start]
 
-    def clock(self) -> float:
-        """Seconds, once the device's queued work is done (each ranking's seconds are its own)."""
-        if self.dev.type == "cuda":
-            self.torch.cuda.synchronize(self.dev)
-        return time.perf_counter()
-
-    def rank(self, start: int, stop: int, sims, shared: float) -> None:
+    def rank(self, start: int, stop: int, sims, shared: tuple[Any, Any]) -> None:
         """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
-        (``shared``: the seconds the block itself took)."""
+        (``shared``: the :class:`Stopwatch` marks around the block's own work, counted in each
+        ranking's seconds)."""
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
         r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
         out = self.scores_buffer[: stop - start]
         cache: dict[str, Any] = {}
         for i, ranker in enumerate(self.prepared):
-            t0 = self.clock()
+            t0 = self.clock.mark()
             base, minus = self._terms(ranker, start, stop, sims, out, cache)
             if not (self.compiled and self._rank_compiled(i, lo, hi, start, stop, base, minus, r, c)):
                 scores = base if minus is None else self.torch.sub(base, minus, out=out)
                 self._rank_eager(i, lo, hi, start, stop, scores, r, c)
-            self.seconds[i] += shared + self.clock() - t0
+            self.intervals[i] += [shared, (t0, self.clock.mark())]
 
     def _terms(self, ranker, start: int, stop: int, sims, out, cache: dict[str, Any]):
         """(base, minus) of one ranking's scores ``base - minus`` for rows start:stop: the raw
@@ -303,12 +300,17 @@ class _RankingPass:
 
         pair_rows = torch.arange(len(c), device=self.dev) if self.one_each else r
         target = scores((pair_rows, c))[:, None]
-        counts = torch_fused.compiled_block_counts(base, minus, None if self.one_each else r, target, width)
+        index_ties = self.ties == "index"
+        counts = torch_fused.compiled_block_counts(
+            base, minus, None if self.one_each else r, target, width, c[:, None] if index_ties else None
+        )
         if counts is None:
             return False
         above, equal, maxima = counts
-        equal = None if self.ties == "optimistic" else equal
-        self._store_ranks(i, lo, hi, above, equal, target, c, lambda at: scores(pair_rows[at]))
+        if index_ties:  # the equal entries before each relevant item's column: its rank, no second look
+            self.ranks[i][lo:hi] = above + equal + 1
+        else:
+            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target, c, lambda at: scores(pair_rows[at]))
         top = self.tops[i]
         if top is not None:
             row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
@@ -332,25 +334,51 @@ class _RankingPass:
             self.ranks[i][lo:hi] = above + equal
 
     def results(self) -> list[Ranked]:
-        return [
-            (to_host(ranks), None if top is None else to_host(top), seconds)
-            for ranks, top, seconds in zip(self.ranks, self.tops, self.seconds)
-        ]
+        out = [(to_host(ranks), None if top is None else to_host(top)) for ranks, top in zip(self.ranks, self.tops)]
+        return [(ranks, top, self.clock.seconds(intervals)) for (ranks, top), intervals in zip(out, self.intervals)]
+
+
+class Stopwatch:
+    """Seconds of a device's work between marks, without waiting for the device at each mark
+    (a wait per ranking and block would leave the GPU idle while the host queues the next
+    work): on CUDA a mark is an event recorded on the device's stream and the seconds are read
+    once the work is done (:meth:`seconds`); elsewhere a mark is the host clock, which the work
+    is done by when it returns."""
+
+    def __init__(self, dev) -> None:
+        self.torch, self.dev = torch_module(), dev
+
+    def mark(self) -> Any:
+        if self.dev.type != "cuda":
+            return time.perf_counter()
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record(self.torch.cuda.current_stream(self.dev))
+        return event
+
+    def seconds(self, intervals: Sequence[tuple[Any, Any]]) -> float:
+        """The summed seconds of (start, end) marks (waits for the device's work to end)."""
+        if self.dev.type != "cuda":
+            return float(sum(end - start for start, end in intervals))
+        self.torch.cuda.synchronize(self.dev)
+        return sum(start.elapsed_time(end) for start, end in intervals) / 1000.0
 
 
 #: Columns a float32 sum of 0/1 flags counts exactly (every partial sum an integer < 2^24).
 EXACT_FLOAT_COUNT = 1 << 24
+#: The dtype of the eager ranking pass's 0/1 flags (float32, or float16 / bfloat16: half the
+#: bytes written and read, the counts as exact, summed in float32).
+FLAG_DTYPE = "float32"
 
 
 def count_true(flags):
-    """Per row, the number of ones in ``flags`` (float32 0/1), as int64, summed in chunks of
-    :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of ones is exact. Float flags, not
-    bool: torch sums a bool block far slower than a float one, measured 10x on a CPU and on an
-    H100 (0.9 ms against about 0.2 ms for a 2^27-entry block, above the compare itself)."""
+    """Per row, the number of ones in ``flags`` (0/1 floats), as int64, summed in float32 in
+    chunks of :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of ones is exact. Float
+    flags, not bool: torch sums a bool block far slower than a float one, measured 10x on a CPU
+    and on an H100 (0.9 ms against about 0.2 ms for a 2^27-entry block, above the compare itself)."""
+    torch = torch_module()
     width = flags.shape[1]
-    if width <= EXACT_FLOAT_COUNT:
-        return flags.sum(dim=1).long()
-    return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))
+    chunks = [flags[:, c0 : c0 + EXACT_FLOAT_COUNT] for c0 in range(0, width, EXACT_FLOAT_COUNT)] if width > EXACT_FLOAT_COUNT else [flags]
+    return sum(chunk.sum(dim=1, dtype=torch.float32).long() for chunk in chunks)
 
 
 def one_row(weights: np.ndarray, w, bias):

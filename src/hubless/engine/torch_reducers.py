@@ -60,9 +60,11 @@ class State:
         raise NotImplementedError
 
 
-def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], device: str, transform=None) -> None:
+def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], device: str, transform=None, offsets=None) -> None:
     """Feed every block of ``rows @ cols.T`` (device tensors) to new states of ``makers`` per
-    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first.
+    row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first;
+    ``offsets`` (a float32 device row, one value per column) is added to every row of each
+    block by the product itself (see :func:`_similarities`).
 
     ``cols`` may be a :class:`~hubless.engine.torch_arrays.Streamed` host array (a bank larger
     than the device): then each column block is copied in once and meets every row block (the
@@ -76,7 +78,7 @@ def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], dev
             per_row_block = [[make(r0, r1) for make in makers] for r0, r1 in row_bounds]
             for c0, c1, column_block in cols.blocks():
                 for (r0, r1), row_states in zip(row_bounds, per_row_block):
-                    block = _similarities(rows[r0:r1], column_block, transform, r0, r1, c0, c1)
+                    block = _similarities(rows[r0:r1], column_block, transform, r0, r1, c0, c1, offsets)
                     for row_state in row_states:
                         row_state.update(block, c0)
             for row_states in per_row_block:
@@ -90,19 +92,34 @@ def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], dev
             block_rows = rows[r0:r1]
             for c0 in range(0, m, cb):
                 c1 = min(m, c0 + cb)
-                block = _similarities(block_rows, cols[c0:c1], transform, r0, r1, c0, c1)
+                block = _similarities(block_rows, cols[c0:c1], transform, r0, r1, c0, c1, offsets)
                 for state in states:
                     state.update(block, c0)
             for state in states:
                 state.finish()
 
 
-def _similarities(block_rows, column_block, transform, r0: int, r1: int, c0: int, c1: int):
+def _similarities(block_rows, column_block, transform, r0: int, r1: int, c0: int, c1: int, offsets=None):
     """One block ``block_rows @ column_block.T`` in float32 (a half-precision product is widened),
-    rewritten in place by ``transform(block, r0, r1, c0, c1)`` when one is given."""
+    plus ``offsets[c0:c1]`` on every row when given, rewritten in place by
+    ``transform(block, r0, r1, c0, c1)`` when one is given.
+
+    A float32 product adds the offsets in the product's own epilogue (``torch.addmm`` with a
+    row: cuBLASLt's bias epilogue on a GPU), one pass over the block fewer than a product and
+    a subtraction; the sum is the same, ``round(product + offset)``, one rounding."""
+    torch = torch_module()
+    if offsets is not None and block_rows.dtype == torch.float32:
+        return _rewritten(torch.addmm(offsets[c0:c1], block_rows, column_block.T), transform, r0, r1, c0, c1)
     block = block_rows @ column_block.T
-    if block.dtype != torch_module().float32:
+    if block.dtype != torch.float32:
         block = block.float()
+    if offsets is not None:
+        block.add_(offsets[c0:c1])
+    return _rewritten(block, transform, r0, r1, c0, c1)
+
+
+def _rewritten(block, transform, r0: int, r1: int, c0: int, c1: int):
+    """``block``, rewritten in place by ``transform`` when one is given."""
     if transform is not None:
         transform(block, r0, r1, c0, c1)
     return block
@@ -151,6 +168,8 @@ def ordered_topk(block, k: int):
     width = chunk_width(block, k)
     if width:
         return topk_from_chunks(chunk_maxima(block, width), k, width, block.shape[1], lambda columns: block.gather(1, columns))
+    if block.dtype == torch.float32 and block.numel() <= KEYED_TOPK_ENTRIES:
+        return keyed_topk(block, k)
     # the (k+1)-th largest equals the k-th exactly when a tie straddles the k-th place
     values, ids = torch.topk(block, min(k + 1, block.shape[1]), dim=1)
     tied = values[:, k] == values[:, k - 1] if values.shape[1] > k else torch.zeros(len(block), dtype=torch.bool, device=block.device)
@@ -163,6 +182,32 @@ def ordered_topk(block, k: int):
     values = values.gather(1, order)
     values, order = torch.sort(values, dim=1, descending=True, stable=True)
     return values, ids.gather(1, order)
+
+
+#: The largest float32 block :func:`ordered_topk` ranks by :func:`keyed_topk` (its int64 keys
+#: take twice the block's memory); a larger one by ``torch.topk`` and a stable sort of the rows
+#: with a tie at the k-th place, which waits for the device once per block.
+KEYED_TOPK_ENTRIES = 1 << 23
+
+
+def keyed_topk(block, k: int):
+    """:func:`ordered_topk` of a float32 block through one ``torch.topk`` of int64 keys that
+    order the entries by (value descending, column ascending): the value's bits mapped to an
+    int32 of the same order (negative floats' magnitude bits flipped, -0.0 made +0.0) in the
+    high half, ``2^32 - 1 - column`` in the low half. Exact, ties included, and the device is
+    never waited for (no data-dependent branch), which matters on a GPU, where each wait
+    leaves it idle while the host queues the next work."""
+    torch = torch_module()
+    n, m = block.shape
+    k = min(k, m)
+    bits = block.contiguous().view(torch.int32)
+    negative = bits < 0
+    ordered = torch.bitwise_xor(bits, negative.int() * 0x7FFFFFFF) + negative.int()  # order of the values; -0.0 = +0.0
+    low = (2**32 - 1) - torch.arange(m, dtype=torch.int64, device=block.device)
+    keys = ordered.long().mul_(2**32).add_(low)
+    top = torch.topk(keys, k, dim=1).values
+    ids = (2**32 - 1) - torch.bitwise_and(top, 2**32 - 1)
+    return block.gather(1, ids), ids
 
 
 #: The narrowest chunk of columns :func:`ordered_topk` / :class:`TopKValues` reduce by their
