@@ -2,7 +2,8 @@
 # The one call of a session lent a GPU (issue 39): the torch engine's tests on the GPU, then
 # benchmarks/gpu_engine.py at issue 39's sizes; everything it prints is also written under $OUT
 # (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt, gpu_engine.md (the table for
-# docs/benchmarks/measured.md) and profile.tar.gz (torch.profiler tables of search and evaluate).
+# docs/benchmarks/measured.md), ranking_pass.txt (benchmarks/ranking_pass.py on the device) and
+# profile.tar.gz (torch.profiler tables of search and evaluate).
 #
 # Prepare here, where PyPI answers (torch, numpy, tqdm and pytest are there; the engine's tests
 # also use hypothesis, a compiled wheel: the device's Python is 3.12):
@@ -38,9 +39,12 @@ echo "engine tests on $device: exit $?" >> "$OUT/engine_tests.txt"
 timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" --profile "$OUT/profile" \
     > "$OUT/gpu_engine.txt" 2>&1
 echo "benchmark on $device: exit $?" >> "$OUT/gpu_engine.txt"
+# the ranking pass's work per method and block: eager, float16 flags, compiled
+timeout "${KERNEL_SECONDS:-90}" "$PYTHON" benchmarks/ranking_pass.py --device "$device" --dim 512 > "$OUT/ranking_pass.txt" 2>&1
+echo "ranking pass on $device: exit $?" >> "$OUT/ranking_pass.txt"
 # the profiles as one file (a device call brings back a few files only)
 [ -d "$OUT/profile" ] && tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
 
 cat "$OUT/card.txt"
 grep -E "passed|failed|error|exit" "$OUT/engine_tests.txt" | tail -5
-cat "$OUT/gpu_engine.txt"
+cat "$OUT/gpu_engine.txt" "$OUT/ranking_pass.txt"
