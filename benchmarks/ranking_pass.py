@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from hubless.engine import torch_arrays, torch_ranking, torch_reducers, use_device
+from hubless.engine import torch_arrays, torch_fused, torch_ranking, torch_reducers, use_device
 from hubless.engine.torch_ranking import rank_queries
 from hubless.engine.torch_reducers import ordered_topk
 
@@ -59,8 +59,8 @@ def main() -> None:
     baseline, nnn = (np.zeros((n, 1), np.float32), bias), (np.full((n, 1), 0.75, np.float32), bias)
     torch_arrays.BLOCK_SHAPE = (n, m)  # one block: the pass's work on it, nothing else
 
-    def ranking_pass(methods: int, compiled: bool, chunks: tuple[int, int], flags: str = "float32"):
-        torch_reducers.CHUNK_WIDTHS, torch_ranking.FLAG_DTYPE = chunks, flags
+    def ranking_pass(methods: int, compiled: bool, chunks: tuple[int, int], flags: str = "float32", per_chunk: bool = True):
+        torch_reducers.CHUNK_WIDTHS, torch_ranking.FLAG_DTYPE, torch_fused.CHUNKED_COUNTS = chunks, flags, per_chunk
         with use_device(device, compiled=compiled):
             rank_queries(
                 q, g, [baseline] + [nnn] * methods, np.arange(n), indptr, truth, ties="index", depth=10, device=device, dtype="float32"
@@ -72,17 +72,18 @@ def main() -> None:
     ranking_pass(1, True, (32, 256))
     print(f"compiled: the first call (compiles, or loads torch's cached kernels) took {time.perf_counter() - t0:.1f} s")
     per_method = {}
-    for name, compiled, chunks, flags in (
-        ("eager, torch.topk over whole rows", False, WHOLE_ROWS, "float32"),
-        ("eager, top-k through chunk maxima", False, (32, 256), "float32"),
-        ("eager, chunk maxima, float16 flags", False, (32, 256), "float16"),
-        ("compiled (HUBLESS_COMPILE=1)", True, (32, 256), "float32"),
+    for name, compiled, chunks, flags, per_chunk in (
+        ("eager, torch.topk over whole rows", False, WHOLE_ROWS, "float32", True),
+        ("eager, top-k through chunk maxima", False, (32, 256), "float32", True),
+        ("eager, chunk maxima, float16 flags", False, (32, 256), "float16", True),
+        ("compiled, counts and chunk maxima apart", True, (32, 256), "float32", False),
+        ("compiled (HUBLESS_COMPILE=1): counted per chunk", True, (32, 256), "float32", True),
     ):
-        ranking_pass(1, compiled, chunks, flags)  # warm-up
-        five = median_seconds(lambda c=compiled, w=chunks, f=flags: ranking_pass(4, c, w, f), args.repeats, sync)
-        one = median_seconds(lambda c=compiled, w=chunks, f=flags: ranking_pass(0, c, w, f), args.repeats, sync)
+        ranking_pass(1, compiled, chunks, flags, per_chunk)  # warm-up (compiles this variant)
+        five = median_seconds(lambda c=compiled, w=chunks, f=flags, p=per_chunk: ranking_pass(4, c, w, f, p), args.repeats, sync)
+        one = median_seconds(lambda c=compiled, w=chunks, f=flags, p=per_chunk: ranking_pass(0, c, w, f, p), args.repeats, sync)
         per_method[name] = (five - one) / 4
-    torch_ranking.FLAG_DTYPE = "float32"
+    torch_ranking.FLAG_DTYPE, torch_fused.CHUNKED_COUNTS = "float32", True
     first = next(iter(per_method.values()))
     print("| ranking work per method and block | ms | vs whole-row top-k |\n|---|---|---|")
     for name, seconds in per_method.items():

@@ -26,7 +26,7 @@ from hubless._torch import from_numpy
 from hubless.engine import torch_arrays
 from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
-from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
+from hubless.engine.torch_reducers import chunk_width, ordered_topk
 
 __all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "products", "rank_queries", "rank_score_rows"]
 
@@ -292,29 +292,18 @@ class _RankingPass:
         width = chunk_width(base, self.depth) if self.depth else 0
         if self.depth and not width:
             return False
-        torch = self.torch
-        whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
-
-        def scores(index):  # ``(base - minus)[index]``, formed as the kernels form it
-            return base[index] if whole is None else base[index] - whole[index]
-
-        pair_rows = torch.arange(len(c), device=self.dev) if self.one_each else r
-        target = scores((pair_rows, c))[:, None]
         index_ties = self.ties == "index"
-        counts = torch_fused.compiled_block_counts(
-            base, minus, None if self.one_each else r, target, width, c[:, None] if index_ties else None
-        )
-        if counts is None:
+        work = torch_fused.compiled_ranking_work(base, minus, None if self.one_each else r, c, width, self.depth, index_ties)
+        if work is None:
             return False
-        above, equal, maxima = counts
+        above, equal, top_ids = work
         if index_ties:  # the equal entries before each relevant item's column: its rank, no second look
             self.ranks[i][lo:hi] = above + equal + 1
         else:
-            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target, c, lambda at: scores(pair_rows[at]))
+            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, None, c, None)
         top = self.tops[i]
-        if top is not None:
-            row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
-            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], lambda columns: scores((row_ids, columns)))[1]
+        if top is not None and top_ids is not None:
+            top[start:stop] = top_ids
         return True
 
     def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target, c, scores_at) -> None:

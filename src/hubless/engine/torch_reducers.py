@@ -243,14 +243,17 @@ def chunk_maxima(block, width: int):
     return maxima
 
 
-def topk_from_chunks(maxima, k: int, width: int, n_cols: int, entries):
+def topk_from_chunks(maxima, k: int, width: int, n_cols: int, entries, select=None):
     """The second step of :func:`ordered_topk`: (values, column ids) of each row's ``k`` best
     entries, ordered by (value descending, id ascending), from its chunk ``maxima`` and
     ``entries(columns)``, which gives the entries at ``columns`` ((rows, c) column ids, clamped
-    to the last column) of the block the maxima came from."""
-    chunks = ordered_topk(maxima, k)[1].sort(dim=1).values  # the best k chunks, in column order
+    to the last column) of the block the maxima came from. ``select``: the ordered top-k of
+    the maxima and of the chosen chunks' entries (:func:`ordered_topk`, or :func:`keyed_topk`
+    in compiled code, which has no data-dependent branch)."""
+    select = select or ordered_topk
+    chunks = select(maxima, k)[1].sort(dim=1).values  # the best k chunks, in column order
     candidates, columns = _chunk_entries(chunks, width, n_cols, entries)
-    values, at = ordered_topk(candidates, k)  # a tie to the earlier entry: the lower id
+    values, at = select(candidates, k)  # a tie to the earlier entry: the lower id
     return values, columns.gather(1, at)
 
 
