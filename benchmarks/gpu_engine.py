@@ -67,7 +67,7 @@ from _table import table_lines  # noqa: E402 - benchmarks/_table.py
 
 import hubless  # noqa: E402
 from hubless.corrections import make_correction  # noqa: E402
-from hubless.engine import torch_arrays, torch_fused, torch_ranking, torch_reducers, use_device  # noqa: E402
+from hubless.engine import torch_arrays, torch_reducers, use_device  # noqa: E402
 from hubless.engine.device import tf32_enabled  # noqa: E402
 
 FULL = {"gallery": 100_000, "bank": 50_000, "dim": 512, "queries": 10_000}
@@ -189,17 +189,6 @@ def whole_row_topk():
         yield
     finally:
         torch_reducers.CHUNK_WIDTHS = before
-
-
-@contextmanager
-def flag_dtype(name: str):
-    """The eager ranking pass's 0/1 flags in another dtype (``torch_ranking.FLAG_DTYPE``)."""
-    before = torch_ranking.FLAG_DTYPE
-    torch_ranking.FLAG_DTYPE = name
-    try:
-        yield
-    finally:
-        torch_ranking.FLAG_DTYPE = before
 
 
 def profile(torch, device: str, folder: Path, works: dict[str, Callable[[], Any]]) -> None:
@@ -467,24 +456,11 @@ def main() -> None:
     with whole_row_topk():
         ev["hubless device whole-row top-k, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
         ev["hubless device whole-row top-k, six methods"], _ = run.time(lambda: evaluate(SIX, device))
-    other_flags = "float16" if torch_ranking.FLAG_DTYPE == "float32" else "float32"
-    with flag_dtype(other_flags):
-        ev[f"hubless device {other_flags} flags, NNN"], _ = run.time(lambda: evaluate(["nnn"], device))
-        ev[f"hubless device {other_flags} flags, six methods"], _ = run.time(lambda: evaluate(SIX, device))
     # the ranking pass's per-block work by torch.compile's kernels (HUBLESS_COMPILE=1): the first
     # call compiles (its seconds are shown apart), the timed calls after it reuse the kernels
     ev["compiled: first call"], _ = run.time(lambda: evaluate(["nnn"], device, True), repeats=1, warm=False)
     ev["hubless device compiled, NNN"], _ = run.time(lambda: evaluate(["nnn"], device, True))
     ev["hubless device compiled, six methods"], _ = run.time(lambda: evaluate(SIX, device, True))
-    # the compiled kernels with the counts over whole rows and the chunk maxima apart (two reads
-    # of each block instead of one reduction per chunk)
-    torch_fused.CHUNKED_COUNTS = not torch_fused.CHUNKED_COUNTS
-    other = "counted per chunk" if torch_fused.CHUNKED_COUNTS else "counts and maxima apart"
-    try:
-        ev[f"compiled {other}, NNN"], _ = run.time(lambda: evaluate(["nnn"], device, True))
-        ev[f"compiled {other}, six methods"], _ = run.time(lambda: evaluate(SIX, device, True))
-    finally:
-        torch_fused.CHUNKED_COUNTS = not torch_fused.CHUNKED_COUNTS
     if not args.skip_numpy:
         ev["hubless numpy, NNN"], _ = run.time(lambda: evaluate(["nnn"], "numpy"), repeats=1, warm=False)
     row(
@@ -495,7 +471,6 @@ def main() -> None:
             floor_check(ev, "hubless device, six methods", "hubless device, NNN", 2.0),
             floor_check(ev, "hubless device compiled, NNN", "raw torch", 4.0),
             floor_check(ev, "hubless device compiled, six methods", "hubless device compiled, NNN", 2.0),
-            floor_check(ev, f"compiled {other}, six methods", f"compiled {other}, NNN", 2.0),
         ],
     )
 

@@ -8,8 +8,7 @@ NNN-style rankings (one bias row): the difference, per ranking, is what a method
 evaluation once the block's product is made (the subtraction, the counts of scores above and
 equal to each relevant item's, the top-10 ids for the hubness counts). Three ways, medians of
 ``--repeats`` in one run: eager kernels with ``torch.topk`` over whole rows (the engine before the
-chunked top-k), eager kernels with the top-k through chunk maxima (the default), the same with
-float16 0/1 flags (``torch_ranking.FLAG_DTYPE``), and the kernels
+chunked top-k), eager kernels with the top-k through chunk maxima (the default), and the kernels
 ``torch.compile`` makes of the same work (``HUBLESS_COMPILE=1``; the first call, which compiles,
 timed apart). Then ``ordered_topk`` against ``torch.topk`` on one block. A small ``--dim`` keeps
 the product cheap so the ranking work shows; CPU torch here, ``--device cuda`` on a GPU.
@@ -23,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from hubless.engine import torch_arrays, torch_fused, torch_ranking, torch_reducers, use_device
+from hubless.engine import torch_arrays, torch_reducers, use_device
 from hubless.engine.torch_ranking import rank_queries
 from hubless.engine.torch_reducers import ordered_topk
 
@@ -59,8 +58,8 @@ def main() -> None:
     baseline, nnn = (np.zeros((n, 1), np.float32), bias), (np.full((n, 1), 0.75, np.float32), bias)
     torch_arrays.BLOCK_SHAPE = (n, m)  # one block: the pass's work on it, nothing else
 
-    def ranking_pass(methods: int, compiled: bool, chunks: tuple[int, int], flags: str = "float32", per_chunk: bool = True):
-        torch_reducers.CHUNK_WIDTHS, torch_ranking.FLAG_DTYPE, torch_fused.CHUNKED_COUNTS = chunks, flags, per_chunk
+    def ranking_pass(methods: int, compiled: bool, chunks: tuple[int, int]):
+        torch_reducers.CHUNK_WIDTHS = chunks
         with use_device(device, compiled=compiled):
             rank_queries(
                 q, g, [baseline] + [nnn] * methods, np.arange(n), indptr, truth, ties="index", depth=10, device=device, dtype="float32"
@@ -72,18 +71,15 @@ def main() -> None:
     ranking_pass(1, True, (32, 256))
     print(f"compiled: the first call (compiles, or loads torch's cached kernels) took {time.perf_counter() - t0:.1f} s")
     per_method = {}
-    for name, compiled, chunks, flags, per_chunk in (
-        ("eager, torch.topk over whole rows", False, WHOLE_ROWS, "float32", True),
-        ("eager, top-k through chunk maxima", False, (32, 256), "float32", True),
-        ("eager, chunk maxima, float16 flags", False, (32, 256), "float16", True),
-        ("compiled, counts and chunk maxima apart", True, (32, 256), "float32", False),
-        ("compiled (HUBLESS_COMPILE=1): counted per chunk", True, (32, 256), "float32", True),
+    for name, compiled, chunks in (
+        ("eager, torch.topk over whole rows", False, WHOLE_ROWS),
+        ("eager, top-k through chunk maxima", False, (32, 256)),
+        ("compiled (HUBLESS_COMPILE=1)", True, (32, 256)),
     ):
-        ranking_pass(1, compiled, chunks, flags, per_chunk)  # warm-up (compiles this variant)
-        five = median_seconds(lambda c=compiled, w=chunks, f=flags, p=per_chunk: ranking_pass(4, c, w, f, p), args.repeats, sync)
-        one = median_seconds(lambda c=compiled, w=chunks, f=flags, p=per_chunk: ranking_pass(0, c, w, f, p), args.repeats, sync)
+        ranking_pass(1, compiled, chunks)  # warm-up
+        five = median_seconds(lambda c=compiled, w=chunks: ranking_pass(4, c, w), args.repeats, sync)
+        one = median_seconds(lambda c=compiled, w=chunks: ranking_pass(0, c, w), args.repeats, sync)
         per_method[name] = (five - one) / 4
-    torch_ranking.FLAG_DTYPE, torch_fused.CHUNKED_COUNTS = "float32", True
     first = next(iter(per_method.values()))
     print("| ranking work per method and block | ms | vs whole-row top-k |\n|---|---|---|")
     for name, seconds in per_method.items():

@@ -371,10 +371,9 @@ def test_the_default_path_never_imports_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
-@pytest.mark.parametrize(("flags", "exact_count"), [("float16", 1 << 24), ("bfloat16", 7), ("float32", 7)])
-def test_the_ranking_pass_counts_with_half_flags_and_column_chunks(flags, exact_count, data, monkeypatch):
-    """The eager ranking pass's 0/1 flags in half precision, and their sums in column chunks
-    (a gallery wider than a float32 sum counts exactly), rank as numpy does."""
+def test_the_ranking_pass_counts_in_column_chunks(data, monkeypatch):
+    """The eager ranking pass sums its 0/1 flags in column chunks when the gallery is wider than
+    a float32 sum counts exactly (2^24 columns; 7 here): the ranks are numpy's."""
     from hubless.engine import torch_ranking
 
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
@@ -383,8 +382,7 @@ def test_the_ranking_pass_counts_with_half_flags_and_column_chunks(flags, exact_
     methods = ["nnn:k=5", "is:beta=20.0", "dis:k_activation=3"]
     kwargs = dict(bootstrap=0, ties="average", progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
-    monkeypatch.setattr(torch_ranking, "FLAG_DTYPE", flags)
-    monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", exact_count)
+    monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", 7)
     with use_device(DEVICE):
         got = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     for w, o in zip(want.results, got.results):
@@ -415,38 +413,6 @@ def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypa
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    rows=st.integers(1, 5),
-    cols=st.integers(1, 70),
-    width=st.sampled_from([2, 4, 8, 32]),
-    levels=st.integers(1, 4),
-    minus=st.sampled_from(["none", "row", "block"]),
-    before=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_counts_per_chunk_equal_the_counts_over_whole_rows(rows, cols, width, levels, minus, before, seed):
-    """The compiled kernels' chunk-by-chunk counts (one reduction over each chunk gives the
-    counts and the maxima) equal the counts over whole rows and the chunk maxima, whatever the
-    ties, a last chunk narrower than the others, a row shorter than one chunk, and the index
-    convention's equal entries before a column."""
-    from hubless.engine.torch_fused import block_counts
-
-    rng = np.random.default_rng(seed)
-    base = torch.from_numpy(rng.integers(0, levels + 1, size=(rows, cols)).astype(np.float32)).to(DEVICE)
-    shapes = {"none": None, "row": (cols,), "block": (rows, cols)}
-    sub = None if shapes[minus] is None else torch.from_numpy(rng.integers(0, 2, size=shapes[minus]).astype(np.float32)).to(DEVICE)
-    scores = base if sub is None else base - sub
-    column = torch.from_numpy(rng.integers(0, cols, size=(rows, 1))).to(DEVICE)
-    target = scores.gather(1, column)
-    at = column if before else None
-    want = block_counts(base, sub, None, target, width, at)
-    got = block_counts(base, sub, None, target, width, at, chunked=True)
-    for w, g in zip(want, got):
-        np.testing.assert_array_equal(g.cpu().numpy(), w.cpu().numpy())
-    assert got[0].dtype == torch.int64 and got[1].dtype == torch.int64
-
-
 @pytest.fixture
 def fresh_compile(monkeypatch):
     """The compiled kernels of the ranking pass, forgetting an earlier test's compiler failure."""
@@ -457,8 +423,8 @@ def fresh_compile(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("ties", "chunked"), [("index", True), ("index", False), ("average", True), ("optimistic", True)])
-def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, chunked, data, fresh_compile, monkeypatch):
+@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, data, fresh_compile, monkeypatch):
     """With HUBLESS_COMPILE the ranking pass counts and takes its top ids by torch.compile's
     kernels (the scores never written): ranks, R@K, hubness and N_1 bitwise those of the numpy
     engine, for a bias row (NNN, CSLS), per-query products (DIS's gates), a host ranking (GC),
@@ -470,9 +436,8 @@ def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, chunked, data, fr
     kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     calls = []
-    real = fresh_compile.compiled_ranking_work
-    monkeypatch.setattr(fresh_compile, "compiled_ranking_work", lambda *a: calls.append(real(*a)) or calls[-1])
-    monkeypatch.setattr(fresh_compile, "CHUNKED_COUNTS", chunked)  # one read of the block for counts and maxima, or two
+    real = fresh_compile.compiled_block_counts
+    monkeypatch.setattr(fresh_compile, "compiled_block_counts", lambda *a: calls.append(real(*a)) or calls[-1])
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
     monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))  # top ids through chunk maxima here too
     with use_device(DEVICE, compiled=True):
@@ -557,9 +522,9 @@ def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec,
     """With one weight for every query the device subtracts one precomputed row per block
     instead of a per-query outer product: the same float32 products, so the ranking pass's
     ranks are bitwise those of the per-query form. The search adds the row in the product
-    (addmm): on a GPU cuBLASLt's bias epilogue may sum the product in another order, so its
-    scores are those of the per-query form to the last bit, the ids the same (random vectors:
-    no near ties)."""
+    (addmm): on a GPU cuBLASLt's bias epilogue may sum the product in another order (measured
+    on an H100: up to 2e-6 apart at scores of 1.5), so its scores are the per-query form's to
+    float32 rounding and the ids the same (random vectors: no near ties)."""
     from hubless.engine import torch_passes, torch_ranking
 
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
@@ -571,7 +536,7 @@ def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec,
     monkeypatch.setattr(torch_ranking, "one_row", lambda *args: None)
     want = fitted.search(q, 10, device=DEVICE)
     want_eval = hubless.evaluate(g, q, np.arange(len(q)), qb, [spec], **kwargs)
-    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)  # as the numpy and device searches
     np.testing.assert_array_equal(got[1], want[1])
     for w, o in zip(want_eval.results, got_eval.results):
         for name, values in w.per_query.items():

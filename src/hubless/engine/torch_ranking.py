@@ -26,7 +26,7 @@ from hubless._torch import from_numpy
 from hubless.engine import torch_arrays
 from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
-from hubless.engine.torch_reducers import chunk_width, ordered_topk
+from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
 
 __all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "products", "rank_queries", "rank_score_rows"]
 
@@ -222,7 +222,7 @@ class _RankingPass:
         self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
         flag_rows = min(n, self.rb) * (1 if self.one_each else most)
-        self.flags_buffer = torch.empty((flag_rows, m), dtype=getattr(torch, FLAG_DTYPE), device=dev)
+        self.flags_buffer = torch.empty((flag_rows, m), dtype=torch.float32, device=dev)
 
     def blocks(self) -> list[tuple[int, int]]:
         return [(start, min(self.n, start + self.rb)) for start in range(0, self.n, self.rb)]
@@ -292,18 +292,29 @@ class _RankingPass:
         width = chunk_width(base, self.depth) if self.depth else 0
         if self.depth and not width:
             return False
+        torch = self.torch
+        whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
+
+        def scores(index):  # ``(base - minus)[index]``, formed as the kernels form it
+            return base[index] if whole is None else base[index] - whole[index]
+
+        pair_rows = torch.arange(len(c), device=self.dev) if self.one_each else r
+        target = scores((pair_rows, c))[:, None]
         index_ties = self.ties == "index"
-        work = torch_fused.compiled_ranking_work(base, minus, None if self.one_each else r, c, width, self.depth, index_ties)
-        if work is None:
+        counts = torch_fused.compiled_block_counts(
+            base, minus, None if self.one_each else r, target, width, c[:, None] if index_ties else None
+        )
+        if counts is None:
             return False
-        above, equal, top_ids = work
+        above, equal, maxima = counts
         if index_ties:  # the equal entries before each relevant item's column: its rank, no second look
             self.ranks[i][lo:hi] = above + equal + 1
         else:
-            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, None, c, None)
+            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target, c, lambda at: scores(pair_rows[at]))
         top = self.tops[i]
-        if top is not None and top_ids is not None:
-            top[start:stop] = top_ids
+        if top is not None:
+            row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
+            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], lambda columns: scores((row_ids, columns)))[1]
         return True
 
     def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target, c, scores_at) -> None:
@@ -354,9 +365,6 @@ class Stopwatch:
 
 #: Columns a float32 sum of 0/1 flags counts exactly (every partial sum an integer < 2^24).
 EXACT_FLOAT_COUNT = 1 << 24
-#: The dtype of the eager ranking pass's 0/1 flags (float32, or float16 / bfloat16: half the
-#: bytes written and read, the counts as exact, summed in float32).
-FLAG_DTYPE = "float32"
 
 
 def count_true(flags):
@@ -383,7 +391,8 @@ def one_row(weights: np.ndarray, w, bias):
 def products(w, bias, out=None):
     """``W(q) . bias_columns(r)`` (into ``out`` when given, no fresh block): each product
     ``w_q * b_r`` rounded before a ranking subtracts it from the similarities, as the numpy
-    ranking does (bitwise the same scores). The ranking pass and the device's search form it here."""
+    ranking does (bitwise the same scores). The ranking pass and the device's search (per-query
+    weights) form it here."""
     torch = torch_module()
     if bias.shape[1] == 1:
         return torch.mul(w[:, :1], bias[:, 0], out=out)
