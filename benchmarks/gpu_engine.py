@@ -244,7 +244,7 @@ def environment(torch, device: str) -> list[str]:
     card += f"; TF32 float32 matmuls in raw torch: {tf32} (hubless: {'on' if tf32_enabled() else 'off'})"
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=os.path.dirname(__file__)
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10, cwd=os.path.dirname(__file__)
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
