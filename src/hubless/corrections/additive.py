@@ -58,6 +58,15 @@ class AdditiveCorrection(Correction):
         w = np.asarray(w, dtype=np.float32).reshape(-1, 1)
         return np.broadcast_to(w, (len(batch), self.bias_columns_.shape[1]))
 
+    def weights_from_neighbours(self, batch: QueryBatch, neighbours: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """W of ``batch`` (float32, contiguous) with its queries' raw-neighbour statistics taken
+        from ``neighbours``, the (scores, ids) of their raw top-depth over the gallery (a block
+        the caller already ranks: no search of its own; None when the correction needs none).
+        The batch keeps the statistics."""
+        if neighbours is not None:
+            batch.statistics = QueryStatistics.from_neighbours(self.query_request, *neighbours)
+        return np.ascontiguousarray(self.weights(batch), dtype=np.float32)
+
     def additive_ranking(self, batch: QueryBatch) -> tuple[np.ndarray, np.ndarray] | None:
         if not self.exactly_additive:
             return None

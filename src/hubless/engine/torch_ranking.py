@@ -221,8 +221,7 @@ class _RankingPass:
         self.positions = torch.arange(m, device=dev)
         self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
-        flag_rows = min(n, self.rb) * (1 if self.one_each else most)
-        self.flags_buffer = torch.empty((flag_rows, m), dtype=torch.float32, device=dev)
+        self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=torch.float32, device=dev)
 
     def blocks(self) -> list[tuple[int, int]]:
         return [(start, min(self.n, start + self.rb)) for start in range(0, self.n, self.rb)]
@@ -368,14 +367,14 @@ EXACT_FLOAT_COUNT = 1 << 24
 
 
 def count_true(flags):
-    """Per row, the number of ones in ``flags`` (0/1 floats), as int64, summed in float32 in
-    chunks of :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of ones is exact. Float
-    flags, not bool: torch sums a bool block far slower than a float one, measured 10x on a CPU
-    and on an H100 (0.9 ms against about 0.2 ms for a 2^27-entry block, above the compare itself)."""
-    torch = torch_module()
+    """Per row, the number of ones in ``flags`` (float32 0/1), as int64, summed in chunks of
+    :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of ones is exact. Float flags, not
+    bool: torch sums a bool block far slower than a float one, measured 10x on a CPU and on an
+    H100 (0.9 ms against about 0.2 ms for a 2^27-entry block, above the compare itself)."""
     width = flags.shape[1]
-    chunks = [flags[:, c0 : c0 + EXACT_FLOAT_COUNT] for c0 in range(0, width, EXACT_FLOAT_COUNT)] if width > EXACT_FLOAT_COUNT else [flags]
-    return sum(chunk.sum(dim=1, dtype=torch.float32).long() for chunk in chunks)
+    if width <= EXACT_FLOAT_COUNT:
+        return flags.sum(dim=1).long()
+    return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))
 
 
 def one_row(weights: np.ndarray, w, bias):

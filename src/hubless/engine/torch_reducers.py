@@ -19,10 +19,11 @@ The reductions are the numpy engine's (:mod:`hubless.engine.stream`), with the s
 
 The top-k of a wide block is taken in two steps, the maximum of each chunk of columns and then
 the top-k of the best chunks' entries (:func:`chunk_width`): the same result, ties included, for
-one read of the block instead of a top-k over whole rows. Products in float16 / bfloat16 are
-reduced in float32. No reducer reads a value back to the host inside the loop except
-:func:`ordered_topk`, to find rows tied at the k-th place (once per block and step; a block is up
-to 2^27 similarities, so the sync is small against its work).
+one read of the block instead of a top-k over whole rows; the ordered top-k of a narrow block is
+one ``torch.topk`` of int64 (value, -column) keys (:func:`keyed_topk`). Products in float16 /
+bfloat16 are reduced in float32. No reducer reads a value back to the host inside the loop except
+:func:`ordered_topk` over whole rows of a block too large for keys (over
+:data:`KEYED_TOPK_ENTRIES` entries), to find rows tied at the k-th place (once per block).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "TopKValues",
     "chunk_maxima",
     "chunk_width",
+    "keyed_topk",
     "ordered_topk",
     "topk_from_chunks",
     "reduce_blocks",
@@ -113,17 +115,13 @@ def _similarities(block_rows, column_block, transform, r0: int, r1: int, c0: int
     libraries."""
     torch = torch_module()
     if offsets is not None and block_rows.dtype == torch.float32:
-        return _rewritten(torch.addmm(offsets[c0:c1], block_rows, column_block.T), transform, r0, r1, c0, c1)
-    block = block_rows @ column_block.T
-    if block.dtype != torch.float32:
-        block = block.float()
-    if offsets is not None:
-        block.add_(offsets[c0:c1])
-    return _rewritten(block, transform, r0, r1, c0, c1)
-
-
-def _rewritten(block, transform, r0: int, r1: int, c0: int, c1: int):
-    """``block``, rewritten in place by ``transform`` when one is given."""
+        block = torch.addmm(offsets[c0:c1], block_rows, column_block.T)
+    else:
+        block = block_rows @ column_block.T
+        if block.dtype != torch.float32:
+            block = block.float()
+        if offsets is not None:
+            block.add_(offsets[c0:c1])
     if transform is not None:
         transform(block, r0, r1, c0, c1)
     return block

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
+from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
@@ -164,13 +164,9 @@ def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBat
 
         return rank
 
-    def gated_weights(corr: Correction, batch: QueryBatch):
+    def gated_weights(corr: AdditiveCorrection, batch: QueryBatch):
         def weights(start: int, stop: int, scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
-            rows = batch.rows(start, stop)
-            rows.statistics = QueryStatistics.from_neighbours(corr.query_request, scores, ids)
-            additive = corr.additive_ranking(rows)
-            assert additive is not None  # exactly additive: checked below
-            return additive[0]
+            return corr.weights_from_neighbours(batch.rows(start, stop), (scores, ids))
 
         return weights
 
@@ -178,7 +174,8 @@ def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBat
     for corr, batch in zip(corrections, batches):
         exactly_additive = isinstance(corr, AdditiveCorrection) and corr.exactly_additive
         if corr.ranking_request.depth and batch.statistics is None and exactly_additive:
-            # W from each query's raw neighbours, taken from the ranking pass's own blocks
+            # W from each query's raw neighbours, taken from the ranking pass's own blocks (exactly
+            # additive: W alone ranks)
             assert isinstance(corr, AdditiveCorrection)
             neighbours = min(corr.query_request.depth, n_gallery)
             rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, neighbours))

@@ -21,7 +21,7 @@ import numpy as np
 
 from hubless._io import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
-from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, QueryStatistics, make_correction
+from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
 from hubless.corrections.scores import fit_on_scores
 from hubless.engine.device import torch_device, use_device
 from hubless.engine.parallel import run_blocks
@@ -147,16 +147,10 @@ def _top_on_device(corr: AdditiveCorrection, s, start: int, stop: int, k: int, r
 
     block = read_rows(s, start, stop, "scores")
     batch = QueryBatch(np.empty((stop - start, 0), np.float32))  # score rows carry no vectors
-
-    def weights(raw):
-        if raw is not None:
-            batch.statistics = QueryStatistics.from_neighbours(corr.query_request, *raw)
-        additive = corr.additive_ranking(batch)
-        assert additive is not None  # exactly additive
-        return additive[0]
-
     depth = min(corr.query_request.depth, block.shape[1])
-    values, ids = torch_ranking.corrected_top_k(block, k, depth=depth, weights=weights, bias=corr.bias_columns_, device=device)
+    values, ids = torch_ranking.corrected_top_k(
+        block, k, depth=depth, weights=lambda raw: corr.weights_from_neighbours(batch, raw), bias=corr.bias_columns_, device=device
+    )
     return (values if ranking else np.asarray(corr.method_scores(batch, values), dtype=np.float32)), ids
 
 
