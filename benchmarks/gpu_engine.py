@@ -191,27 +191,26 @@ def whole_row_topk():
         torch_reducers.CHUNK_WIDTHS = before
 
 
-def profile(torch, device: str, folder: Path, works: dict[str, Callable[[], Any]]) -> None:
+def profile(run: Runner, folder: Path, works: dict[str, Callable[[], Any]]) -> None:
     """For each work (one warm-up call first), ``folder/<name>.txt``: torch.profiler's operators
     by their own device time and by their own host time (syncs and copies included)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
     folder.mkdir(parents=True, exist_ok=True)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    cuda = run.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     for name, fn in works.items():
         try:
             fn()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
+            run.sync()
             t0 = time.perf_counter()
             with profiler(activities=activities) as prof:
                 fn()
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
+                run.sync()
             seconds = time.perf_counter() - t0
             averages = prof.key_averages()
-            by_device = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+            by_device = "self_cuda_time_total" if cuda else "self_cpu_time_total"
             text = "\n\n".join(
                 [
                     f"{name}: {seconds:.3f} s under the profiler",
@@ -499,7 +498,7 @@ def main() -> None:
         print(f"wrote {args.out}")
     if args.profile is not None and base_corr is not None:
         profile(
-            torch, device, args.profile,
+            run, args.profile,
             {
                 "search": lambda: base_corr.search(q, TOP, device=device),
                 "evaluate_nnn": lambda: evaluate(["nnn"], device),
