@@ -544,11 +544,18 @@ def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec,
 
 
 @pytest.mark.filterwarnings("ignore::hubless.UnnormalizedEmbeddingsWarning")
-def test_evaluate_ranks_ties_by_index_on_the_device():
-    """Exact ties (every gallery item twice) rank by index on the device as on the host. The
-    vectors are small integers and half-integers, not normalised: every product is exact in any
-    summation order, so the ties are ties on a GPU too (cuBLAS may sum two equal columns of
-    normalised vectors in different orders, a last-bit difference that is no longer a tie)."""
+@pytest.mark.parametrize("exact_width", [None, 7], ids=["one-chunk", "7-column-chunks"])
+def test_evaluate_ranks_ties_by_index_on_the_device(exact_width, monkeypatch):
+    """Exact ties (every gallery item twice) rank by index on the device as on the host, also
+    when the running counts of equal scores go in chunks (a gallery wider than a float32 sum
+    counts exactly, 7 columns here). The vectors are small integers and half-integers, not
+    normalised: every product is exact in any summation order, so the ties are ties on a GPU
+    too (cuBLAS may sum two equal columns of normalised vectors in different orders, a last-bit
+    difference that is no longer a tie)."""
+    from hubless.engine import torch_ranking
+
+    if exact_width:
+        monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", exact_width)
     rng = np.random.default_rng(5)
     base = rng.integers(-2, 3, size=(30, 6)).astype(np.float32)
     gallery = np.concatenate([base, base])  # every item twice: exact ties
@@ -558,7 +565,8 @@ def test_evaluate_ranks_ties_by_index_on_the_device():
     want = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
     with use_device(DEVICE):
         got = hubless.evaluate(gallery, queries, truth, None, ["baseline"], **kwargs)
-    np.testing.assert_array_equal(got.results[0].per_query["R@1"], want.results[0].per_query["R@1"])
+    for name, values in want.results[0].per_query.items():
+        np.testing.assert_array_equal(got.results[0].per_query[name], values)
     assert got.results[0].metrics == want.results[0].metrics
 
 

@@ -218,7 +218,6 @@ class _RankingPass:
         self.tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
         self.clock = Stopwatch(dev)
         self.intervals: list[list[tuple[Any, Any]]] = [[] for _ in rankers]  # (start, end) marks of each ranking's work
-        self.positions = torch.arange(m, device=dev)
         self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
         self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=torch.float32, device=dev)
@@ -276,8 +275,13 @@ class _RankingPass:
         target = block.gather(1, c[:, None])
         flags = self.flags_buffer[: len(block)]
         above = count_true(torch.gt(block, target, out=flags))
-        equal = None if self.ties == "optimistic" else count_true(torch.eq(block, target, out=flags))
-        self._store_ranks(i, lo, hi, above, equal, target, c, lambda at: block[at])
+        if self.ties == "optimistic":
+            equal = None
+        elif self.ties == "index":  # the equal entries up to each relevant item's column, no second look
+            equal = count_true_through(torch.eq(block, target, out=flags), c)
+        else:
+            equal = count_true(torch.eq(block, target, out=flags))
+        self._store_ranks(i, lo, hi, above, equal)
         top = self.tops[i]
         if top is not None:
             top[start:stop] = ordered_topk(scores, self.depth)[1]
@@ -305,32 +309,24 @@ class _RankingPass:
         )
         if counts is None:
             return False
-        above, equal, maxima = counts
-        if index_ties:  # the equal entries before each relevant item's column: its rank, no second look
-            self.ranks[i][lo:hi] = above + equal + 1
-        else:
-            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal, target, c, lambda at: scores(pair_rows[at]))
+        above, equal, maxima = counts  # index ties: the equal entries before each relevant item's column
+        self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal + 1 if index_ties else equal)
         top = self.tops[i]
         if top is not None:
             row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
             top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], lambda columns: scores((row_ids, columns)))[1]
         return True
 
-    def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target, c, scores_at) -> None:
-        """The 1-based ranks of pairs lo:hi of ranking ``i`` from the counts of scores above and
-        equal to each pair's (``equal`` None for optimistic ties), by the tie convention;
-        ``scores_at(at)`` gives the score rows of the pairs ``at`` (for index ties)."""
-        ties = self.ties
-        if ties == "optimistic":
+    def _store_ranks(self, i: int, lo: int, hi: int, above, equal) -> None:
+        """The 1-based ranks of pairs lo:hi of ranking ``i`` by the tie convention from the
+        counts of scores above each pair's and ``equal`` to it (None for optimistic ties; for
+        index ties only those up to the pair's own column, its own included)."""
+        if equal is None:
             self.ranks[i][lo:hi] = above + 1
-        elif ties == "average":  # in float64: a half rank stays exact at any gallery size
-            self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
-        else:  # "index": among equal scores, the lower gallery index first
-            tied = (equal > 1).nonzero().squeeze(1)
-            if tied.numel():
-                before = (scores_at(tied) == target[tied]) & (self.positions[None, :] < c[tied, None])
-                equal[tied] = before.sum(dim=1) + 1
+        elif self.ties == "index":  # among equal scores, the lower gallery index first
             self.ranks[i][lo:hi] = above + equal
+        else:  # "average", in float64: a half rank stays exact at any gallery size
+            self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
 
     def results(self) -> list[Ranked]:
         out = [(to_host(ranks), None if top is None else to_host(top)) for ranks, top in zip(self.ranks, self.tops)]
@@ -375,6 +371,25 @@ def count_true(flags):
     if width <= EXACT_FLOAT_COUNT:
         return flags.sum(dim=1).long()
     return sum(flags[:, c0 : c0 + EXACT_FLOAT_COUNT].sum(dim=1).long() for c0 in range(0, width, EXACT_FLOAT_COUNT))
+
+
+def count_true_through(flags, columns):
+    """Per row ``q``, the number of ones in ``flags[q, :columns[q] + 1]`` (float32 0/1 flags,
+    overwritten by their running sums), as int64: the index tie convention's rank part of the
+    equal scores, the relevant item's own among them, with no look at which rows have ties (a
+    ``nonzero`` there made the host wait for the device per ranking and block). Running sums in
+    chunks of :data:`EXACT_FLOAT_COUNT` columns, where a float32 sum of ones is exact."""
+    torch = torch_module()
+    width, at = flags.shape[1], columns[:, None]
+    if width <= EXACT_FLOAT_COUNT:
+        return flags.cumsum_(dim=1).gather(1, at).squeeze(1).long()
+    total = torch.zeros(len(flags), dtype=torch.int64, device=flags.device)
+    for c0 in range(0, width, EXACT_FLOAT_COUNT):
+        sums = flags[:, c0 : c0 + EXACT_FLOAT_COUNT].cumsum_(dim=1)
+        last = (at - c0).clamp_(max=sums.shape[1] - 1)  # the chunk's last column for items after it
+        through = sums.gather(1, last.clamp(min=0)).squeeze(1).long()
+        total += torch.where(at.squeeze(1) >= c0, through, 0)
+    return total
 
 
 def one_row(weights: np.ndarray, w, bias):
