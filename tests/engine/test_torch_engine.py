@@ -476,8 +476,10 @@ def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_comp
 def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, data, monkeypatch):
     """The gated methods' raw top-1 (DIS, DualDIS) comes from the ranking pass's own blocks, as
     in the numpy pass: no search of the queries (CSLS, whose ranking needs none of its r_q,
-    causes none either), on one device or with the queries split between two. The metrics
-    equal the numpy engine's."""
+    causes none either), on one device or with the queries split between two. The gates of
+    DIS and the bias form of DualDIS are formed on the device (no block's neighbours go to the
+    host for them). The metrics equal the numpy engine's."""
+    from hubless.corrections import AdditiveCorrection
     from hubless.engine import torch_passes
 
     searched = []
@@ -489,13 +491,15 @@ def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, da
 
     monkeypatch.setattr(torch_passes, "exact_search", counting)
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
-    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "dualdis:k_activation=2"]
+    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "dualdis:k_activation=2", "dualdis:k_activation=2,ungated=exp"]
     kwargs = dict(gallery_bank=gb, bootstrap=0, progress=False)
     want = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
+    on_host = []
+    monkeypatch.setattr(AdditiveCorrection, "weights_from_neighbours", lambda self, *a: on_host.append(self.name))
     with use_device(DEVICE if device == "one" else PAIR):
         got = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
-    assert searched == []
+    assert searched == [] and on_host == []
     for w, o in zip(want.results, got.results):
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
         assert o.hubness == pytest.approx(w.hubness, rel=1e-9), w.method

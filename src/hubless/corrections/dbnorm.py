@@ -156,8 +156,8 @@ class DualDIS(ActivationGated, DualIS):
     def _bias_columns(self, statistics) -> np.ndarray:
         return self._centred_columns(statistics)
 
-    def weights(self, batch):
-        return self.gates(batch, self.activation_masks_)
+    def gate_masks(self) -> np.ndarray:
+        return self.activation_masks_
 
     def _normaliser_log_sizes(self, batch) -> np.ndarray:
         return (self.weights(batch) > 0).astype(np.float64) @ self.log_bank_sizes_  # only the open gates' banks
@@ -166,7 +166,7 @@ class DualDIS(ActivationGated, DualIS):
     def _rank(self, batch, sims, columns, out):
         if self.ungated == "exp":
             return super()._rank(batch, sims, columns, out)
-        gates = self.weights(batch) > 0
+        gates = np.greater(self.weights(batch), 0)
         cols = self.bias_columns_[columns] if isinstance(columns, np.ndarray) else (
             self.bias_columns_ if columns is None else self.bias_columns_[columns])  # fmt: skip
         out = np.empty_like(sims) if out is None else out
@@ -195,7 +195,7 @@ class DualDIS(ActivationGated, DualIS):
     def method_scores(self, batch, ranking):
         if self.ungated == "exp":
             return super().method_scores(batch, ranking)
-        gates = self.weights(batch) > 0
+        gates = np.greater(self.weights(batch), 0)
         r = ranking.astype(np.float64)
         # per query, the ranking is (bq + bg) s - ... (both gates), log F + log n_X (one) or s (none):
         # the score is exp(scale r - log sizes of the open gates' banks), or r * r with no gate open

@@ -106,12 +106,17 @@ class ActivationGated(Correction):
     def check_sizes(self, n_gallery, n_query_bank, n_gallery_bank) -> None:
         check_k(self.k_activation, n_gallery, "k_activation", "the gallery")
 
-    def gates(self, batch, masks: np.ndarray) -> np.ndarray:
-        """Per query, whether its raw top-1 is in each activation set: ``masks`` (n_gallery,
-        n_sets) -> (n_queries, n_sets) float32 (1 open, 0 closed)."""
+    def gate_masks(self) -> np.ndarray:
+        """The fitted activation sets as a bool (n_gallery, n_sets) table: a query's gates (its
+        weights, :meth:`weights`) are the row of its raw top-1 gallery item."""
+        raise NotImplementedError  # pragma: no cover - each variant names its sets
+
+    def weights(self, batch) -> np.ndarray:
+        """Per query, whether its raw top-1 is in each activation set (:meth:`gate_masks`):
+        (n_queries, n_sets) float32, 1 open, 0 closed."""
         stats = self.query_statistics(batch)
         assert stats is not None and stats.top1 is not None  # query_request asks for the top-1
-        return masks[stats.top1].astype(np.float32)
+        return self.gate_masks()[stats.top1].astype(np.float32)
 
 
 @METHODS.register
@@ -143,8 +148,8 @@ class DynamicInvertedSoftmax(ActivationGated, InvertedSoftmax):
     def _fit_gates(self, statistics) -> None:
         self.activation_mask_ = statistics.activation_mask("query", self.k_activation)
 
-    def weights(self, batch):
-        return self.gates(batch, self.activation_mask_[:, None])
+    def gate_masks(self) -> np.ndarray:
+        return self.activation_mask_[:, None]
 
     def method_scores(self, batch, ranking):
         gated = self.weights(batch) > 0

@@ -37,20 +37,14 @@ HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class GatedRanker:
-    """A ranking ``q . r - W(q) . bias_columns(r)`` whose weights depend on each query's raw
-    neighbours (DIS, DualDIS: a gate opens when the query's raw top-1 is in an activation set).
-    ``weights(start, stop, scores, ids)`` gives the W rows (float32) of queries start:stop from
-    their raw top-``depth`` (scores, ids) over the gallery (best first, ties to the lower id),
-    which :func:`rank_queries` takes from the very block of similarities it ranks: no search of
-    the queries of its own."""
+    """A ranking ``q . r - W(q) . bias_columns(r)`` whose weights are activation gates (DIS,
+    DualDIS in bias form): W(q) is the row of ``masks`` (n_gallery, n_sets; 1 open, 0 closed)
+    of the query's raw top-1 gallery item, which :func:`rank_queries` takes on the device from
+    the very block of similarities it ranks (its argmax, the first of equal maxima: ties to
+    the lower id, as the numpy pass): no search of the queries, nothing to the host and back."""
 
-    weights: Callable[[int, int, np.ndarray, np.ndarray], np.ndarray]
-    bias: np.ndarray
-    depth: int
-
-    def shifted(self, offset: int) -> GatedRanker:
-        """The same ranking for the queries from ``offset`` on (a device's share of the rows)."""
-        return GatedRanker(lambda start, stop, s, i: self.weights(start + offset, stop + offset, s, i), self.bias, self.depth)
+    masks: Any  # numpy arrays (a device tensor once the pass has placed them)
+    bias: Any
 
 
 #: A ranking of the pass: ``(W, bias_columns)`` (additive), a :class:`GatedRanker` or a host ranker.
@@ -78,7 +72,7 @@ def rank_queries(
     lower id) and the seconds it would take alone.
 
     A ranking is ``(W, bias_columns)``, the additive ``q . r - W(q) . bias_columns(r)`` computed
-    on the device, a :class:`GatedRanker` (the same with W from each block's raw neighbours), or
+    on the device, a :class:`GatedRanker` (the same with W the gates of each query's raw top-1), or
     a host function (a non-additive correction) given each block of raw similarities. Each
     block of query rows spans the whole gallery (one product shared by every ranking); only the
     ranks and top ids come back. Several devices split the queries.
@@ -89,7 +83,7 @@ def rank_queries(
         def part(dev: str, a: int, b: int):
             lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
             shares = [
-                r.shifted(a) if isinstance(r, GatedRanker)
+                r if isinstance(r, GatedRanker)
                 else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r)
                 else (r[0][a:b], r[1])
                 for r in rankers
@@ -200,10 +194,10 @@ class _RankingPass:
         self.rb = shape[0] if shape is not None else max(1, min(n, block_budget(device) // max(1, m * max(1, most))))
         self.rows_t, self.cols_t = (from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev) for a in (truth_rows, truth_indices))
         self.prepared: list[Any] = []
-        self.neighbours = min(m, max((r.depth for r in rankers if isinstance(r, GatedRanker)), default=0))
         for ranker in rankers:
             if isinstance(ranker, GatedRanker):
-                self.prepared.append((ranker.weights, put(ranker.bias, device, "float32", keep=True)))
+                masks = from_numpy(np.ascontiguousarray(ranker.masks, dtype=np.float32)).to(dev)
+                self.prepared.append(GatedRanker(masks, put(ranker.bias, device, "float32", keep=True)))  # on the device
             elif callable(ranker):
                 self.prepared.append(ranker)
             else:
@@ -256,13 +250,10 @@ class _RankingPass:
             if "host" not in cache:
                 cache["host"] = to_host(sims)
             return from_numpy(np.ascontiguousarray(ranker(start, stop, cache["host"]), dtype=np.float32)).to(dev), None
-        if callable(ranker[0]):  # a gated ranking: W of these rows from their raw neighbours in this block
-            if "raw" not in cache:
-                cache["raw"] = tuple(to_host(x) for x in ordered_topk(sims, self.neighbours))
-            w = ranker[0](start, stop, *cache["raw"])
-            if not np.any(w):  # every gate of the block closed: the raw scores rank
-                return sims, None
-            return sims, products(from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), ranker[1], out)
+        if isinstance(ranker, GatedRanker):  # W of these rows: the gates of their raw top-1 in this block
+            if "top1" not in cache:
+                cache["top1"] = sims.argmax(dim=1)
+            return sims, products(ranker.masks[cache["top1"]], ranker.bias, out)
         if ranker[0] is not None:  # one weight for every query: one row subtracted
             return sims, ranker[0]
         return sims, products(ranker[1][start:stop], ranker[2], out)

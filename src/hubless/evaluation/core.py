@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
+from hubless.corrections.qbnorm import ActivationGated
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
@@ -137,7 +138,7 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
     results = torch_ranking.rank_queries(
         batches[0].vectors,
         gallery,
-        device_rankers(corrections, batches, gallery.shape[0]),
+        device_rankers(corrections, batches),
         truth.rows,
         truth.indptr,
         truth.indices,
@@ -149,13 +150,13 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
     return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
 
 
-def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBatch], n_gallery: int) -> list:
+def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBatch]) -> list:
     """The rankings of the device's ranking pass (:mod:`hubless.engine.torch_ranking`), one per
     correction with its batch: an additive correction ranks on the device (``(W,
-    bias_columns)``), a gated one (DIS, DualDIS) with its gates from each block's raw top-1 (as
-    the numpy pass takes them from its blocks: no search of the queries, a
-    :class:`~hubless.engine.torch_ranking.GatedRanker`); the others rank each block on the host
-    with their own :meth:`~hubless.corrections.Correction.rank`."""
+    bias_columns)``), an activation-gated one (DIS, DualDIS in bias form) with its gates from
+    each block's raw top-1 (as the numpy pass takes them from its blocks: no search of the
+    queries, a :class:`~hubless.engine.torch_ranking.GatedRanker`); the others rank each block
+    on the host with their own :meth:`~hubless.corrections.Correction.rank`."""
     from hubless.engine import torch_ranking
 
     def host_ranker(corr: Correction, batch: QueryBatch):
@@ -164,22 +165,13 @@ def device_rankers(corrections: Sequence[Correction], batches: Sequence[QueryBat
 
         return rank
 
-    def gated_weights(corr: AdditiveCorrection, batch: QueryBatch):
-        def weights(start: int, stop: int, scores: np.ndarray, ids: np.ndarray) -> np.ndarray:
-            return corr.weights_from_neighbours(batch.rows(start, stop), (scores, ids))
-
-        return weights
-
     rankers: list = []
     for corr, batch in zip(corrections, batches):
         exactly_additive = isinstance(corr, AdditiveCorrection) and corr.exactly_additive
-        if corr.ranking_request.depth and batch.statistics is None and exactly_additive:
-            # W from each query's raw neighbours, taken from the ranking pass's own blocks (exactly
-            # additive: W alone ranks)
+        if isinstance(corr, ActivationGated) and exactly_additive and batch.statistics is None:
             assert isinstance(corr, AdditiveCorrection)
-            neighbours = min(corr.query_request.depth, n_gallery)
-            rankers.append(torch_ranking.GatedRanker(gated_weights(corr, batch), corr.bias_columns_, neighbours))
+            rankers.append(torch_ranking.GatedRanker(corr.gate_masks(), corr.bias_columns_))
             continue
-        additive = corr.additive_ranking(batch)
+        additive = corr.additive_ranking(batch) if corr.ranking_request.depth == 0 or batch.statistics is not None else None
         rankers.append(host_ranker(corr, batch) if additive is None else additive)
     return rankers

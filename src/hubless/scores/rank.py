@@ -128,7 +128,7 @@ def _rank_on_device(corrections, read, n_rows: int, n_gallery: int, truth: Truth
     results = torch_ranking.rank_score_rows(
         read,
         n_gallery,
-        device_rankers(corrections, batches, n_gallery),
+        device_rankers(corrections, batches),
         truth.rows,
         truth.indptr,
         truth.indices,
