@@ -436,8 +436,8 @@ def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, data, fresh_compi
     kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     calls = []
-    real = fresh_compile.compiled_block_counts
-    monkeypatch.setattr(fresh_compile, "compiled_block_counts", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = fresh_compile.compiled_rankings_counts
+    monkeypatch.setattr(fresh_compile, "compiled_rankings_counts", lambda *a: calls.append(real(*a)) or calls[-1])
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
     monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))  # top ids through chunk maxima here too
     with use_device(DEVICE, compiled=True):
@@ -451,6 +451,47 @@ def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, data, fresh_compi
         np.testing.assert_array_equal(o.n1, w.n1)
         for name, values in w.per_query.items():
             np.testing.assert_array_equal(o.per_query[name], values)
+
+
+def test_the_compiled_counts_of_several_rankings_are_one_graph(fresh_compile):
+    """torch.compile traces every ranking's counts and chunk maxima of a block as one graph (a
+    graph break would split the kernels, each reading the block again): no call it cannot trace
+    (such as an import) on the way."""
+    from hubless.engine.torch_arrays import torch_module
+
+    torch_module()  # the engine's first use imports torch; the kernels run after it
+    rng = np.random.default_rng(0)
+    base = torch.from_numpy(rng.standard_normal((5, 70), dtype=np.float32))
+    rows = [None, torch.from_numpy(rng.standard_normal(70, dtype=np.float32)), None]
+    c = torch.from_numpy(rng.integers(0, 70, 5))
+    targets = [base[torch.arange(5), c][:, None] - (0 if row is None else row[c][:, None]) for row in rows]
+    explained = torch._dynamo.explain(fresh_compile.rankings_counts)(base, rows, None, targets, 8, c[:, None])
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, [b.reason for b in explained.break_reasons]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE != "cpu", reason="a counting clock stands in for the host clock of a CPU device")
+def test_the_compiled_pass_charges_rankings_counted_together_an_equal_share(fresh_compile, monkeypatch):
+    """Compiled, the rankings that are the raw scores less nothing or one row are counted
+    together; each is charged the block's product and an equal share of that count. With a
+    clock that ticks one second per mark and one block: the baseline and a one-row ranking
+    (counted together) cost 1 + 1/2 s each, a ranking with per-query weights (counted alone)
+    1 + 1 s."""
+    from hubless.engine import torch_ranking
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(torch_ranking.Stopwatch, "mark", lambda self: float(next(ticks)))
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (6, 20))
+    rng = np.random.default_rng(3)
+    q, g = unit_rows(rng, 6, 4), unit_rows(rng, 20, 4)
+    bias = rng.standard_normal((20, 1)).astype(np.float32)
+    rankers = [(np.zeros((6, 1), np.float32), bias), (np.full((6, 1), 0.5, np.float32), bias), (rng.random((6, 1), np.float32), bias)]
+    truth = rng.integers(0, 20, 6)
+    with use_device(DEVICE, compiled=True):
+        got = torch_ranking.rank_queries(
+            q, g, rankers, np.arange(6), np.arange(7), truth, ties="index", depth=0, device=DEVICE, dtype="float32"
+        )
+    assert [seconds for _, _, seconds in got] == [1.5, 1.5, 2.0]
 
 
 def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_compile, monkeypatch):

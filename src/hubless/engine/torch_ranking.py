@@ -10,7 +10,12 @@ Ranks follow the tie conventions of :func:`hubless.metrics.relevant_ranks`. Seve
 (``"cuda:0,cuda:1"``) split the queries. Arrays are placed by :mod:`hubless.engine.torch_arrays`.
 Each ranking's counts and top ids come from eager passes over its block, or with
 ``HUBLESS_COMPILE`` from the compiled kernels of :mod:`hubless.engine.torch_fused` (the same
-ranks). :func:`corrected_top_k` is the top-k of corrected score rows (``correct_scores``).
+ranks; the rankings that are the raw similarities less nothing or one row counted together, one
+read of the block for all, and their top ids in one stacked second step). The host waits for
+the device once, for the results, except where a host ranking takes a block to the host (GC,
+the published DualDIS) and in :func:`~hubless.engine.torch_reducers.ordered_topk` over whole
+rows of a large block (a narrow gallery). :func:`corrected_top_k` is the top-k of corrected
+score rows (``correct_scores``).
 """
 
 from __future__ import annotations
@@ -211,7 +216,7 @@ class _RankingPass:
         self.ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
         self.tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
         self.clock = Stopwatch(dev)
-        self.intervals: list[list[tuple[Any, Any]]] = [[] for _ in rankers]  # (start, end) marks of each ranking's work
+        self.intervals: list[list[tuple[Any, Any, float]]] = [[] for _ in rankers]  # (start, end, share) of each ranking's work
         self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
         self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=torch.float32, device=dev)
@@ -226,18 +231,29 @@ class _RankingPass:
     def rank(self, start: int, stop: int, sims, shared: tuple[Any, Any]) -> None:
         """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
         (``shared``: the :class:`Stopwatch` marks around the block's own work, counted in each
-        ranking's seconds)."""
+        ranking's seconds). Compiled, the rankings that are the raw scores less nothing or one
+        row are counted together (one read of the block for all), each charged an equal share."""
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
         r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
         out = self.scores_buffer[: stop - start]
         cache: dict[str, Any] = {}
-        for i, ranker in enumerate(self.prepared):
+        pending = list(enumerate(self.prepared))
+        together = [i for i, p in pending if p is None or (isinstance(p, tuple) and p[0] is not None)] if self.compiled else []
+        if together:
+            t0 = self.clock.mark()
+            minuses = [None if self.prepared[i] is None else self.prepared[i][0] for i in together]
+            if self._rank_compiled(together, lo, hi, start, stop, sims, minuses, r, c):
+                end = self.clock.mark()
+                for i in together:
+                    self.intervals[i] += [(*shared, 1.0), (t0, end, 1.0 / len(together))]
+                pending = [(i, p) for i, p in pending if i not in together]
+        for i, ranker in pending:
             t0 = self.clock.mark()
             base, minus = self._terms(ranker, start, stop, sims, out, cache)
-            if not (self.compiled and self._rank_compiled(i, lo, hi, start, stop, base, minus, r, c)):
+            if not (self.compiled and self._rank_compiled([i], lo, hi, start, stop, base, [minus], r, c)):
                 scores = base if minus is None else self.torch.sub(base, minus, out=out)
                 self._rank_eager(i, lo, hi, start, stop, scores, r, c)
-            self.intervals[i] += [shared, (t0, self.clock.mark())]
+            self.intervals[i] += [(*shared, 1.0), (t0, self.clock.mark(), 1.0)]
 
     def _terms(self, ranker, start: int, stop: int, sims, out, cache: dict[str, Any]):
         """(base, minus) of one ranking's scores ``base - minus`` for rows start:stop: the raw
@@ -277,8 +293,9 @@ class _RankingPass:
         if top is not None:
             top[start:stop] = ordered_topk(scores, self.depth)[1]
 
-    def _rank_compiled(self, i: int, lo: int, hi: int, start: int, stop: int, base, minus, r, c) -> bool:
-        """Ranks and top ids of ranking ``i`` from ``base - minus`` by the compiled kernels of
+    def _rank_compiled(self, indices: list[int], lo: int, hi: int, start: int, stop: int, base, minuses: list, r, c) -> bool:
+        """Ranks and top ids of the rankings ``indices``, with scores ``base - minuses[k]``
+        (each None, a row or a block), by the compiled kernels of
         :mod:`hubless.engine.torch_fused` (the scores never written); False when they do not
         apply (top ids over a gallery too narrow for chunks) or could not be compiled."""
         from hubless.engine import torch_fused
@@ -287,25 +304,33 @@ class _RankingPass:
         if self.depth and not width:
             return False
         torch = self.torch
-        whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
-
-        def scores(index):  # ``(base - minus)[index]``, formed as the kernels form it
-            return base[index] if whole is None else base[index] - whole[index]
-
         pair_rows = torch.arange(len(c), device=self.dev) if self.one_each else r
-        target = scores((pair_rows, c))[:, None]
         index_ties = self.ties == "index"
-        counts = torch_fused.compiled_block_counts(
-            base, minus, None if self.one_each else r, target, width, c[:, None] if index_ties else None
+
+        def scorer(minus):  # ``(base - minus)[index]``, formed as the kernels form it
+            whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
+            return lambda index: base[index] if whole is None else base[index] - whole[index]
+
+        scorers = [scorer(minus) for minus in minuses]
+        targets = [scores((pair_rows, c))[:, None] for scores in scorers]
+        counts = torch_fused.compiled_rankings_counts(
+            base, minuses, None if self.one_each else r, targets, width, c[:, None] if index_ties else None
         )
         if counts is None:
             return False
-        above, equal, maxima = counts  # index ties: the equal entries before each relevant item's column
-        self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal + 1 if index_ties else equal)
-        top = self.tops[i]
-        if top is not None:
+        for i, (above, equal, _) in zip(indices, counts):
+            # index ties: ``equal`` counts the equal entries before each relevant item's column
+            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal + 1 if index_ties else equal)
+        if self.depth:  # every ranking's top ids from its chunk maxima, the rankings' rows stacked: one second step
             row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
-            top[start:stop] = topk_from_chunks(maxima, self.depth, width, base.shape[1], lambda columns: scores((row_ids, columns)))[1]
+
+            def entries(columns):  # the stacked rankings' scores at ``columns``, ranking by ranking
+                return torch.cat([scores((row_ids, part)) for scores, part in zip(scorers, columns.chunk(len(scorers)))])
+
+            maxima = torch.cat([maxima for _, _, maxima in counts])
+            ids = topk_from_chunks(maxima, self.depth, width, base.shape[1], entries)[1]
+            for i, part in zip(indices, ids.chunk(len(indices))):
+                self.tops[i][start:stop] = part  # type: ignore[index]
         return True
 
     def _store_ranks(self, i: int, lo: int, hi: int, above, equal) -> None:
@@ -341,12 +366,13 @@ class Stopwatch:
         event.record(self.torch.cuda.current_stream(self.dev))
         return event
 
-    def seconds(self, intervals: Sequence[tuple[Any, Any]]) -> float:
-        """The summed seconds of (start, end) marks (waits for the device's work to end)."""
+    def seconds(self, intervals: Sequence[tuple[Any, Any, float]]) -> float:
+        """The summed seconds of (start, end, share) marks, each interval's seconds times its
+        share (waits for the device's work to end)."""
         if self.dev.type != "cuda":
-            return float(sum(end - start for start, end in intervals))
+            return float(sum((end - start) * share for start, end, share in intervals))
         self.torch.cuda.synchronize(self.dev)
-        return sum(start.elapsed_time(end) for start, end in intervals) / 1000.0
+        return sum(start.elapsed_time(end) * share for start, end, share in intervals) / 1000.0
 
 
 #: Columns a float32 sum of 0/1 flags counts exactly (every partial sum an integer < 2^24).
