@@ -42,7 +42,7 @@ profile="--profile $OUT/profile"
 timeout "${BENCH_SECONDS:-330}" "$PYTHON" benchmarks/gpu_engine.py ${BENCH_ARGS:-$full} --out "$OUT/gpu_engine.md" $profile \
     > "$OUT/gpu_engine.txt" 2>&1
 echo "benchmark on $device: exit $?" >> "$OUT/gpu_engine.txt"
-# the ranking pass's work per method and block: eager, float16 flags, compiled
+# the ranking pass's work per method and block: eager and compiled
 if [ "${KERNEL_SECONDS:-90}" != 0 ]; then  # 0: skipped
     timeout "${KERNEL_SECONDS:-90}" "$PYTHON" benchmarks/ranking_pass.py --device "$device" --dim 512 > "$OUT/ranking_pass.txt" 2>&1
     echo "ranking pass on $device: exit $?" >> "$OUT/ranking_pass.txt"

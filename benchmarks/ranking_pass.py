@@ -9,8 +9,9 @@ evaluation once the block's product is made (the subtraction, the counts of scor
 equal to each relevant item's, the top-10 ids for the hubness counts). Three ways, medians of
 ``--repeats`` in one run: eager kernels with ``torch.topk`` over whole rows (the engine before the
 chunked top-k), eager kernels with the top-k through chunk maxima (the default), and the kernels
-``torch.compile`` makes of the same work (``HUBLESS_COMPILE=1``; the first call, which compiles,
-timed apart). Then ``ordered_topk`` against ``torch.topk`` on one block. A small ``--dim`` keeps
+``torch.compile`` makes of the same work (``HUBLESS_COMPILE=1``, where the baseline and the
+one-row rankings are counted together, one read of the block for all; the first call, which
+compiles, timed apart). Then ``ordered_topk`` against ``torch.topk`` on one block. A small ``--dim`` keeps
 the product cheap so the ranking work shows; CPU torch here, ``--device cuda`` on a GPU.
 """
 

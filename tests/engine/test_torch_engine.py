@@ -494,6 +494,40 @@ def test_the_compiled_pass_charges_rankings_counted_together_an_equal_share(fres
     assert [seconds for _, _, seconds in got] == [1.5, 1.5, 2.0]
 
 
+@pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="the host waits only for a CUDA device (CPU torch works as it is called)")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_ranking_pass_never_waits_for_the_device_inside_a_block(compiled, data, fresh_compile, monkeypatch):
+    """On a GPU the ranking of a block (six methods' counts, index ties, DIS's gates, top ids)
+    queues work without waiting for the device (torch's sync debug mode turns any wait into an
+    error): a wait per ranking and block leaves the GPU idle while the host catches up. A first
+    evaluation compiles and tunes the kernels (which waits); the second is checked."""
+    from hubless.engine import torch_ranking
+
+    real = torch_ranking._RankingPass.rank
+    strict = []
+
+    def checked(self, *args):
+        torch.cuda.set_sync_debug_mode("error" if strict else 0)
+        try:
+            return real(self, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(torch_ranking._RankingPass, "rank", checked)
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 301))  # query blocks that cut the 80 queries unevenly
+    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))  # top ids through chunk maxima
+    g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
+    methods = ["nnn:k=5", "csls:k=4", "dn", "is:beta=20.0", "dis:k_activation=3", "dualis"]
+    kwargs = dict(gallery_bank=gb, bootstrap=0, progress=False)
+    want = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
+    with use_device(DEVICE, compiled=compiled):
+        hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
+        strict.append(True)
+        got = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, **kwargs)
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+
+
 def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_compile, monkeypatch):
     """A compiler that fails (no C++ compiler, no Triton) is reported once; the ranks are the
     eager pass's."""

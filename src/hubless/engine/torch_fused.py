@@ -14,8 +14,8 @@ that ``torch.compile`` cannot trace) that the compiler turns into kernels where 
 the same ranges fuse: the block is read for every ranking's counts and maxima together, the
 scores never written (Triton kernels on a GPU; on a CPU one C++ kernel for six rankings,
 checked in the generated code). Measured on a 2-core CPU, one block of 2,684 queries x 50,000
-items, ``benchmarks/ranking_pass.py``: 0.24x the eager passes' time per ranking (76 ms against
-282 ms; 0.35x when each ranking was compiled alone). A CPU is compute-bound here; on a GPU
+items, ``benchmarks/ranking_pass.py``: 0.26x the eager passes' time per ranking (69 ms against
+261 ms; 0.35x when each ranking was compiled alone). A CPU is compute-bound here; on a GPU
 these passes are bound by memory, where one read for all rankings is the point.
 
 The kernels compute exactly what the eager passes compute: a subtraction (no multiplication, so
