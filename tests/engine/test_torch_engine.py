@@ -391,10 +391,15 @@ def test_the_ranking_pass_counts_in_column_chunks(data, monkeypatch):
             np.testing.assert_array_equal(o.per_query[name], values)
 
 
-@pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
+@pytest.mark.parametrize("ties", ["index", "index-running-sums", "average", "optimistic"])
 def test_evaluate_ranks_on_the_device_equal_the_numpy_ranks(ties, data, monkeypatch):
     """evaluate streams its ranks of the truth, R@K and hubness counts on the device (additive
     methods whole there, GC and published DualDIS ranked on the host from device blocks)."""
+    from hubless.engine import torch_ranking
+
+    if ties == "index-running-sums":  # a GPU's count of the equal scores up to each relevant item
+        monkeypatch.setattr(torch_ranking, "RUNNING_TIE_COUNTS", True)
+        ties = "index"
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # query blocks that cut the 80 queries unevenly
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     truth = [[i, 100 + 2 * i] if i % 3 else [i] for i in range(len(q))]  # one or two relevant items
@@ -623,16 +628,19 @@ def test_one_weight_for_every_query_subtracts_one_row_with_the_same_scores(spec,
 
 
 @pytest.mark.filterwarnings("ignore::hubless.UnnormalizedEmbeddingsWarning")
+@pytest.mark.parametrize("running", [True, False], ids=["running-sums", "second-look"])
 @pytest.mark.parametrize("exact_width", [None, 7], ids=["one-chunk", "7-column-chunks"])
-def test_evaluate_ranks_ties_by_index_on_the_device(exact_width, monkeypatch):
-    """Exact ties (every gallery item twice) rank by index on the device as on the host, also
-    when the running counts of equal scores go in chunks (a gallery wider than a float32 sum
-    counts exactly, 7 columns here). The vectors are small integers and half-integers, not
+def test_evaluate_ranks_ties_by_index_on_the_device(running, exact_width, monkeypatch):
+    """Exact ties (every gallery item twice) rank by index on the device as on the host, with
+    the equal scores up to each relevant item counted by running sums (a GPU's way) or by a
+    second look at the rows with ties (the other devices' way), also when the counts go in
+    chunks (a gallery wider than a float32 sum counts exactly, 7 columns here). The vectors are small integers and half-integers, not
     normalised: every product is exact in any summation order, so the ties are ties on a GPU
     too (cuBLAS may sum two equal columns of normalised vectors in different orders, a last-bit
     difference that is no longer a tie)."""
     from hubless.engine import torch_ranking
 
+    monkeypatch.setattr(torch_ranking, "RUNNING_TIE_COUNTS", running)
     if exact_width:
         monkeypatch.setattr(torch_ranking, "EXACT_FLOAT_COUNT", exact_width)
     rng = np.random.default_rng(5)
