@@ -2,8 +2,10 @@
 # The one call of a session lent a GPU (issue 39): the torch engine's tests on the GPU, then
 # benchmarks/gpu_engine.py at issue 39's sizes; everything it prints is also written under $OUT
 # (default ./gpu-out): card.txt, engine_tests.txt, gpu_engine.txt, gpu_engine.md (the table for
-# docs/benchmarks/measured.md), ranking_pass.txt (benchmarks/ranking_pass.py on the device) and
-# profile.tar.gz (torch.profiler tables of search and evaluate).
+# docs/benchmarks/measured.md), ranking_pass.txt (benchmarks/ranking_pass.py on the device),
+# profile.tar.gz (torch.profiler tables of search and evaluate) and gaps.txt (benchmarks/gpu_trace.py:
+# where the device idles in evaluate). TEST_SECONDS, BENCH_SECONDS, KERNEL_SECONDS and
+# TRACE_SECONDS bound each part (0 skips the last two), PROFILE=0 skips the tables.
 #
 # Prepare here, where PyPI answers (torch, numpy, tqdm and pytest are there; the engine's tests
 # also use hypothesis, a compiled wheel: the device's Python is 3.12):
@@ -47,6 +49,11 @@ if [ "${KERNEL_SECONDS:-90}" != 0 ]; then  # 0: skipped
     timeout "${KERNEL_SECONDS:-90}" "$PYTHON" benchmarks/ranking_pass.py --device "$device" --dim 512 > "$OUT/ranking_pass.txt" 2>&1
     echo "ranking pass on $device: exit $?" >> "$OUT/ranking_pass.txt"
 fi
+# where the device idles in evaluate, its gaps charged to the host code
+if [ "${TRACE_SECONDS:-150}" != 0 ]; then  # 0: skipped
+    timeout "${TRACE_SECONDS:-150}" "$PYTHON" benchmarks/gpu_trace.py > "$OUT/gaps.txt" 2>&1
+    echo "trace on $device: exit $?" >> "$OUT/gaps.txt"
+fi
 # the profiles as one file (a device call brings back a few files only)
 [ -d "$OUT/profile" ] && tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
 
@@ -54,3 +61,4 @@ cat "$OUT/card.txt"
 grep -E "passed|failed|error|exit" "$OUT/engine_tests.txt" | tail -5
 cat "$OUT/gpu_engine.txt"
 [ -f "$OUT/ranking_pass.txt" ] && cat "$OUT/ranking_pass.txt"
+[ -f "$OUT/gaps.txt" ] && tail -40 "$OUT/gaps.txt"
