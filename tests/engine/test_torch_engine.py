@@ -437,7 +437,7 @@ def test_the_compiled_ranking_pass_gives_the_numpy_ranks(ties, data, fresh_compi
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     g = np.concatenate([g, g[:40]])  # exact duplicates: ties ranked by the convention
     truth = [[i, 300 + i % 40] if i % 3 else [i] for i in range(len(q))]
-    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "gc"]
+    methods = ["nnn:k=5", "csls:k=4", "dis:k_activation=3", "dualdis:k_activation=2,ungated=exp", "gc"]
     kwargs = dict(gallery_bank=gb, bootstrap=0, ties=ties, progress=False)
     want = hubless.evaluate(g, q, truth, qb, methods, **kwargs)
     calls = []
@@ -467,10 +467,12 @@ def test_the_compiled_counts_of_several_rankings_are_one_graph(fresh_compile):
     torch_module()  # the engine's first use imports torch; the kernels run after it
     rng = np.random.default_rng(0)
     base = torch.from_numpy(rng.standard_normal((5, 70), dtype=np.float32))
-    rows = [None, torch.from_numpy(rng.standard_normal(70, dtype=np.float32)), None]
+    row = torch.from_numpy(rng.standard_normal(70, dtype=np.float32))
+    gates = torch.tensor([True, False, True, True, False])
+    minuses = [None, row, (gates, row)]  # nothing, a row, a row where the gate is open
     c = torch.from_numpy(rng.integers(0, 70, 5))
-    targets = [base[torch.arange(5), c][:, None] - (0 if row is None else row[c][:, None]) for row in rows]
-    explained = torch._dynamo.explain(fresh_compile.rankings_counts)(base, rows, None, targets, 8, c[:, None])
+    targets = [base[torch.arange(5), c][:, None] - shift for shift in (0, row[c][:, None], torch.where(gates, row[c], 0.0)[:, None])]
+    explained = torch._dynamo.explain(fresh_compile.rankings_counts)(base, minuses, None, targets, 8, c[:, None])
     assert explained.graph_break_count == 0 and explained.graph_count == 1, [b.reason for b in explained.break_reasons]
 
 

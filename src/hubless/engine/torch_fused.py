@@ -45,12 +45,16 @@ class CompileFallbackWarning(RuntimeWarning):
 
 def block_counts(base, minus, rows, target, width: int, before=None):
     """(above, equal, maxima) of one ranking of a block: with ``scores = base - minus``
-    (``minus`` None, a row broadcast over the block, or a block of the same shape) and
+    (``minus`` None, a row broadcast over the block, a block of the same shape, or ``(gates,
+    row)``: the row where a row's bool gate is open, zero elsewhere) and
     ``block = scores[rows]`` (``rows`` None: the scores' own rows), per row of ``block`` the
     number of entries above and equal to its ``target`` (int64; with ``before``, a column per
     row, only the equal entries in columns before it: the index tie convention's count, so no
     row needs a second look), and the maxima of the chunks of ``width`` columns of ``scores``
     (None when ``width`` is 0)."""
+    if isinstance(minus, tuple):  # (gates, row): the row subtracted where a row's gate is open
+        gates, row = minus
+        minus = torch.where(gates[:, None], row, 0.0)
     scores = base if minus is None else base - minus
     block = scores if rows is None else scores.index_select(0, rows)
     above = (block > target).sum(dim=1)
@@ -62,7 +66,7 @@ def block_counts(base, minus, rows, target, width: int, before=None):
 
 def rankings_counts(base, minuses, rows, targets, width: int, before=None):
     """:func:`block_counts` of several rankings of one block, ``scores_k = base - minuses[k]``
-    (each None or a row), with their ``targets``: a list of (above, equal, maxima). One
+    (each None, a row or (gates, row)), with their ``targets``: a list of (above, equal, maxima). One
     function, so the compiled kernels read the block once for every ranking's counts and once
     for every ranking's chunk maxima (reductions over the same ranges fuse), instead of twice
     per ranking, with one call's overhead per block instead of one per ranking."""

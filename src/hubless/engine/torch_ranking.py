@@ -10,8 +10,9 @@ Ranks follow the tie conventions of :func:`hubless.metrics.relevant_ranks`. Seve
 (``"cuda:0,cuda:1"``) split the queries. Arrays are placed by :mod:`hubless.engine.torch_arrays`.
 Each ranking's counts and top ids come from eager passes over its block, or with
 ``HUBLESS_COMPILE`` from the compiled kernels of :mod:`hubless.engine.torch_fused` (the same
-ranks; the rankings that are the raw similarities less nothing or one row counted together, one
-read of the block for all, and their top ids in one stacked second step). The host waits for
+ranks; the rankings that are the raw similarities less nothing, one row, or one row where a
+query's gate is open counted together, one read of the block for all, and their top ids in one
+stacked second step). The host waits for
 the device once, for the results, except where a host ranking takes a block to the host (GC,
 the published DualDIS) and in :func:`~hubless.engine.torch_reducers.ordered_topk` over whole
 rows of a large block (a narrow gallery). :func:`corrected_top_k` is the top-k of corrected
@@ -43,7 +44,7 @@ HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class GatedRanker:
     """A ranking ``q . r - W(q) . bias_columns(r)`` whose weights are activation gates (DIS,
-    DualDIS in bias form): W(q) is the row of ``masks`` (n_gallery, n_sets; 1 open, 0 closed)
+    DualDIS in bias form): W(q) is the row of ``masks`` (n_gallery, n_sets; 1 open, 0 closed, no other value)
     of the query's raw top-1 gallery item, which :func:`rank_queries` takes on the device from
     the very block of similarities it ranks (its argmax, the first of equal maxima: ties to
     the lower id, as the numpy pass): no search of the queries, nothing to the host and back."""
@@ -234,17 +235,18 @@ class _RankingPass:
     def rank(self, start: int, stop: int, sims, shared: tuple[Any, Any]) -> None:
         """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
         (``shared``: the :class:`Stopwatch` marks around the block's own work, counted in each
-        ranking's seconds). Compiled, the rankings that are the raw scores less nothing or one
-        row are counted together (one read of the block for all), each charged an equal share."""
+        ranking's seconds). Compiled, the rankings that are the raw scores less nothing, one
+        row or a gated row are counted together (one read of the block for all), each charged an
+        equal share."""
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
         r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
         out = self.scores_buffer[: stop - start]
         cache: dict[str, Any] = {}
         pending = list(enumerate(self.prepared))
-        together = [i for i, p in pending if p is None or (isinstance(p, tuple) and p[0] is not None)] if self.compiled else []
+        together = [i for i, p in pending if self._counted_together(p)] if self.compiled else []
         if together:
             t0 = self.clock.mark()
-            minuses = [None if self.prepared[i] is None else self.prepared[i][0] for i in together]
+            minuses = [self._together_minus(self.prepared[i], sims, cache) for i in together]
             if self._rank_compiled(together, lo, hi, start, stop, sims, minuses, r, c):
                 end = self.clock.mark()
                 for i in together:
@@ -257,6 +259,27 @@ class _RankingPass:
                 scores = base if minus is None else self.torch.sub(base, minus, out=out)
                 self._rank_eager(i, lo, hi, start, stop, scores, r, c)
             self.intervals[i] += [(*shared, 1.0), (t0, self.clock.mark(), 1.0)]
+
+    @staticmethod
+    def _counted_together(ranker) -> bool:
+        """Whether the compiled kernels count ``ranker`` with the others of its block: the raw
+        similarities less nothing, one row, or one row where a query's gate is open (a gated
+        ranking with one column)."""
+        if isinstance(ranker, GatedRanker):
+            return ranker.masks.shape[1] == 1
+        return ranker is None or (isinstance(ranker, tuple) and ranker[0] is not None)
+
+    @staticmethod
+    def _together_minus(ranker, sims, cache: dict[str, Any]):
+        """What a ranking counted together subtracts from the block: None, a row, or (gates, row),
+        the row subtracted where a row's gate is open (0/1 weights: ``1 * b`` is ``b`` exactly,
+        so the kernels' selection gives the products' scores; a closed gate's -0.0 or +0.0 ranks
+        the same)."""
+        if isinstance(ranker, GatedRanker):
+            if "top1" not in cache:
+                cache["top1"] = sims.argmax(dim=1)
+            return ranker.masks[cache["top1"], 0] > 0, ranker.bias[:, 0]
+        return None if ranker is None else ranker[0]
 
     def _terms(self, ranker, start: int, stop: int, sims, out, cache: dict[str, Any]):
         """(base, minus) of one ranking's scores ``base - minus`` for rows start:stop: the raw
@@ -304,7 +327,8 @@ class _RankingPass:
 
     def _rank_compiled(self, indices: list[int], lo: int, hi: int, start: int, stop: int, base, minuses: list, r, c) -> bool:
         """Ranks and top ids of the rankings ``indices``, with scores ``base - minuses[k]``
-        (each None, a row or a block), by the compiled kernels of
+        (each None, a row, a block, or (gates, row): the row where a row's gate is open), by the
+        compiled kernels of
         :mod:`hubless.engine.torch_fused` (the scores never written); False when they do not
         apply (top ids over a gallery too narrow for chunks) or could not be compiled."""
         from hubless.engine import torch_fused
@@ -317,8 +341,13 @@ class _RankingPass:
         index_ties = self.ties == "index"
 
         def scorer(minus):  # ``(base - minus)[index]``, formed as the kernels form it
-            whole = None if minus is None else minus.expand_as(base)  # a bias row as a view of the block's shape
-            return lambda index: base[index] if whole is None else base[index] - whole[index]
+            if minus is None:
+                return lambda index: base[index]
+            if isinstance(minus, tuple):  # (gates, row): the row where the row's gate is open
+                gates, row = minus
+                return lambda index: base[index] - torch.where(gates[index[0]], row[index[1]], 0.0)
+            whole = minus.expand_as(base)  # a bias row as a view of the block's shape
+            return lambda index: base[index] - whole[index]
 
         scorers = [scorer(minus) for minus in minuses]
         targets = [scores((pair_rows, c))[:, None] for scores in scorers]
