@@ -480,25 +480,36 @@ def test_the_compiled_counts_of_several_rankings_are_one_graph(fresh_compile):
 @pytest.mark.skipif(DEVICE != "cpu", reason="a counting clock stands in for the host clock of a CPU device")
 def test_the_compiled_pass_charges_rankings_counted_together_an_equal_share(fresh_compile, monkeypatch):
     """Compiled, the rankings that are the raw scores less nothing or one row are counted
-    together; each is charged the block's product and an equal share of that count. With a
-    clock that ticks one second per mark and one block: the baseline and a one-row ranking
-    (counted together) cost 1 + 1/2 s each, a ranking with per-query weights (counted alone)
-    1 + 1 s."""
+    together, at most COUNTED_TOGETHER at a time (2 here); each is charged the block's product
+    and an equal share of its group's count. With a clock that ticks one second per mark and one
+    block: the baseline and a one-row ranking (one group) cost 1 + 1/2 s each, a second one-row
+    ranking (a group of its own) and a ranking with per-query weights (counted alone) 1 + 1 s,
+    and the ranks are those of each ranking counted alone (the eager passes)."""
     from hubless.engine import torch_ranking
 
-    ticks = iter(range(1000))
-    monkeypatch.setattr(torch_ranking.Stopwatch, "mark", lambda self: float(next(ticks)))
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (6, 20))
     rng = np.random.default_rng(3)
     q, g = unit_rows(rng, 6, 4), unit_rows(rng, 20, 4)
     bias = rng.standard_normal((20, 1)).astype(np.float32)
-    rankers = [(np.zeros((6, 1), np.float32), bias), (np.full((6, 1), 0.5, np.float32), bias), (rng.random((6, 1), np.float32), bias)]
+    rankers = [(np.full((6, 1), w, np.float32), bias) for w in (0.0, 0.5, -0.25)] + [(rng.random((6, 1), np.float32), bias)]
     truth = rng.integers(0, 20, 6)
-    with use_device(DEVICE, compiled=True):
-        got = torch_ranking.rank_queries(
-            q, g, rankers, np.arange(6), np.arange(7), truth, ties="index", depth=0, device=DEVICE, dtype="float32"
-        )
-    assert [seconds for _, _, seconds in got] == [1.5, 1.5, 2.0]
+
+    def ranked(compiled):
+        with use_device(DEVICE, compiled=compiled):
+            return torch_ranking.rank_queries(
+                q, g, rankers, np.arange(6), np.arange(7), truth, ties="index", depth=2, device=DEVICE, dtype="float32"
+            )
+
+    want = ranked(False)
+    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))  # top ids through chunk maxima, as compiled
+    monkeypatch.setattr(torch_ranking, "COUNTED_TOGETHER", 2)
+    ticks = iter(range(1000))
+    monkeypatch.setattr(torch_ranking.Stopwatch, "mark", lambda self: float(next(ticks)))
+    got = ranked(True)
+    assert [seconds for _, _, seconds in got] == [1.5, 1.5, 2.0, 2.0]
+    for (ranks, top, _), (want_ranks, want_top, _) in zip(got, want):
+        np.testing.assert_array_equal(ranks, want_ranks)
+        np.testing.assert_array_equal(top, want_top)
 
 
 @pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="the host waits only for a CUDA device (CPU torch works as it is called)")

@@ -244,14 +244,16 @@ class _RankingPass:
         cache: dict[str, Any] = {}
         pending = list(enumerate(self.prepared))
         together = [i for i, p in pending if self._counted_together(p)] if self.compiled else []
-        if together:
+        for g0 in range(0, len(together), COUNTED_TOGETHER):
+            group = together[g0 : g0 + COUNTED_TOGETHER]
             t0 = self.clock.mark()
-            minuses = [self._together_minus(self.prepared[i], sims, cache) for i in together]
-            if self._rank_compiled(together, lo, hi, start, stop, sims, minuses, r, c):
-                end = self.clock.mark()
-                for i in together:
-                    self.intervals[i] += [(*shared, 1.0), (t0, end, 1.0 / len(together))]
-                pending = [(i, p) for i, p in pending if i not in together]
+            minuses = [self._together_minus(self.prepared[i], sims, cache) for i in group]
+            if not self._rank_compiled(group, lo, hi, start, stop, sims, minuses, r, c):
+                break  # not compiled: every ranking by the eager passes
+            end = self.clock.mark()
+            for i in group:
+                self.intervals[i] += [(*shared, 1.0), (t0, end, 1.0 / len(group))]
+            pending = [(i, p) for i, p in pending if i not in group]
         for i, ranker in pending:
             t0 = self.clock.mark()
             base, minus = self._terms(ranker, start, stop, sims, out, cache)
@@ -412,6 +414,10 @@ class Stopwatch:
         self.torch.cuda.synchronize(self.dev)
         return sum(start.elapsed_time(end) * share for start, end, share in intervals) / 1000.0
 
+
+#: The most rankings the compiled kernels count together (more are counted in groups of this
+#: many): a kernel's outputs and registers, and its compile time, grow with the rankings.
+COUNTED_TOGETHER = 8
 
 #: How the eager pass counts, for the index tie convention, the scores equal to a relevant
 #: item's up to its column: by running sums of the equal flags (True: :func:`count_true_through`,
