@@ -20,7 +20,8 @@ these passes are bound by memory, where one read for all rankings is the point.
 
 The kernels compute exactly what the eager passes compute: a subtraction (no multiplication, so
 no fused multiply-add can change a last bit; products of per-query weights are formed before,
-as the eager path forms them), compares, and integer sums. Compiling takes seconds (about 20 s
+as the eager path forms them; a gated row is selected, ``1 * b`` being ``b``), compares, and
+integer sums. Compiling takes seconds (about 20 s
 the first time on a 2-core CPU, a few seconds from torch's on-disk cache after), which only a
 long ranking pass repays, hence opt-in. A compiler that fails (no C++ compiler for CPU torch,
 no Triton for a GPU) is reported once as a :class:`CompileFallbackWarning` and the pass goes on
@@ -66,10 +67,11 @@ def block_counts(base, minus, rows, target, width: int, before=None):
 
 def rankings_counts(base, minuses, rows, targets, width: int, before=None):
     """:func:`block_counts` of several rankings of one block, ``scores_k = base - minuses[k]``
-    (each None, a row or (gates, row)), with their ``targets``: a list of (above, equal, maxima). One
-    function, so the compiled kernels read the block once for every ranking's counts and once
-    for every ranking's chunk maxima (reductions over the same ranges fuse), instead of twice
-    per ranking, with one call's overhead per block instead of one per ranking."""
+    (each None, a row or (gates, row)), with their ``targets``: a list of (above, equal,
+    maxima). One function, so the compiled kernels read the block once for every ranking's
+    counts and once for every ranking's chunk maxima (reductions over the same ranges fuse),
+    instead of twice per ranking, with one call's overhead per block instead of one per
+    ranking."""
     return [block_counts(base, minus, rows, target, width, before) for minus, target in zip(minuses, targets)]
 
 
@@ -80,7 +82,7 @@ _STATE: dict[str, object] = {}
 def compiled_rankings_counts(base, minuses, rows, targets, width: int, before=None):
     """:func:`rankings_counts` compiled by ``torch.compile`` (dynamic shapes: one compilation
     serves every block and gallery size for each number of rankings and kind of each: nothing,
-    a row or a block subtracted), or None when compiling failed (now or before: a
+    a row, a block or a gated row subtracted), or None when compiling failed (now or before: a
     :class:`CompileFallbackWarning` says why, once per process)."""
     return _run_compiled(rankings_counts, base, minuses, rows, targets, width, before)
 

@@ -12,11 +12,10 @@ Each ranking's counts and top ids come from eager passes over its block, or with
 ``HUBLESS_COMPILE`` from the compiled kernels of :mod:`hubless.engine.torch_fused` (the same
 ranks; the rankings that are the raw similarities less nothing, one row, or one row where a
 query's gate is open counted together, one read of the block for all, and their top ids in one
-stacked second step). The host waits for
-the device once, for the results, except where a host ranking takes a block to the host (GC,
-the published DualDIS) and in :func:`~hubless.engine.torch_reducers.ordered_topk` over whole
-rows of a large block (a narrow gallery). :func:`corrected_top_k` is the top-k of corrected
-score rows (``correct_scores``).
+stacked second step). On a GPU the host waits for the device once, for the results, except
+where a host ranking takes a block to the host (GC, the published DualDIS) and in
+:func:`~hubless.engine.torch_reducers.ordered_topk` over whole rows of a large block (a narrow
+gallery). :func:`corrected_top_k` is the top-k of corrected score rows (``correct_scores``).
 """
 
 from __future__ import annotations
@@ -44,10 +43,11 @@ HostRanker = Callable[[int, int, np.ndarray], np.ndarray]
 @dataclass(frozen=True)
 class GatedRanker:
     """A ranking ``q . r - W(q) . bias_columns(r)`` whose weights are activation gates (DIS,
-    DualDIS in bias form): W(q) is the row of ``masks`` (n_gallery, n_sets; 1 open, 0 closed, no other value)
-    of the query's raw top-1 gallery item, which :func:`rank_queries` takes on the device from
-    the very block of similarities it ranks (its argmax, the first of equal maxima: ties to
-    the lower id, as the numpy pass): no search of the queries, nothing to the host and back."""
+    DualDIS in bias form): W(q) is the row of ``masks`` (n_gallery, n_sets; 1 open, 0 closed,
+    no other value) of the query's raw top-1 gallery item, which :func:`rank_queries` takes on
+    the device from the very block of similarities it ranks (its argmax, the first of equal
+    maxima: ties to the lower id, as the numpy pass): no search of the queries, nothing to the
+    host and back."""
 
     masks: Any  # numpy arrays (a device tensor once the pass has placed them)
     bias: Any
@@ -278,9 +278,7 @@ class _RankingPass:
         so the kernels' selection gives the products' scores; a closed gate's -0.0 or +0.0 ranks
         the same)."""
         if isinstance(ranker, GatedRanker):
-            if "top1" not in cache:
-                cache["top1"] = sims.argmax(dim=1)
-            return ranker.masks[cache["top1"], 0] > 0, ranker.bias[:, 0]
+            return ranker.masks[_raw_top1(sims, cache), 0] > 0, ranker.bias[:, 0]
         return None if ranker is None else ranker[0]
 
     def _terms(self, ranker, start: int, stop: int, sims, out, cache: dict[str, Any]):
@@ -295,9 +293,7 @@ class _RankingPass:
                 cache["host"] = to_host(sims)
             return from_numpy(np.ascontiguousarray(ranker(start, stop, cache["host"]), dtype=np.float32)).to(dev), None
         if isinstance(ranker, GatedRanker):  # W of these rows: the gates of their raw top-1 in this block
-            if "top1" not in cache:
-                cache["top1"] = sims.argmax(dim=1)
-            return sims, products(ranker.masks[cache["top1"]], ranker.bias, out)
+            return sims, products(ranker.masks[_raw_top1(sims, cache)], ranker.bias, out)
         if ranker[0] is not None:  # one weight for every query: one row subtracted
             return sims, ranker[0]
         return sims, products(ranker[1][start:stop], ranker[2], out)
@@ -330,9 +326,9 @@ class _RankingPass:
     def _rank_compiled(self, indices: list[int], lo: int, hi: int, start: int, stop: int, base, minuses: list, r, c) -> bool:
         """Ranks and top ids of the rankings ``indices``, with scores ``base - minuses[k]``
         (each None, a row, a block, or (gates, row): the row where a row's gate is open), by the
-        compiled kernels of
-        :mod:`hubless.engine.torch_fused` (the scores never written); False when they do not
-        apply (top ids over a gallery too narrow for chunks) or could not be compiled."""
+        compiled kernels of :mod:`hubless.engine.torch_fused` (the scores never written); False
+        when they do not apply (top ids over a gallery too narrow for chunks) or could not be
+        compiled."""
         from hubless.engine import torch_fused
 
         width = chunk_width(base, self.depth) if self.depth else 0
@@ -387,6 +383,14 @@ class _RankingPass:
     def results(self) -> list[Ranked]:
         out = [(to_host(ranks), None if top is None else to_host(top)) for ranks, top in zip(self.ranks, self.tops)]
         return [(ranks, top, self.clock.seconds(intervals)) for (ranks, top), intervals in zip(out, self.intervals)]
+
+
+def _raw_top1(sims, cache: dict[str, Any]):
+    """Each row's raw top-1 column in the block ``sims`` (the first of equal maxima: the lower
+    id), taken once per block for every gated ranking."""
+    if "top1" not in cache:
+        cache["top1"] = sims.argmax(dim=1)
+    return cache["top1"]
 
 
 class Stopwatch:
