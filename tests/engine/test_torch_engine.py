@@ -476,6 +476,33 @@ def test_the_compiled_counts_of_several_rankings_are_one_graph(fresh_compile):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, [b.reason for b in explained.break_reasons]
 
 
+def test_the_compiled_pass_compiles_once_for_blocks_of_any_rows(data, fresh_compile, monkeypatch):
+    """The rankings counted together are one compiled graph for every block of a pass, the last
+    shorter block included (a view cut from a 2-d buffer made torch.compile recompile for it):
+    80 queries in blocks of 23 rows, the baseline, NNN and IS counted together, one graph."""
+    graphs = []
+
+    def counting(gm, example_inputs):  # a backend that counts the graphs and runs them as traced
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = fresh_compile.torch.compile
+    monkeypatch.setattr(fresh_compile.torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": counting}))
+    monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 301))
+    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))
+    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
+    want = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
+    torch._dynamo.reset()
+    try:
+        with use_device(DEVICE, compiled=True):
+            got = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1
+    for w, o in zip(want.results, got.results):
+        assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(DEVICE != "cpu", reason="a counting clock stands in for the host clock of a CPU device")
 def test_the_compiled_pass_charges_rankings_counted_together_an_equal_share(fresh_compile, monkeypatch):

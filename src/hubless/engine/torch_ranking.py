@@ -192,6 +192,7 @@ class _RankingPass:
         torch = self.torch = torch_module()
         dev = self.dev = torch.device(device)
         n = self.n = len(truth_indptr) - 1
+        self.m = m
         self.ties, self.depth, self.indptr = ties, depth, truth_indptr
         self.compiled = compiled_enabled()  # the per-ranking work by torch.compile's kernels (torch_fused)
         running = RUNNING_TIE_COUNTS
@@ -221,16 +222,22 @@ class _RankingPass:
         self.clock = Stopwatch(dev)
         self.positions = torch.arange(m, device=dev)
         self.intervals: list[list[tuple[Any, Any, float]]] = [[] for _ in rankers]  # (start, end, share) of each ranking's work
-        self.sims_buffer = torch.empty((min(n, self.rb), m), dtype=torch.float32, device=dev)
+        # flat, so that every block is a view of the same relation to its buffer (a last, shorter
+        # block cut from a 2-d buffer made torch.compile recompile its kernels for it)
+        self.sims_buffer = torch.empty(min(n, self.rb) * m, dtype=torch.float32, device=dev)
         self.scores_buffer = torch.empty_like(self.sims_buffer)
         self.flags_buffer = torch.empty((min(n, self.rb) * (1 if self.one_each else most), m), dtype=torch.float32, device=dev)
 
     def blocks(self) -> list[tuple[int, int]]:
         return [(start, min(self.n, start + self.rb)) for start in range(0, self.n, self.rb)]
 
+    def _rows(self, buffer, n: int):
+        """The first ``n`` rows (as wide as the gallery) of a flat buffer, a view."""
+        return buffer[: n * self.m].view(n, self.m)
+
     def similarities(self, start: int, stop: int):
         """The reused block the raw similarities of rows start:stop go into."""
-        return self.sims_buffer[: stop - start]
+        return self._rows(self.sims_buffer, stop - start)
 
     def rank(self, start: int, stop: int, sims, shared: tuple[Any, Any]) -> None:
         """Rank query rows start:stop from their raw similarities ``sims`` for every ranking
@@ -239,8 +246,8 @@ class _RankingPass:
         row or a gated row are counted together (one read of the block for all), each charged an
         equal share."""
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
-        r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi]
-        out = self.scores_buffer[: stop - start]
+        r, c = self.rows_t[lo:hi] - start, self.cols_t[lo:hi].clone()  # fresh tensors: the compiled kernels see no view
+        out = self._rows(self.scores_buffer, stop - start)
         cache: dict[str, Any] = {}
         pending = list(enumerate(self.prepared))
         together = [i for i, p in pending if self._counted_together(p)] if self.compiled else []
