@@ -15,7 +15,7 @@ import pytest
 
 import hubless
 from hubless.attached import AttachedCollection, attach, read_sidecar, update
-from hubless.errors import Conflict, InvalidInput, InvalidType
+from hubless.errors import Conflict, HublessError, InvalidInput, InvalidType
 from tests.conftest import QDRANT_TEST_URL, unit_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
@@ -323,6 +323,57 @@ def test_a_changed_collection_is_refused_until_updated_and_the_update_reads_only
     knobs = {"ef_search": 512} if collection.kind == "faiss-hnsw" else {"nprobe": 4} if collection.kind == "faiss-ivf" else {}
     got = AttachedCollection.open(uri, side, **opts).search(data["queries"], 10, candidates=len(kept_ids), **knobs)[1]
     np.testing.assert_array_equal(got, exact_top(brute_force_nnn(kept, bank, data["queries"], 0.75, 8), kept_ids, 10)[0])
+
+
+@pytest.mark.parametrize("collection", ["postgresql"], indirect=True)
+def test_a_password_in_the_address_is_never_written_to_the_sidecar_or_shown(collection, data, tmp_path, monkeypatch):
+    """A PostgreSQL role that logs in with a password only (scram-sha-256 in pg_hba.conf): the
+    attach connects with the password in its address, the sidecar keeps the address without it,
+    opening from the sidecar alone then takes the password from PGPASSWORD (refused, without
+    showing it, when there is none), and an update given the full address knows the collection."""
+    import pgserver
+
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "no-pgpass"))
+    x, ids, bank = data["x"], data["ids"], data["bank"]
+    uri = collection.create(x, ids)
+    server = pgserver.get_server(collection.pg_dsn.split("host=")[1].split("&")[0], cleanup_mode=None)
+    hba = server.pgdata / "pg_hba.conf"
+    if "hubless_pw" not in hba.read_text():  # first match wins: this role's socket logins need its password
+        hba.write_text("local all hubless_pw scram-sha-256\n" + hba.read_text())
+    with collection._pg() as conn:
+        conn.execute("DROP ROLE IF EXISTS hubless_pw")
+        conn.execute("CREATE ROLE hubless_pw LOGIN SUPERUSER PASSWORD 's3cret-pw'")
+        conn.execute("SELECT pg_reload_conf()")
+    rest = uri.split("://", 1)[1].split("@", 1)[1]  # postgresql://user:@/postgres/table?host=...
+    with_password = f"postgresql://hubless_pw:s3cret-pw@{rest}"
+    without = f"postgresql://hubless_pw@{rest}"
+    with pytest.raises(HublessError) as refused:  # the role really needs its password
+        attach(without, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "never", batch=50)
+    assert "password" in str(refused.value)
+    with pytest.raises(HublessError) as wrong:
+        attach(with_password.replace("s3cret-pw", "wrong-pw"), bank, "nnn:alpha=0.75,k=8", out=tmp_path / "never", batch=50)
+    assert "wrong-pw" not in str(wrong.value) and "hubless_pw" in str(wrong.value)
+    assert not (tmp_path / "never").exists()
+
+    side = tmp_path / "side"
+    attached = attach(with_password, bank, "nnn:alpha=0.75,k=8", out=side, batch=50)
+    assert "s3cret-pw" not in repr(attached)
+    written = b"".join(p.read_bytes() for p in side.rglob("*") if p.is_file())
+    assert b"s3cret-pw" not in written and b"hubless_pw" in written  # the user is kept, the password not
+    assert read_sidecar(side).info["source"]["uri"] == without
+
+    with pytest.raises(HublessError) as no_password:
+        AttachedCollection.from_sidecar(side)
+    assert "s3cret-pw" not in str(no_password.value) and "hubless_pw" in str(no_password.value)
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    got = AttachedCollection.from_sidecar(side).search(data["queries"], 10, candidates=len(ids))[1]
+    np.testing.assert_array_equal(got, exact_top(brute_force_nnn(x, bank, data["queries"], 0.75, 8), ids, 10)[0])
+    monkeypatch.delenv("PGPASSWORD")
+    collection.add(data["new"], np.arange(12, dtype=np.int64) + 5000)
+    report = update(side, with_password, bank, batch=50)  # the same collection, given with its password
+    assert report["added"] == 12
+    assert b"s3cret-pw" not in b"".join(p.read_bytes() for p in side.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)

@@ -105,6 +105,32 @@ def test_cli_search_never_prints_the_password_of_a_store_uri(postgres, index, sm
         assert "s3cret-word" not in result.output and "top 3" in result.output
 
 
+@pytest.mark.parametrize(
+    ("uri", "kept", "shown"),
+    [
+        ("postgresql://alice:s3c:r%40t@host:5432/db/t", "postgresql://alice@host:5432/db/t", "postgresql://host:5432/db/t"),
+        ("postgresql://user:@/db/t?host=/tmp/s", "postgresql://user@/db/t?host=/tmp/s", "postgresql:///db/t?host=/tmp/s"),
+        (
+            "postgresql://u@h/db/t?password=zz&sslmode=require",
+            "postgresql://u@h/db/t?sslmode=require",
+            "postgresql://h/db/t?password=...&sslmode=require",
+        ),
+        (
+            "postgresql://h/db/t?sslmode=require&PASSWORD=zz",
+            "postgresql://h/db/t?sslmode=require",
+            "postgresql://h/db/t?sslmode=require&PASSWORD=...",
+        ),
+        ("lancedb:///data/db/table", "lancedb:///data/db/table", "lancedb:///data/db/table"),
+    ],
+)
+def test_the_credential_rules_of_a_store_address(uri, kept, shown):
+    """What a sidecar records and its owner sees (the user kept, the password gone), and what
+    anyone may see (no user info at all, a password parameter's value hidden)."""
+    from hubless.export.base import hide_credentials, without_password
+
+    assert (without_password(uri), hide_credentials(uri)) == (kept, shown)
+
+
 def test_cli_sync_writes_only_the_new_rows(store, index, small_data, tmp_path):
     from typer.testing import CliRunner
 

@@ -21,6 +21,7 @@ from hubless.attached.prepare import correction_for, read_banks
 from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, source_location, write_sidecar
 from hubless.attached.sources.base import BATCH, Source, open_source
 from hubless.errors import Conflict, InvalidInput
+from hubless.export.base import without_password
 
 __all__ = ["update"]
 
@@ -57,7 +58,7 @@ def _update(out, source, query_bank, gallery_bank, batch, progress, source_optio
     old = read_sidecar(out)
     src = open_source(source, **source_options)
     if not isinstance(source, Source) and not same_collection(src, old):
-        raise Conflict(f"sidecar {out} is attached to {old.info['source']['uri']}, not {src.uri}")
+        raise Conflict(f"sidecar {out} is attached to {without_password(old.info['source']['uri'])}, not {src.uri}")
     corr = correction_for(old.spec, bool(old.info["normalize"]))
     request, qb, gb = read_banks(corr, query_bank, gallery_bank, src.dim)
     for name, bank in (("query_bank", qb), ("gallery_bank", gb)):
@@ -151,7 +152,7 @@ def same_collection(src: Source, sidecar: Sidecar) -> bool:
     """Whether ``src`` is the collection ``sidecar`` records: the same address, or the same local
     file or folder (given by an address relative to another working folder)."""
     recorded = sidecar.info["source"]
-    if src.uri == recorded["uri"]:
+    if src.uri == without_password(recorded["uri"]):  # a sidecar of an earlier hubless may hold one
         return True
     if src.local is None:
         return False

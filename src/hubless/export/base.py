@@ -47,11 +47,13 @@ __all__ = [
     "StoreURI",
     "StoreUnavailable",
     "VectorStore",
+    "hide_credentials",
     "is_store_uri",
     "open_store",
     "parse_uri",
     "register",
     "registered",
+    "without_password",
 ]
 
 FORMAT_VERSION = 1
@@ -132,6 +134,31 @@ def open_store(uri: str) -> VectorStore:
 def is_store_uri(text: str) -> bool:
     scheme, sep, _ = str(text).partition("://")
     return bool(sep) and scheme in registered()
+
+
+#: The user-info part of a URL (``//user:password@``).
+_USERINFO = re.compile(r"//[^/@\s'\"]*@")
+#: The password of a URL's user info (``//user:password@``: group 1 is ``//user``).
+_USERINFO_PASSWORD = re.compile(r"(//[^/@:\s'\"]*):[^/@\s'\"]*@")
+#: A password given as a URI parameter (``?password=...``).
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&\s'\"]*", re.IGNORECASE)
+
+
+def hide_credentials(text: str) -> str:
+    """``text`` (a message, a URI) as anyone may see it: every URL's user info
+    (``//user:password@``) removed and every ``password=`` parameter's value replaced by "...".
+    What a served store and its errors show (:mod:`hubless.search.store_index`)."""
+    return _PASSWORD_PARAM.sub(r"\1...", _USERINFO.sub("//", str(text)))
+
+
+def without_password(uri: str) -> str:
+    """``uri`` as it may be written down (a sidecar) or shown to its owner: ``//user:password@``
+    becomes ``//user@`` and a ``password=`` parameter is dropped; the rest (user, host, options)
+    is kept. Opened again, the client library finds the password where it looks when a URI has
+    none (libpq: the ``PGPASSWORD`` variable, then ``~/.pgpass``)."""
+    base, sep, query = _USERINFO_PASSWORD.sub(r"\1@", str(uri)).partition("?")
+    kept = [p for p in query.split("&") if p and p.partition("=")[0].lower() != "password"]
+    return base + (sep + "&".join(kept) if kept else "")
 
 
 def check_name(name: str, uri: str) -> str:

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from hubless.errors import InvalidInput, NotFound, optional_import
-from hubless.export.base import StoreUnavailable, StoreURI, VectorStore, check_name, register
+from hubless.export.base import StoreUnavailable, StoreURI, VectorStore, check_name, register, without_password
 from hubless.export.store_options import positive_int_or_none
 from hubless.export.store_rows import Rows
 
@@ -88,7 +88,7 @@ def connect(dsn: str, *, autocommit: bool = False):
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {dsn}: {str(exc).strip().splitlines()[0]}") from None
+        raise StoreUnavailable(f"cannot connect to PostgreSQL at {without_password(dsn)}: {str(exc).strip().splitlines()[0]}") from None
 
 
 def _search_connection(dsn: str):

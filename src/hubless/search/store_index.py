@@ -25,7 +25,6 @@ HTTP 422).
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -40,10 +39,6 @@ __all__ = ["REFRESH_SECONDS", "StoreIndex", "as_store", "search_store"]
 
 #: A served store's description is read again at most this often (seconds).
 REFRESH_SECONDS = 1.0
-#: The user-info part of a URL (``//user:password@``), removed from anything shown.
-_USERINFO = re.compile(r"//[^/@\s'\"]*@")
-#: A password given as a URI parameter (``?password=...``), its value removed from anything shown.
-_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&\s'\"]*", re.IGNORECASE)
 
 
 class StoreIndex:
@@ -61,16 +56,18 @@ class StoreIndex:
     keep_versions = 0
 
     def __init__(self, uri: str, *, show_location: bool = False) -> None:
-        from hubless.export.base import parse_uri
+        from hubless.export.base import parse_uri, without_password
 
         if not isinstance(uri, str):
             raise InvalidInput(f"a store is named by its URI as a string; got {type(uri).__name__}")
         parsed = parse_uri(uri)  # a known scheme and a valid table name
         self._uri = uri  # may hold credentials: never shown
+        self._uri_shown = without_password(uri)
         #: errors name the store's location (credentials removed): for the person who typed the URI
         #: (the CLI), not for clients of a server (the service shows the scheme and table only)
         self.show_location = bool(show_location)
-        self._secrets = tuple(s for s in {uri, str(parsed.location)} if len(s) > 3)
+        given = {uri, str(parsed.location)}  # as given, and as messages write them (without a password)
+        self._secrets = tuple(s for s in given | {without_password(s) for s in given} if len(s) > 3)
         self.scheme, self.table = parsed.scheme, parsed.table
         self._lock = threading.Lock()
         self._state = self._read()
@@ -93,7 +90,9 @@ class StoreIndex:
     def shown_uri(self) -> str:
         """The URI as given with any credentials (``user:password@``) removed: what a command
         line tool may print (a local path helps; a password never shows)."""
-        return _PASSWORD_PARAM.sub(r"\1...", _USERINFO.sub("//", self._uri))
+        from hubless.export.base import hide_credentials
+
+        return hide_credentials(self._uri)
 
     @property
     def read_only_reason(self) -> str:
@@ -220,8 +219,10 @@ class StoreIndex:
         its location: the URI becomes :attr:`public_name`, the location "..."."""
         if not self.show_location:
             for secret in sorted(self._secrets, key=len, reverse=True):
-                text = text.replace(secret, self.public_name if secret == self._uri else "...")
-        return _PASSWORD_PARAM.sub(r"\1...", _USERINFO.sub("//", text))
+                text = text.replace(secret, self.public_name if secret in (self._uri, self._uri_shown) else "...")
+        from hubless.export.base import hide_credentials
+
+        return hide_credentials(text)
 
 
 def as_store(value, *, show_location: bool = False) -> StoreIndex | None:

@@ -71,7 +71,12 @@ class Source(abc.ABC):
     payload_writes: ClassVar[bool] = False
 
     def __init__(self, uri: str) -> None:
-        self.uri = str(uri)
+        from hubless.export.base import without_password
+
+        #: The address as given, less any password (``user:password@``, ``?password=``): what
+        #: messages show and a sidecar records (the password is read where the store's client
+        #: looks when an address has none; libpq: PGPASSWORD, ~/.pgpass).
+        self.uri = without_password(str(uri))
         self.bytes_read = 0
         #: The local file or folder the collection lives in (the location part of its address;
         #: None for a server's collection or an index in memory): recorded by an attach so that

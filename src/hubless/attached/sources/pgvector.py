@@ -30,6 +30,7 @@ class PgvectorSource(Source):
 
     def __init__(self, uri: str, *, id_field: str = "id", vector_field: str = "embedding", metric: str = "dot") -> None:
         super().__init__(uri)
+        from hubless.export.base import without_password
         from hubless.export.pgvector_store import PgvectorStore, connect
 
         parsed = PgvectorStore.parse(uri)
@@ -46,7 +47,7 @@ class PgvectorSource(Source):
             (f'"{self.table}"', vector_field),
         ).fetchone()
         if row is None:
-            raise NotFound(f"no table {self.table!r} with a column {vector_field!r} in {parsed.location}")
+            raise NotFound(f"no table {self.table!r} with a column {vector_field!r} in {without_password(parsed.location)}")
         match = re.fullmatch(r"vector\((\d+)\)", row[0])
         if match is None:
             raise InvalidInput(f"column {vector_field!r} of {self.table!r} is {row[0]}, not a pgvector vector(d)")
