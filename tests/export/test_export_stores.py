@@ -121,6 +121,8 @@ def test_cli_search_never_prints_the_password_of_a_store_uri(postgres, index, sm
             "postgresql://h/db/t?sslmode=require&PASSWORD=...",
         ),
         ("lancedb:///data/db/table", "lancedb:///data/db/table", "lancedb:///data/db/table"),
+        ("faiss:///data//a:b@c/i.faiss", "faiss:///data//a:b@c/i.faiss", "faiss:///data//c/i.faiss"),  # a path, kept
+        ("/data//a:b@c/what?password=x.faiss", "/data//a:b@c/what?password=x.faiss", "/data//c/what?password=..."),
     ],
 )
 def test_the_credential_rules_of_a_store_address(uri, kept, shown):

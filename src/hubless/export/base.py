@@ -138,8 +138,9 @@ def is_store_uri(text: str) -> bool:
 
 #: The user-info part of a URL (``//user:password@``).
 _USERINFO = re.compile(r"//[^/@\s'\"]*@")
-#: The password of a URL's user info (``//user:password@``: group 1 is ``//user``).
-_USERINFO_PASSWORD = re.compile(r"(//[^/@:\s'\"]*):[^/@\s'\"]*@")
+#: The password of a URI's user info (``scheme://user:password@``, right after the scheme:
+#: group 1 is ``scheme://user``), never a part of a local path.
+_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/?#@:\s]*):[^/?#@\s]*@")
 #: A password given as a URI parameter (``?password=...``).
 _PASSWORD_PARAM = re.compile(r"([?&]password=)[^&\s'\"]*", re.IGNORECASE)
 
@@ -155,7 +156,10 @@ def without_password(uri: str) -> str:
     """``uri`` as it may be written down (a sidecar) or shown to its owner: ``//user:password@``
     becomes ``//user@`` and a ``password=`` parameter is dropped; the rest (user, host, options)
     is kept. Opened again, the client library finds the password where it looks when a URI has
-    none (libpq: the ``PGPASSWORD`` variable, then ``~/.pgpass``)."""
+    none (libpq: the ``PGPASSWORD`` variable, then ``~/.pgpass``). A path without a scheme (a
+    FAISS file) is kept as it is."""
+    if "://" not in str(uri):
+        return str(uri)
     base, sep, query = _USERINFO_PASSWORD.sub(r"\1@", str(uri)).partition("?")
     kept = [p for p in query.split("&") if p and p.partition("=")[0].lower() != "password"]
     return base + (sep + "&".join(kept) if kept else "")
