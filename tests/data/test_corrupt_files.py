@@ -1,0 +1,139 @@
+"""Corrupt and partial input files, generated (hypothesis): every loader a user's file goes through
+(embeddings .npy/.npz, tables .parquet/.json/.csv/.txt, ids, ground truth, score matrices
+.npy/.npz/.pkl, a saved index) either reads the file as it should or refuses it with a
+:class:`hubless.errors.HublessError` naming the file; never another exception (a numpy, zip,
+pickle, pyarrow or JSON error a user would have to decode), never a crash, and a refused file is
+left as it was."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hubless
+from hubless.errors import HublessError
+from hubless.inputs import load_array, load_embeddings, read_ids, read_items, read_records
+from hubless.metrics.truth import load_truth
+from hubless.scores.files import load_scores
+
+N, D = 12, 4
+NAMES = ["emb.npy", "emb.npz", "ids.npy", "ids.txt", "truth.json", "truth.npy", "meta.json", "meta.csv", "texts.txt",
+         "scores.npy", "scores.npz", "scores.pkl", "meta.parquet"]  # fmt: skip
+
+
+def _files(root: Path) -> dict[str, tuple[Path, object]]:
+    """name -> (a valid file, the loader that reads it)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, D)).astype(np.float32)
+    made = {}
+    np.save(root / "emb.npy", x)
+    made["emb.npy"] = lambda p: load_embeddings(p, "gallery", dim=D)
+    np.savez(root / "emb.npz", images=x, other=x[:2])
+    made["emb.npz"] = lambda p: load_array(f"{p}:images")
+    np.save(root / "ids.npy", np.arange(N, dtype=np.int64))
+    made["ids.npy"] = lambda p: read_ids(str(p))
+    (root / "ids.txt").write_text("\n".join(map(str, range(N))))
+    made["ids.txt"] = lambda p: read_ids(str(p))
+    (root / "truth.json").write_text(json.dumps([[i % N] for i in range(N)]))
+    made["truth.json"] = lambda p: load_truth(str(p), N, N)
+    np.save(root / "truth.npy", np.arange(N) % N)
+    made["truth.npy"] = lambda p: load_truth(str(p), N, N)
+    records = [{"caption": f"item {i}", "year": 2000 + i} for i in range(N)]
+    (root / "meta.json").write_text(json.dumps(records))
+    made["meta.json"] = read_records
+    (root / "meta.csv").write_text("caption,year\n" + "\n".join(f"item {i},{2000 + i}" for i in range(N)))
+    made["meta.csv"] = read_records
+    (root / "texts.txt").write_text("\n".join(f"a photo of item {i}" for i in range(N)))
+    made["texts.txt"] = read_items
+    scores = rng.standard_normal((N, N)).astype(np.float32)
+    np.save(root / "scores.npy", scores)
+    made["scores.npy"] = lambda p: load_scores(p, n_cols=N)
+    np.savez(root / "scores.npz", scores=scores)
+    made["scores.npz"] = lambda p: load_scores(f"{p}:scores", n_cols=N)
+    with open(root / "scores.pkl", "wb") as fh:
+        pickle.dump(scores, fh)
+    made["scores.pkl"] = lambda p: load_scores(p, n_cols=N)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(records), root / "meta.parquet")
+        made["meta.parquet"] = read_records
+    except ImportError:  # pyarrow is the [index] extra
+        pass
+    return {name: (root / name, load) for name, load in made.items()}
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("valid")
+    files = _files(root)
+    for path, load in files.values():
+        load(path)  # every original reads
+    return files
+
+
+damage = st.one_of(
+    st.tuples(st.just("cut"), st.floats(0, 0.999)),  # the file cut at a fraction of its length
+    st.tuples(st.just("flip"), st.lists(st.tuples(st.floats(0, 0.999), st.integers(1, 255)), min_size=1, max_size=4)),
+    st.tuples(st.just("garbage"), st.binary(max_size=300)),
+)
+
+
+def damaged(data: bytes, how) -> bytes:
+    kind, what = how
+    if kind == "cut":
+        return data[: int(len(data) * what)]
+    if kind == "garbage":
+        return what
+    out = bytearray(data)
+    for where, xor in what:
+        out[int(len(out) * where)] ^= xor
+    return bytes(out)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(NAMES), how=damage)
+def test_a_damaged_input_file_is_read_or_refused_with_a_hubless_error(originals, tmp_path_factory, name, how):
+    if name not in originals:
+        return  # parquet without pyarrow
+    path, load = originals[name]
+    target = tmp_path_factory.mktemp("damaged") / name
+    bad = damaged(path.read_bytes(), how)
+    target.write_bytes(bad)
+    try:
+        load(target)
+    except HublessError as exc:
+        assert str(exc).strip(), "an error says what is wrong"
+    assert target.read_bytes() == bad  # reading never changes the user's file
+
+
+@pytest.fixture(scope="module")
+def saved_index(tmp_path_factory):
+    rng = np.random.default_rng(1)
+    root = tmp_path_factory.mktemp("index")
+    unit = lambda n: (lambda a: a / np.linalg.norm(a, axis=1, keepdims=True))(rng.standard_normal((n, D)).astype(np.float32))  # noqa: E731
+    hubless.Index.build(unit(N), unit(20), "nnn:alpha=0.5,k=4", "Flat", metadata=[{"year": i} for i in range(N)]).save(root / "idx")
+    return root / "idx", sorted(p.relative_to(root / "idx") for p in (root / "idx").rglob("*") if p.is_file())
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(pick=st.integers(0, 10**6), how=damage)
+def test_a_damaged_index_file_is_loaded_or_refused_with_a_hubless_error(saved_index, tmp_path_factory, pick, how):
+    source, files = saved_index
+    folder = tmp_path_factory.mktemp("idx") / "idx"
+    shutil.copytree(source, folder)
+    victim = folder / files[pick % len(files)]
+    victim.write_bytes(damaged(victim.read_bytes(), how))
+    try:
+        index = hubless.Index.load(folder)
+        index.search(np.eye(D, dtype=np.float32)[:2], 3)
+    except HublessError as exc:
+        assert str(exc).strip()
