@@ -149,13 +149,23 @@ def array_written_by_hubless(path: str | os.PathLike) -> bool:
 
 def current_dir(folder: str | os.PathLike) -> Path | None:
     """The version folder a ``CURRENT`` pointer file in ``folder`` names (a folder switched to
-    atomically by rewriting the pointer), or None when there is no pointer or its folder is gone."""
+    atomically by rewriting the pointer), or None when there is no pointer or its folder is gone.
+    A pointer that is not one folder name of ``folder`` (damaged bytes, a path leading
+    elsewhere) is :class:`~hubless.errors.Corrupt`."""
     folder = Path(folder)
     try:
-        name = (folder / "CURRENT").read_text().strip()
+        raw = (folder / "CURRENT").read_bytes()
     except OSError:
         return None
-    return folder / name if name and (folder / name).is_dir() else None
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        name = None
+    if name is None or not name or name in (".", "..") or any(c in name for c in "/\\\0") or not name.isprintable():
+        from hubless.errors import Corrupt
+
+        raise Corrupt(f"{folder / 'CURRENT'} is damaged: it must name one version folder beside it; got {raw[:60]!r}")
+    return folder / name if (folder / name).is_dir() else None
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -103,7 +104,14 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
                 key = names[0]
             if key in names:
                 return archive[key]
-    except (OSError, EOFError, ValueError, SyntaxError, zipfile.BadZipFile) as exc:
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        SyntaxError,
+        tokenize.TokenError,
+        zipfile.BadZipFile,
+    ) as exc:  # an archive member's damaged header too
         if str(exc).startswith(("cannot read", f"{file} holds")):
             raise
         if "Object arrays" in str(exc) or "Python objects" in str(exc):

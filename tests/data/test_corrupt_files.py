@@ -137,3 +137,66 @@ def test_a_damaged_index_file_is_loaded_or_refused_with_a_hubless_error(saved_in
         index.search(np.eye(D, dtype=np.float32)[:2], 3)
     except HublessError as exc:
         assert str(exc).strip()
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    """A sidecar of NNN attached to a FAISS file the user wrote (IndexIDMap2 with their ids)."""
+    faiss = pytest.importorskip("faiss")
+    from hubless.attached import attach
+
+    rng = np.random.default_rng(2)
+    unit = lambda n: (lambda a: a / np.linalg.norm(a, axis=1, keepdims=True))(rng.standard_normal((n, D)).astype(np.float32))  # noqa: E731
+    root = tmp_path_factory.mktemp("attached")
+    index = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    index.add_with_ids(unit(N), np.arange(N, dtype=np.int64) * 7 + 3)
+    faiss.write_index(index, str(root / "c.faiss"))
+    attach(str(root / "c.faiss"), unit(20), "nnn:alpha=0.5,k=4", out=root / "side", progress=False)
+    return root, sorted(p.relative_to(root) for p in (root / "side").rglob("*") if p.is_file()) + [Path("c.faiss")]
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(pick=st.integers(0, 10**6), how=damage)
+def test_a_damaged_sidecar_or_collection_file_is_refused_with_a_hubless_error(sidecar, tmp_path_factory, pick, how):
+    from hubless.attached import AttachedCollection
+
+    source, files = sidecar
+    root = tmp_path_factory.mktemp("att")
+    shutil.copytree(source, root, dirs_exist_ok=True)
+    victim = root / files[pick % len(files)]
+    victim.write_bytes(damaged(victim.read_bytes(), how))
+    try:
+        attached = AttachedCollection.open(str(root / "c.faiss"), root / "side")
+        attached.search(np.eye(D, dtype=np.float32)[:2], 3)
+    except HublessError as exc:
+        assert str(exc).strip()
+
+
+@pytest.mark.parametrize("pointer", [b"..", b"../side", b"/etc", b"v\x00x", b"", b"\xff\xfe", b"sub/dir", b"v\n2"])
+def test_a_version_pointer_names_one_folder_beside_it(sidecar, tmp_path, pointer):
+    """A sidecar's CURRENT that is not one folder name beside it (damaged, or leading elsewhere)
+    is refused as corrupt, never followed."""
+    from hubless._io import current_dir
+    from hubless.attached import read_sidecar
+    from hubless.errors import Corrupt
+
+    source, _ = sidecar
+    shutil.copytree(source / "side", tmp_path / "side")
+    (tmp_path / "side" / "CURRENT").write_bytes(pointer)
+    for read in (current_dir, read_sidecar):
+        with pytest.raises(Corrupt, match="CURRENT"):
+            read(tmp_path / "side")
+
+
+@pytest.mark.parametrize(
+    "load", [lambda p: load_array(f"{p}:scores"), lambda p: load_scores(f"{p}:scores")], ids=["load_array", "load_scores"]
+)
+def test_an_archive_member_with_a_damaged_header_is_refused(tmp_path, load):
+    """A large .npz member is parsed before its CRC is checked (at the member's end): a damaged
+    header dict raised the tokenizer's own error; it is a HublessError naming the file."""
+    np.savez(tmp_path / "s.npz", scores=np.ones((300_000, 4), np.float32))
+    data = (tmp_path / "s.npz").read_bytes()
+    at = data.index(b"(300000, 4)")
+    (tmp_path / "bad.npz").write_bytes(data[:at] + b"(300000, 4 " + data[at + 11 :])  # the shape's tuple left open
+    with pytest.raises(HublessError, match="bad.npz"):
+        load(tmp_path / "bad.npz")

@@ -26,7 +26,9 @@ import hashlib
 import json
 import os
 import shutil
+import tokenize
 import uuid
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,7 @@ import numpy as np
 from hubless._io import current_dir
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
+from hubless.io.arrays import check_npy
 
 __all__ = [
     "FORMAT_VERSION",
@@ -141,16 +144,17 @@ def read_sidecar(folder) -> Sidecar:
 
 
 def _read_version(folder: Path, version: Path) -> Sidecar:
+    def npy(name: str) -> np.ndarray:
+        check_npy(version / name)  # a damaged header is refused before numpy parses it
+        return np.load(version / name, allow_pickle=False)
+
     try:
         info = json.loads((version / "attach.json").read_text())
-        ids = np.load(version / "ids.npy", allow_pickle=False)
-        bias = np.load(version / "bias.npy", allow_pickle=False)
-        reserve_ids = np.load(version / "reserve_ids.npy", allow_pickle=False)
-        reserve_vectors = np.load(version / "reserve.npy", allow_pickle=False)
+        ids, bias, reserve_ids, reserve_vectors = (npy(f"{name}.npy") for name in ("ids", "bias", "reserve_ids", "reserve"))
         with np.load(version / "statistics.npz", allow_pickle=False) as data:
             stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
-    except (OSError, ValueError, KeyError) as exc:
-        raise Corrupt(f"sidecar {folder} cannot be read: {exc}") from None
+    except (OSError, EOFError, ValueError, KeyError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile) as exc:  # a cut or damaged file
+        raise Corrupt(f"sidecar {folder} cannot be read: {exc or type(exc).__name__}") from None
     if info.get("format_version") != FORMAT_VERSION:
         raise Corrupt(f"sidecar {folder} has format version {info.get('format_version')}; this hubless reads {FORMAT_VERSION}")
     if ids.shape[0] != bias.shape[0] or bias.ndim != 2:

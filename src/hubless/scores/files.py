@@ -18,6 +18,7 @@ import io
 import os
 import pickle
 import struct
+import tokenize
 import zipfile
 from pathlib import Path
 
@@ -119,7 +120,7 @@ def _npz_entry(file: Path, key: str | None) -> np.ndarray:
                 if dtype.hasobject:
                     raise InvalidInput(f"{file}:{key} holds Python objects; only numeric arrays are read (no pickles)")
                 return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
-    except (zipfile.BadZipFile, OSError, ValueError, struct.error) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, struct.error, SyntaxError, tokenize.TokenError) as exc:  # a damaged header too
         if isinstance(exc, InvalidInput):
             raise
         raise InvalidInput(f"cannot read {file}: the archive is truncated or corrupt ({exc})") from None
