@@ -120,7 +120,12 @@ def saved_index(tmp_path_factory):
     rng = np.random.default_rng(1)
     root = tmp_path_factory.mktemp("index")
     unit = lambda n: (lambda a: a / np.linalg.norm(a, axis=1, keepdims=True))(rng.standard_normal((n, D)).astype(np.float32))  # noqa: E731
-    hubless.Index.build(unit(N), unit(20), "nnn:alpha=0.5,k=4", "Flat", metadata=[{"year": i} for i in range(N)]).save(root / "idx")
+    index = hubless.Index.build(unit(N), unit(20), "nnn:alpha=0.5,k=4", "Flat", metadata=[{"year": i} for i in range(N)])
+    index.set_keep_versions(3).save(root / "idx")
+    live = hubless.Index.open(root / "idx")  # written as a live index is: segments, deletions, kept versions
+    live.add(unit(3), [{"year": 1} for _ in range(3)])
+    live.remove(live.ids[:2])
+    live.update_metadata(live.ids[:1], values={"year": 7})
     return root / "idx", sorted(p.relative_to(root / "idx") for p in (root / "idx").rglob("*") if p.is_file())
 
 
@@ -135,6 +140,8 @@ def test_a_damaged_index_file_is_loaded_or_refused_with_a_hubless_error(saved_in
     try:
         index = hubless.Index.load(folder)
         index.search(np.eye(D, dtype=np.float32)[:2], 3)
+        for version in hubless.Index.versions(folder):
+            hubless.Index.load(folder, version=version["version"]).search(np.eye(D, dtype=np.float32)[:1], 2)
     except HublessError as exc:
         assert str(exc).strip()
 
