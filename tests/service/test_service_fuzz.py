@@ -188,6 +188,34 @@ def test_no_path_or_raw_body_gets_a_500(world, get, raw):
     check_answer(root, *server.request("POST", "/search", raw, headers={**auth(READ), "content-type": "application/json"}, timeout=20))
 
 
+def float32_bytes(rows) -> bytes:
+    with np.errstate(over="ignore"):  # 1e39 becomes inf in float32, on purpose
+        return np.asarray(rows, np.float64).astype(np.float32).tobytes()
+
+
+float32_bodies = st.one_of(
+    st.lists(st.lists(numbers, min_size=D, max_size=D), max_size=3).map(float32_bytes),
+    st.binary(max_size=4 * D * 3 + 3),  # any bytes, lengths that are no whole row too
+)  # fmt: skip
+query_params = st.dictionaries(
+    st.sampled_from(["index", "top_k", "weight", "compare", "where", "dim"]),
+    st.sampled_from(["idx", "nope", "0", "-1", "1e400", "nan", "inf", "true", "maybe", "9" * 25, ""]) | st.text(max_size=6),
+    max_size=3,
+)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), phases=FUZZ_PHASES)
+@given(
+    body=float32_bodies, params=query_params, content_type=st.sampled_from(["application/octet-stream", "application/json", "text/plain"])
+)
+def test_no_binary_query_gets_a_500(world, body, params, content_type):
+    root, server = world
+    path = "/search/binary" + ("?" + "&".join(f"{quote(k)}={quote(v)}" for k, v in params.items()) if params else "")
+    answer = server.request("POST", path, body, headers={**auth(READ), "content-type": content_type}, timeout=20)
+    SEEN["POST", "/search/binary", answer[0]] += 1
+    check_answer(root, *answer)
+
+
 def test_the_index_is_consistent_after_the_fuzzing(world):
     """Runs after the fuzzers (same module): every write that got through left an index whose
     listed count is what a search over everything and a filter over everything find."""
@@ -196,7 +224,7 @@ def test_the_index_is_consistent_after_the_fuzzing(world):
         pytest.skip("checks what the fuzz tests of this module did: run with them")
     statuses = {status for (_, _, status) in SEEN}
     assert {200, 403, 404, 422} <= statuses, SEEN  # valid requests, a read key's writes, unknown ids, refused values
-    for path in ("/search", "/items/idx", "/bank/idx", "/items/idx/delete", "/items/idx/metadata"):
+    for path in ("/search", "/search/binary", "/items/idx", "/bank/idx", "/items/idx/delete", "/items/idx/metadata"):
         assert SEEN["POST", path, 200] >= 5, (path, SEEN)  # the fuzz got through to the work behind the checks
     status, _, body = server.request("GET", "/indexes/idx", headers=auth(READ))
     assert status == 200
