@@ -130,7 +130,8 @@ def as_embeddings(
             f"{name} has dimension {arr.shape[1]} but {dim_of} has dimension {dim}; all embeddings must come from the same model."
         )
     given = arr
-    arr = np.ascontiguousarray(given, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf: refused below as Inf
+        arr = np.ascontiguousarray(given, dtype=np.float32)
     # One pass: a row's float64 norm is finite exactly when all its entries are.
     row_norms = ROW_NORMS.get()
     norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64)) if row_norms is None else row_norms(arr)

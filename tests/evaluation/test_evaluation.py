@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hubless
+from hubless.errors import InvalidInput
 from hubless.evaluation import evaluate
 from hubless.metrics import (
     PerQuery,
@@ -122,6 +123,10 @@ def test_truth_files_and_errors(tmp_path):
     np.save(tmp_path / "float.npy", np.array([0.5]))
     with pytest.raises(ValueError, match="integers"):
         load_truth(tmp_path / "float.npy", 1, 1)
+    for lists in ([[1.7], [0]], [["1"], [0]], [[float("nan")], [0]], [[True], [0]]):  # never truncated or parsed to an id
+        with pytest.raises(InvalidInput, match="integers"):
+            load_truth(lists, 2, 3)
+    assert load_truth([[np.int64(1)], [0, 2]], 2, 3).to_json() == [[1], [0, 2]]
     with pytest.raises(FileNotFoundError):
         load_truth(tmp_path / "missing.npy", 1, 1)
 

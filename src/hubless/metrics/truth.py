@@ -76,8 +76,11 @@ class Truth:
     def from_lists(cls, lists, n_gallery: int) -> Truth:
         """Several relevant items per query: ``lists[i]`` is a sequence of gallery ids."""
         counts = np.fromiter((len(x) for x in lists), dtype=np.int64)
-        flat = [int(v) for x in lists for v in x]
-        return cls(np.concatenate([[0], np.cumsum(counts)]), _id_array(flat), int(n_gallery))
+        flat = [v for x in lists for v in x]
+        wrong = next((v for v in flat if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_))), None)
+        if wrong is not None:  # int() would truncate 2.7 to 2 and turn "3" into 3 without a word
+            raise InvalidInput(f"truth must hold integers (gallery ids); got {wrong!r} ({type(wrong).__name__})")
+        return cls(np.concatenate([[0], np.cumsum(counts)]), _id_array([int(v) for v in flat]), int(n_gallery))
 
     # ------------------------------------------------------------------ views
     @property
