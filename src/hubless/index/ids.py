@@ -49,6 +49,8 @@ def check_ids(ids, n: int | None = None, *, name: str = "ids") -> np.ndarray:
         array = array.astype(np.int64)
     if array.dtype.kind not in "iu" or array.dtype == np.bool_:
         if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
+            if np.abs(array).max() >= 2**53:  # where floats stop holding every whole number (and int64 ends soon after)
+                raise InvalidInput(f"{name} given as floats must be below 2**53 (whole numbers held exactly); pass integers for larger ids")
             array = array.astype(np.int64)
         else:
             raise InvalidType(f"{name} must be integers (int64 item ids); got {array.dtype} values")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -42,12 +42,18 @@ def as_columns(metadata, n: int) -> dict[str, list]:
     pa = pyarrow()
     if isinstance(metadata, pa.Table):
         metadata = metadata.to_pydict()
+    kinds = "a list of records (dicts), a dict of columns or a pyarrow Table"
     if isinstance(metadata, Mapping):
+        wrong = next((k for k, v in metadata.items() if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Iterable)), None)
+        if wrong is not None:
+            raise InvalidType(f"metadata column {wrong!r} is a {type(metadata[wrong]).__name__}; metadata must be {kinds}")
         columns = {k: list(v) for k, v in metadata.items()}
         bad = {k: len(v) for k, v in columns.items() if len(v) != n}
         if bad:
             raise InvalidInput(f"metadata columns must have one value per item ({n}); got lengths {sorted(set(bad.values()))}")
     else:
+        if isinstance(metadata, (str, bytes)) or not isinstance(metadata, Iterable):
+            raise InvalidType(f"metadata is a {type(metadata).__name__}; it must be {kinds}")
         records = list(metadata)
         if len(records) != n:
             raise InvalidInput(f"metadata must be {n} records (one per item) or a dict of columns; got {len(records)} records")

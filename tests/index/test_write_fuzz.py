@@ -1,0 +1,124 @@
+"""Writes to a live index with generated arguments, good and bad (hypothesis): each write either
+lands whole or is refused with a :class:`hubless.errors.HublessError` and changes nothing (the
+ids, every item's metadata and the corrected search are as before, in memory and as the directory
+reads back): the all-or-nothing promise of :meth:`hubless.Index.add` / ``upsert`` / ``remove`` /
+``update_metadata`` under bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hubless
+from hubless.errors import HublessError
+
+pytestmark = pytest.mark.slow
+
+D = 4
+rng = np.random.default_rng(3)
+
+
+def _unit(n):
+    a = rng.standard_normal((n, D)).astype(np.float32)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+QUERIES = _unit(3)
+values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=6),
+    st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.binary(max_size=3), st.just(object()),
+)  # fmt: skip
+records = st.dictionaries(st.sampled_from(["year", "split", "tags", "new", "", "id", "a.b"]), values, max_size=3)
+rows = st.one_of(
+    st.integers(1, 3).map(_unit),
+    st.integers(1, 3).map(lambda n: np.full((n, D), np.nan, np.float32)),
+    st.just(np.zeros((1, D), np.float32)),
+    st.just(np.ones((2, D + 1), np.float32)),
+    st.just(np.ones((0, D), np.float32)),
+    st.just("rows"),
+)
+ids = st.one_of(
+    st.lists(st.integers(-2, 40), min_size=1, max_size=3),
+    st.lists(st.integers(2**62, 2**64), min_size=1, max_size=2),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=2),
+    st.sampled_from([[1.5], ["3"], [], None, [True], [3.0], [1e30]]),
+)
+filters = st.one_of(
+    st.builds(lambda k, v: {k: v}, st.sampled_from(["year", "split", "nope"]), values),
+    st.builds(lambda v: {"year": {"gte": v}}, values),
+    st.just({"$or": []}),
+    st.just({"$not": {"split": "a"}}),
+)
+writes = st.one_of(
+    st.tuples(st.just("add"), rows, st.lists(records, max_size=3) | st.none() | values, ids | st.none()),
+    st.tuples(st.just("upsert"), ids, rows, st.lists(records, max_size=3) | st.none()),
+    st.tuples(st.just("remove"), ids | st.none(), filters | st.none()),
+    st.tuples(st.just("update_metadata"), ids | st.none(), filters | st.none(), records | st.lists(records, max_size=3) | values, st.none() | st.lists(st.sampled_from(["year", "tags", "nope"]), max_size=2)),
+)  # fmt: skip
+
+
+def _apply(index, write):
+    kind, *args = write
+    if kind == "add":
+        rows_, meta, ids_ = args
+        return index.add(rows_, meta, ids=ids_)
+    if kind == "upsert":
+        ids_, rows_, meta = args
+        return index.upsert(ids_, rows_, meta)
+    if kind == "remove":
+        ids_, where = args
+        return index.remove(ids_, where=where)
+    ids_, where, vals, unset = args
+    return index.update_metadata(ids_, where=where, values=vals, unset=unset)
+
+
+def _state(index):
+    ids = np.sort(np.asarray(index.ids))
+    scores, found = index.search(QUERIES, 5)[:2]
+    return ids.tolist(), index.records(ids) if ids.size else [], np.round(scores, 5).tolist(), found.tolist()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("live") / "idx"
+    meta = [{"year": 2000 + i, "split": "a" if i % 2 else "b", "tags": ["x"]} for i in range(12)]
+    hubless.Index.build(_unit(12), _unit(24), "nnn:alpha=0.5,k=3", "Flat", metadata=meta).save(folder)
+    return folder, hubless.Index.open(folder)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(write=writes)
+def test_a_write_lands_whole_or_is_refused_and_changes_nothing(live, write):
+    folder, index = live
+    before = _state(index)
+    try:
+        _apply(index, write)
+    except HublessError as exc:
+        assert str(exc).strip()
+        assert _state(index) == before  # nothing changed in memory
+        assert _state(hubless.Index.load(folder)) == before  # nor on disk
+        return
+    after = _state(index)
+    assert _state(hubless.Index.load(folder)) == after  # a landed write is on disk, whole
+    if index.ntotal < 6:  # keep the index populated for the next examples
+        index.add(_unit(6), [{"year": 2020, "split": "a", "tags": ["y"]}] * 6)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [([3.0, 5.0], [3, 5]), ([2**63 - 2], [2**63 - 2]), ([1e30], "below 2\\*\\*53"), ([2.0**63], "below 2\\*\\*53"),
+     ([2**63 - 1], "at most 2\\*\\*63 - 2"), ([-1], ">= 0"), ([1.5], "must be integers"), ([float("nan")], "must be integers")],
+)  # fmt: skip
+def test_item_ids_are_whole_numbers_an_int64_holds(given, expected):
+    """Float ids are taken when they are whole and exact (below 2**53); beyond, the message says
+    so instead of the int64 cast's wrapped value (1e30 was refused as "must be >= 0; got -2**63")."""
+    from hubless.index.ids import check_ids
+
+    if isinstance(expected, list):
+        assert check_ids(given).tolist() == expected
+    else:
+        with pytest.raises(HublessError, match=expected):
+            check_ids(given)
