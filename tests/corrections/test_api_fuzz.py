@@ -98,3 +98,37 @@ def test_evaluate_refuses_bad_truth_with_a_hubless_error(truth, n_queries):
     rng = np.random.default_rng(1)
     gallery, queries, bank = _unit(rng, 6), _unit(rng, n_queries) if n_queries else np.zeros((0, D), np.float32), _unit(rng, 12)
     _refused_or_done(lambda: hubless.evaluate(gallery, queries, truth, bank, ["nnn:k=2"], bootstrap=0, progress=False), queries)
+
+
+score_matrices = st.one_of(
+    arrays,
+    st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2)).map(
+        lambda s: np.random.default_rng(s[2]).standard_normal((s[0], s[1])).astype(np.float32)
+    ),
+)
+
+
+@SETTINGS
+@given(scores=score_matrices, bank=score_matrices, method=specs, top_k=st.one_of(st.none(), st.integers(-1, 8)))
+def test_score_matrix_mode_refuses_bad_matrices_with_a_hubless_error(scores, bank, method, top_k):
+    _refused_or_done(lambda: hubless.correct_scores(scores, bank, method, top_k=top_k), scores, bank)
+
+
+@SETTINGS
+@given(scores=score_matrices, bank=score_matrices, truth=truths, methods=st.lists(specs, min_size=1, max_size=2))
+def test_score_matrix_evaluation_refuses_bad_input_with_a_hubless_error(scores, bank, truth, methods):
+    _refused_or_done(lambda: hubless.evaluate_scores(scores, truth, bank, methods, bootstrap=0, progress=False), scores, bank)
+
+
+attributes = st.one_of(
+    st.dictionaries(st.sampled_from(["gender", "age", ""]), st.lists(st.sampled_from(["a", "b", None, 1, float("nan")]), max_size=8), max_size=2),
+    st.sampled_from([None, {}, "gender", {"gender": "ab"}, {"gender": 3}]),
+)  # fmt: skip
+
+
+@SETTINGS
+@given(attributes=attributes, truth=truths, top_n=st.integers(-1, 8))
+def test_the_fairness_audit_refuses_bad_input_with_a_hubless_error(attributes, truth, top_n):
+    rng = np.random.default_rng(2)
+    gallery, queries, bank = _unit(rng, 6), _unit(rng, 4), _unit(rng, 12)
+    _refused_or_done(lambda: hubless.fairness.audit(gallery, queries, truth, attributes, bank, top_n=top_n, progress=False))

@@ -72,7 +72,8 @@ def read_rows(matrix, start: int, stop: int, name: str, rows: np.ndarray | None 
     infinities by row (numbered from ``offset`` when ``matrix`` is a block of a larger one). A
     float32 memory map is read in place (no copy)."""
     block = matrix[start:stop] if rows is None else matrix[rows]
-    block = np.asarray(block, dtype=np.float32)
+    with np.errstate(over="ignore"):  # a float64 score beyond float32's range becomes inf: refused below
+        block = np.asarray(block, dtype=np.float32)
     # a NaN or infinity makes the sum non-finite; only then (or if finite scores overflow it) look closer
     if not np.isfinite(np.sum(block)) and not np.isfinite(block).all():
         bad = int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])

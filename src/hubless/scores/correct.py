@@ -74,6 +74,8 @@ def correct_scores(
     values and ids as without a device).
     """
     corr = make_correction(method)
+    if scores is None:
+        raise InvalidInput("scores is required: the (n_queries, n_gallery) score matrix to correct (an array or a .npy/.npz/.pkl file)")
     s = _matrix(scores, "scores")
     s = s.T if transpose else s
     sb = _matrix(query_bank_scores, "query_bank_scores")
