@@ -207,3 +207,13 @@ def test_an_archive_member_with_a_damaged_header_is_refused(tmp_path, load):
     (tmp_path / "bad.npz").write_bytes(data[:at] + b"(300000, 4 " + data[at + 11 :])  # the shape's tuple left open
     with pytest.raises(HublessError, match="bad.npz"):
         load(tmp_path / "bad.npz")
+
+
+def test_a_sidecar_opened_as_an_index_is_named_as_a_sidecar(sidecar):
+    """An index command given a sidecar folder (both keep a CURRENT pointer) says what the
+    folder is and how to use it, instead of calling the pointer corrupt."""
+    from hubless.errors import InvalidInput
+
+    source, _ = sidecar
+    with pytest.raises(InvalidInput, match="sidecar.*not an index"):
+        hubless.Index.load(source / "side")

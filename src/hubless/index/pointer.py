@@ -102,6 +102,12 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict, Any]:
     if not file.is_file() or file.stat().st_size > _MAX_POINTER:
         raise Corrupt(f"{what} is not a hubless pointer file")
     raw = file.read_bytes()
+    named = raw.decode("utf-8", "replace").strip()
+    if named and not any(c in named for c in "/\\\0") and (path / named / "attach.json").is_file():
+        raise InvalidInput(
+            f"{path} is an attached collection's sidecar (hubless attach), not an index: search it with "
+            f"hubless attach SOURCE --out {path} --search QUERIES, serve it as NAME={path}, or open it with AttachedCollection.from_sidecar"
+        )
     if raw.count(b"\n") != 2:  # format 4 wrote one JSON object (indented) naming a version directory
         whole = parse_json(raw, what)
         if isinstance(whole, dict) and whole.get("format") == FORMAT and "format_version" not in whole and "version" in whole:
