@@ -93,6 +93,8 @@ def _compare(values, kind, key: str, op: str, value) -> np.ndarray:
     for v in wanted:
         _check_value(key, kind, v, op)
     if op == "in":
+        if pa.types.is_floating(kind):  # is_in hashes, telling -0.0 from 0.0 (equal by every comparison): +0.0 for both
+            values, wanted = pc.add(values, pa.scalar(0.0, type=kind)), [v + 0.0 for v in wanted]
         result = pc.is_in(values, value_set=pa.array(wanted, type=kind) if wanted else pa.array([], type=kind))
     else:
         scalar = pa.scalar(value, type=kind) if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)) else pa.scalar(value)
