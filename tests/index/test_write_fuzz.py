@@ -6,6 +6,8 @@ reads back): the all-or-nothing promise of :meth:`hubless.Index.add` / ``upsert`
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +28,8 @@ def _unit(n):
 
 
 QUERIES = _unit(3)
+#: (write kind, "landed" or "refused") of every generated write.
+SEEN: Counter = Counter()
 values = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=6),
     st.lists(st.text(max_size=3), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
@@ -52,7 +56,26 @@ filters = st.one_of(
     st.just({"$or": []}),
     st.just({"$not": {"split": "a"}}),
 )
-writes = st.one_of(
+valid_record = st.fixed_dictionaries(
+    {},
+    optional={
+        "year": st.integers(1990, 2030),
+        "split": st.sampled_from(["a", "b"]),
+        "tags": st.lists(st.sampled_from(["x", "y"]), max_size=2),
+    },
+)
+valid_writes = st.integers(1, 3).flatmap(
+    lambda n: st.one_of(
+        st.tuples(st.just("add"), st.just(_unit(n)), st.none() | st.lists(valid_record, min_size=n, max_size=n),
+                  st.none() | st.lists(st.integers(100, 10**9), min_size=n, max_size=n, unique=True)),
+        st.tuples(st.just("upsert"), st.lists(st.integers(0, 30), min_size=n, max_size=n, unique=True), st.just(_unit(n)),
+                  st.none() | st.lists(valid_record, min_size=n, max_size=n)),
+    )
+) | st.one_of(
+    st.tuples(st.just("remove"), st.none(), st.builds(lambda y: {"year": {"lt": y}}, st.integers(1995, 2005))),
+    st.tuples(st.just("update_metadata"), st.none(), st.builds(lambda s: {"split": s}, st.sampled_from(["a", "b"])), valid_record.filter(bool), st.none()),
+)  # fmt: skip
+fuzzed_writes = st.one_of(
     st.tuples(st.just("add"), rows, st.lists(records, max_size=3) | st.none() | values, ids | st.none()),
     st.tuples(st.just("upsert"), ids, rows, st.lists(records, max_size=3) | st.none()),
     st.tuples(st.just("remove"), ids | st.none(), filters | st.none()),
@@ -89,6 +112,9 @@ def live(tmp_path_factory):
     return folder, hubless.Index.open(folder)
 
 
+writes = valid_writes | fuzzed_writes
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(write=writes)
 def test_a_write_lands_whole_or_is_refused_and_changes_nothing(live, write):
@@ -97,14 +123,24 @@ def test_a_write_lands_whole_or_is_refused_and_changes_nothing(live, write):
     try:
         _apply(index, write)
     except HublessError as exc:
+        SEEN[write[0], "refused"] += 1
         assert str(exc).strip()
         assert _state(index) == before  # nothing changed in memory
         assert _state(hubless.Index.load(folder)) == before  # nor on disk
         return
+    SEEN[write[0], "landed"] += 1
     after = _state(index)
     assert _state(hubless.Index.load(folder)) == after  # a landed write is on disk, whole
     if index.ntotal < 6:  # keep the index populated for the next examples
         index.add(_unit(6), [{"year": 2020, "split": "a", "tags": ["y"]}] * 6)
+
+
+def test_the_fuzz_wrote_and_was_refused():
+    """Checks what the write fuzz of this module did: every kind of write both landed and was refused."""
+    if not SEEN:
+        pytest.skip("checks what the write fuzz of this module did: run with it")
+    for kind in ("add", "upsert", "remove", "update_metadata"):
+        assert SEEN[kind, "landed"] >= 3 and SEEN[kind, "refused"] >= 3, sorted(SEEN.items())
 
 
 @pytest.mark.parametrize(
@@ -122,3 +158,16 @@ def test_item_ids_are_whole_numbers_an_int64_holds(given, expected):
     else:
         with pytest.raises(HublessError, match=expected):
             check_ids(given)
+
+
+@pytest.mark.parametrize("values", [object(), 5, "year=3", b"x"])
+def test_metadata_values_of_the_wrong_kind_are_refused(live, values):
+    """``update_metadata(values=...)`` takes a dict or a list of dicts; anything else raised
+    Python's TypeError from deep inside (found by the fuzz above)."""
+    from hubless.errors import InvalidType
+
+    folder, index = live
+    before = _state(index)
+    with pytest.raises(InvalidType, match="values must be a dict"):
+        index.update_metadata(index.ids[:1], values=values)
+    assert _state(index) == before

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -36,7 +37,7 @@ from hubless.corrections.serving import check_additive
 from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
-from hubless.errors import AlreadyExists, Corrupt, InvalidInput, NotFittedError
+from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFittedError
 from hubless.index.config import IndexConfig
 from hubless.index.factory import is_flat
 from hubless.index.faiss_build import build_faiss, default_factory
@@ -302,6 +303,8 @@ def with_metadata(snap: Snapshot, rows: np.ndarray, values=None, unset=None) -> 
         updates: dict[str, list] = {}
     elif isinstance(values, dict):
         updates = {key: column * n for key, column in as_columns([values], 1).items()}
+    elif isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise InvalidType(f"values must be a dict of keys to set, or with ids a list of dicts (one per id); got a {type(values).__name__}")
     else:
         records = list(values)
         given = as_columns(records, n)  # one record per row (checks the count and the keys)
