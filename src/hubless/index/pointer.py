@@ -102,8 +102,7 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict, Any]:
     if not file.is_file() or file.stat().st_size > _MAX_POINTER:
         raise Corrupt(f"{what} is not a hubless pointer file")
     raw = file.read_bytes()
-    named = raw.decode("utf-8", "replace").strip()
-    if named and not any(c in named for c in "/\\\0") and (path / named / "attach.json").is_file():
+    if _names_a_sidecar(path, raw):
         raise InvalidInput(
             f"{path} is an attached collection's sidecar (hubless attach), not an index: search it with "
             f"hubless attach SOURCE --out {path} --search QUERIES, serve it as NAME={path}, or open it with AttachedCollection.from_sidecar"
@@ -128,6 +127,18 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict, Any]:
     if not isinstance(manifest, dict):
         raise Corrupt(f"{what} is corrupt (the manifest is not a JSON object)")
     return validate_manifest(manifest, what), header
+
+
+def _names_a_sidecar(path: Path, raw: bytes) -> bool:
+    """Whether a ``CURRENT`` holding ``raw`` is an attached sidecar's pointer (one short folder
+    name beside it, holding attach.json) rather than an index's (a header and a manifest)."""
+    named = raw.decode("utf-8", "replace").strip()
+    if not named or len(named) > 255 or not named.isprintable() or any(c in named for c in "/\\"):
+        return False
+    try:
+        return (path / named / "attach.json").is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def earlier_format(path: Path, version: int) -> Corrupt:
