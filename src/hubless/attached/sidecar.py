@@ -87,7 +87,7 @@ class Sidecar:
 
 def write_sidecar(folder, sidecar: Sidecar) -> Path:
     """Write ``sidecar`` as a new version of ``folder`` and switch to it atomically."""
-    from hubless._io import save_npy, write_json, write_text
+    from hubless._io import file_sha256, save_npy, write_json, write_text
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,9 @@ def write_sidecar(folder, sidecar: Sidecar) -> Path:
         with open(version / "statistics.npz", "wb") as fh:
             arrays: dict = sidecar.statistics.to_arrays()
             np.savez(fh, **arrays)
-        write_json(version / "attach.json", {"format_version": FORMAT_VERSION, **sidecar.info})
+        info = {k: v for k, v in sidecar.info.items() if k not in ("files_sha256", "info_sha256")}
+        info = {"format_version": FORMAT_VERSION, **info, "files_sha256": {name: file_sha256(version / name) for name in ARRAY_FILES}}
+        write_json(version / "attach.json", {**info, "info_sha256": _info_sha256(info)})
         write_text(folder / "CURRENT", version.name)
     except BaseException:
         shutil.rmtree(version, ignore_errors=True)
@@ -143,6 +145,28 @@ def read_sidecar(folder) -> Sidecar:
     raise AssertionError("unreachable")
 
 
+#: The array files of a version, each recorded with its sha256 in attach.json.
+ARRAY_FILES = ("ids.npy", "bias.npy", "reserve_ids.npy", "reserve.npy", "statistics.npz")
+
+
+def _info_sha256(info: dict) -> str:
+    """sha256 of attach.json's content (all but this checksum), in a canonical JSON form."""
+    return hashlib.sha256(json.dumps(info, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_integrity(folder: Path, version: Path, info: dict) -> None:
+    """Corrupt when attach.json or an array file is not what was written (a damaged byte in
+    an array would otherwise be read as another id or bias). Sidecars written before the
+    checksums were recorded are read as they are."""
+    from hubless._io import file_sha256
+
+    if "info_sha256" in info and _info_sha256({k: v for k, v in info.items() if k != "info_sha256"}) != info["info_sha256"]:
+        raise Corrupt(f"sidecar {folder}: attach.json is corrupt or was altered (checksum mismatch); attach again")
+    for name, digest in (info.get("files_sha256") or {}).items():
+        if name not in ARRAY_FILES or file_sha256(version / name) != digest:
+            raise Corrupt(f"sidecar {folder}: {name} is corrupt or was altered (checksum mismatch); attach again")
+
+
 def _read_version(folder: Path, version: Path) -> Sidecar:
     def npy(name: str) -> np.ndarray:
         check_npy(version / name)  # a damaged header is refused before numpy parses it
@@ -150,9 +174,14 @@ def _read_version(folder: Path, version: Path) -> Sidecar:
 
     try:
         info = json.loads((version / "attach.json").read_text())
+        if not isinstance(info, dict):
+            raise ValueError("attach.json is not a JSON object")
+        _check_integrity(folder, version, info)
         ids, bias, reserve_ids, reserve_vectors = (npy(f"{name}.npy") for name in ("ids", "bias", "reserve_ids", "reserve"))
         with np.load(version / "statistics.npz", allow_pickle=False) as data:
             stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
+    except Corrupt:
+        raise
     except (OSError, EOFError, ValueError, KeyError, SyntaxError, tokenize.TokenError, zipfile.BadZipFile) as exc:  # a cut or damaged file
         raise Corrupt(f"sidecar {folder} cannot be read: {exc or type(exc).__name__}") from None
     if info.get("format_version") != FORMAT_VERSION:
