@@ -184,6 +184,16 @@ def check_positive_int(value, name: str) -> int:
     return int(value)
 
 
+def check_seed(value, name: str = "seed") -> int:
+    """Return ``value`` as int if it is a whole number >= 0 (what numpy's generators take as a
+    seed), else raise a clear error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InvalidType(f"{name} must be a whole number >= 0; got {value!r}.")
+    if value < 0:
+        raise InvalidInput(f"{name} must be >= 0; got {value}.")
+    return int(value)
+
+
 def check_nonnegative_float(value, name: str, *, positive: bool = False) -> float:
     """Return ``value`` as float if it is a finite real >= 0 (> 0 with ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -70,6 +70,10 @@ CASES = {
         "nothing was written",
     ),
     "index that is a file": (lambda r: ["index", "info", str(r / "g.npy")], "not a directory"),
+    # found by tests/cli/test_cli_fuzz.py: numpy's own errors before
+    "visogender of dimension -1": (lambda r: ["data", "visogender", "--out", str(r / "vg"), "--dim", "-1"], "dim must be >= 1"),
+    "a negative seed": (lambda r: ["data", "synthetic", "--out", str(r / "syn"), "--seed", "-1"], "seed must be >= 0"),
+    "a negative bootstrap seed": (lambda r: [*eval_args(r)[:-2], "--bootstrap", "10", "--seed", "-2"], "seed must be >= 0"),
 }
 
 

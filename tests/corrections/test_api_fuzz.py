@@ -6,19 +6,26 @@ decode), and a refused call changes no input array."""
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import hubless
 from hubless.errors import HublessError
 
+#: The fuzz's examples: the same every run and in every checkout (derandomize's seed depends
+#: on the test file's path).
+SEED = 20261127
+
 pytestmark = pytest.mark.slow
 
 D = 4
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 dtypes = st.sampled_from([np.float32, np.float64, np.float16, np.int64, np.int8, np.bool_, np.complex64, np.uint8])
 shapes = st.one_of(
@@ -42,6 +49,23 @@ specs = st.one_of(
 )  # fmt: skip
 
 
+GOOD_SPECS = st.sampled_from(["nnn:k=3", "csls:k=3", "dn", "is", "dis:k_activation=2", "dualis", "gc", "baseline", "nnn:alpha=0.5,k=2"])
+
+
+def mostly(valid: st.SearchStrategy, fuzzed: st.SearchStrategy) -> st.SearchStrategy:
+    """The valid value two times in three, so that most examples get past the first check and
+    one bad argument at a time reaches the work behind it."""
+    return st.one_of(valid, valid, fuzzed)
+
+
+def unit_arrays(n: int) -> st.SearchStrategy:
+    return st.integers(0, 2**16).map(lambda seed: _unit(np.random.default_rng(seed), n))
+
+
+#: (test name, "done" or "refused") of every call the fuzz made.
+SEEN: Counter = Counter()
+
+
 def _unit(rng, n):
     a = rng.standard_normal((n, D)).astype(np.float32)
     return a / np.linalg.norm(a, axis=1, keepdims=True)
@@ -49,9 +73,13 @@ def _unit(rng, n):
 
 def _refused_or_done(call, *inputs):
     before = [np.array(a, copy=True) if isinstance(a, np.ndarray) else None for a in inputs]
+    test = sys._getframe(1).f_code.co_name
     try:
-        return call()
+        result = call()
+        SEEN[test, "done"] += 1
+        return result
     except HublessError as exc:
+        SEEN[test, "refused"] += 1
         assert str(exc).strip(), "an error says what is wrong"
         for a, b in zip(inputs, before):
             if b is not None:
@@ -59,8 +87,9 @@ def _refused_or_done(call, *inputs):
         return None
 
 
+@seed(SEED)
 @SETTINGS
-@given(spec=specs, gallery=arrays, bank=arrays)
+@given(spec=mostly(GOOD_SPECS, specs), gallery=mostly(unit_arrays(10), arrays), bank=mostly(unit_arrays(20), arrays))
 def test_fit_refuses_bad_specs_and_arrays_with_a_hubless_error(spec, gallery, bank):
     _refused_or_done(lambda: hubless.make_correction(spec).fit(gallery, bank, gallery_bank=bank, progress=False), gallery, bank)
 
@@ -72,8 +101,12 @@ def fitted():
     return hubless.Index.build(gallery, bank, "nnn:alpha=0.5,k=3", "Flat"), hubless.make_correction("is").fit(gallery, bank, progress=False)
 
 
+@seed(SEED)
 @SETTINGS
-@given(queries=arrays, top_k=st.one_of(st.integers(-3, 40), st.sampled_from([2**63, 1.5, "3", None, True])))
+@given(
+    queries=mostly(unit_arrays(3), arrays),
+    top_k=mostly(st.integers(1, 12), st.one_of(st.integers(-3, 40), st.sampled_from([2**63, 1.5, "3", None, True]))),
+)
 def test_search_refuses_bad_queries_and_top_k_with_a_hubless_error(fitted, queries, top_k):
     index, corr = fitted
     for search in (index.search, corr.search):
@@ -92,12 +125,18 @@ truths = st.one_of(
 )
 
 
+@seed(SEED)
 @SETTINGS
-@given(truth=truths, n_queries=st.integers(0, 8))
-def test_evaluate_refuses_bad_truth_with_a_hubless_error(truth, n_queries):
+@given(data=st.data())
+def test_evaluate_refuses_bad_truth_with_a_hubless_error(data):
     rng = np.random.default_rng(1)
-    gallery, queries, bank = _unit(rng, 6), _unit(rng, n_queries) if n_queries else np.zeros((0, D), np.float32), _unit(rng, 12)
-    _refused_or_done(lambda: hubless.evaluate(gallery, queries, truth, bank, ["nnn:k=2"], bootstrap=0, progress=False), queries)
+    n_queries = data.draw(st.integers(1, 8))
+    gallery, queries, bank = _unit(rng, 6), _unit(rng, n_queries), _unit(rng, 12)  # R@1 and R@5 of a 6-item gallery
+    truth = data.draw(mostly(st.lists(st.integers(0, 5), min_size=n_queries, max_size=n_queries), truths))
+    methods = data.draw(mostly(st.lists(GOOD_SPECS, min_size=1, max_size=2), st.lists(specs, min_size=1, max_size=2)))
+    _refused_or_done(
+        lambda: hubless.evaluate(gallery, queries, truth, bank, methods, gallery_bank=bank, ks=(1, 5), bootstrap=0, progress=False), queries
+    )
 
 
 score_matrices = st.one_of(
@@ -108,16 +147,25 @@ score_matrices = st.one_of(
 )
 
 
+def score_rows(n_rows: int, n_cols: int) -> st.SearchStrategy:
+    return st.integers(0, 2**16).map(lambda seed: np.random.default_rng(seed).standard_normal((n_rows, n_cols)).astype(np.float32))
+
+
+@seed(SEED)
 @SETTINGS
-@given(scores=score_matrices, bank=score_matrices, method=specs, top_k=st.one_of(st.none(), st.integers(-1, 8)))
+@given(scores=mostly(score_rows(5, 6), score_matrices), bank=mostly(score_rows(9, 6), score_matrices), method=mostly(GOOD_SPECS, specs),
+       top_k=st.one_of(st.none(), st.integers(-1, 8)))  # fmt: skip
 def test_score_matrix_mode_refuses_bad_matrices_with_a_hubless_error(scores, bank, method, top_k):
     _refused_or_done(lambda: hubless.correct_scores(scores, bank, method, top_k=top_k), scores, bank)
 
 
+@seed(SEED)
 @SETTINGS
-@given(scores=score_matrices, bank=score_matrices, truth=truths, methods=st.lists(specs, min_size=1, max_size=2))
+@given(scores=mostly(score_rows(5, 6), score_matrices), bank=mostly(score_rows(9, 6), score_matrices),
+       truth=mostly(st.lists(st.integers(0, 5), min_size=5, max_size=5), truths),
+       methods=mostly(st.lists(GOOD_SPECS.filter(lambda m: not m.startswith(("dual", "gc", "dn"))), min_size=1, max_size=2), st.lists(specs, min_size=1, max_size=2)))  # fmt: skip
 def test_score_matrix_evaluation_refuses_bad_input_with_a_hubless_error(scores, bank, truth, methods):
-    _refused_or_done(lambda: hubless.evaluate_scores(scores, truth, bank, methods, bootstrap=0, progress=False), scores, bank)
+    _refused_or_done(lambda: hubless.evaluate_scores(scores, truth, bank, methods, ks=(1, 5), bootstrap=0, progress=False), scores, bank)
 
 
 attributes = st.one_of(
@@ -126,9 +174,33 @@ attributes = st.one_of(
 )  # fmt: skip
 
 
+@seed(SEED)
 @SETTINGS
-@given(attributes=attributes, truth=truths, top_n=st.integers(-1, 8))
+@given(attributes=mostly(st.lists(st.sampled_from(["a", "b"]), min_size=6, max_size=6).map(lambda v: {"gender": v}), attributes),
+       truth=mostly(st.lists(st.integers(0, 5), min_size=4, max_size=4), truths), top_n=mostly(st.integers(1, 6), st.integers(-1, 8)))  # fmt: skip
 def test_the_fairness_audit_refuses_bad_input_with_a_hubless_error(attributes, truth, top_n):
     rng = np.random.default_rng(2)
-    gallery, queries, bank = _unit(rng, 6), _unit(rng, 4), _unit(rng, 12)
-    _refused_or_done(lambda: hubless.fairness.audit(gallery, queries, truth, attributes, bank, top_n=top_n, progress=False))
+    gallery, queries, bank = _unit(rng, 6), _unit(rng, 4), _unit(rng, 24)
+    _refused_or_done(
+        lambda: hubless.fairness.audit(gallery, queries, truth, attributes, bank, ["baseline", "nnn:k=3"], top_n=top_n, progress=False)
+    )
+
+
+def test_the_fuzz_reached_the_work():
+    """Checks what the fuzz tests of this module did: each call both did its job and refused."""
+    if not SEEN:
+        pytest.skip("checks what the fuzz tests of this module did: run with them")
+    for test in {t for t, _ in SEEN}:
+        assert SEEN[test, "done"] >= 3 and SEEN[test, "refused"] >= 10, sorted(SEEN.items())
+
+
+@pytest.mark.parametrize("attributes", [None, "gender", {"gender": 3}, {"gender": "abcdef"}])
+def test_audit_attributes_of_the_wrong_kind_are_refused(attributes):
+    """Found by the fuzz above: ``attributes=None`` raised AttributeError, a number len()'s TypeError."""
+    from hubless.errors import InvalidType
+
+    rng = np.random.default_rng(2)
+    with pytest.raises(InvalidType, match="attribute"):
+        hubless.fairness.audit(
+            _unit(rng, 6), _unit(rng, 4), [0, 1, 2, 3], attributes, _unit(rng, 24), ["baseline", "nnn:k=3"], progress=False
+        )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless._validation import check_positive_int, check_seed
 from hubless.errors import InvalidInput, MissingFile
 from hubless.inputs import read_records
 from hubless.metrics.truth import Truth
@@ -119,7 +120,10 @@ def synthetic_embeddings(
     unit(topic + ``bias`` x the favoured directions + small noise). ``attributes`` maps an
     attribute column to its favoured value (e.g. {"gender": "masculine"}). Returns
     (gallery, queries, query_bank); the bank holds queries of the same form for unseen topics."""
-    rng = np.random.default_rng(seed)
+    dim, n_query_bank = check_positive_int(dim, "dim"), check_positive_int(n_query_bank, "n_query_bank")
+    if not all(np.isfinite(v) for v in (bias, noise, hub_strength)):
+        raise InvalidInput(f"bias, noise and hub_strength must be finite; got {bias}, {noise}, {hub_strength}")
+    rng = np.random.default_rng(check_seed(seed))
 
     def unit(x):
         return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hubless._validation import check_seed
 from hubless.errors import AlreadyExists, InvalidInput
 
 __all__ = ["EXAMPLE_FILES", "SyntheticRetrieval", "make_retrieval_data", "write_example_files"]
@@ -82,7 +83,7 @@ def make_retrieval_data(
         raise InvalidInput("bank sizes, n_val_items and n_topics must be >= 1")
     if n_extra_items < 0:
         raise InvalidInput(f"n_extra_items must be >= 0; got {n_extra_items}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     topics = _unit(rng.standard_normal((n_topics, dim)))
     gap = _unit(rng.standard_normal((1, dim)))[0] * modality_gap
 

@@ -155,7 +155,8 @@ def _bank_pass(
     blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
     with ThreadPoolExecutor(len(col_bounds)) as pool:
         for start, stop in blocks:
-            block = np.asarray(matrix[start:stop], dtype=np.float32)  # a float32 memory map: no copy
+            with np.errstate(over="ignore"):  # a float64 score beyond float32's range becomes inf: refused in the check
+                block = np.asarray(matrix[start:stop], dtype=np.float32)  # a float32 memory map: no copy
             for future in [pool.submit(work, part, block, start) for part in range(len(col_bounds))]:
                 future.result()
     for part in states:

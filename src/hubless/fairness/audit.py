@@ -14,7 +14,7 @@ sequence whose NDKL is measured (SISPI protocol); NDCG and AP use their ranks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from hubless._validation import as_embeddings, check_positive_int
 from hubless.corrections import Correction, MethodName, fit_many
-from hubless.errors import InvalidInput, NotFound
+from hubless.errors import InvalidInput, InvalidType, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import JSONValue
 from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
@@ -118,7 +118,11 @@ def audit(
     relevant = load_truth(relevant, queries.shape[0], gallery.shape[0])
     top_n = min(check_positive_int(top_n, "top_n"), gallery.shape[0])
     encoded: dict[str, tuple[np.ndarray, list[str]]] = {}
+    if not isinstance(attributes, Mapping):
+        raise InvalidType(f"attributes must be a dict of attribute name -> one value per gallery item; got a {type(attributes).__name__}")
     for name, values in attributes.items():
+        if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sized):
+            raise InvalidType(f"attribute {name!r} must be a list of one value per gallery item; got a {type(values).__name__}")
         if len(values) != gallery.shape[0]:
             raise InvalidInput(f"attribute {name!r} has {len(values)} values for {gallery.shape[0]} gallery items")
         encoded[name] = encode_attribute(values)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hubless._validation import check_seed
 from hubless.errors import InvalidInput
 
 __all__ = ["bootstrap_ci"]
@@ -39,7 +40,7 @@ def bootstrap_ci(
     if len(sizes) != 1 or len(next(iter(sizes))) != 1 or next(iter(sizes))[0] == 0:
         raise InvalidInput("bootstrap_ci needs non-empty 1-D per-query arrays of one length")
     n = next(iter(sizes))[0]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     draws = {name: np.empty(n_resamples) for name in arrays}
     chunk = max(1, _CHUNK_ELEMENTS // n)
     for start in range(0, n_resamples, chunk):
