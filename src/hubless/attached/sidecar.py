@@ -13,7 +13,10 @@ Layout: ``<sidecar>/CURRENT`` names the live version ``v-<hex>/``, which holds
 * ``attach.json``: format version, the spec, the source, the fingerprint of what was read
   (count, id range, a sample hash: the ids and vectors of 32 evenly spaced items), the banks'
   fingerprints (sha256 of their float32 rows), ``b_min`` (each bias column's smallest value, the
-  certificate's bound) and the running sum of the collection's vectors.
+  certificate's bound) and the running sum of the collection's vectors; and the sha256 of each
+  file above (``files_sha256``) and of its own content (``info_sha256``), checked when the
+  sidecar is read (:class:`~hubless.errors.Corrupt` names the damaged file; hashing reads the
+  sidecar once, about a second per GB).
 
 A new version is written completely, then ``CURRENT`` is replaced atomically (a reader sees the
 old or the new sidecar, never a mix; a killed attach leaves the old one serving); older versions
