@@ -1,8 +1,9 @@
 """Generated ``where`` filters (hypothesis: keys, operators, values, ``$and`` / ``$or`` / ``$not``
 nested) over metadata with nulls, empty lists and several parts, against the filter semantics
-written out plainly (:func:`tests.index.test_metadata_filters.holds`, with the logical keys added
-here): :meth:`hubless.index.metadata.Metadata.mask` selects exactly the rows the plain reading
-selects, by Arrow's compute and by the scalar indexes (sorted values) alike."""
+written out plainly (:func:`tests.index.test_index_features.matches`: the logical keys over
+:func:`tests.index.test_metadata_filters.holds`): :meth:`hubless.index.metadata.Metadata.mask`
+selects exactly the rows the plain reading selects, by Arrow's compute and by the scalar indexes
+(sorted values) alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from hubless.index import filters
 from hubless.index.metadata import Metadata
-from tests.index.test_metadata_filters import holds
+from tests.index.test_index_features import matches
 
 #: The fuzz's examples: the same every run and in every checkout (derandomize's seed depends
 #: on the test file's path).
@@ -36,23 +37,6 @@ def _record(i: int) -> dict:
 
 
 RECORDS = [_record(i) for i in range(N)]
-
-
-def matches(record: dict, where: dict) -> bool:
-    """The filter semantics written out: a conjunction over keys; ``$and`` / ``$or`` / ``$not``
-    combine filters (``$not`` is the plain complement)."""
-    for key, cond in where.items():
-        if key == "$and":
-            ok = all(matches(record, f) for f in cond)
-        elif key == "$or":
-            ok = any(matches(record, f) for f in cond)
-        elif key == "$not":
-            ok = not matches(record, cond)
-        else:
-            ok = holds(record.get(key), cond)
-        if not ok:
-            return False
-    return True
 
 
 VALUES = {
