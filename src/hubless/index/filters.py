@@ -93,9 +93,8 @@ def _compare(values, kind, key: str, op: str, value) -> np.ndarray:
     for v in wanted:
         _check_value(key, kind, v, op)
     if op == "in":
-        if pa.types.is_float32(kind) or pa.types.is_float64(
-            kind
-        ):  # is_in hashes -0.0 apart from 0.0 (equal by every comparison): +0.0 for both
+        # is_in hashes -0.0 apart from 0.0 (equal by every comparison): +0.0 for both (float16 has no add kernel)
+        if pa.types.is_float32(kind) or pa.types.is_float64(kind):
             values, wanted = pc.add(values, pa.scalar(0.0, type=kind)), [v + 0.0 for v in wanted]
         result = pc.is_in(values, value_set=pa.array(wanted, type=kind) if wanted else pa.array([], type=kind))
     else:
