@@ -26,6 +26,7 @@ are removed after the switch.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -157,31 +158,41 @@ def _info_sha256(info: dict) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _check_integrity(folder: Path, version: Path, info: dict) -> None:
-    """Corrupt when attach.json or an array file is not what was written (a damaged byte in
-    an array would otherwise be read as another id or bias). Sidecars written before the
-    checksums were recorded are read as they are."""
-    from hubless._io import file_sha256
-
+def _recorded_digests(folder: Path, info: dict) -> dict:
+    """The sha256 of each array file attach.json records, after attach.json's own checksum is
+    checked (Corrupt when either is off; empty for a sidecar written before they were recorded,
+    read as it is)."""
     if "info_sha256" in info and _info_sha256({k: v for k, v in info.items() if k != "info_sha256"}) != info["info_sha256"]:
         raise Corrupt(f"sidecar {folder}: attach.json is corrupt or was altered (checksum mismatch); attach again")
-    for name, digest in (info.get("files_sha256") or {}).items():
-        if name not in ARRAY_FILES or file_sha256(version / name) != digest:
-            raise Corrupt(f"sidecar {folder}: {name} is corrupt or was altered (checksum mismatch); attach again")
+    digests = info.get("files_sha256") or {}
+    unknown = next((name for name in digests if name not in ARRAY_FILES), None)
+    if unknown is not None:
+        raise Corrupt(f"sidecar {folder}: {unknown} is corrupt or was altered (checksum mismatch); attach again")
+    return digests
+
+
+def _verified_bytes(folder: Path, version: Path, name: str, digests: dict) -> bytes:
+    """A version file's bytes, read once and checked against its recorded sha256 (a damaged byte
+    in an array would otherwise be read as another id or bias)."""
+    raw = (version / name).read_bytes()
+    if name in digests and hashlib.sha256(raw).hexdigest() != digests[name]:
+        raise Corrupt(f"sidecar {folder}: {name} is corrupt or was altered (checksum mismatch); attach again")
+    return raw
 
 
 def _read_version(folder: Path, version: Path) -> Sidecar:
     def npy(name: str) -> np.ndarray:
+        raw = _verified_bytes(folder, version, name, digests)  # read once: checked, then parsed from these bytes
         check_npy(version / name)  # a damaged header is refused before numpy parses it
-        return np.load(version / name, allow_pickle=False)
+        return np.load(io.BytesIO(raw), allow_pickle=False)
 
     try:
         info = json.loads((version / "attach.json").read_text())
         if not isinstance(info, dict):
             raise ValueError("attach.json is not a JSON object")
-        _check_integrity(folder, version, info)
+        digests = _recorded_digests(folder, info)
         ids, bias, reserve_ids, reserve_vectors = (npy(f"{name}.npy") for name in ("ids", "bias", "reserve_ids", "reserve"))
-        with np.load(version / "statistics.npz", allow_pickle=False) as data:
+        with np.load(io.BytesIO(_verified_bytes(folder, version, "statistics.npz", digests)), allow_pickle=False) as data:
             stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
     except Corrupt:
         raise
