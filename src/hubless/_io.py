@@ -157,15 +157,24 @@ def current_dir(folder: str | os.PathLike) -> Path | None:
         raw = (folder / "CURRENT").read_bytes()
     except OSError:
         return None
-    try:
-        name = raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        name = None
-    if name is None or not name or name in (".", "..") or any(c in name for c in "/\\\0") or not name.isprintable():
+    name = pointer_name(raw)
+    if name is None:
         from hubless.errors import Corrupt
 
         raise Corrupt(f"{folder / 'CURRENT'} is damaged: it must name one version folder beside it; got {raw[:60]!r}")
     return folder / name if (folder / name).is_dir() else None
+
+
+def pointer_name(raw: bytes) -> str | None:
+    """The folder name a ``CURRENT`` pointer's bytes hold (UTF-8 text, one plain name beside the
+    pointer: no separator, no ``..``), or None when they hold anything else."""
+    try:
+        name = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0") or not name.isprintable():
+        return None
+    return name
 
 
 def file_sha256(path: str | os.PathLike) -> str:

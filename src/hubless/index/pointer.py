@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hubless._io import pointer_name
 from hubless.corrections import make_correction
 from hubless.errors import Corrupt, InvalidInput, MissingDependencyError, MissingFile
 from hubless.index.config import IndexConfig
@@ -132,12 +133,12 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict, Any]:
 def _names_a_sidecar(path: Path, raw: bytes) -> bool:
     """Whether a ``CURRENT`` holding ``raw`` is an attached sidecar's pointer (one short folder
     name beside it, holding attach.json) rather than an index's (a header and a manifest)."""
-    named = raw.decode("utf-8", "replace").strip()
-    if not named or len(named) > 255 or not named.isprintable() or any(c in named for c in "/\\"):
+    named = pointer_name(raw)
+    if named is None:  # an index's pointer (a header and a manifest, on lines) is never a name
         return False
     try:
         return (path / named / "attach.json").is_file()
-    except (OSError, ValueError):
+    except OSError:  # a name too long for the file system
         return False
 
 
