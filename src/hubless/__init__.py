@@ -36,6 +36,7 @@ _EXPORTS = {
     "fit_many": "hubless.corrections",
     "make_correction": "hubless.corrections",
     "exact_search": "hubless.engine",
+    "Hits": "hubless.hits",
     "Evaluation": "hubless.evaluation",
     "evaluate": "hubless.evaluation",
     "Index": "hubless.index",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.errors import NotFittedError as NotFittedError
     from hubless.evaluation import Evaluation as Evaluation
     from hubless.evaluation import evaluate as evaluate
+    from hubless.hits import Hits as Hits
     from hubless.index import Index as Index
     from hubless.index import IndexConfig as IndexConfig
     from hubless.metrics import Truth as Truth

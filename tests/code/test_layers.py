@@ -63,7 +63,7 @@ def test_private_hooks_are_not_called_from_outside_their_package():
 #: flows one way, from files and arrays up to the command line. A new package must be placed.
 LAYERS = [
     {"hubless.errors", "hubless.progress"},
-    {"hubless._io", "hubless._registry", "hubless._torch", "hubless._validation"},
+    {"hubless._io", "hubless._registry", "hubless._torch", "hubless._validation", "hubless.hits"},
     {"hubless.io"},  # array files, sharded sources, work files
     {"hubless.inputs"},  # every input file a user gives
     {"hubless.engine", "hubless.metrics"},  # streamed GEMM statistics; retrieval metrics
