@@ -50,3 +50,25 @@ def test_hubness_knob_creates_hubs_that_nnn_removes():
 def test_bad_sizes(bad):
     with pytest.raises(ValueError):
         make_retrieval_data(**bad)
+
+
+def test_the_cone_makes_global_hubs_and_leaves_everything_else_as_it_was():
+    from hubless.engine import exact_search
+    from hubless.metrics import hubness_statistics
+
+    kwargs = {"n_items": 10_000, "captions_per_item": 1, "dim": 128, "n_query_bank": 500, "n_gallery_bank": 10, "n_val_items": 10,
+              "n_topics": 100}  # fmt: skip
+    plain, cone, none = make_retrieval_data(**kwargs), make_retrieval_data(**kwargs, cone=0.5), make_retrieval_data(**kwargs, cone=0.0)
+    for name in ("gallery", "queries", "query_bank", "gallery_bank"):
+        np.testing.assert_array_equal(getattr(plain, name), getattr(none, name))  # cone=0: the same arrays
+    queries = cone.queries[np.random.default_rng(0).choice(10_000, 1000, replace=False)]
+    skew = hubness_statistics(exact_search(queries, cone.gallery, 10)[1], 10_000, ks=(10,))["N10_skewness"]
+    before = hubness_statistics(exact_search(plain.queries[:1000], plain.gallery, 10)[1], 10_000, ks=(10,))["N10_skewness"]
+    assert skew >= 10 > 4 > before  # strongly hub-prone (N10 skewness 11.1 measured), where the plain set has 3.3
+    np.testing.assert_allclose(np.linalg.norm(cone.gallery, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cone", [-0.1, float("nan"), float("inf"), True, "0.5"])
+def test_a_bad_cone_is_refused(cone):
+    with pytest.raises(hubless.errors.InvalidInput, match="cone"):
+        make_retrieval_data(n_items=10, cone=cone)

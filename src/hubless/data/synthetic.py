@@ -9,7 +9,13 @@ The generative model imitates what makes CLIP-like galleries hubby:
 * a query ("caption") is its item's content plus stronger noise; each item has
   ``captions_per_item`` captions, caption j describes item j // captions_per_item (the COCO and
   Flickr30k layout);
-* the two modalities are offset along one shared direction (a "modality gap").
+* the two modalities are offset along one shared direction (a "modality gap");
+* optionally (``cone``), a *cone*: every caption leans towards one more shared direction and each
+  image by ``cone * U**16`` (U uniform in [0, 1): most images barely, a few almost as much as the
+  captions), so the images leaning most become *global* hubs, near every caption whatever its
+  topic (the cone effect of contrastive embedding spaces). ``cone=0.5`` gives N10 skewness 10-12
+  at 10k-20k x 128 and about 17 at 100k x 256 (10 queries per 100 items; 2.4-3.2 without): strongly
+  hub-prone data, where a correction matters most.
 
 The reference banks and the validation split are drawn from the same model with fresh items,
 so they never contain the test queries.
@@ -24,7 +30,11 @@ import numpy as np
 from hubless._validation import check_seed
 from hubless.errors import AlreadyExists, InvalidInput
 
-__all__ = ["EXAMPLE_FILES", "SyntheticRetrieval", "make_retrieval_data", "write_example_files"]
+__all__ = ["CONE_POWER", "EXAMPLE_FILES", "SyntheticRetrieval", "make_retrieval_data", "write_example_files"]
+
+
+#: An image leans ``cone * U**CONE_POWER`` towards the cone's axis (U uniform): a few global hubs.
+CONE_POWER = 16
 
 
 @dataclass
@@ -68,6 +78,7 @@ def make_retrieval_data(
     modality_gap: float = 0.3,
     seed: int = 0,
     n_extra_items: int = 0,
+    cone: float = 0.0,
 ) -> SyntheticRetrieval:
     """Generate a benchmark (see the module docstring for the model).
 
@@ -75,6 +86,9 @@ def make_retrieval_data(
     per-embedding noise (higher is harder: with the defaults, text->image R@1 is about 39%
     uncorrected and about 45% with NNN). ``n_extra_items`` draws that many more items (and their
     captions) after everything else, so the other arrays are the same with or without them.
+    ``cone`` (>= 0; 0: none) is how far every caption (queries, query bank, validation) leans
+    towards the cone's shared direction; each image leans ``cone * U**CONE_POWER``, U uniform,
+    drawn from a stream of its own (with ``cone=0`` the arrays are the same as without it).
     """
     for name, value in (("n_items", n_items), ("captions_per_item", captions_per_item), ("dim", dim)):
         if value < 1:
@@ -83,7 +97,12 @@ def make_retrieval_data(
         raise InvalidInput("bank sizes, n_val_items and n_topics must be >= 1")
     if n_extra_items < 0:
         raise InvalidInput(f"n_extra_items must be >= 0; got {n_extra_items}")
-    rng = np.random.default_rng(check_seed(seed))
+    if isinstance(cone, bool) or not isinstance(cone, (int, float, np.integer, np.floating)) or not 0 <= cone < np.inf:
+        raise InvalidInput(f"cone must be a finite number >= 0; got {cone!r}")
+    seed = check_seed(seed)
+    rng = np.random.default_rng(seed)
+    cone_rng = np.random.default_rng([seed, 1])  # the cone's own stream: the other draws are the same without it
+    axis = _unit(cone_rng.standard_normal((1, dim)))[0]
     topics = _unit(rng.standard_normal((n_topics, dim)))
     gap = _unit(rng.standard_normal((1, dim)))[0] * modality_gap
 
@@ -94,11 +113,15 @@ def make_retrieval_data(
     def images(c: np.ndarray, topic: np.ndarray) -> np.ndarray:
         popularity = rng.lognormal(0.0, 1.0, len(c))[:, None]
         pull = 0.25 * hubness * popularity * topics[topic]
-        return _unit(c + noise * _unit(rng.standard_normal(c.shape)) + pull + gap)
+        x = c + noise * _unit(rng.standard_normal(c.shape)) + pull + gap
+        if cone:
+            x = _unit(x) + cone * cone_rng.random((len(c), 1)) ** CONE_POWER * axis
+        return _unit(x)
 
     def captions(c: np.ndarray) -> np.ndarray:
         per_caption = np.repeat(c, captions_per_item, axis=0)
-        return _unit(per_caption + 1.3 * noise * _unit(rng.standard_normal(per_caption.shape)) - gap)
+        x = per_caption + 1.3 * noise * _unit(rng.standard_normal(per_caption.shape)) - gap
+        return _unit(_unit(x) + cone * axis) if cone else _unit(x)
 
     def split(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         c, topic = content(n)
