@@ -169,6 +169,35 @@ class Collection:
         else:
             self._upsert(x, ids)
 
+    def replace(self, ids, x):
+        """Replace the vectors of ``ids`` in place (the same ids, new vectors), as a user's own write would."""
+        ids = np.asarray(ids, np.int64)
+        if self.kind.startswith("faiss"):  # a FAISS file is rewritten whole, its items in the same order
+            import faiss
+
+            inner = faiss.downcast_index(self.index.index)
+            all_ids = faiss.vector_to_array(self.index.id_map)
+            vectors = inner.reconstruct_n(0, inner.ntotal)
+            vectors[_positions(all_ids, ids)] = x
+            self.create(vectors, all_ids)
+        elif self.kind == "lancedb":
+            import pyarrow as pa
+
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.asarray(x, np.float32).ravel(), pa.float32()), D)
+            self.table.merge_insert("id").when_matched_update_all().execute(pa.table({"id": pa.array(ids, pa.int64()), "vector": vectors}))
+        elif self.kind == "postgresql":
+            with self._pg() as conn, conn.cursor() as cur:
+                cur.executemany(
+                    f"UPDATE {self.table} SET embedding = %s::vector WHERE id = %s",
+                    [("[" + ",".join(f"{v:.9g}" for v in row) + "]", int(i)) for i, row in zip(ids, np.asarray(x).tolist())],
+                )
+        elif self.kind == "chroma":
+            self.coll.update(ids=[str(int(i)) for i in ids], embeddings=np.asarray(x, np.float32))
+        elif self.kind == "milvus":
+            self.milvus.upsert("docs", [{"id": int(i), "vector": v.tolist(), "caption": f"item {i}"} for i, v in zip(ids, x)])
+        else:
+            self._upsert(np.asarray(x, np.float32), ids)
+
     def remove(self, ids):
         if self.kind in ("faiss-ivf", "faiss-hnsw"):  # HNSW has no remove_ids; an IVF under an id map is not renumbered: a user rebuilds
             import faiss
@@ -199,6 +228,12 @@ class Collection:
             from qdrant_client import models
 
             self.client.delete("docs", points_selector=models.PointIdsList(points=[int(i) for i in ids]))
+
+
+def _positions(all_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The positions of ``ids`` in ``all_ids``."""
+    order = np.argsort(all_ids)
+    return order[np.searchsorted(all_ids[order], ids)]
 
 
 @pytest.fixture(scope="module")

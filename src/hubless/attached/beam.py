@@ -13,7 +13,7 @@ it, on the collection as it reads it anyway:
 2. :func:`calibrate`: the store answers the same queries at each beam of its ladder
    (:meth:`~hubless.attached.sources.base.Source.beam_ladder`, narrowest first: ``ef_search`` =
    1, 2, 4, ... 32 x k'; ``nprobe`` = 1, 2, 4, ...), and the narrowest beam whose mean
-   recall@k' reaches :data:`BEAM_RECALL` is the sidecar's default (``beam`` in ``attach.json``,
+   recall@k' reaches :data:`BEAM_RECALL` (``attach(..., beam_recall=)``) is the sidecar's default (``beam`` in ``attach.json``,
    with every measured point: what a wider beam would buy). An ``ef_search`` is recorded as a
    multiple of k' and scales with it when a query is widened; an ``nprobe`` is a number.
 
@@ -50,8 +50,12 @@ class RecallProbe:
     def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
         """One batch: ``ids`` and the vectors as the store ranks them."""
         sims = self.queries @ np.asarray(vectors, np.float32).T
+        keys = np.broadcast_to(np.asarray(ids, np.int64), sims.shape)
+        if sims.shape[1] > self.k:  # the batch's best k first (a partition), then one sort with what was kept
+            part = np.argpartition(-sims, self.k - 1, axis=1)[:, : self.k]
+            sims, keys = np.take_along_axis(sims, part, axis=1), np.take_along_axis(keys, part, axis=1)
         values = np.concatenate([self.values, sims], axis=1)
-        keys = np.concatenate([self.ids, np.broadcast_to(ids, sims.shape)], axis=1)
+        keys = np.concatenate([self.ids, keys], axis=1)
         order = np.lexsort((keys, -values.astype(np.float64)), axis=1)[:, : self.k]
         self.values, self.ids = np.take_along_axis(values, order, axis=1), np.take_along_axis(keys, order, axis=1)
 
@@ -63,9 +67,10 @@ def probe_queries(query_bank: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(query_bank[take], np.float32)
 
 
-def calibrate(source, probe: RecallProbe) -> dict | None:
-    """Measure the store's plain recall@k' along its beam ladder and choose the default beam (see
-    the module docstring); None when the store searches exactly or has no beam knob."""
+def calibrate(source, probe: RecallProbe, target: float = BEAM_RECALL) -> dict | None:
+    """Measure the store's plain recall@k' along its beam ladder and choose the narrowest beam
+    that reaches ``target`` (see the module docstring); None when the store searches exactly or
+    has no beam knob."""
     knob = source.beam_knob
     n_found = probe.ids.shape[1]
     if knob is None or source.searches_exactly({}) or n_found == 0:
@@ -78,7 +83,7 @@ def calibrate(source, probe: RecallProbe) -> dict | None:
         hit = (got.ids[:, :, None] == probe.ids[:, None, :]) & got.found[:, :, None]
         recall = float(hit.any(axis=1).mean())
         measured.append([int(value), round(recall, 5)])
-        if recall >= BEAM_RECALL:
+        if recall >= target:
             chosen = int(value)
             break
     if not measured:
@@ -92,7 +97,7 @@ def calibrate(source, probe: RecallProbe) -> dict | None:
         "value": value / k if scaled else value,  # ef_search: a multiple of k'
         "k": k,
         "queries": int(probe.queries.shape[0]),
-        "target": BEAM_RECALL,
+        "target": target,
         "met": met,
         "recall": measured,  # [beam, recall@k'] at each beam tried, narrowest first
     }

@@ -68,7 +68,15 @@ class AttachedCollection:
 
     def __init__(self, source: Source, sidecar: Sidecar, *, verify: bool = True) -> None:
         self.source = source
+        self._load(sidecar)
+        if verify:
+            checks.verify_open(self)
+
+    def _load(self, sidecar: Sidecar) -> None:
+        """Take ``sidecar``'s arrays and what is derived from them."""
         self.sidecar = sidecar
+        #: the sidecar version read (its CURRENT file's mark): a newer one is read before a search
+        self.sidecar_mark = checks.sidecar_mark(sidecar)
         info = sidecar.info
         self.correction = correction_for(info["spec"], bool(info["normalize"])).for_rows(sidecar.bias, sidecar.statistics)
         self.b_min = np.asarray(info["b_min"], np.float64)
@@ -85,8 +93,16 @@ class AttachedCollection:
         #: the source's version mark the sidecar is in step with (hubless.attached.checks)
         self.mark = info["source"].get("version")
         self.checked_at = time.monotonic()
-        if verify:
-            checks.verify_open(self)
+
+    def reload(self) -> bool:
+        """Read the sidecar again when an update wrote a new version of it since (True when it
+        did; a long-lived handle, ``hubless serve``, calls this before each search), checked as
+        an open is."""
+        if self.sidecar.path is None or checks.sidecar_mark(self.sidecar) == self.sidecar_mark:
+            return False
+        self._load(read_sidecar(self.sidecar.path))
+        checks.verify_open(self)
+        return True
 
     @classmethod
     def open(cls, source, sidecar, **source_options) -> AttachedCollection:

@@ -10,9 +10,11 @@ collection makes before it answers (docs/attach.md, "What is detected").
   (:class:`~hubless.errors.Conflict`: run ``hubless attach --update``), except a FAISS file
   whose mark changed: the file is read whole anyway, so every vector is compared with its
   digest (:func:`compare_all`) and a file rewritten with the same content is served.
-* **Before each search** (:func:`ensure_fresh`): the same mark, read again (a changed mark is
-  refused, or for a FAISS file re-checked whole, before the answer); on a store without a mark,
-  the count, and a new random sample every :data:`RECHECK_SECONDS` of a long-lived handle.
+* **Before each search** (:func:`ensure_fresh`): a sidecar an update rewrote since it was read
+  is read again (and checked as at open), so a long-lived handle (``hubless serve``) follows
+  ``hubless attach --update``; then the same mark, read again (a changed mark is refused, or for
+  a FAISS file re-checked whole, before the answer); on a store without a mark, the count, and a
+  new random sample every :data:`RECHECK_SECONDS` of a long-lived handle.
 * **After each search** (:func:`check_reserve_hits`), on a store without a mark: the hits served
   from the reserve's copies of vectors are read from the store and compared with their digests,
   so a reserve item changed or deleted in the store is never served from its stale copy.
@@ -26,6 +28,7 @@ sample hash, and its answers are never claimed exact.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +36,17 @@ from hubless.attached.digests import SAMPLE, changed_in_sample, sample_positions
 from hubless.attached.sources.base import BATCH
 from hubless.errors import Conflict
 
-__all__ = ["RECHECK_SECONDS", "SAMPLE", "check_count", "check_reserve_hits", "check_sample", "compare_all", "ensure_fresh", "verify_open"]
+__all__ = [
+    "RECHECK_SECONDS",
+    "SAMPLE",
+    "check_count",
+    "check_reserve_hits",
+    "check_sample",
+    "compare_all",
+    "ensure_fresh",
+    "sidecar_mark",
+    "verify_open",
+]
 
 #: How often a long-lived handle of a store without a version mark reads a new sample.
 RECHECK_SECONDS = 10.0
@@ -66,8 +79,23 @@ def verify_open(collection) -> None:
     collection.checked_at = time.monotonic()
 
 
+def sidecar_mark(sidecar) -> list[int] | None:
+    """The mark of the sidecar version on disk (its ``CURRENT`` file's inode, size and
+    modification time; None for a sidecar not read from a folder)."""
+    if sidecar.path is None:
+        return None
+    try:
+        stat = (Path(sidecar.path) / "CURRENT").stat()
+    except OSError:
+        return None
+    return [int(stat.st_ino), int(stat.st_size), int(stat.st_mtime_ns)]
+
+
 def ensure_fresh(collection) -> None:
-    """The checks before a search (see the module docstring)."""
+    """The checks before a search (see the module docstring); a sidecar an update rewrote since
+    it was read is read again first."""
+    if collection.reload():
+        return  # read and checked as an open is
     mark = collection.source.version()
     if mark is not None:
         if mark != collection.mark:

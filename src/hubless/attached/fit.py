@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._validation import check_positive_int
-from hubless.attached.beam import PROBE_K, RecallProbe, calibrate, probe_queries
+from hubless._validation import check_positive_int, check_target_recall
+from hubless.attached.beam import BEAM_RECALL, PROBE_K, RecallProbe, calibrate, probe_queries
 from hubless.attached.certified import AttachedCollection
 from hubless.attached.prepare import correction_for, read_banks
 from hubless.attached.sidecar import Sidecar, array_fingerprint, is_sidecar, read_sidecar, write_sidecar
@@ -72,6 +72,7 @@ def attach(
     progress: bool | None = None,
     write_payload: bool | str = False,
     overwrite: bool = False,
+    beam_recall: float | None = None,
     **source_options,
 ) -> AttachedCollection:
     """Fit ``method`` on the collection ``source`` (a FAISS index file or ``faiss.Index``, or a
@@ -82,6 +83,9 @@ def attach(
     :class:`AttachedCollection`, ready to search; its sidecar's ``info["replaced"]`` names the
     sidecar it replaced, ``info["notes"]`` what the user should know (ids that are positions).
 
+    ``beam_recall``: on an ANN store, the store's plain recall@k' the default beam is chosen to
+    reach on a sample of the query bank (default :data:`hubless.attached.beam.BEAM_RECALL`,
+    0.99; :mod:`hubless.attached.beam`);
     ``overwrite``: replace a sidecar already in ``out`` (without it,
     :class:`~hubless.errors.AlreadyExists` names what it holds); a folder holding anything but
     a sidecar is never replaced.
@@ -105,6 +109,7 @@ def attach(
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
     if not isinstance(overwrite, (bool, np.bool_)):
         raise InvalidType(f"overwrite must be True or False; got {overwrite!r}")
+    target = BEAM_RECALL if beam_recall is None else check_target_recall(beam_recall)
     with write_lock(Path(out)):  # one attach or update of a sidecar at a time
         replaced = replaceable(Path(out), bool(overwrite))
         return fit_and_write(
@@ -120,6 +125,7 @@ def attach(
             source_options,
             payload=payload_name(write_payload),
             replaced=replaced,
+            beam_recall=target,
         )
 
 
@@ -173,6 +179,7 @@ def fit_and_write(
     *,
     payload: str | None = None,
     replaced: dict | None = None,
+    beam_recall: float = BEAM_RECALL,
 ) -> AttachedCollection:
     batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
@@ -201,7 +208,7 @@ def fit_and_write(
     reserve_ids, reserve_vectors = reserve_sorted(fitted.reserve_ids, fitted.reserve_vectors)
     info = sidecar_info(corr, src, ids, rows["bias"], qb, gb, fitted.gallery_sum, exact_mean=True, out=out)
     info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, rows["bias"], reserve_ids), "requested": requested}
-    info["beam"] = None if probe is None else calibrate(src, probe)
+    info["beam"] = None if probe is None else calibrate(src, probe, beam_recall)
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     info["source"]["options"] = _recorded_options(source_options)
     info["notes"] = source_notes(src)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hubless._validation import check_positive_int
+from hubless.attached.beam import BEAM_RECALL
 from hubless.attached.digests import SAMPLE, changed_in_sample, sample_positions, vector_digests
 from hubless.attached.fit import fit_and_write, reserve_sorted, sidecar_info, written_payload
 from hubless.attached.prepare import collection_rows, correction_for, read_banks
@@ -246,8 +247,20 @@ def _refit(out, src: Source, old: Sidecar, query_bank, gallery_bank, batch, prog
     kept = old.info["source"].get("options", {})  # recorded again (src is open: open_source ignores them)
     payload = (old.info.get("payload") or {}).get("name")
     old_ids = old.ids
+    target = (old.info.get("beam") or {}).get("target", BEAM_RECALL)
     fresh = fit_and_write(
-        src, query_bank, old.spec, out, gallery_bank, bool(old.info["normalize"]), requested, batch, progress, kept, payload=payload
+        src,
+        query_bank,
+        old.spec,
+        out,
+        gallery_bank,
+        bool(old.info["normalize"]),
+        requested,
+        batch,
+        progress,
+        kept,
+        payload=payload,
+        beam_recall=target,
     )
     side = fresh.sidecar
     changed = 0

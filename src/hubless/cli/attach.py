@@ -32,6 +32,9 @@ def attach_command(
         False, "--full", help="With --update: read every vector once and refit exactly the items changed in place (a FAISS file: always)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a sidecar already in --out (it is never replaced without)."),
+    beam_recall: float = typer.Option(
+        None, help="ANN stores: the store's recall@k' the default beam (ef_search, nprobe) is chosen to reach at attach (default 0.99)."
+    ),
     search: Path = typer.Option(None, "--search", help="Query embeddings to search the attached collection with (JSON lines out)."),
     top_k: int = typer.Option(10, help="With --search: results per query."),
     metadata: bool = typer.Option(False, "--metadata", help="With --search: also print each hit's metadata from the store."),
@@ -105,6 +108,7 @@ def attach_command(
         batch=batch,
         write_payload=payload_field if write_payload else False,
         overwrite=overwrite,
+        beam_recall=beam_recall,
         **options,
     )
     info = attached.sidecar.info
