@@ -520,6 +520,70 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
     assert result.exit_code == 0 and f"{len(data['new'])} added" in result.output, result.output
     result = runner.invoke(app, ["attach", path, "--out", side, "--update"])
     assert result.exit_code == 2 and "--query-bank" in result.output
+    # JSON lines say both promises; the counts go to stderr
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3"])
+    assert all(json.loads(line)["exact"] for line in result.stdout.splitlines() if line.startswith("{"))
+    assert "certified 4 of 4 queries, exact 4 of 4" in result.output
+    # a sidecar is replaced only with --overwrite, which says what it replaced
+    bank_args = ["--query-bank", str(tmp_path / "bank.npy"), "--out", side]
+    result = runner.invoke(app, ["attach", path, *bank_args, "-m", "is:beta=15.0"])
+    assert (
+        result.exit_code == 2
+        and "holds a sidecar already (nnn:alpha=0.75,k=8 attached to" in result.output
+        and "--overwrite" in result.output
+    )
+    result = runner.invoke(app, ["attach", path, *bank_args, "-m", "is:beta=15.0", "--overwrite"])
+    assert result.exit_code == 0 and f"replaced the sidecar in {side} (nnn:alpha=0.75,k=8 attached to {path})" in result.output
+    # another collection's sidecar: named as such, not "changed since"
+    other = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    other.add_with_ids(x[:50], ids[:50])
+    faiss.write_index(other, str(tmp_path / "other.faiss"))
+    result = runner.invoke(app, ["attach", str(tmp_path / "other.faiss"), "--out", side, "--search", str(tmp_path / "q.npy")])
+    assert result.exit_code == 2 and f"is attached to {path}, not {tmp_path / 'other.faiss'}" in result.output
+    # a plain index without ids: attached, with a note; --update --full
+    plain = faiss.IndexFlatIP(D)
+    plain.add(x)
+    faiss.write_index(plain, str(tmp_path / "plain.faiss"))
+    result = runner.invoke(
+        app, ["attach", str(tmp_path / "plain.faiss"), "--query-bank", str(tmp_path / "bank.npy"), "--out", str(tmp_path / "p")]
+    )
+    assert result.exit_code == 0 and "note: " in result.output and "its ids are its positions" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            str(tmp_path / "plain.faiss"),
+            "--query-bank",
+            str(tmp_path / "bank.npy"),
+            "--out",
+            str(tmp_path / "p"),
+            "--update",
+            "--full",
+        ],
+    )
+    assert result.exit_code == 0 and "0 changed in place" in result.output and f"compared every vector {len(x)}" in result.output
+
+
+def test_a_plain_index_whose_positions_shift_is_refitted_by_its_update(data, tmp_path):
+    """ids that are positions: FAISS renumbers them on remove_ids; the update of a FAISS file
+    compares every vector with its digest, so the shifted items are found and refitted."""
+    import faiss
+
+    x, bank, queries = data["x"], data["bank"], data["queries"]
+    plain = faiss.IndexFlatIP(D)
+    plain.add(x)
+    path = str(tmp_path / "plain.faiss")
+    faiss.write_index(plain, path)
+    attached = attach(path, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "side")
+    assert "positions" in attached.sidecar.info["notes"][0]
+    plain.remove_ids(np.array([5], np.int64))  # positions 6.. become 5..
+    faiss.write_index(plain, path)
+    report = update(tmp_path / "side", path, bank)
+    kept = np.delete(x, 5, axis=0)
+    assert report["full"] and report["removed"] == 1 and report["changed"] == len(x) - 6
+    want = exact_top(brute_force_nnn(kept, bank, queries, 0.75, 8), np.arange(len(kept)), 10)[0]
+    result = AttachedCollection.open(path, tmp_path / "side").search_certified(queries, 10)
+    np.testing.assert_array_equal(result.ids, want)
 
 
 @pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)
