@@ -15,7 +15,7 @@ import pytest
 
 import hubless
 from hubless.attached import AttachedCollection, attach, read_sidecar, update
-from hubless.errors import Conflict, HublessError, InvalidInput, InvalidType
+from hubless.errors import AlreadyExists, Conflict, HublessError, InvalidInput, InvalidType
 from tests.conftest import QDRANT_TEST_URL, unit_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:Local mode performs exact")
@@ -169,6 +169,35 @@ class Collection:
         else:
             self._upsert(x, ids)
 
+    def replace(self, ids, x):
+        """Replace the vectors of ``ids`` in place (the same ids, new vectors), as a user's own write would."""
+        ids = np.asarray(ids, np.int64)
+        if self.kind.startswith("faiss"):  # a FAISS file is rewritten whole, its items in the same order
+            import faiss
+
+            inner = faiss.downcast_index(self.index.index)
+            all_ids = faiss.vector_to_array(self.index.id_map)
+            vectors = inner.reconstruct_n(0, inner.ntotal)
+            vectors[_positions(all_ids, ids)] = x
+            self.create(vectors, all_ids)
+        elif self.kind == "lancedb":
+            import pyarrow as pa
+
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.asarray(x, np.float32).ravel(), pa.float32()), D)
+            self.table.merge_insert("id").when_matched_update_all().execute(pa.table({"id": pa.array(ids, pa.int64()), "vector": vectors}))
+        elif self.kind == "postgresql":
+            with self._pg() as conn, conn.cursor() as cur:
+                cur.executemany(
+                    f"UPDATE {self.table} SET embedding = %s::vector WHERE id = %s",
+                    [("[" + ",".join(f"{v:.9g}" for v in row) + "]", int(i)) for i, row in zip(ids, np.asarray(x).tolist())],
+                )
+        elif self.kind == "chroma":
+            self.coll.update(ids=[str(int(i)) for i in ids], embeddings=np.asarray(x, np.float32))
+        elif self.kind == "milvus":
+            self.milvus.upsert("docs", [{"id": int(i), "vector": v.tolist(), "caption": f"item {i}"} for i, v in zip(ids, x)])
+        else:
+            self._upsert(np.asarray(x, np.float32), ids)
+
     def remove(self, ids):
         if self.kind in ("faiss-ivf", "faiss-hnsw"):  # HNSW has no remove_ids; an IVF under an id map is not renumbered: a user rebuilds
             import faiss
@@ -199,6 +228,12 @@ class Collection:
             from qdrant_client import models
 
             self.client.delete("docs", points_selector=models.PointIdsList(points=[int(i) for i in ids]))
+
+
+def _positions(all_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The positions of ``ids`` in ``all_ids``."""
+    order = np.argsort(all_ids)
+    return order[np.searchsorted(all_ids[order], ids)]
 
 
 @pytest.fixture(scope="module")
@@ -246,13 +281,14 @@ def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the
     np.testing.assert_array_equal(result.ids, want_ids)  # the store's ids, exact order
     np.testing.assert_allclose(result.scores, want_scores, atol=2e-5)
     assert result.certified.all()
-    # metadata from the store (its payload or other columns), as the user wrote it
+    # metadata from the store (its payload or other columns), as the user wrote it, by id
     with_meta = attached.search_certified(q[:3], 5, candidates=n, metadata=True, **knobs)
-    want_meta = [[f"item {i}" for i in hits] for hits in with_meta.ids.tolist()]
+    shown = sorted(set(with_meta.ids.ravel().tolist()))
+    assert sorted(with_meta.metadata) == shown
     if collection.kind.startswith("faiss"):  # FAISS keeps no metadata
-        assert [[r for r in hits] for hits in with_meta.metadata] == [[{"id": i} for i in hits] for hits in with_meta.ids.tolist()]
+        assert all(record == {} for record in with_meta.metadata.values())
     else:
-        assert [[r["caption"] for r in hits] for hits in with_meta.metadata] == want_meta
+        assert [with_meta.metadata[i]["caption"] for i in shown] == [f"item {i}" for i in shown]
     # the attached collection's own brute force (what `--exact` measures against) agrees
     np.testing.assert_array_equal(attached.exact_search(q, 10, batch=64)[1], want_ids)
     # a per-call weight, as Index.search takes it
@@ -272,7 +308,9 @@ def test_certified_answers_are_exact_for_every_attachable_method(collection, dat
     for n, spec in enumerate(SPECS):
         # every other method without a reserve: the bound then uses the collection's smallest bias
         reserve = 0 if n % 2 else None
-        attached = attach(uri, data["bank"], spec, out=tmp_path / "side", gallery_bank=gb, reserve=reserve, **collection.options)
+        attached = attach(
+            uri, data["bank"], spec, out=tmp_path / "side", gallery_bank=gb, reserve=reserve, overwrite=True, **collection.options
+        )
         assert attached.sidecar.info["reserve"]["size"] == (0 if n % 2 else 64)
         corr = hubless.make_correction(spec).fit(x, data["bank"], gb)
         want_scores, want_pos = corr.search(q, 10)
@@ -305,14 +343,21 @@ def test_a_changed_collection_is_refused_until_updated_and_the_update_reads_only
     with pytest.raises(Conflict, match="--update"):
         AttachedCollection.open(uri, side, **opts)
     report = update(side, uri, bank, **opts)
-    assert (report["added"], report["removed"], report["read_items"], report["refit"]) == (len(new_ids), 0, len(new_ids), None)
+    assert (report["added"], report["removed"], report["changed"], report["refit"]) == (len(new_ids), 0, 0, None)
     n_all = len(ids) + len(new_ids)
-    # ids of every item, the added items' vectors, the sample hash's 32 vectors: nothing else
-    assert report["bytes_read"] <= 8 * n_all + (8 + 4 * D) * (len(new_ids) + 32)
+    faiss_file = collection.kind.startswith("faiss")
+    if faiss_file:  # read whole by any update: every vector compared with its digest, the file's size counted
+        import os
+
+        assert report["full"] and report["read_items"] == report["checked"] + len(new_ids) == n_all
+        assert report["bytes_read"] == os.path.getsize(uri)
+    else:  # ids of every item, the added items' vectors, the rotating sample's 32 vectors: nothing else
+        assert not report["full"] and report["read_items"] == len(new_ids) + 32 and report["checked"] == 32
+        assert report["bytes_read"] <= 8 * n_all + (8 + 4 * D) * (len(new_ids) + 32)
     removed = ids[:9]
     collection.remove(removed)
     report = update(side, uri, bank, **opts)
-    assert (report["added"], report["removed"], report["read_items"]) == (0, 9, 0)
+    assert (report["added"], report["removed"], report["read_items"]) == (0, 9, n_all - 9 if faiss_file else 32)
     # equal to a fresh attach over the same items
     fresh = attach(uri, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "fresh", **opts)
     updated = read_sidecar(side)
@@ -387,7 +432,7 @@ def test_update_refits_gallery_wide_statistics_only_for_the_methods_that_have_th
     report = update(tmp_path / "dis", uri, bank)
     assert "activation sets" in report["refit"] and report["read_items"] == len(ids) + len(new_ids)
     report = update(tmp_path / "dualis", uri, bank, gallery_bank=data["gallery_bank"])
-    assert report["refit"] is None and report["read_items"] == len(new_ids)  # DualIS: row-local biases
+    assert report["refit"] is None and report["added"] == len(new_ids)  # DualIS: row-local biases, only the added ones fitted
     all_x, all_ids = np.concatenate([x, data["new"]]), np.concatenate([ids, new_ids])
     for name, spec, gb in (("dis", "dis:beta=15.0,k_activation=2", None), ("dualis", "dualis", data["gallery_bank"])):
         corr = hubless.make_correction(spec).fit(all_x, bank, gb)
@@ -475,6 +520,70 @@ def test_the_command_line_attaches_searches_and_updates(data, tmp_path):
     assert result.exit_code == 0 and f"{len(data['new'])} added" in result.output, result.output
     result = runner.invoke(app, ["attach", path, "--out", side, "--update"])
     assert result.exit_code == 2 and "--query-bank" in result.output
+    # JSON lines say both promises; the counts go to stderr
+    result = runner.invoke(app, ["attach", path, "--out", side, "--search", str(tmp_path / "q.npy"), "--top-k", "3"])
+    assert all(json.loads(line)["exact"] for line in result.stdout.splitlines() if line.startswith("{"))
+    assert "certified 4 of 4 queries, exact 4 of 4" in result.output
+    # a sidecar is replaced only with --overwrite, which says what it replaced
+    bank_args = ["--query-bank", str(tmp_path / "bank.npy"), "--out", side]
+    result = runner.invoke(app, ["attach", path, *bank_args, "-m", "is:beta=15.0"])
+    assert (
+        result.exit_code == 2
+        and "holds a sidecar already (nnn:alpha=0.75,k=8 attached to" in result.output
+        and "--overwrite" in result.output
+    )
+    result = runner.invoke(app, ["attach", path, *bank_args, "-m", "is:beta=15.0", "--overwrite"])
+    assert result.exit_code == 0 and f"replaced the sidecar in {side} (nnn:alpha=0.75,k=8 attached to {path})" in result.output
+    # another collection's sidecar: named as such, not "changed since"
+    other = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
+    other.add_with_ids(x[:50], ids[:50])
+    faiss.write_index(other, str(tmp_path / "other.faiss"))
+    result = runner.invoke(app, ["attach", str(tmp_path / "other.faiss"), "--out", side, "--search", str(tmp_path / "q.npy")])
+    assert result.exit_code == 2 and f"is attached to {path}, not {tmp_path / 'other.faiss'}" in result.output
+    # a plain index without ids: attached, with a note; --update --full
+    plain = faiss.IndexFlatIP(D)
+    plain.add(x)
+    faiss.write_index(plain, str(tmp_path / "plain.faiss"))
+    result = runner.invoke(
+        app, ["attach", str(tmp_path / "plain.faiss"), "--query-bank", str(tmp_path / "bank.npy"), "--out", str(tmp_path / "p")]
+    )
+    assert result.exit_code == 0 and "note: " in result.output and "its ids are its positions" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "attach",
+            str(tmp_path / "plain.faiss"),
+            "--query-bank",
+            str(tmp_path / "bank.npy"),
+            "--out",
+            str(tmp_path / "p"),
+            "--update",
+            "--full",
+        ],
+    )
+    assert result.exit_code == 0 and "0 changed in place" in result.output and f"compared every vector {len(x)}" in result.output
+
+
+def test_a_plain_index_whose_positions_shift_is_refitted_by_its_update(data, tmp_path):
+    """ids that are positions: FAISS renumbers them on remove_ids; the update of a FAISS file
+    compares every vector with its digest, so the shifted items are found and refitted."""
+    import faiss
+
+    x, bank, queries = data["x"], data["bank"], data["queries"]
+    plain = faiss.IndexFlatIP(D)
+    plain.add(x)
+    path = str(tmp_path / "plain.faiss")
+    faiss.write_index(plain, path)
+    attached = attach(path, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "side")
+    assert "positions" in attached.sidecar.info["notes"][0]
+    plain.remove_ids(np.array([5], np.int64))  # positions 6.. become 5..
+    faiss.write_index(plain, path)
+    report = update(tmp_path / "side", path, bank)
+    kept = np.delete(x, 5, axis=0)
+    assert report["full"] and report["removed"] == 1 and report["changed"] == len(x) - 6
+    want = exact_top(brute_force_nnn(kept, bank, queries, 0.75, 8), np.arange(len(kept)), 10)[0]
+    result = AttachedCollection.open(path, tmp_path / "side").search_certified(queries, 10)
+    np.testing.assert_array_equal(result.ids, want)
 
 
 @pytest.mark.parametrize("collection", ["faiss-flat"], indirect=True)
@@ -518,16 +627,26 @@ def test_the_sidecar_is_switched_atomically_and_names_what_it_belongs_to(data, t
     original = _io.save_npy
     monkeypatch.setattr(_io, "save_npy", failing)
     with pytest.raises(OSError, match="disk full"):
-        attach(path, bank, "nnn:alpha=0.5,k=4", out=side)
+        attach(path, bank, "nnn:alpha=0.5,k=4", out=side, overwrite=True)
     monkeypatch.setattr(_io, "save_npy", original)
     kept = read_sidecar(side)
     assert kept.spec == first.spec and len(list(side.glob("v-*"))) == 1
     np.testing.assert_array_equal(kept.bias, first.sidecar.bias)
-    # another collection (other ids): refused, naming what to do
+    # replacing a sidecar takes overwrite=True, and says what it replaced; anything else is never replaced
+    with pytest.raises(AlreadyExists, match=r"holds a sidecar already \(nnn:alpha=0.75,k=8 attached to .*c.faiss\): pass overwrite=True"):
+        attach(path, bank, "nnn:alpha=0.5,k=4", out=side)
+    replaced = attach(path, bank, "nnn:alpha=0.5,k=4", out=side, overwrite=True).sidecar.info["replaced"]
+    assert replaced["spec"] == "nnn:alpha=0.75,k=8" and replaced["source"] == path
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    with pytest.raises(AlreadyExists, match="is not a sidecar"):
+        attach(path, bank, out=tmp_path / "mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
+    # another collection (other ids): refused, naming the one the sidecar belongs to
     other = faiss.IndexIDMap2(faiss.IndexFlatIP(D))
     other.add_with_ids(x, ids + 1)
     faiss.write_index(other, str(tmp_path / "other.faiss"))
-    with pytest.raises(Conflict, match="--update"):
+    with pytest.raises(Conflict, match=rf"sidecar {side} is attached to {path}, not {tmp_path / 'other.faiss'}"):
         AttachedCollection.open(str(tmp_path / "other.faiss"), side)
     with pytest.raises(Conflict, match="attached to"):
         update(side, str(tmp_path / "other.faiss"), bank)

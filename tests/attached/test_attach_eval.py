@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from hubless import Hits
 from hubless.attached import AttachedCollection, attach, read_sidecar, update
 from hubless.attached.certified import recall_at_k
 from hubless.attached.sources.base import open_source
@@ -47,7 +48,9 @@ def test_eval_attached_measures_the_attached_search_against_exact_search(hnsw_fi
     for row in rows:  # against the brute force, computed here
         k = row["top_k"]
         got = attached.search_certified(queries, k, candidates=10, max_candidates=10, ef_search=10)
-        assert row["recall"] == pytest.approx(recall_at_k(got.ids, want[:, :k]))
+        exact = Hits.from_found(np.zeros(want[:, :k].shape), want[:, :k], np.ones(want[:, :k].shape, bool))
+        assert row["recall"] == pytest.approx(recall_at_k(got, exact))
+        assert row["exact"] == pytest.approx(got.exact.mean()) and row["wrong_exact"] == 0
         assert row["certified"] == pytest.approx(got.certified.mean()) and row["queries"] == len(queries)
         assert row == attached.evaluate(queries, k, candidates=10, max_candidates=10, ef_search=10)
     assert rows[1]["recall"] < 1.0  # a narrow beam misses some: the measure is not vacuous

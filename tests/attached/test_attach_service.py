@@ -49,11 +49,11 @@ def test_service_serves_an_attached_collection_like_an_index(attached):
         body = r.json()
         assert body["index"] == "mine" and body["method"] == SPEC
         for row, record in enumerate(body["results"]):
-            assert record["certified"] == bool(want.certified[row])
+            assert record["certified"] == bool(want.certified[row]) and record["exact"] == bool(want.exact[row])
             assert [h["id"] for h in record["hits"]] == want.ids[row].tolist()
             np.testing.assert_allclose([h["score"] for h in record["hits"]], want.scores[row], rtol=1e-6)
             if kind == "lancedb":  # the store's columns as metadata
-                assert [{"id": h["id"], **h["metadata"]} for h in record["hits"]] == want.metadata[row]
+                assert [h["metadata"] for h in record["hits"]] == [want.metadata[i] for i in want.ids[row].tolist()]
             else:  # a FAISS file keeps none
                 assert all("metadata" not in h for h in record["hits"])
         b = c.post("/search/binary?index=mine&top_k=5", content=queries.astype("<f4").tobytes(),
@@ -98,16 +98,19 @@ def test_searcher_and_evaluate_on_an_attached_collection(attached, tmp_path):
         index.add(queries)
     # evaluate: recall@k of the attached search against exact corrected search, and the certified share
     report = coll.evaluate(queries, 5)
-    exact = coll.exact_search(queries, 5)[1]
-    assert report["recall"] == recall_at_k(want.ids, exact) == 1.0  # an exact store: certified answers are the exact ones
+    exact = coll.exact_search(queries, 5)
+    assert report["recall"] == recall_at_k(want, exact) == 1.0  # an exact store: certified answers are the exact ones
     assert report["certified"] == want.certified.mean() and report["queries"] == 6 and report["top_k"] == 5
+    assert report["exact"] == want.exact.mean() == 1.0 and report["wrong_exact"] == 0
     narrow = coll.evaluate(queries, 5, candidates=5, max_candidates=5, alpha=0.3)
     assert 0.0 <= narrow["recall"] <= 1.0 and narrow["candidates"] == 5.0
 
 
 def test_recall_at_k_counts_the_exact_ids_found():
-    found = np.array([[1, 2, 3], [4, 5, -1]])
-    exact = np.array([[3, 2, 9], [5, -1, -1]])
+    from hubless import Hits
+
+    found = Hits.padded(np.zeros((2, 3)), [[1, 2, 3], [4, 5, -1]])
+    exact = Hits.padded(np.zeros((2, 3)), [[3, 2, 9], [5, -1, -1]])
     assert recall_at_k(found, exact) == pytest.approx((2 / 3 + 1.0) / 2)
 
 

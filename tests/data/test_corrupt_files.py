@@ -226,7 +226,9 @@ def test_a_sidecar_opened_as_an_index_is_named_as_a_sidecar(sidecar):
         hubless.Index.load(source / "side")
 
 
-@pytest.mark.parametrize("name", ["ids.npy", "bias.npy", "reserve_ids.npy", "reserve.npy", "statistics.npz", "attach.json"])
+@pytest.mark.parametrize(
+    "name", ["ids.npy", "bias.npy", "reserve_ids.npy", "reserve.npy", "digests.npy", "scale.npy", "statistics.npz", "attach.json"]
+)
 def test_a_changed_byte_in_a_sidecar_is_found_by_its_checksum(sidecar, tmp_path, name):
     """A byte flipped in an array's data (not its header) still reads as an array: another id
     or bias, or an id beyond the table (an IndexError in the search, found in CI). Each file's

@@ -1,42 +1,50 @@
-"""Corrected search of an attached collection through the store's own ANN, with a certificate.
+"""Corrected search of an attached collection through the store's own ANN: answers that say
+whether they are *certified* and whether they are *exact*.
 
-**Search** (:class:`AttachedCollection`): the store's own ANN gives each query its k' >= k best
-*plain* candidates (s = q . r, the store's scores), which are re-scored exactly with the
-sidecar's biases through the correction's rank hook, ``ranking = s - W(q) . bias(r)``. With
-``b_min[c]`` the smallest bias column c over the whole collection and ``W(q) >= 0``, any item r
-outside the candidates has ``s(q, r) <= s_k'`` (the k'-th plain score: the store's plain ranking
-puts r after it), hence
+**Search** (:class:`AttachedCollection`): the store's own search gives each query its k' >= k
+best *plain* candidates, which are re-scored exactly with the sidecar's biases through the
+correction's rank hook, ``ranking = s - W(q) . bias(r)``, next to the *reserve* (the items of
+smallest bias, whose vectors the sidecar keeps: the items a correction promotes most, scored on
+every search). One round, its scores and its certificate are
+:func:`hubless.attached.certificate.answer_round`; the bound is
+:func:`hubless.attached.certificate.certificate_bound`. Uncertified queries are asked again with
+k' doubled, up to ``max_candidates``. On an ANN store the store's beam is the one attach chose
+from the store's measured recall (:mod:`hubless.attached.beam`) unless the caller gives one.
 
-    ranking(q, r) = s(q, r) - sum_c W_c(q) bias_c(r) <= s_k' - sum_c W_c(q) b_min[c] =: bound(q).
+Two promises, per query (``Hits.certified``, ``Hits.exact``):
 
-The *reserve* tightens this: the sidecar keeps the vectors of the items of smallest bias (1% of
-the collection by default; the items a correction promotes most), which are scored exactly on
-every search next to the store's candidates, so ``b_min`` above need only bound the items
-*outside* the reserve: ``t[c]``, each column's smallest bias outside it (``t = b_min`` with no
-reserve). So when the k-th best corrected candidate scores strictly above
-``bound(q) = s_k' - sum_c W_c(q) t[c]`` (strictly: an outside item at the bound could tie and
-win on a lower id), no outside item can enter the top-k, and the answer equals exact corrected search over the collection *relative to the
-store's plain ranking* (exact when the store searches exactly; for an ANN index, exact over what
-its plain top-k' is). A query whose candidates cover the whole collection is certified too.
-Uncertified queries are asked again with k' doubled, up to ``max_candidates``; the answer says
-which queries were certified and the k' each needed. A float slack of a few float32 ulps of the
-bound is kept (the ranking is computed in float32).
+* **certified**: no item outside the candidates and the reserve can enter the top-k: the answer
+  is exact *relative to the store's plain ranking* (exact over what its top-k' is);
+* **exact**: the top-k equals exact corrected search over the collection as it is now
+  (:meth:`AttachedCollection.exact_search`): certified, over candidates known complete (a store
+  that searched exactly, or candidates covering the collection), without a near-tie decided by
+  float32 rounding, on a collection the checks of :mod:`hubless.attached.checks` found to be
+  the one the sidecar describes. Through an ANN index an answer is never claimed exact.
 
-:meth:`AttachedCollection.evaluate` measures the attached search against
-:meth:`AttachedCollection.exact_search` (a full scan): recall@k and the certified share.
+Any int64 is an id (negative ones too): the answer is a :class:`~hubless.Hits`, whose ``found``
+mask says which slots hold a hit. :meth:`AttachedCollection.evaluate` measures the attached
+search against :meth:`AttachedCollection.exact_search` (a full scan): recall@k and the shares
+certified and exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 from hubless._validation import check_positive_int, check_top_k
+from hubless.attached import checks
+from hubless.attached.beam import beam_knobs
+from hubless.attached.certificate import answer_round
 from hubless.attached.prepare import collection_rows, correction_for
-from hubless.attached.sidecar import Sidecar, read_sidecar, source_address
-from hubless.attached.sources.base import BATCH, Source, open_source, sample_hash
+from hubless.attached.sidecar import Sidecar, read_sidecar, same_collection, source_address
+from hubless.attached.sources.base import BATCH, Source, open_source
+from hubless.engine.topk import NO_ID
 from hubless.errors import Conflict, InvalidType
+from hubless.hits import Hits
 
 __all__ = ["AttachedCollection", "AttachedResult", "recall_at_k"]
 
@@ -49,32 +57,26 @@ ANSWER_ELEMENTS = 1 << 22
 #: Queries ranked per scan by :meth:`AttachedCollection.exact_search` (bounds its memory).
 EXACT_QUERY_BLOCK = 1024
 
-
-@dataclass
-class AttachedResult:
-    """An attached search: ``scores``/``ids`` (n_queries, top_k) as :meth:`hubless.Index.search`
-    (the method's scores, the store's ids, best first; missing slots id -1, score -inf),
-    ``certified`` (n_queries,) bool (the top-k is exact relative to the store's plain ranking,
-    see the module docstring) and ``candidates`` (n_queries,) the k' each query was answered with."""
-
-    scores: np.ndarray
-    ids: np.ndarray
-    certified: np.ndarray
-    candidates: np.ndarray
-    #: with ``metadata=True``: per query, per hit ``{"id", **the store's payload}``
-    metadata: list | None = None
-
-    def __iter__(self):  # scores, ids = result
-        return iter((self.scores, self.ids))
+#: What an attached search returned before :class:`~hubless.Hits` (an alias, kept for one release).
+AttachedResult = Hits
 
 
 class AttachedCollection:
     """A collection with its attached sidecar: corrected search through the store's own ANN,
-    certified (see the module docstring). Open one with :meth:`open`."""
+    certified and, where it can be, exact (see the module docstring). Open one with
+    :meth:`open` or :meth:`from_sidecar`."""
 
     def __init__(self, source: Source, sidecar: Sidecar, *, verify: bool = True) -> None:
         self.source = source
+        self._load(sidecar)
+        if verify:
+            checks.verify_open(self)
+
+    def _load(self, sidecar: Sidecar) -> None:
+        """Take ``sidecar``'s arrays and what is derived from them."""
         self.sidecar = sidecar
+        #: the sidecar version read (its CURRENT file's mark): a newer one is read before a search
+        self.sidecar_mark = checks.sidecar_mark(sidecar)
         info = sidecar.info
         self.correction = correction_for(info["spec"], bool(info["normalize"])).for_rows(sidecar.bias, sidecar.statistics)
         self.b_min = np.asarray(info["b_min"], np.float64)
@@ -83,15 +85,41 @@ class AttachedCollection:
         self.reserve_ids = sidecar.reserve_ids
         self.reserve_vectors = sidecar.reserve_vectors
         self.reserve_rows = np.searchsorted(sidecar.ids, sidecar.reserve_ids)
-        if verify:
-            self.verify()
+        #: each item's store score over its similarity (see hubless.attached.certificate)
+        self.scale = np.ones(sidecar.ids.size, np.float32) if sidecar.scale is None else sidecar.scale
+        self.scale_range = (float(self.scale.min()), float(self.scale.max())) if self.scale.size else (1.0, 1.0)
+        #: the default beam attach chose from the store's measured recall (None: none recorded)
+        self.beam = info.get("beam")
+        #: the source's version mark the sidecar is in step with (hubless.attached.checks)
+        self.mark = info["source"].get("version")
+        self.checked_at = time.monotonic()
+
+    def reload(self) -> bool:
+        """Read the sidecar again when an update wrote a new version of it since (True when it
+        did; a long-lived handle, ``hubless serve``, calls this before each search), checked as
+        an open is."""
+        if self.sidecar.path is None or checks.sidecar_mark(self.sidecar) == self.sidecar_mark:
+            return False
+        self._load(read_sidecar(self.sidecar.path))
+        checks.verify_open(self)
+        return True
 
     @classmethod
     def open(cls, source, sidecar, **source_options) -> AttachedCollection:
         """The collection ``source`` with the sidecar directory ``sidecar``; refused
-        (:class:`~hubless.errors.Conflict`) when the collection changed since the sidecar was
-        written (run :func:`update`)."""
-        return cls(open_source(source, **source_options), read_sidecar(sidecar))
+        (:class:`~hubless.errors.Conflict`) when the sidecar is another collection's, or when the
+        collection changed since the sidecar was written (run :func:`update`; what is checked:
+        :mod:`hubless.attached.checks`)."""
+        found = read_sidecar(sidecar)
+        src = open_source(source, **source_options)
+        if isinstance(source, (str, Path)) and not same_collection(src, found):
+            from hubless.export.base import without_password
+
+            raise Conflict(
+                f"sidecar {sidecar} is attached to {without_password(found.info['source']['uri'])}, not {src.uri}: "
+                f"give the collection it was attached to, or attach {src.uri} to another --out"
+            )
+        return cls(src, found)
 
     @classmethod
     def from_sidecar(cls, sidecar, **source_options) -> AttachedCollection:
@@ -115,32 +143,15 @@ class AttachedCollection:
         return self.sidecar.spec
 
     def verify(self) -> None:
-        """Check the collection against the sidecar's fingerprint (count, then the sample hash):
-        :class:`~hubless.errors.Conflict` naming what changed."""
-        fp = self.sidecar.fingerprint
-        self._check_count()
-        try:
-            _, digest = sample_hash(self.source, self.sidecar.ids)
-        except KeyError:  # NotFound: a sampled id is gone
-            digest = None
-        if digest != fp["sample_sha256"]:
-            raise Conflict(
-                f"{self.source.uri} changed since it was attached (the sampled items' vectors or ids differ): "
-                f"run hubless attach --update (hubless.attached.update) before searching"
-            )
+        """Check that the collection is the one the sidecar describes, as an open does
+        (:func:`hubless.attached.checks.verify_open`): :class:`~hubless.errors.Conflict` naming
+        what changed."""
+        checks.verify_open(self)
 
-    def _check_count(self) -> None:
-        n = self.source.count()
-        if n != self.ntotal:
-            raise Conflict(
-                f"{self.source.uri} changed since it was attached ({self.ntotal} items then, {n} now): "
-                "run hubless attach --update (hubless.attached.update) before searching"
-            )
-
-    def search(self, queries, top_k: int = 10, **options) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, ids) as :meth:`hubless.Index.search`; see :meth:`search_certified`."""
-        result = self.search_certified(queries, top_k, **options)
-        return result.scores, result.ids
+    def search(self, queries, top_k: int = 10, **options) -> Hits:
+        """:meth:`search_certified` (its :class:`~hubless.Hits` unpacks to (scores, ids), as
+        :meth:`hubless.Index.search` returns)."""
+        return self.search_certified(queries, top_k, **options)
 
     def search_certified(
         self,
@@ -151,16 +162,19 @@ class AttachedCollection:
         max_candidates: int | None = None,
         metadata: bool = False,
         **options,
-    ) -> AttachedResult:
-        """Corrected top-``top_k`` through the store's plain search (see the module docstring).
+    ) -> Hits:
+        """Corrected top-``top_k`` through the store's plain search (see the module docstring):
+        :class:`~hubless.Hits` with per query ``certified``, ``exact`` and ``candidates`` (the
+        k' it was answered with).
 
         ``candidates``: the first k' (default ``8 * top_k``); ``max_candidates``: the largest k'
         an uncertified query is widened to (default ``max(1024, 64 * top_k)``, at most the
         collection). ``options``: the correction's weight (``alpha=``, ``lam=``, ``weight=``) and
-        the store's search knobs (``nprobe``, ``ef_search``, ...). ``metadata``: also read the
-        hits' metadata from the store (its payload or other columns; one read for the batch).
-        A ``top_k`` beyond the collection keeps the width: the slots past it come last with id
-        -1 and score -inf (the one top-k rule, :func:`hubless._validation.check_top_k`).
+        the store's search knobs (``nprobe``, ``ef_search``, ``exact``, ...; without the beam's
+        knob, the beam attach chose). ``metadata``: also read the hits' metadata from the store
+        (its payload or other columns, by id; one read for the batch). A ``top_k`` beyond the
+        collection keeps the width: the slots past it are not ``found`` (the one top-k rule,
+        :func:`hubless._validation.check_top_k`).
         """
         if not isinstance(metadata, (bool, np.bool_)):
             raise InvalidType(f"metadata must be True or False; got {metadata!r}")
@@ -169,46 +183,55 @@ class AttachedCollection:
         top_k = check_top_k(top_k, n, "the collection")  # the one top-k rule: beyond the items, padded
         weight = {k: options.pop(k) for k in list(options) if k in (corr.weight_param, "weight")}
         batch = corr.queries(queries, **weight)
+        knobs = self.source.check_knobs(options)
         depth = corr.query_request.depth
         k = min(top_k, n)
         first = check_positive_int(candidates, "candidates") if candidates is not None else CANDIDATE_FACTOR * k
         limit = check_positive_int(max_candidates, "max_candidates") if max_candidates is not None else max(1024, MAX_FACTOR * k)
         limit = min(max(limit, k), n)
-        first = min(max(first, k, depth), limit if candidates is None else n)
-        self._check_count()
+        first = min(max(first, k, depth, 2 if depth else 1), limit if candidates is None else n)
+        checks.ensure_fresh(self)
         nq = len(batch)
         scores = np.full((nq, top_k), -np.inf, np.float32)
         ids = np.full((nq, top_k), -1, np.int64)
-        certified = np.zeros(nq, bool)
+        found = np.zeros((nq, top_k), bool)
+        served = np.zeros((nq, top_k), bool)  # hits scored from the reserve's copies
+        certified, exact = np.zeros(nq, bool), np.zeros(nq, bool)
         used = np.zeros(nq, np.int64)
         todo = np.arange(nq)
         kp = first
         while todo.size:
             ok = np.zeros(todo.size, bool)
+            round_knobs = beam_knobs(self.beam, knobs, kp)
+            complete = self.source.searches_exactly(round_knobs) and self.sidecar.digests is not None
             step = max(1, ANSWER_ELEMENTS // (kp + self.reserve_ids.size))  # queries per round: bounded temporaries
             for lo in range(0, todo.size, step):
                 rows = todo[lo : lo + step]
                 part = batch.rows(0, nq) if rows.size == nq else _take(batch, rows)
-                s, i, ok[lo : lo + step] = self._answer(part, k, kp, options)
-                scores[rows, :k], ids[rows, :k], certified[rows], used[rows] = s, i, ok[lo : lo + step], kp
+                s, i, f, ok[lo : lo + step], e, r = answer_round(self, part, k, kp, round_knobs, complete)
+                scores[rows, :k], ids[rows, :k], found[rows, :k], served[rows, :k] = s, i, f, r
+                certified[rows], exact[rows], used[rows] = ok[lo : lo + step], e, kp
             if kp >= limit:
                 break
             todo = todo[~ok]
             kp = min(2 * kp, limit)
-        found_meta: list | None = None
+        checks.check_reserve_hits(self, ids[served])
+        records = None
         if metadata:
-            flat = iter(self.source.payloads(ids[ids >= 0]))
-            found_meta = [[{"id": int(i), **next(flat)} for i in hits[hits >= 0].tolist()] for hits in ids]
-        return AttachedResult(scores, ids, certified, used, found_meta)
+            shown = np.unique(ids[found])
+            records = dict(zip(shown.tolist(), self.source.payloads(shown)))
+        return Hits.from_found(scores, ids, found, certified=certified, exact=exact, candidates=used, metadata=records, method=self.spec)
 
     def evaluate(self, queries, top_k: int = 10, **options) -> dict:
         """The attached search measured against exact corrected search (:meth:`exact_search`,
         a full scan) on ``queries``: ``recall`` = mean over queries of
         |attached top-k ∩ exact top-k| / |exact top-k| (recall@k, 1.0 when every answer is the
-        exact one), ``certified`` = the share of queries whose answer carries the certificate
-        (exact relative to the store's plain ranking), ``candidates`` = the mean k' used, with
-        ``top_k`` and ``queries`` (their count). ``options`` as :meth:`search_certified` (the
-        weight applies to both searches). Reads the whole collection: for evaluation only."""
+        exact one; hits read from the ``found`` masks, so any id counts), ``certified`` and
+        ``exact`` = the shares of queries whose answer carries each promise (see the module
+        docstring), ``wrong_exact`` = the queries claimed exact whose top-k differs from the
+        exact one (0 when the promise holds), ``candidates`` = the mean k' used, with ``top_k``
+        and ``queries`` (their count). ``options`` as :meth:`search_certified` (the weight
+        applies to both searches). Reads the whole collection: for evaluation only."""
         return self.evaluate_at(queries, [top_k], **options)[0]
 
     def evaluate_at(self, queries, ks, **options) -> list[dict]:
@@ -220,40 +243,46 @@ class AttachedCollection:
         if not ks:
             raise InvalidType("ks must name at least one cut-off")
         weight = {k: options[k] for k in list(options) if k in (self.correction.weight_param, "weight")}
-        want = self.exact_search(queries, max(ks), **weight)[1]
+        want = self.exact_search(queries, max(ks), **weight)
         rows = []
         for k in ks:
             result = self.search_certified(queries, k, **options)
+            top = want.with_fields(scores=want.scores[:, :k], ids=want.ids[:, :k], found=want.found[:, :k])
+            claimed = np.asarray(result.exact, bool)
+            same = (result.found == top.found).all(axis=1) & ((result.ids == top.ids) | ~top.found).all(axis=1)
             rows.append(
                 {
                     "top_k": int(k),
-                    "queries": int(result.ids.shape[0]),
-                    "recall": recall_at_k(result.ids, want[:, :k]),
-                    "certified": float(result.certified.mean()) if result.certified.size else 1.0,
+                    "queries": int(result.n_queries),
+                    "recall": recall_at_k(result, top),
+                    "certified": _share(result.certified),
+                    "exact": _share(result.exact),
+                    "wrong_exact": int((claimed & ~same).sum()),
                     "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
                 }
             )
         return rows
 
-    def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> tuple[np.ndarray, np.ndarray]:
+    def exact_search(self, queries, top_k: int = 10, *, batch: int = BATCH, **weight) -> Hits:
         """Exact corrected search over every item of the collection, by brute force: the
         collection is scanned (twice for DIS/DualDIS/CSLS, whose raw top neighbours come
-        first) and every item ranked ``s - W(q) . bias`` with the sidecar's biases; (scores,
-        ids) as :meth:`search`. What :meth:`search` is measured against (``hubless attach
-        --search Q --exact``); it reads the whole collection, so it is for evaluation, not
-        serving."""
+        first) and every item ranked ``s - W(q) . bias`` with the sidecar's biases, ties to the
+        lower id; :class:`~hubless.Hits` as :meth:`search` (every answer ``exact``). What
+        :meth:`search` is measured against (``hubless attach --search Q --exact``); it reads
+        the whole collection, so it is for evaluation, not serving."""
         from hubless.corrections import QueryStatistics
 
         corr = self.correction
         top_k = check_top_k(top_k, self.ntotal, "the collection")
         batch = check_positive_int(batch, "batch")
         all_queries = corr.queries(queries, **weight)
-        self._check_count()
+        checks.ensure_fresh(self)
         n, nq = self.ntotal, len(all_queries)
         k = min(top_k, n)
         depth = corr.query_request.depth
         scores = np.full((nq, top_k), -np.inf, np.float32)
         ids = np.full((nq, top_k), -1, np.int64)
+        found = np.zeros((nq, top_k), bool)
         for lo in range(0, nq, EXACT_QUERY_BLOCK):
             part = all_queries.rows(lo, min(nq, lo + EXACT_QUERY_BLOCK))
             if depth:
@@ -261,90 +290,54 @@ class AttachedCollection:
                 part.statistics = QueryStatistics.from_neighbours(corr.query_request, raw, pos)
             w = np.asarray(corr.weights(part), np.float32)
             ranking, pos = self._scan_top(part, k, batch, w)
-            found = pos >= 0
-            shown = corr.method_scores(part, np.where(found, ranking, 0))
-            scores[lo : lo + len(part), :k] = np.where(found, shown, -np.inf)
-            ids[lo : lo + len(part), :k] = np.where(found, self.sidecar.ids[np.maximum(pos, 0)], -1)
-        return scores, ids
+            hit = (pos != NO_ID) & np.isfinite(ranking)
+            shown = corr.method_scores(part, np.where(hit, ranking, 0))
+            scores[lo : lo + len(part), :k] = np.where(hit, shown, -np.inf)
+            ids[lo : lo + len(part), :k] = self.sidecar.ids[np.maximum(pos, 0)]
+            found[lo : lo + len(part), :k] = hit
+        every = np.ones(nq, bool)
+        return Hits.from_found(scores, ids, found, certified=every, exact=every, method=self.spec)
 
     def _scan_top(self, part, k: int, batch: int, w) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` (values, sidecar rows) of each query over a scan of the collection: raw
-        similarities (``w`` None) or the ranking ``s - w . bias`` (exactly additive methods only,
-        as every attached one is)."""
+        """Top-``k`` (values, sidecar rows; ``NO_ID`` for an empty slot) of each query over a scan
+        of the collection: raw similarities (``w`` None) or the ranking ``s - w . bias`` (exactly
+        additive methods only, as every attached one is), ties to the lower row (the lower id).
+        The scan compares every vector with its digest: a collection changed in place is refused."""
+        from hubless.attached.digests import vector_digests
         from hubless.engine.merge import merge_topk_ids
 
         nq = len(part)
         best = (np.full((nq, 0), -np.inf, np.float32), np.zeros((nq, 0), np.int64))
-        seen = 0
         for item_ids, vectors in self.source.scan(batch):
-            rows = collection_rows(self.correction, self.source, vectors, seen)
-            seen += rows.shape[0]
+            rows = collection_rows(self.correction, self.source, vectors, item_ids)
             pos = np.minimum(np.searchsorted(self.sidecar.ids, item_ids), self.ntotal - 1)
             if (self.sidecar.ids[pos] != item_ids).any():
                 raise Conflict(f"{self.source.uri} holds ids the sidecar does not: run hubless attach --update")
+            if self.sidecar.digests is not None and (vector_digests(vectors) != self.sidecar.digests[pos]).any():
+                raise Conflict(f"{self.source.uri} holds vectors changed since it was attached: run hubless attach --update --full")
             values = part.vectors @ rows.T
             if w is not None:
                 values = values - w @ self.sidecar.bias[pos].T
             best = merge_topk_ids(best, (values.astype(np.float32), np.broadcast_to(pos, values.shape)), k)
         return best[0].astype(np.float32), best[1]
 
-    def _answer(self, batch, k: int, kp: int, knobs: dict):
-        """One round: the store's plain top-``kp`` plus the reserve, re-scored exactly, and the
-        certificate of each query (see the module docstring)."""
-        from hubless.corrections import QueryStatistics
 
-        corr = self.correction
-        nq, m = len(batch), self.reserve_ids.size
-        plain, found = self.source.search(batch.vectors, kp, **knobs)
-        valid = found >= 0
-        pos = np.minimum(np.searchsorted(self.sidecar.ids, found), self.ntotal - 1)
-        unknown = valid & (self.sidecar.ids[pos] != found)
-        if unknown.any():
-            raise Conflict(
-                f"{self.source.uri} returned id {int(found[unknown][0])}, which the sidecar does not hold: the collection changed "
-                "since it was attached; run hubless attach --update"
-            )
-        pos = np.where(valid, pos, 0)
-        request = corr.query_request
-        if request.depth:  # raw top-1 (DIS/DualDIS gates), raw top-k (CSLS's shown r_q): the store's plain ranking
-            batch.statistics = QueryStatistics.from_neighbours(request, plain, pos)
-        # the reserve: scored exactly for every query, except where the store returned it already
-        in_store = np.zeros((nq, m), bool)
-        if m:
-            at = np.minimum(np.searchsorted(self.reserve_ids, found), m - 1)
-            hit = valid & (self.reserve_ids[at] == found)
-            in_store[np.nonzero(hit)[0], at[hit]] = True
-        reserve_sims = batch.vectors @ self.reserve_vectors.T if m else np.zeros((nq, 0), np.float32)
-        sims = np.hstack([np.where(valid, plain, 0), reserve_sims]).astype(np.float32)
-        columns = np.hstack([pos, np.broadcast_to(self.reserve_rows, (nq, m))])
-        ids = np.hstack([np.where(valid, found, -1), np.broadcast_to(self.reserve_ids, (nq, m))])
-        ok_slot = np.hstack([valid, ~in_store])
-        ranking = np.array(corr.rank(batch, sims, columns=columns), dtype=np.float32, copy=True)
-        ranking[~ok_slot] = -np.inf
-        order = np.lexsort((np.where(ok_slot, ids, np.iinfo(np.int64).max), -ranking.astype(np.float64)), axis=1)[:, :k]
-        top_rank = np.take_along_axis(ranking, order, axis=1)
-        top_ids = np.where(np.isfinite(top_rank), np.take_along_axis(ids, order, axis=1), -1)
-        n_valid = valid.sum(axis=1)
-        covered = ok_slot.sum(axis=1) >= self.ntotal
-        last = np.where(n_valid > 0, plain[np.arange(nq), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
-        w = np.asarray(corr.weights(batch), np.float64)
-        bound = last - w @ self.threshold
-        slack = 8 * np.finfo(np.float32).eps * (np.abs(last) + np.abs(w) @ np.abs(self.threshold) + 1.0)
-        kth = top_rank[:, k - 1].astype(np.float64)
-        ok = covered | (np.isfinite(kth) & (kth > bound + slack))
-        shown = np.where(np.isfinite(top_rank), corr.method_scores(batch, np.where(np.isfinite(top_rank), top_rank, 0)), -np.inf)
-        return shown.astype(np.float32), top_ids, ok
-
-
-def recall_at_k(found: np.ndarray, exact: np.ndarray) -> float:
-    """Mean over rows of |found ∩ exact| / |exact| (ids; -1 marks an empty slot), blocked in
-    NumPy: the recall@k of ``found`` against the exact answers ``exact``."""
-    found, exact = np.asarray(found, np.int64), np.asarray(exact, np.int64)
-    if found.shape[0] == 0:
+def recall_at_k(found: Hits, exact: Hits) -> float:
+    """Mean over queries of |found ∩ exact| / |exact|: the recall@k of the answers ``found``
+    against the exact answers ``exact``, both :class:`~hubless.Hits` (a slot counts when its
+    ``found`` is set, whatever its id: any int64 is an id), blocked in NumPy."""
+    if not isinstance(found, Hits) or not isinstance(exact, Hits):
+        raise InvalidType("recall_at_k compares two hubless.Hits (their found masks say which slots are hits)")
+    if found.n_queries == 0:
         return 1.0
-    hit = (found[:, :, None] == exact[:, None, :]) & (exact[:, None, :] >= 0)
-    wanted = np.maximum((exact >= 0).sum(axis=1), 1)
+    hit = (found.ids[:, :, None] == exact.ids[:, None, :]) & found.found[:, :, None] & exact.found[:, None, :]
+    wanted = np.maximum(exact.found.sum(axis=1), 1)
     return float((hit.any(axis=1).sum(axis=1) / wanted).mean())
+
+
+def _share(flags) -> float:
+    flags = np.asarray(flags, bool)
+    return float(flags.mean()) if flags.size else 1.0
 
 
 def _take(batch, rows: np.ndarray):

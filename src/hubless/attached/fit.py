@@ -1,38 +1,36 @@
 """Attach a correction to a collection the user already has: one streamed pass, a sidecar.
 
 **Attach** (:func:`attach`): the collection's (ids, vectors) are read in bounded batches
-(:mod:`hubless.attached.sources`) and each batch's bank statistics are computed against the
-reference banks and turned into its bias columns at once (every bias of NNN, CSLS, IS, DN,
-DualIS and DIS/DualDIS is row-local: it reads the item and the banks only, see
-:meth:`~hubless.corrections.additive.AdditiveCorrection.row_bias`), so one streamed pass fits the
-correction with only the ids and biases kept (n x (8 + 4c) bytes). The gallery-wide statistics
-(DIS/DualDIS activation sets: each bank item's k_a nearest items; the collection's mean) are
-merged batch by batch (:func:`hubless.engine.merge.merge_topk_ids`). The result is a sidecar
-directory (:mod:`hubless.attached.sidecar`) beside the collection; the sidecar also keeps the
-*reserve*, the vectors of the items of smallest bias, which the certified search
-(:mod:`hubless.attached.certified`) scores exactly on every search. Nothing is written to the
+(:mod:`hubless.attached.sources`) and each batch's bias columns, content digests and scales are
+computed at once (:func:`hubless.attached.stream.fit_stream`), so one streamed pass fits the
+correction with only the ids, biases, digests and scales kept (n x (20 + 4c) bytes). The
+result is a sidecar directory (:mod:`hubless.attached.sidecar`) beside the collection; the
+sidecar also keeps the *reserve*, the vectors of the items of smallest bias, which the
+certified search (:mod:`hubless.attached.certified`) scores exactly on every search, the
+store's version mark when it keeps one, and on an ANN store the default beam chosen from the
+store's recall measured on the way (:mod:`hubless.attached.beam`). Nothing is written to the
 collection unless ``write_payload`` asks for the bias as a payload field
-(:meth:`hubless.attached.sources.base.Source.write_payload`).
+(:meth:`hubless.attached.sources.base.Source.write_payload`). An existing sidecar is replaced
+only with ``overwrite=True``; a folder that holds something else never.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hubless._validation import check_positive_int
+from hubless._validation import check_positive_int, check_target_recall
+from hubless.attached.beam import BEAM_RECALL, PROBE_K, RecallProbe, calibrate, probe_queries
 from hubless.attached.certified import AttachedCollection
-from hubless.attached.prepare import collection_rows, correction_for, read_banks
-from hubless.attached.sidecar import Sidecar, array_fingerprint, write_sidecar
-from hubless.attached.sources.base import BATCH, Source, open_source, sample_hash
-from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics
-from hubless.engine.merge import merge_topk_ids, offset_ids
+from hubless.attached.prepare import correction_for, read_banks
+from hubless.attached.sidecar import Sidecar, array_fingerprint, is_sidecar, read_sidecar, write_sidecar
+from hubless.attached.sources.base import BATCH, Source, open_source
+from hubless.attached.stream import Fitted, fit_stream, global_statistics
 from hubless.engine.topk import NO_ID
-from hubless.errors import InvalidInput, InvalidType
+from hubless.errors import AlreadyExists, Conflict, HublessError, InvalidInput, InvalidType
 
 __all__ = ["DEFAULT_RESERVE", "attach"]
 
@@ -40,98 +38,9 @@ __all__ = ["DEFAULT_RESERVE", "attach"]
 DEFAULT_RESERVE = (64, 16384)
 
 
-@dataclass
-class _Fitted:
-    ids: np.ndarray
-    bias: np.ndarray
-    gallery_sum: np.ndarray
-    activation: dict  # side -> (scores, rows in stream order)
-    reserve_ids: np.ndarray  # the reserve's ids and vectors (see _keep_reserve)
-    reserve_vectors: np.ndarray
-
-
-def _keep_reserve(kept: tuple[np.ndarray, np.ndarray, np.ndarray], ids, rows, bias, size: int, below) -> tuple:
-    """The reserve after one more batch: the ``size`` items of smallest summed bias so far, or
-    (``below`` given: an update) every new item with a bias column under its threshold."""
-    if below is not None:
-        take = np.flatnonzero((bias < np.asarray(below, np.float32)[None, :]).any(axis=1))
-    else:
-        take = np.arange(ids.size)
-    keys = np.concatenate([kept[2], bias[take].sum(axis=1, dtype=np.float64)])
-    all_ids = np.concatenate([kept[0], ids[take]])
-    all_rows = np.concatenate([kept[1], rows[take]])
-    if below is None and keys.size > size:
-        pick = np.argpartition(keys, size - 1)[:size] if size else np.zeros(0, np.int64)
-        return all_ids[pick], all_rows[pick], keys[pick]
-    return all_ids, all_rows, keys
-
-
-def fit_stream(
-    corr, source: Source, batches, request: StatisticsRequest, qb, gb, n_total: int, progress, *, reserve: int = 0, below=None
-) -> _Fitted:
-    """Biases of every (ids, vectors) batch, the merged gallery-wide statistics and the reserve."""
-    from hubless.progress import progress_bar
-
-    means = (
-        np.zeros(source.dim) if qb is None else qb.mean(axis=0, dtype=np.float64),
-        None if gb is None else gb.mean(axis=0, dtype=np.float64),
-    )
-    id_parts, bias_parts = [], []
-    total = np.zeros(source.dim, np.float64)
-    activation: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    seen = 0
-    kept = (np.zeros(0, np.int64), np.zeros((0, source.dim), np.float32), np.zeros(0, np.float64))
-    bar = progress_bar(None, progress, total=n_total, desc="attach", unit="item") if n_total else None
-    for ids, vectors in batches:
-        rows = collection_rows(corr, source, vectors, seen)
-        part = compute_statistics(rows, qb, gb, request, bank_means=means)
-        bias = corr.row_bias(rows, part)
-        bias_parts.append(bias)
-        id_parts.append(np.asarray(ids, np.int64))
-        kept = _keep_reserve(kept, id_parts[-1], rows, bias, reserve, below)
-        total += rows.sum(axis=0, dtype=np.float64)
-        for side, k in (("query", request.query_activation_k), ("gallery", request.gallery_activation_k)):
-            if not k:
-                continue
-            local = (getattr(part, f"{side}_activation_scores"), offset_ids(getattr(part, f"{side}_activation"), seen))
-            acc = activation.get(side)
-            if acc is None:
-                n_bank = local[0].shape[0]
-                acc = (np.zeros((n_bank, 0), np.float32), np.zeros((n_bank, 0), np.int64))
-            activation[side] = merge_topk_ids(acc, local, k)
-        seen += rows.shape[0]
-        if bar is not None:
-            bar.update(rows.shape[0])
-    if bar is not None:
-        bar.close()
-    ids = np.concatenate(id_parts) if id_parts else np.zeros(0, np.int64)
-    width = bias_parts[0].shape[1] if bias_parts else 1
-    bias = np.concatenate(bias_parts) if bias_parts else np.zeros((0, width), np.float32)
-    return _Fitted(ids, bias, total, activation, kept[0], kept[1])
-
-
-def global_statistics(request: StatisticsRequest, n: int, qb, gb, gallery_mean, activation: dict) -> BankStatistics:
-    """The gallery-wide statistics with empty per-row arrays (what the query side reads)."""
-    dim = gallery_mean.shape[0]
-    stats = BankStatistics(
-        n_gallery=n,
-        n_query_bank=0 if qb is None else qb.shape[0],
-        n_gallery_bank=None if gb is None else gb.shape[0],
-        query_bank_mean=np.zeros(dim) if qb is None else qb.mean(axis=0, dtype=np.float64),
-        gallery_mean=np.asarray(gallery_mean, np.float64),
-        gallery_bank_mean=None if gb is None else gb.mean(axis=0, dtype=np.float64),
-    )
-    if request.query_topk:
-        stats.query_topk = np.zeros((0, request.query_topk), np.float32)
-    stats.query_lse = {b: np.zeros(0, np.float64) for b in request.query_betas}
-    stats.gallery_lse = {b: np.zeros(0, np.float64) for b in request.gallery_betas}
-    for side, (scores, rows) in activation.items():
-        setattr(stats, f"{side}_activation_scores", scores)
-        setattr(stats, f"{side}_activation", rows)
-    return stats
-
-
-def _sorted(fitted: _Fitted, uri: str) -> tuple[np.ndarray, np.ndarray, dict]:
+def _sorted(fitted: Fitted, uri: str) -> tuple[np.ndarray, dict, dict]:
+    """The fitted rows in id order (``ids``, ``bias``, ``digests``, ``scale``) and the activation
+    sets as rows of those ids; an id read twice is refused."""
     order = np.argsort(fitted.ids, kind="stable")
     ids = fitted.ids[order]
     dup = np.flatnonzero(ids[1:] == ids[:-1])
@@ -139,19 +48,15 @@ def _sorted(fitted: _Fitted, uri: str) -> tuple[np.ndarray, np.ndarray, dict]:
         raise InvalidInput(f"{uri} holds id {int(ids[dup[0]])} more than once: attach needs unique ids")
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.size)
-    activation = {side: (s, np.where(r == NO_ID, NO_ID, inverse[np.maximum(r, 0)])) for side, (s, r) in fitted.activation.items()}
-    return ids, fitted.bias[order], activation
+    activation = {side: (s, np.where(r == NO_ID, NO_ID, inverse[np.maximum(r, 0)])) for side, (s, r, _) in fitted.activation.items()}
+    rows = {"ids": ids, "bias": fitted.bias[order], "digests": fitted.digests[order], "scale": fitted.scale[order]}
+    return ids, rows, activation
 
 
-def fingerprint(source: Source, ids: np.ndarray) -> dict:
-    sample, digest = sample_hash(source, ids)
-    return {
-        "count": int(ids.size),
-        "id_min": int(ids[0]) if ids.size else None,
-        "id_max": int(ids[-1]) if ids.size else None,
-        "sample_ids": sample,
-        "sample_sha256": digest,
-    }
+def fingerprint(ids: np.ndarray) -> dict:
+    """What an attach or update read: the count and the id range (the vectors' digests are
+    ``digests.npy``)."""
+    return {"count": int(ids.size), "id_min": int(ids[0]) if ids.size else None, "id_max": int(ids[-1]) if ids.size else None}
 
 
 def attach(
@@ -166,14 +71,24 @@ def attach(
     batch: int = BATCH,
     progress: bool | None = None,
     write_payload: bool | str = False,
+    overwrite: bool = False,
+    beam_recall: float | None = None,
     **source_options,
 ) -> AttachedCollection:
     """Fit ``method`` on the collection ``source`` (a FAISS index file or ``faiss.Index``, or a
     store URI: ``lancedb://``, ``qdrant://``, ``qdrant+http://``, ``postgresql://``, ``chroma://``,
     ``milvus://``; see :mod:`hubless.attached.sources`) against ``query_bank`` (and
     ``gallery_bank`` for DualIS/DualDIS) in one streamed pass of ``batch`` items, and save the
-    sidecar to ``out`` (atomically; an existing sidecar there is replaced). The collection is
-    only read. Returns the :class:`AttachedCollection`, ready to search.
+    sidecar to ``out`` (atomically). The collection is only read. Returns the
+    :class:`AttachedCollection`, ready to search; its sidecar's ``info["replaced"]`` names the
+    sidecar it replaced, ``info["notes"]`` what the user should know (ids that are positions).
+
+    ``beam_recall``: on an ANN store, the store's plain recall@k' the default beam is chosen to
+    reach on a sample of the query bank (default :data:`hubless.attached.beam.BEAM_RECALL`,
+    0.99; :mod:`hubless.attached.beam`);
+    ``overwrite``: replace a sidecar already in ``out`` (without it,
+    :class:`~hubless.errors.AlreadyExists` names what it holds); a folder holding anything but
+    a sidecar is never replaced.
 
     ``source_options``: the source's own (``id_field``, ``vector_field``, ``metric``, ``shard``,
     ``client``);
@@ -192,7 +107,11 @@ def attach(
 
     if out is None or not isinstance(out, (str, Path)):
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
+    if not isinstance(overwrite, (bool, np.bool_)):
+        raise InvalidType(f"overwrite must be True or False; got {overwrite!r}")
+    target = BEAM_RECALL if beam_recall is None else check_target_recall(beam_recall)
     with write_lock(Path(out)):  # one attach or update of a sidecar at a time
+        replaced = replaceable(Path(out), bool(overwrite))
         return fit_and_write(
             source,
             query_bank,
@@ -205,7 +124,30 @@ def attach(
             progress,
             source_options,
             payload=payload_name(write_payload),
+            replaced=replaced,
+            beam_recall=target,
         )
+
+
+def replaceable(out: Path, overwrite: bool) -> dict | None:
+    """What ``out`` holds that an attach would replace: None (nothing, or an empty folder), the
+    sidecar's spec and collection (with ``overwrite``); :class:`~hubless.errors.AlreadyExists`
+    for a sidecar without ``overwrite`` and for anything else."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return None
+    if not is_sidecar(out):
+        raise AlreadyExists(f"{out} exists and is not a sidecar: choose another --out (attach replaces only a sidecar)")
+    try:
+        info = read_sidecar(out).info
+        held = {"spec": info["spec"], "source": info["source"]["uri"]}
+    except HublessError:  # damaged: still a sidecar, replaceable
+        held = {"spec": None, "source": None}
+    if not overwrite:
+        what = f"{held['spec']} attached to {held['source']}" if held["spec"] else "a damaged sidecar"
+        raise AlreadyExists(
+            f"{out} holds a sidecar already ({what}): pass overwrite=True (--overwrite) to replace it, or choose another --out"
+        )
+    return held
 
 
 #: The payload field ``write_payload=True`` writes.
@@ -224,10 +166,24 @@ def payload_name(write_payload) -> str | None:
 
 
 def fit_and_write(
-    source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options, *, payload: str | None = None
+    source,
+    query_bank,
+    method,
+    out,
+    gallery_bank,
+    normalize,
+    reserve,
+    batch,
+    progress,
+    source_options,
+    *,
+    payload: str | None = None,
+    replaced: dict | None = None,
+    beam_recall: float = BEAM_RECALL,
 ) -> AttachedCollection:
     batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
+    opened_here = src is not source
     if payload is not None:
         src.payload_fields(payload, 1)  # a store that can, a valid name: refused before anything is read
     corr = correction_for(method, normalize)
@@ -241,20 +197,50 @@ def fit_and_write(
         reserve = min(n, max(DEFAULT_RESERVE[0], n // 100), DEFAULT_RESERVE[1])
     elif isinstance(reserve, bool) or not isinstance(reserve, (int, np.integer)) or reserve < 0:
         raise InvalidInput(f"reserve must be a whole number of items >= 0; got {reserve!r}")
-    started, before = time.perf_counter(), src.bytes_read
-    fitted = fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress, reserve=min(int(reserve), n))
-    ids, bias, activation = _sorted(fitted, src.uri)
+    started, before = time.perf_counter(), 0 if opened_here else src.bytes_read
+    mark = src.version()
+    ann = qb is not None and src.beam_knob is not None and not src.searches_exactly({})
+    probe = RecallProbe(probe_queries(qb), PROBE_K) if ann else None
+    fitted = fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress, reserve=min(int(reserve), n), probe=probe)
+    if src.version() != mark:
+        raise Conflict(f"{src.uri} changed while it was read (a write during the attach): attach again")
+    ids, rows, activation = _sorted(fitted, src.uri)
     reserve_ids, reserve_vectors = reserve_sorted(fitted.reserve_ids, fitted.reserve_vectors)
-    info = sidecar_info(corr, src, ids, bias, qb, gb, fitted.gallery_sum, exact_mean=True, out=out)
-    info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, bias, reserve_ids), "requested": requested}
+    info = sidecar_info(corr, src, ids, rows["bias"], qb, gb, fitted.gallery_sum, exact_mean=True, out=out)
+    info["reserve"] = {"size": int(reserve_ids.size), "threshold": _thresholds(ids, rows["bias"], reserve_ids), "requested": requested}
+    info["beam"] = None if probe is None else calibrate(src, probe, beam_recall)
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     info["source"]["options"] = _recorded_options(source_options)
+    info["notes"] = source_notes(src)
+    if replaced is not None:
+        info["replaced"] = replaced
     stats = global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
     if payload is not None:  # before the sidecar: a failed write leaves the previous sidecar in place
-        info["payload"] = written_payload(src, payload, ids, bias, batch)
-    sidecar = Sidecar(ids, bias, stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors)
+        info["payload"] = written_payload(src, payload, ids, rows["bias"], batch)
+    info["source"]["version"] = src.version()  # after hubless's own writes
+    sidecar = Sidecar(
+        ids,
+        rows["bias"],
+        stats,
+        info,
+        reserve_ids=reserve_ids,
+        reserve_vectors=reserve_vectors,
+        digests=rows["digests"],
+        scale=rows["scale"],
+    )
     write_sidecar(out, sidecar)
     return AttachedCollection(src, sidecar, verify=False)
+
+
+def source_notes(src: Source) -> list[str]:
+    """What a user should know of how the collection is attached (printed by ``hubless attach``)."""
+    if getattr(src, "positions_as_ids", False):
+        return [
+            f"{src.uri} has no id map: its ids are its positions, which FAISS renumbers when items are removed; "
+            "an update compares every vector of a FAISS file, so renumbered items are found and refitted "
+            "(wrap the index in IndexIDMap2 to keep ids of your own)"
+        ]
+    return []
 
 
 def written_payload(src: Source, name: str, ids: np.ndarray, bias: np.ndarray, batch: int) -> dict:
@@ -292,7 +278,7 @@ def sidecar_info(corr, src: Source, ids, bias, qb, gb, gallery_sum, *, exact_mea
         "dim": int(src.dim),
         "bias_columns": int(bias.shape[1]),
         "source": {"kind": src.kind, "uri": src.uri, **source_location(src, out)},
-        "fingerprint": fingerprint(src, ids),
+        "fingerprint": fingerprint(ids),
         "banks": {
             "query_bank": {"sha256": array_fingerprint(qb), "n": None if qb is None else int(qb.shape[0])},
             "gallery_bank": {"sha256": array_fingerprint(gb), "n": None if gb is None else int(gb.shape[0])},

@@ -47,16 +47,22 @@ def read_banks(corr, query_bank, gallery_bank, dim: int):
     return request, qb, gb
 
 
-def collection_rows(corr, source: Source, vectors: np.ndarray, first_row: int) -> np.ndarray:
-    """A batch of the collection's vectors as the correction reads them: validated float32; with
-    ``normalize`` they must already be unit length (the store ranks by their raw inner product)
-    unless the store's own metric is cosine."""
-    if corr.normalize and not getattr(source, "cosine", False):
+def collection_rows(corr, source: Source, vectors: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """A batch of the collection's vectors (of the items ``ids``) as the correction reads them:
+    validated float32, unit length with ``normalize``. With ``normalize`` on a store that ranks by
+    the raw inner product the vectors must be within :data:`UNIT_TOLERANCE` of unit length (its
+    scores are divided by each item's norm, :func:`hubless.attached.stream.store_scale`, so that
+    candidates, reserve, biases and exact search all score the normalised vectors; farther off,
+    its ranking is not the cosine the correction corrects); a cosine store needs ``normalize``."""
+    cosine = getattr(source, "cosine", False)
+    if cosine and not corr.normalize:
+        raise InvalidInput(f"{source.uri} ranks by the cosine: attach {corr.spec} with normalize=True (the correction's cosine)")
+    if corr.normalize and not cosine:
         norms = np.linalg.norm(np.asarray(vectors, np.float64), axis=1)
-        bad = np.flatnonzero(np.abs(norms - 1.0) > UNIT_TOLERANCE)
+        bad = np.flatnonzero(~(np.abs(norms - 1.0) <= UNIT_TOLERANCE))
         if bad.size:
             raise InvalidInput(
-                f"{source.uri}: item {first_row + int(bad[0])} has norm {norms[bad[0]]:.4g}: the store ranks by the raw inner product, "
+                f"{source.uri}: item {int(ids[bad[0]])} has norm {norms[bad[0]]:.4g}: the store ranks by the raw inner product, "
                 f"which is not the cosine {corr.spec} corrects; normalise the collection or attach with normalize=False"
             )
-    return as_embeddings(vectors, "collection vectors", normalize=corr.normalize, dim=source.dim, first_row=first_row)
+    return as_embeddings(vectors, "collection vectors", normalize=corr.normalize, dim=source.dim)

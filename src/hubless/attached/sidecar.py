@@ -7,16 +7,27 @@ Layout: ``<sidecar>/CURRENT`` names the live version ``v-<hex>/``, which holds
 * ``reserve_ids.npy`` / ``reserve.npy``: the reserve, the ids (ascending) and vectors of the items
   of smallest bias (1% by default), scored exactly on every search (the certificate's bound then
   uses the smallest bias *outside* the reserve, ``reserve.threshold`` in ``attach.json``);
+* ``digests.npy`` (n,) uint64: a content digest of each item's vector as the store gave it
+  (:func:`hubless.attached.digests.vector_digests`), row for row with ``ids.npy``: what an update
+  or an open compares to find vectors changed in place;
+* ``scale.npy`` (n,) float32: the store's score of each item over the correction's similarity
+  (the item's norm when the store ranks by the raw inner product of vectors the correction
+  normalises; 1 otherwise): the store's candidates are re-scored as ``score / scale``, the same
+  similarity the biases, the reserve and exact search use;
 * ``statistics.npz``: the gallery-wide part of the bank statistics (bank sizes and means, the
   collection's mean, DIS/DualDIS activation sets as rows of ``ids.npy``), what the correction's
   query side reads;
-* ``attach.json``: format version, the spec, the source, the fingerprint of what was read
-  (count, id range, a sample hash: the ids and vectors of 32 evenly spaced items), the banks'
+* ``attach.json``: format version, the spec, the source (with its version mark when the store
+  keeps one, :meth:`~hubless.attached.sources.base.Source.version`), the fingerprint of what was
+  read (count, id range), the default beam measured on an ANN store (``beam``), the banks'
   fingerprints (sha256 of their float32 rows), ``b_min`` (each bias column's smallest value, the
   certificate's bound) and the running sum of the collection's vectors; and the sha256 of each
   file above (``files_sha256``) and of its own content (``info_sha256``), checked when the
   sidecar is read (:class:`~hubless.errors.Corrupt` names the damaged file; hashing reads the
   sidecar once, about a second per GB).
+
+A sidecar written before digests (no ``digests.npy``) is read as it is: its answers are never
+claimed ``exact``, and its update attaches again (every vector read once) to record them.
 
 A new version is written completely, then ``CURRENT`` is replaced atomically (a reader sees the
 old or the new sidecar, never a mix; a killed attach leaves the old one serving); older versions
@@ -49,6 +60,7 @@ __all__ = [
     "array_fingerprint",
     "is_sidecar",
     "read_sidecar",
+    "same_collection",
     "source_address",
     "source_location",
     "write_sidecar",
@@ -79,6 +91,10 @@ class Sidecar:
     #: the reserve: the lowest-bias items' ids (ascending) and vectors, scored exactly on every search
     reserve_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     reserve_vectors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    #: each item's content digest, row for row with ``ids`` (None: a sidecar written before them)
+    digests: np.ndarray | None = None
+    #: each item's store score over the correction's similarity, row for row with ``ids`` (None: all 1)
+    scale: np.ndarray | None = None
 
     @property
     def spec(self) -> str:
@@ -104,6 +120,10 @@ def write_sidecar(folder, sidecar: Sidecar) -> Path:
         save_npy(version / "bias.npy", np.ascontiguousarray(sidecar.bias, np.float32))
         save_npy(version / "reserve_ids.npy", np.ascontiguousarray(sidecar.reserve_ids, np.int64))
         save_npy(version / "reserve.npy", np.ascontiguousarray(sidecar.reserve_vectors, np.float32))
+        if sidecar.digests is None or sidecar.scale is None:
+            raise ValueError("a sidecar is written with its digests and scales")
+        save_npy(version / "digests.npy", np.ascontiguousarray(sidecar.digests, np.uint64))
+        save_npy(version / "scale.npy", np.ascontiguousarray(sidecar.scale, np.float32))
         with open(version / "statistics.npz", "wb") as fh:
             arrays: dict = sidecar.statistics.to_arrays()
             np.savez(fh, **arrays)
@@ -150,7 +170,7 @@ def read_sidecar(folder) -> Sidecar:
 
 
 #: The array files of a version, each recorded with its sha256 in attach.json.
-ARRAY_FILES = ("ids.npy", "bias.npy", "reserve_ids.npy", "reserve.npy", "statistics.npz")
+ARRAY_FILES = ("ids.npy", "bias.npy", "reserve_ids.npy", "reserve.npy", "digests.npy", "scale.npy", "statistics.npz")
 
 
 def _info_sha256(info: dict) -> str:
@@ -192,6 +212,8 @@ def _read_version(folder: Path, version: Path) -> Sidecar:
             raise ValueError("attach.json is not a JSON object")
         digests = _recorded_digests(folder, info)
         ids, bias, reserve_ids, reserve_vectors = (npy(f"{name}.npy") for name in ("ids", "bias", "reserve_ids", "reserve"))
+        newer = (version / "digests.npy").exists() or "digests.npy" in digests  # a sidecar written before digests has neither
+        digests_, scale = (npy("digests.npy"), npy("scale.npy")) if newer else (None, None)
         with np.load(io.BytesIO(_verified_bytes(folder, version, "statistics.npz", digests)), allow_pickle=False) as data:
             stats = BankStatistics.from_arrays({k: data[k] for k in data.files})
     except Corrupt:
@@ -202,7 +224,9 @@ def _read_version(folder: Path, version: Path) -> Sidecar:
         raise Corrupt(f"sidecar {folder} has format version {info.get('format_version')}; this hubless reads {FORMAT_VERSION}")
     if ids.shape[0] != bias.shape[0] or bias.ndim != 2:
         raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but bias rows of shape {bias.shape}")
-    return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors)
+    if scale is not None and (scale.shape != ids.shape or digests_.shape != ids.shape):
+        raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but digests of shape {digests_.shape} and scales of shape {scale.shape}")
+    return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors, digests_, scale)
 
 
 def source_location(sidecar: Sidecar) -> Path | None:
@@ -229,3 +253,18 @@ def source_address(sidecar: Sidecar) -> str:
     uri = str(sidecar.info["source"]["uri"])
     location = source_location(sidecar)
     return uri if location is None else relocate(uri, location)
+
+
+def same_collection(src, sidecar: Sidecar) -> bool:
+    """Whether the open source ``src`` is the collection ``sidecar`` records: the same address,
+    or the same local file or folder (given by an address relative to another working folder)."""
+    from hubless.export.base import without_password
+
+    recorded = sidecar.info["source"]
+    if src.uri == without_password(recorded["uri"]):  # a sidecar of an earlier hubless may hold one
+        return True
+    if src.local is None:
+        return False
+    here = Path(src.local).resolve()
+    found = source_location(sidecar)
+    return str(here) == recorded.get("location") or (found is not None and found.resolve() == here)

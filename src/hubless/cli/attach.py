@@ -25,7 +25,16 @@ def attach_command(
     query_bank: Path = typer.Option(None, help="Reference queries (.npy/.npz), the same bank for --update."),
     gallery_bank: Path = typer.Option(None, help="Reference items of the collection's modality (DualIS, DualDIS; optional for DN)."),
     method: str = typer.Option("nnn:alpha=0.75,k=16", "-m", "--method", help="The correction's spec (an additive one: not GC)."),
-    update: bool = typer.Option(False, "--update", help="Bring the sidecar in step with the collection: read only added items."),
+    update: bool = typer.Option(
+        False, "--update", help="Bring the sidecar in step with the collection: ids, added items and a rotating sample of vectors."
+    ),
+    full: bool = typer.Option(
+        False, "--full", help="With --update: read every vector once and refit exactly the items changed in place (a FAISS file: always)."
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a sidecar already in --out (it is never replaced without)."),
+    beam_recall: float = typer.Option(
+        None, help="ANN stores: the store's recall@k' the default beam (ef_search, nprobe) is chosen to reach at attach (default 0.99)."
+    ),
     search: Path = typer.Option(None, "--search", help="Query embeddings to search the attached collection with (JSON lines out)."),
     top_k: int = typer.Option(10, help="With --search: results per query."),
     metadata: bool = typer.Option(False, "--metadata", help="With --search: also print each hit's metadata from the store."),
@@ -65,44 +74,25 @@ def attach_command(
         raise InvalidInput(
             "--write-payload goes with attaching: --update keeps the field an attach wrote in step, --search reads the sidecar"
         )
+    if full and not update:
+        raise InvalidInput("--full goes with --update (the full check of every vector)")
+    if overwrite and (update or search is not None):
+        raise InvalidInput("--overwrite goes with attaching (it replaces the sidecar in --out)")
     if search is not None:
-        attached = AttachedCollection.open(source, out, **options)
-        queries = load_array(search)
-        knobs: dict[str, float] = {k: v for k, v in (("nprobe", nprobe), ("ef_search", ef_search)) if v is not None}
-        if weight is not None:
-            knobs["weight"] = weight
-        result = attached.search_certified(queries, top_k, candidates=candidates, max_candidates=max_candidates, metadata=metadata, **knobs)
-        for i in range(len(result.ids)):
-            found = result.ids[i] >= 0
-            typer.echo(
-                json.dumps(
-                    {
-                        "query": i,
-                        "ids": result.ids[i][found].tolist(),
-                        "scores": [round(float(s), 6) for s in result.scores[i][found]],
-                        "certified": bool(result.certified[i]),
-                        "candidates": int(result.candidates[i]),
-                        **({"metadata": result.metadata[i]} if result.metadata is not None else {}),
-                    },
-                    default=str,
-                )
-            )
-        typer.echo(f"certified {int(result.certified.sum())} of {len(result.ids)} queries", err=True)
-        if exact:
-            from hubless.attached.certified import recall_at_k
-
-            want = (attached.exact_search(queries, top_k) if weight is None else attached.exact_search(queries, top_k, weight=weight))[1]
-            typer.echo(f"recall@{top_k} against exact corrected search: {recall_at_k(result.ids, want):.4f}", err=True)
+        _search(AttachedCollection.open(source, out, **options), load_array(search), top_k, candidates, max_candidates, metadata,
+                weight, {"nprobe": nprobe, "ef_search": ef_search}, exact)  # fmt: skip
         return
     if query_bank is None:
         raise InvalidInput("--query-bank is required to attach or update (the reference queries the biases are computed against)")
     qb = load_array(query_bank)
     gb = None if gallery_bank is None else load_array(gallery_bank)
     if update:
-        report = update_sidecar(out, source, qb, gallery_bank=gb, batch=batch, **options)
+        report = update_sidecar(out, source, qb, gallery_bank=gb, full=full, batch=batch, **options)
+        how = "every vector" if report["full"] else "a rotating sample of"
         typer.echo(
-            f"updated {out}: {report['added']} added, {report['removed']} removed, {report['items']} items; "
-            f"read {report['read_items']} items' vectors ({report['bytes_read']} bytes)"
+            f"updated {out}: {report['added']} added, {report['removed']} removed, {report['changed']} changed in place, "
+            f"{report['items']} items; compared {how} {report['checked']} vectors with their digests; "
+            f"read {report['read_items']} items' vectors ({report['bytes_read']} bytes read)"
         )
         if report["refit"]:
             typer.echo(f"refit: {report['refit']}")
@@ -110,12 +100,66 @@ def attach_command(
             typer.echo(f"wrote the bias into the payload of {report['payload_items']} items")
         return
     attached = attach(
-        source, qb, method, out=out, gallery_bank=gb, batch=batch, write_payload=payload_field if write_payload else False, **options
+        source,
+        qb,
+        method,
+        out=out,
+        gallery_bank=gb,
+        batch=batch,
+        write_payload=payload_field if write_payload else False,
+        overwrite=overwrite,
+        beam_recall=beam_recall,
+        **options,
     )
-    done = attached.sidecar.info["attached"]
+    info = attached.sidecar.info
+    done = info["attached"]
+    replaced = info.get("replaced")
+    if replaced is not None:
+        what = f"{replaced['spec']} attached to {replaced['source']}" if replaced["spec"] else "a damaged sidecar"
+        typer.echo(f"replaced the sidecar in {out} ({what})")
     typer.echo(f"attached {attached.spec} to {source}: {attached.ntotal} items read in {done['seconds']} s; sidecar {out}")
+    for note in info.get("notes") or []:
+        typer.echo(f"note: {note}")
+    beam = info.get("beam")
+    if beam:
+        value = f"{beam['value']:g} x k'" if beam["scaled"] else f"{beam['value']}"
+        recall = beam["recall"][-1][1]
+        reached = "" if beam["met"] else f" (the widest tried; {beam['target']} not reached)"
+        typer.echo(
+            f"default {beam['knob']}: {value}, the store's recall@{beam['k']} {recall:.3f} on {beam['queries']} bank queries{reached}"
+        )
     written = attached.sidecar.info.get("payload")
     if written:
         typer.echo(
             f"wrote the bias into payload field {', '.join(written['fields'])} of {written['items']} items in {written['seconds']} s"
         )
+
+
+def _search(attached, queries, top_k, candidates, max_candidates, metadata, weight, knobs, exact) -> None:
+    """``--search``: one JSON line per query (ids, scores, certified, exact, candidates, with
+    ``--metadata`` each hit's record), the counts on stderr, with ``--exact`` the recall."""
+    options: dict[str, float] = {k: v for k, v in knobs.items() if v is not None}
+    if weight is not None:
+        options["weight"] = weight
+    result = attached.search_certified(queries, top_k, candidates=candidates, max_candidates=max_candidates, metadata=metadata, **options)
+    for i in range(result.n_queries):
+        found = result.found[i]
+        shown = result.ids[i][found].tolist()
+        record = {
+            "query": i,
+            "ids": shown,
+            "scores": [round(float(s), 6) for s in result.scores[i][found]],
+            "certified": bool(result.certified[i]),
+            "exact": bool(result.exact[i]),
+            "candidates": int(result.candidates[i]),
+        }
+        if result.metadata is not None:
+            record["metadata"] = [{"id": j, **result.metadata[j]} for j in shown]
+        typer.echo(json.dumps(record, default=str))
+    n = result.n_queries
+    typer.echo(f"certified {int(result.certified.sum())} of {n} queries, exact {int(result.exact.sum())} of {n}", err=True)
+    if exact:
+        from hubless.attached.certified import recall_at_k
+
+        want = attached.exact_search(queries, top_k) if weight is None else attached.exact_search(queries, top_k, weight=weight)
+        typer.echo(f"recall@{top_k} against exact corrected search: {recall_at_k(result, want):.4f}", err=True)

@@ -1,6 +1,7 @@
 """``hubless eval --attached SIDECAR --queries q.npy``: the attached search of a collection you
 already have measured against exact corrected search (a full scan with the sidecar's biases):
-recall@k, the share of queries certified and the mean k' per cut-off. A thin layer over
+recall@k, the shares of queries certified and exact, the answers claimed exact that were not (0
+when the promise holds) and the mean k' per cut-off. A thin layer over
 :meth:`hubless.attached.AttachedCollection.evaluate_at`."""
 
 from __future__ import annotations
@@ -51,10 +52,18 @@ def eval_attached(
         load_array(queries), parse_ints(ks, "--ks"), candidates=candidates, max_candidates=max_candidates, **options
     )
     table = Table(title=f"{attached.spec} attached to {attached.source.kind} ({attached.ntotal} items): against exact corrected search")
-    for column in ("k", "recall@k", "certified", "mean k'", "queries"):
+    for column in ("k", "recall@k", "certified", "exact", "wrong exact", "mean k'", "queries"):
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(str(row["top_k"]), f"{row['recall']:.4f}", f"{row['certified']:.1%}", f"{row['candidates']:.0f}", str(row["queries"]))
+        table.add_row(
+            str(row["top_k"]),
+            f"{row['recall']:.4f}",
+            f"{row['certified']:.1%}",
+            f"{row['exact']:.1%}",
+            str(row["wrong_exact"]),
+            f"{row['candidates']:.0f}",
+            str(row["queries"]),
+        )
     wide_console().print(table)
     if out is not None:
         info = {"sidecar": str(sidecar), "method": attached.spec, "source": attached.source.kind, "n_items": attached.ntotal}

@@ -4,11 +4,15 @@
 An attached collection (a sidecar directory written by ``hubless attach``, see
 :mod:`hubless.attached`) or an :class:`hubless.attached.AttachedCollection`, given where an index is
 expected, is opened as an :class:`AttachedIndex` on the collection its sidecar names
-(:func:`as_attached`). Its search is the certified attached search
-(:meth:`hubless.attached.AttachedCollection.search_certified`; the result says which queries were
-certified), ``compare`` is the store's own plain ranking, and the hits' metadata is the store's
-payload (none for a FAISS file) (:func:`search_attached`). A write goes to the store, then
-``hubless attach --update``; filters, reranking and versions are refused, naming why.
+(:func:`as_attached`). Its search is the attached search
+(:meth:`hubless.attached.AttachedCollection.search_certified`: a :class:`~hubless.Hits` whose
+``certified`` and ``exact`` say, per query, which promise its answer keeps, and whose ``found``
+mask says which slots hold a hit, any int64 being an id), ``compare`` is the store's own plain
+ranking, and the hits' metadata is the store's payload (none for a FAISS file)
+(:func:`search_attached`). Before each answer the collection is checked as
+:mod:`hubless.attached.checks` says (a FAISS file rewritten under a running server is compared
+whole, any other change refused until ``hubless attach --update``). A write goes to the store,
+then ``hubless attach --update``; filters, reranking and versions are refused, naming why.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._validation import check_top_k, pad_top_k
+from hubless._validation import check_top_k
 from hubless.errors import Conflict, InvalidInput
+from hubless.hits import Hits
 from hubless.search.result import SearchResult
 
 __all__ = ["AttachedIndex", "as_attached", "search_attached"]
@@ -62,7 +67,8 @@ class AttachedIndex:
         return self
 
     def refresh(self) -> None:
-        """Nothing to catch up with: each search checks the collection's count."""
+        """Nothing to catch up with: each search checks the collection first (see
+        :mod:`hubless.attached.checks`)."""
 
     @property
     def ntotal(self) -> int:
@@ -113,18 +119,24 @@ class AttachedIndex:
         """The store's payloads of ``ids`` (one dict per id)."""
         return self.collection.source.payloads(np.asarray(ids, np.int64))
 
-    def search(self, queries, top_k: int, **options) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries, top_k: int, **options) -> Hits:
         return self.collection.search(queries, top_k, **options)
 
-    def search_certified(self, queries, top_k: int, **options):
+    def search_certified(self, queries, top_k: int, **options) -> Hits:
         return self.collection.search_certified(queries, top_k, **options)
 
-    def search_uncorrected(self, queries, top_k: int, **knobs) -> tuple[np.ndarray, np.ndarray]:
+    def search_uncorrected(self, queries, top_k: int, **knobs) -> Hits:
         """The store's own plain top-``top_k`` (the store is asked at most its item count; the
-        slots past it are id -1, score -inf: the one top-k rule)."""
+        slots past it are not found: the one top-k rule)."""
         top_k = check_top_k(top_k, self.ntotal, "the collection")
-        scores, ids = self.collection.source.search(np.asarray(queries, np.float32), min(top_k, max(self.ntotal, 1)), **knobs)
-        return pad_top_k(scores, ids, top_k)
+        plain = self.collection.source.search(np.asarray(queries, np.float32), min(top_k, max(self.ntotal, 1)), **knobs)
+        missing = top_k - plain.top_k
+        if missing <= 0:
+            return plain
+        pad = np.zeros((plain.n_queries, missing))
+        return Hits.from_found(
+            np.hstack([plain.scores, pad]), np.hstack([plain.ids, pad.astype(np.int64)]), np.hstack([plain.found, pad.astype(bool)])
+        )
 
     def _refuse(self, *args, **kwargs):
         raise Conflict(
@@ -150,21 +162,25 @@ def as_attached(value) -> AttachedIndex | None:
     return None
 
 
-def search_attached(result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool):
-    """:meth:`Searcher.search` on an attached collection: the certified search (its ``certified``
-    in the result), the store's plain ranking for ``compare``, the store's payloads as metadata."""
+def search_attached(
+    result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool
+) -> Hits:
+    """:meth:`Searcher.search` on an attached collection: the attached search's
+    :class:`~hubless.Hits` (``certified`` and ``exact`` per query, ``found`` masks) with the
+    searched index's name, method and queries from ``result``, the store's plain ranking for
+    ``compare``, the store's payloads as metadata."""
     if rerank:
         raise InvalidInput(f"{result.index!r} is an attached collection: reranking is not offered on it")
     if "where" in options:
         raise InvalidInput(f"{result.index!r} is an attached collection: metadata filters (where) are not offered on it")
     found = current.search_certified(vectors, top_k, **options)
-    result.scores, result.ids, result.certified = found.scores, found.ids, found.certified
+    uncorrected = None
     if compare:
         knobs = {k: v for k, v in options.items() if k != "weight"}
-        result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+        uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+    metadata = None
     if current.has_metadata:
-        shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
-        ids = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
-        ids = ids[ids >= 0]
-        result.metadata = dict(zip(ids.tolist(), current.records(ids)))
-    return result
+        shown = [found] if uncorrected is None else [found, uncorrected]
+        ids = np.unique(np.concatenate([h.ids[h.found] for h in shown]))
+        metadata = dict(zip(ids.tolist(), current.records(ids)))
+    return found.with_fields(index=result.index, method=result.method, queries=result.queries, uncorrected=uncorrected, metadata=metadata)

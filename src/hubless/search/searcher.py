@@ -14,6 +14,7 @@ import numpy as np
 
 from hubless._validation import check_top_k, pad_top_k
 from hubless.errors import InvalidInput, NotFound
+from hubless.hits import Hits
 from hubless.search.attached_index import AttachedIndex, as_attached, search_attached
 from hubless.search.model_rule import choose_model
 from hubless.search.result import SearchResult
@@ -246,7 +247,7 @@ class Searcher:
         runner: Callable | None = None,
         version: int | None = None,
         **store_options,
-    ) -> SearchResult:
+    ) -> SearchResult | Hits:
         """The top ``top_k`` of each query in index ``index`` (the only one when None).
 
         Queries: exactly one of ``embeddings``, ``texts``, ``images`` or ``item`` (see

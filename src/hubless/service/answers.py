@@ -199,7 +199,12 @@ class QueryResult(_Answer):
     query: int = Field(description="The query's position in the request.")
     text: str | None = Field(default=None, description="The text query (text and image queries).")
     certified: bool | None = Field(
-        default=None, description="An attached collection only: whether the answer is certified exact (see docs/attach.md)."
+        default=None,
+        description="An attached collection only: whether the answer is certified, exact relative to the store's plain ranking (see docs/attach.md).",
+    )
+    exact: bool | None = Field(
+        default=None,
+        description="An attached collection only: whether the answer equals exact corrected search over the collection as it is now (see docs/attach.md).",
     )
     hits: list[Hit]
     uncorrected: list[Hit] | None = Field(default=None, description="With compare: the uncorrected top k.")

@@ -24,6 +24,13 @@ URI schemes in :data:`SOURCES`):
 
 Every source's count is checked before each search (a changed collection is refused); the
 count is free for FAISS, LanceDB, Qdrant and Chroma, a ``count(*)`` for pgvector and Milvus.
+A source that has a cheap mark of its content's version says so (:meth:`Source.version`: a FAISS
+file's inode, size and modification time; a LanceDB table's version; a pgvector table's count and
+the sum of its rows' ``xmin``), so that an open collection notices a write before it answers.
+
+Ids: every id is an int64 (negative ones included); an id a collection holds that is not (a
+Qdrant id above 2**63 - 1, a Chroma id that is not a whole number in the int64 range, a float
+id column) is refused when it is read (:func:`as_ids`), before anything is written.
 
 A collection whose distance is not an inner product (Euclidean) is refused: its ranking is not
 the similarity the correction corrects.
@@ -42,8 +49,9 @@ import numpy as np
 
 from hubless._registry import Registry
 from hubless.errors import InvalidInput, NotFound
+from hubless.hits import Hits
 
-__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "open_source", "pad_hits", "relocate", "sample_hash"]
+__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "as_ids", "open_source", "pad_hits", "relocate", "sample_hash"]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -69,6 +77,9 @@ class Source(abc.ABC):
     #: Whether :meth:`write_payload` can write a field into the items' payload (or a column)
     #: without re-inserting their vectors.
     payload_writes: ClassVar[bool] = False
+    #: Whether the collection is read whole into memory when it changes (a FAISS file): then a
+    #: changed version mark is checked by comparing every vector, at no extra read.
+    reads_whole: bool = False
 
     def __init__(self, uri: str) -> None:
         from hubless.export.base import without_password
@@ -108,8 +119,35 @@ class Source(abc.ABC):
         """(ids found, their vectors) for ``ids`` (any order; unknown ids left out)."""
 
     @abc.abstractmethod
-    def _search(self, queries: np.ndarray, k: int, knobs: dict) -> tuple[np.ndarray, np.ndarray]:
-        """The store's plain top-``k`` by similarity: (scores float32, ids int64), (n, k) each."""
+    def _search(self, queries: np.ndarray, k: int, knobs: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The store's plain top-``k`` by similarity: (scores float32, ids int64, found bool),
+        (n, k) each; ``found`` marks the filled slots (any int64 is an id)."""
+
+    def version(self) -> Any:
+        """A cheap mark of the collection's content that changes with every write (JSON-ready:
+        a number or a list of numbers), or None when the store keeps none (then only the count and
+        sampled vectors can show a change: see docs/attach.md). Hook; None by default."""
+        return None
+
+    def searches_exactly(self, knobs: dict) -> bool:
+        """Whether the store's plain search with ``knobs`` is exhaustive: its top-k' is the exact
+        plain top-k' (a flat index, a table without a vector index, an exact-search option), so
+        that an attached answer certified over it is the exact corrected answer. Hook; False
+        (an ANN search) by default."""
+        return False
+
+    @property
+    def beam_knob(self) -> str | None:
+        """The knob that widens the store's ANN search, its *beam*: ``"ef_search"`` (a list
+        length, scaled with k') or ``"nprobe"`` (partitions probed, not scaled); None: the store
+        has none, or searches exactly. :mod:`hubless.attached.beam` measures the store's recall
+        along :meth:`beam_ladder` at attach and records the default beam in the sidecar."""
+        return None
+
+    def beam_ladder(self, k: int) -> list[int]:
+        """The values of :attr:`beam_knob` attach measures the store's recall at, for k' = ``k``,
+        narrowest first (hook; none by default)."""
+        return []
 
     def fetch(self, ids, batch: int = BATCH) -> np.ndarray:
         """The vectors of ``ids`` in that order, ``batch`` ids per request; an id the collection
@@ -129,15 +167,38 @@ class Source(abc.ABC):
             out[lo : lo + want.size] = vectors[order][pos]
         return out
 
-    def search(self, queries: np.ndarray, k: int, **knobs) -> tuple[np.ndarray, np.ndarray]:
-        """The store's plain top-``k`` (scores, ids), best first, ties to the lower id, empty
-        slots id -1 / score -inf. ``knobs``: :attr:`knobs` (others are refused, naming them)."""
+    def fetch_present(self, ids, batch: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of ``ids`` the collection holds, their vectors), in the order of ``ids``; the
+        ids it does not hold are left out (no error)."""
+        ids = np.asarray(ids, np.int64).ravel()
+        kept, parts = [], []
+        for lo in range(0, ids.size, batch):
+            want = ids[lo : lo + batch]
+            got, vectors = self._fetch(want)
+            order = np.argsort(got, kind="stable")
+            at = np.minimum(np.searchsorted(got[order], want), max(got.size - 1, 0))
+            hit = (got[order][at] == want) if got.size else np.zeros(want.shape, bool)
+            kept.append(want[hit])
+            parts.append(np.asarray(vectors, np.float32).reshape(got.size, self.dim)[order][at[hit]])
+        if not kept:
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+        return np.concatenate(kept), np.concatenate(parts)
+
+    def check_knobs(self, knobs: dict) -> dict:
+        """``knobs`` without None values; one this store does not take is refused, naming the valid ones."""
         unknown = sorted(set(knobs) - set(self.knobs))
         if unknown:
             valid = ", ".join(f"{name} ({text})" for name, text in self.knobs.items()) or "none"
             raise InvalidInput(f"unknown search option(s) {', '.join(unknown)} for {self.kind} collection {self.uri}; valid: {valid}")
-        scores, ids = self._search(np.ascontiguousarray(queries, np.float32), int(k), {k_: v for k_, v in knobs.items() if v is not None})
-        return _ordered(scores, ids)
+        return {k_: v for k_, v in knobs.items() if v is not None}
+
+    def search(self, queries: np.ndarray, k: int, **knobs) -> Hits:
+        """The store's plain top-``k`` as :class:`~hubless.Hits` (unpacks to (scores, ids)), best
+        first, ties to the lower id; unfilled slots last, ``found`` False (padding id -1, score
+        -inf). ``knobs``: :attr:`knobs` (others are refused, naming them)."""
+        knobs = self.check_knobs(knobs)
+        scores, ids, found = self._search(np.ascontiguousarray(queries, np.float32), int(k), knobs)
+        return _ordered(scores, ids, found)
 
     def payloads(self, ids) -> list[dict]:
         """The stored metadata of ``ids`` (the store's payload or other columns, never the
@@ -203,22 +264,57 @@ class Source(abc.ABC):
         """Release what this source holds open (nothing by default)."""
 
 
-def _ordered(scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row best first, ties to the lower id, empty slots (id -1) last with score -inf."""
-    scores = np.where(ids < 0, -np.inf, scores).astype(np.float32)
-    big = np.where(ids < 0, np.iinfo(np.int64).max, ids)
-    order = np.lexsort((big, -scores.astype(np.float64)), axis=1)
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1).astype(np.int64)
+def _ordered(scores: np.ndarray, ids: np.ndarray, found: np.ndarray) -> Hits:
+    """Each row best first, ties to the lower id, unfilled slots (``found`` False) last."""
+    found = np.asarray(found, bool)
+    scores = np.where(found, scores, -np.inf).astype(np.float32)
+    order = np.lexsort((ids, ~found, -scores.astype(np.float64)), axis=1)
+    return Hits.from_found(
+        np.take_along_axis(scores, order, axis=1),
+        np.take_along_axis(np.asarray(ids, np.int64), order, axis=1),
+        np.take_along_axis(found, order, axis=1),
+    )
 
 
-def pad_hits(rows: list[list[tuple[float, int]]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, its (score, id) hits as (scores, ids) arrays of ``k`` columns (-inf / -1 after the last)."""
+def pad_hits(rows: list[list[tuple[float, int]]], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query, its (score, id) hits as (scores, ids, found) arrays of ``k`` columns (after the
+    last hit: score -inf, id -1, found False)."""
     scores = np.full((len(rows), k), -np.inf, np.float32)
     ids = np.full((len(rows), k), -1, np.int64)
+    found = np.zeros((len(rows), k), bool)
     for i, hits in enumerate(rows):
-        for j, (s, item) in enumerate(hits[:k]):
-            scores[i, j], ids[i, j] = s, item
-    return scores, ids
+        hits = hits[:k]
+        if hits:
+            scores[i, : len(hits)] = [s for s, _ in hits]
+            ids[i, : len(hits)] = as_ids([item for _, item in hits], "a hit")
+            found[i, : len(hits)] = True
+    return scores, ids, found
+
+
+#: What ids a source can hand over: every int64.
+_INT64 = np.iinfo(np.int64)
+
+
+def as_ids(values, where: str) -> np.ndarray:
+    """``values`` (Python ints, an integer array, or whole-number texts already turned into ints)
+    as int64 ids; an id outside the int64 range, or not a whole number, is refused
+    (:class:`~hubless.errors.InvalidInput` naming it and ``where``): hubless keeps every id as an
+    int64, so it refuses at attach, before anything is written, what it could not keep."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        if values.dtype.kind == "u" and values.size and values.max() > _INT64.max:
+            raise InvalidInput(f"{where}: id {int(values.max())} is beyond the int64 range hubless keeps ids in (at most {_INT64.max})")
+        return values.astype(np.int64, copy=False)
+    if isinstance(values, np.ndarray) and values.dtype.kind != "O":
+        raise InvalidInput(f"{where}: ids must be whole numbers; got values of type {values.dtype}")
+    values = list(values)
+    bad = next(
+        (v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not _INT64.min <= int(v) <= _INT64.max), None
+    )
+    if bad is not None:
+        raise InvalidInput(
+            f"{where}: id {bad!r} is not a whole number in the int64 range hubless keeps ids in ({_INT64.min} to {_INT64.max})"
+        )
+    return np.asarray(values, np.int64).reshape(len(values))
 
 
 def sample_hash(source: Source, ids_sorted: np.ndarray) -> tuple[list[int], str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.attached.sources.base import BATCH, SOURCES, Source
+from hubless.attached.sources.base import BATCH, SOURCES, Source, as_ids
 from hubless.errors import InvalidInput, NotFound, optional_import
 
 __all__ = ["ChromaSource"]
@@ -64,9 +64,10 @@ class ChromaSource(Source):
 
     def _ids(self, texts) -> np.ndarray:
         try:
-            return np.asarray([int(t) for t in texts], np.int64)
+            values = [int(t) for t in texts]
         except ValueError:
             raise InvalidInput(f"Chroma collection {self.uri} has ids that are not integers (e.g. {texts[0]!r})") from None
+        return as_ids(values, f"Chroma collection {self.uri}")
 
     def _pages(self, batch: int, include: list):
         offset = 0
@@ -121,9 +122,11 @@ class ChromaSource(Source):
         depth = min(k, n)
         scores = np.full((len(queries), k), -np.inf, np.float32)
         ids = np.full((len(queries), k), -1, np.int64)
+        filled = np.zeros((len(queries), k), bool)
         if depth:
             res = self.collection.query(query_embeddings=queries, n_results=depth, include=["distances"])
             for i, (found, dist) in enumerate(zip(res["ids"], res["distances"])):
                 ids[i, : len(found)] = self._ids(found) if found else []
                 scores[i, : len(found)] = 1.0 - np.asarray(dist, np.float64)
-        return scores, ids
+                filled[i, : len(found)] = True
+        return scores, ids, filled

@@ -1,9 +1,15 @@
 """A FAISS index file as an attached collection: ``path/to/index.faiss`` (any FAISS index with the
 inner-product metric; an ``IndexIDMap`` / ``IndexIDMap2`` gives the user's ids, else ids are the
-positions): vectors by ``reconstruct_n`` over the inner index, search with ``nprobe`` (IVF) /
-``ef_search`` (HNSW; default the larger of the index's own and 2 k': a beam as long as the list
-asked for finds its last entries poorly); the file is read again when it is rewritten. A FAISS
-file keeps no payload: :meth:`FaissSource.write_payload` refuses, naming the sidecar."""
+positions, which ``remove_ids`` renumbers: attach says so in a note), vectors by
+``reconstruct_n`` over the inner index, search with ``nprobe`` (IVF) / ``ef_search`` (HNSW;
+without a beam recorded at attach, the larger of the index's own and 2 k'). A flat index, and
+an IVF-Flat probed in every list, search exactly (:meth:`FaissSource.searches_exactly`).
+
+The file is read whole when it is opened and again when it is rewritten (its inode, size and
+modification time, :meth:`FaissSource.version`, differ from the ones read): ``bytes_read`` counts
+the file's size at each read, what the process really read; vectors and ids then come from
+memory. A FAISS file keeps no payload: :meth:`FaissSource.write_payload` refuses, naming the
+sidecar."""
 
 from __future__ import annotations
 
@@ -31,10 +37,15 @@ class FaissSource(Source):
         self._faiss = optional_import("faiss", "attaching to a FAISS index", "faiss", "faiss-cpu")
         self.path = None if index is not None else Path(uri.removeprefix("faiss://"))
         self.local = self.path
-        self._stamp: tuple[int, int] | None = None
+        self.reads_whole = self.path is not None
+        self._stamp: list[int] | None = None
         if index is None:
             index = self._read()
         self._load(index)
+
+    @staticmethod
+    def _stamp_of(stat) -> list[int]:
+        return [int(stat.st_ino), int(stat.st_size), int(stat.st_mtime_ns)]
 
     def _read(self):
         assert self.path is not None  # only a source read from a file is read again
@@ -45,7 +56,8 @@ class FaissSource(Source):
             index = self._faiss.read_index(str(self.path))
         except RuntimeError as exc:
             raise InvalidInput(f"{self.uri} is not a FAISS index: {str(exc).splitlines()[0]}") from None
-        self._stamp = (stat.st_mtime_ns, stat.st_size)
+        self._stamp = self._stamp_of(stat)
+        self.bytes_read += int(stat.st_size)  # the whole file: what this process read
         return index
 
     def _fresh(self) -> None:
@@ -56,8 +68,44 @@ class FaissSource(Source):
             stat = self.path.stat()
         except OSError:
             raise MissingFile(f"the FAISS index file {self.uri} is gone") from None
-        if (stat.st_mtime_ns, stat.st_size) != self._stamp:
+        if self._stamp_of(stat) != self._stamp:
             self._load(self._read())
+
+    def version(self) -> list[int] | None:
+        """The file's inode, size and modification time (ns) as read (None: an index in memory);
+        a rewritten file is read again first."""
+        self._fresh()
+        return None if self._stamp is None else list(self._stamp)
+
+    def _count(self, n_ids: int, n_floats: int = 0) -> None:
+        """Nothing: the file was read whole (and counted) when it was opened; the rest is memory."""
+
+    @property
+    def positions_as_ids(self) -> bool:
+        """Whether the index has no id map, so its ids are its positions."""
+        return self._ids is None
+
+    def searches_exactly(self, knobs: dict) -> bool:
+        faiss = self._faiss
+        if isinstance(self.inner, faiss.IndexFlat):
+            return True
+        if isinstance(self.inner, faiss.IndexIVFFlat):  # every list probed: each stored vector scored exactly
+            return int(knobs.get("nprobe") or self.inner.nprobe) >= int(self.inner.nlist)
+        return False
+
+    @property
+    def beam_knob(self) -> str | None:
+        if isinstance(self.inner, self._faiss.IndexHNSW):
+            return "ef_search"
+        return "nprobe" if self._faiss.try_extract_index_ivf(self.inner) is not None else None
+
+    def beam_ladder(self, k: int) -> list[int]:
+        if self.beam_knob == "ef_search":
+            return [k * f for f in (1, 2, 4, 8, 16, 32)]
+        if self.beam_knob == "nprobe":
+            nlist = int(self._faiss.try_extract_index_ivf(self.inner).nlist)
+            return sorted({min(2**p, nlist) for p in range(nlist.bit_length() + 1)})
+        return []
 
     def _load(self, index) -> None:
         faiss = self._faiss
@@ -145,9 +193,10 @@ class FaissSource(Source):
         k_eff = min(k, self.count())
         scores = np.full((len(queries), k), -np.inf, np.float32)
         ids = np.full((len(queries), k), -1, np.int64)
+        found = np.zeros((len(queries), k), bool)
         if k_eff:
             d, i = self.inner.search(queries, k_eff, params=params) if params is not None else self.inner.search(queries, k_eff)
-            found = i >= 0
-            scores[:, :k_eff] = np.where(found, d, -np.inf)
-            ids[:, :k_eff] = np.where(found, self._ids_of(0, self.count())[np.maximum(i, 0)] if self._ids is not None else i, -1)
-        return scores, ids
+            found[:, :k_eff] = i >= 0  # FAISS's positions: -1 is its own empty slot, never a position
+            scores[:, :k_eff] = np.where(found[:, :k_eff], d, -np.inf)
+            ids[:, :k_eff] = self._ids_of(0, self.count())[np.maximum(i, 0)] if self._ids is not None else np.maximum(i, 0)
+        return scores, ids, found

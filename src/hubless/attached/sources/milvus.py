@@ -63,9 +63,10 @@ class MilvusSource(Source):
             raise InvalidInput(f"Milvus collection {uri} has no float vector field {vector_field!r}")
         self.id_field, self.vector_field = primary[0]["name"], vector_field
         self._dim = int(field["params"]["dim"])
-        metric = None
+        metric, self.index_type = None, ""
         for index in client.list_indexes(name, field_name=vector_field) or []:
-            metric = client.describe_index(name, index).get("metric_type")
+            described = client.describe_index(name, index)
+            metric, self.index_type = described.get("metric_type"), str(described.get("index_type") or "").upper()
         metric = (metric or "").upper()
         if metric not in ("IP", "COSINE"):
             raise InvalidInput(
@@ -77,6 +78,16 @@ class MilvusSource(Source):
     @property
     def dim(self) -> int:
         return self._dim
+
+    def searches_exactly(self, knobs: dict) -> bool:
+        return self.index_type == "FLAT"  # a FLAT index scores every vector
+
+    @property
+    def beam_knob(self) -> str | None:
+        return "ef_search" if self.index_type == "HNSW" else None
+
+    def beam_ladder(self, k: int) -> list[int]:
+        return sorted({min(k * f, 16384) for f in (1, 2, 4, 8, 16, 32)}) if self.index_type == "HNSW" else []
 
     def count(self) -> int:
         result = self.client.query(self.name, filter="", output_fields=["count(*)"], consistency_level="Strong")

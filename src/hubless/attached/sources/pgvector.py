@@ -26,7 +26,11 @@ class PgvectorSource(Source):
     payload_writes = True
     schemes = ("postgresql", "postgres")
     uri_form = "postgresql://user@host:port/db/table"
-    knobs = {"ef_search": "HNSW candidates kept per query (hnsw.ef_search)", "nprobe": "IVFFlat lists probed (ivfflat.probes)"}
+    knobs = {
+        "ef_search": "HNSW candidates kept per query (hnsw.ef_search)",
+        "nprobe": "IVFFlat lists probed (ivfflat.probes)",
+        "exact": "scan every row, without the vector index (true/false)",
+    }
 
     def __init__(self, uri: str, *, id_field: str = "id", vector_field: str = "embedding", metric: str = "dot") -> None:
         super().__init__(uri)
@@ -62,6 +66,35 @@ class PgvectorSource(Source):
 
     def count(self) -> int:
         return int(self.conn.execute(f"SELECT count(*) FROM {self._t()}").fetchone()[0])
+
+    def version(self) -> list[int]:
+        """(count, the sum of the rows' ``xmin``): an insert, update or delete changes one (an
+        updated row is a new row version with its writer's transaction id); one scan, as the count."""
+        row = self.conn.execute(f"SELECT count(*), coalesce(sum(xmin::text::bigint), 0) FROM {self._t()}").fetchone()
+        return [int(row[0]), int(row[1])]
+
+    def _index_kind(self) -> str | None:
+        """The access method of a vector index on the column ("hnsw", "ivfflat"), or None."""
+        row = self.conn.execute(
+            "SELECT am.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(%s) AND a.attname = %s AND am.amname IN ('hnsw', 'ivfflat') LIMIT 1",
+            (self._t(), self.vector_field),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def searches_exactly(self, knobs: dict) -> bool:
+        return bool(knobs.get("exact")) or self._index_kind() is None
+
+    @property
+    def beam_knob(self) -> str | None:
+        return {"hnsw": "ef_search", "ivfflat": "nprobe"}.get(self._index_kind() or "")
+
+    def beam_ladder(self, k: int) -> list[int]:
+        kind = self._index_kind()
+        if kind == "hnsw":  # pgvector's hnsw.ef_search is at most 1000
+            return sorted({min(k * f, 1000) for f in (1, 2, 4, 8, 16, 32)})
+        return [2**p for p in range(11)] if kind == "ivfflat" else []
 
     def _copy(self, sql: str, params: tuple) -> tuple[np.ndarray, np.ndarray]:
         from psycopg import sql as psql
@@ -141,6 +174,8 @@ class PgvectorSource(Source):
             f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
         )
         with self.conn.transaction():
+            if knobs.get("exact"):  # a sequential scan and a sort: every row scored
+                self.conn.execute("SET LOCAL enable_indexscan = off")
             if knobs.get("ef_search") is not None:
                 self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
             if knobs.get("nprobe") is not None:

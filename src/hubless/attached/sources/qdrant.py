@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits
+from hubless.attached.sources.base import BATCH, SOURCES, Source, as_ids, pad_hits
 from hubless.errors import InvalidInput, NotFound, optional_import
 
 __all__ = ["QDRANT_EF_FACTOR", "QdrantEdgeSource", "QdrantSource", "choose_vector", "is_cosine"]
@@ -74,7 +74,21 @@ class _QdrantPoints(Source):
         ids = [r.id for r in records]
         if any(not isinstance(i, int) for i in ids):
             raise InvalidInput(f"Qdrant {self.holder} {self.uri} has UUID point ids: hubless attaches to integer ids")
-        return np.asarray(ids, np.int64)
+        return as_ids(ids, f"Qdrant {self.holder} {self.uri}")  # Qdrant's ids go to 2**64 - 1: refused past int64
+
+    def _indexed(self) -> int:
+        """How many vectors an HNSW index holds (0: every segment is searched by a full scan)."""
+        raise NotImplementedError
+
+    def searches_exactly(self, knobs: dict) -> bool:
+        return bool(knobs.get("exact")) or self._indexed() == 0
+
+    @property
+    def beam_knob(self) -> str | None:
+        return "ef_search" if self._indexed() else None
+
+    def beam_ladder(self, k: int) -> list[int]:
+        return [k * f for f in (1, 2, 4, 8, 16, 32)] if self._indexed() else []
 
     def scan(self, batch: int = BATCH):
         for records in self._pages(batch, True):
@@ -123,6 +137,9 @@ class QdrantSource(_QdrantPoints):
     def count(self) -> int:
         return int(self.client.count(self.collection, exact=True).count)
 
+    def _indexed(self) -> int:
+        return int(self.client.get_collection(self.collection).indexed_vectors_count or 0)
+
     def _vector(self, record) -> list[float]:
         v = record.vector
         return v[self.vector_field] if isinstance(v, dict) else v
@@ -166,7 +183,7 @@ class QdrantSource(_QdrantPoints):
             models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, with_payload=False) for q in queries.tolist()
         ]
         answers = self.client.query_batch_points(self.collection, requests=requests)
-        return pad_hits([[(p.score, int(p.id)) for p in a.points] for a in answers], k)
+        return pad_hits([[(p.score, p.id) for p in a.points] for a in answers], k)
 
 
 @SOURCES.register
@@ -220,6 +237,9 @@ class QdrantEdgeSource(_QdrantPoints):
     def count(self) -> int:
         return int(self.shard.info().points_count)  # kept by the shard: no scan (an exact count reads every point)
 
+    def _indexed(self) -> int:
+        return int(self.shard.info().indexed_vectors_count or 0)
+
     def _vector(self, record) -> list[float]:
         v = record.vector
         return v[self.vector_field] if isinstance(v, dict) else v
@@ -266,7 +286,7 @@ class QdrantEdgeSource(_QdrantPoints):
             qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), with_payload=False, params=params) for q in queries.tolist()
         ]
         answers = self.shard.query_batch(qd.QueryBatchRequest(requests))
-        return pad_hits([[(p.score, int(p.id)) for p in hits] for hits in answers], k)
+        return pad_hits([[(p.score, p.id) for p in hits] for hits in answers], k)
 
     def close(self) -> None:
         if self._owned:

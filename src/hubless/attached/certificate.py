@@ -1,0 +1,146 @@
+"""One round of the attached search: the store's plain top-k' and the reserve re-scored with the
+sidecar's biases, each query's answer, its certificate and whether it is exact.
+
+**Scores.** The store ranks by its plain score; the correction by the similarity of normalised
+vectors. The two differ by each item's *scale* (``scale.npy``: its norm on a store that ranks by
+the raw inner product of vectors the correction normalises, else 1), so a candidate's similarity
+is ``s = store score / scale``: the similarity the biases, the reserve (vectors kept normalised)
+and :meth:`~hubless.attached.certified.AttachedCollection.exact_search` use. Ranking:
+``ranking = s - W(q) . bias(r)`` (the correction's rank hook). The raw top-1 a gated method
+(DIS, DualDIS) reads is the candidates' best ``s``, ties to the lower id.
+
+**The certificate** (:func:`certificate_bound`, the one place the bound is computed). With
+``s_k'`` the k'-th store score, every item r neither a candidate nor in the reserve has store
+score <= ``s_k'``, so ``s(q, r) <= s_k' / scale_min`` (``s_k' / scale_max`` when ``s_k' < 0``),
+and ``bias_c(r) >= t_c`` (each column's smallest bias outside the reserve), hence
+
+    ranking(q, r) <= bound(q) = s_k' / scale - sum_c W_c(q) t_c          (W >= 0).
+
+An answer is **certified** when its k-th ranking is above ``bound(q)`` by more than a slack of
+a few float32 ulps (an item at the bound could tie and win on a lower id), the store filled its
+k' slots (a list that ran dry bounds nothing), and, for a gated method, the raw top-1 is above
+the bound too (else an item outside could be the raw top-1 and change the gate). Certified is
+relative to the store's plain ranking: exact over what its top-k' is.
+
+An answer is **exact** (equal to exact corrected search over the collection as it is now) when
+it is certified and the store's candidates are complete (the store searched exactly:
+:meth:`~hubless.attached.sources.base.Source.searches_exactly`, or the candidates cover the
+collection), and no two items the answer orders (its top-k and the best item after it; for a
+gated method, the raw top-1 and second) score within the slack of each other unless they are
+the same vector with the same biases (a tie any arithmetic breaks the same way, by the lower
+id): a near-tie is decided by the last bits of a float32 dot product, which differ between the
+store's arithmetic and another machine's BLAS, so it is not claimed. The collection being the
+one the sidecar describes is the caller's check (:mod:`hubless.attached.checks`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SLACK_ULPS", "answer_round", "certificate_bound"]
+
+#: The certificate's slack, and the near-tie width, in float32 ulps of the scores' magnitude.
+SLACK_ULPS = 8
+
+
+def certificate_bound(last: np.ndarray, weights: np.ndarray, thresholds: np.ndarray, scale_range: tuple[float, float]):
+    """(bound, slack) per query: the largest ranking an item outside the candidates and the
+    reserve can have (see the module docstring), from ``last`` the k'-th store score (float64;
+    +inf when the store returned nothing), ``weights`` W(q) (n, c), ``thresholds`` t (c,) and the
+    collection's (smallest, largest) scale; ``slack``: a few float32 ulps of the terms."""
+    low, high = scale_range
+    with np.errstate(invalid="ignore"):
+        similarity = np.where(last >= 0, last / low, last / high)
+    w = np.asarray(weights, np.float64)
+    bound = similarity - w @ thresholds
+    slack = SLACK_ULPS * np.finfo(np.float32).eps * (np.abs(similarity) + np.abs(w) @ np.abs(thresholds) + 1.0)
+    return bound, slack
+
+
+def answer_round(collection, batch, k: int, kp: int, knobs: dict, complete: bool):
+    """One round for the queries of ``batch``: the store's plain top-``kp`` (with ``knobs``) plus
+    the reserve, re-scored; returns (scores, ids, found, certified, exact, from_reserve) per
+    query, the first three and the last (n, k). ``complete``: the store searched exactly with
+    ``knobs``; ``from_reserve``: the hits scored from the reserve's copies of their vectors."""
+    from hubless.corrections import QueryStatistics
+    from hubless.errors import Conflict
+
+    corr, side = collection.correction, collection.sidecar
+    nq, m, n = len(batch), collection.reserve_ids.size, collection.ntotal
+    plain = collection.source.search(batch.vectors, kp, **knobs)
+    valid = plain.found
+    pos = np.minimum(np.searchsorted(side.ids, plain.ids), n - 1)
+    unknown = valid & (side.ids[pos] != plain.ids)
+    if unknown.any():
+        raise Conflict(
+            f"{collection.source.uri} returned id {int(plain.ids[unknown][0])}, which the sidecar does not hold: the collection "
+            "changed since it was attached; run hubless attach --update"
+        )
+    pos = np.where(valid, pos, 0)
+    sims = np.where(valid, plain.scores.astype(np.float64) / collection.scale[pos], -np.inf).astype(np.float32)
+    # the raw neighbours a correction reads (DIS/DualDIS's top-1, CSLS's top-k): the candidates by similarity
+    raw_order = np.lexsort((np.where(valid, plain.ids, 0), ~valid, -sims.astype(np.float64)), axis=1)
+    raw_sims, raw_pos = np.take_along_axis(sims, raw_order, axis=1), np.take_along_axis(pos, raw_order, axis=1)
+    request = corr.query_request
+    if request.depth:
+        batch.statistics = QueryStatistics.from_neighbours(request, np.where(np.isfinite(raw_sims), raw_sims, 0), raw_pos)
+    # the reserve: scored exactly for every query, except where the store returned it already
+    in_store = np.zeros((nq, m), bool)
+    if m:
+        at = np.minimum(np.searchsorted(collection.reserve_ids, plain.ids), m - 1)
+        hit = valid & (collection.reserve_ids[at] == plain.ids)
+        in_store[np.nonzero(hit)[0], at[hit]] = True
+    reserve_sims = batch.vectors @ collection.reserve_vectors.T if m else np.zeros((nq, 0), np.float32)
+    all_sims = np.hstack([np.where(valid, sims, 0), reserve_sims]).astype(np.float32)
+    columns = np.hstack([pos, np.broadcast_to(collection.reserve_rows, (nq, m))])
+    ids = np.hstack([plain.ids, np.broadcast_to(collection.reserve_ids, (nq, m))])
+    ok_slot = np.hstack([valid, ~in_store])
+    ranking = np.array(corr.rank(batch, all_sims, columns=columns), dtype=np.float32, copy=True)
+    ranking[~ok_slot] = -np.inf
+    width = min(k + 1, ranking.shape[1])
+    order = np.lexsort((ids, ~ok_slot, -ranking.astype(np.float64)), axis=1)[:, :width]
+    top_rank = np.take_along_axis(ranking, order, axis=1).astype(np.float64)
+    found = np.take_along_axis(ok_slot, order, axis=1)
+    top_cols = np.take_along_axis(columns, order, axis=1)
+    # the certificate
+    n_valid = valid.sum(axis=1)
+    covered = ok_slot.sum(axis=1) >= n
+    full = n_valid >= kp  # the store filled its k' slots (a list that ran dry bounds nothing)
+    last = np.where(n_valid > 0, plain.scores[np.arange(nq), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
+    w = np.asarray(corr.weights(batch), np.float64)
+    bound, slack = certificate_bound(last, w, collection.threshold, collection.scale_range)
+    kth = np.where(found[:, k - 1], top_rank[:, k - 1], -np.inf)
+    certified = covered | (full & (kth > bound + slack))
+    if request.top1:  # an outside item could be the raw top-1 and change the gate
+        sim_bound = certificate_bound(last, np.zeros((nq, 0)), np.zeros(0), collection.scale_range)[0]
+        certified &= covered | (raw_sims[:, 0].astype(np.float64) > sim_bound + slack)
+    # exact: no near-tie among what the answer orders (same vector and biases excepted)
+    ties = _near_ties(collection, top_rank, found, top_cols, slack)
+    if request.top1 and raw_sims.shape[1] > 1:
+        two = np.isfinite(raw_sims[:, :2]).all(axis=1)
+        gap = raw_sims[:, 0].astype(np.float64) - raw_sims[:, 1]
+        ties |= two & (gap <= slack) & ~_same(collection, raw_pos[:, 0], raw_pos[:, 1])
+    top = order[:, :k]
+    shown_rank = np.where(found[:, :k], top_rank[:, :k], 0).astype(np.float32)
+    shown = np.where(found[:, :k], corr.method_scores(batch, shown_rank), -np.inf).astype(np.float32)
+    from_reserve = np.take_along_axis(np.hstack([np.zeros((nq, kp), bool), np.ones((nq, m), bool)]), top, axis=1) & found[:, :k]
+    exact = certified & ~ties & (complete | covered)
+    return shown, np.take_along_axis(ids, top, axis=1), found[:, :k], certified, exact, from_reserve
+
+
+def _same(collection, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether sidecar rows ``a`` and ``b`` hold the same vector (digest) with the same biases."""
+    digests = collection.sidecar.digests
+    if digests is None:
+        return np.zeros(a.shape, bool)
+    bias = collection.sidecar.bias
+    return (digests[a] == digests[b]) & (bias[a] == bias[b]).all(axis=-1)
+
+
+def _near_ties(collection, top_rank: np.ndarray, found: np.ndarray, cols: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """Per query: two adjacent items of its top-k and the best after it rank within ``slack`` of
+    each other without being the same vector with the same biases."""
+    both = found[:, 1:] & found[:, :-1]
+    gap = np.where(both, top_rank[:, :-1] - top_rank[:, 1:], np.inf)
+    close = both & (gap <= slack[:, None])
+    return (close & ~_same(collection, cols[:, :-1], cols[:, 1:])).any(axis=1)
