@@ -43,7 +43,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -51,7 +51,10 @@ from hubless._registry import Registry
 from hubless.errors import InvalidInput, NotFound
 from hubless.hits import Hits
 
-__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "as_ids", "open_source", "pad_hits", "relocate", "sample_hash"]
+if TYPE_CHECKING:
+    from hubless.attached.bands import BandFilter
+
+__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "as_ids", "open_source", "pad_hits", "relocate", "sample_hash", "sql_band"]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -80,6 +83,10 @@ class Source(abc.ABC):
     #: Whether the collection is read whole into memory when it changes (a FAISS file): then a
     #: changed version mark is checked by comparing every vector, at no extra read.
     reads_whole: bool = False
+    #: Whether :meth:`search_band` searches a bias band (:mod:`hubless.attached.bands`) through
+    #: the store's filter, and whether by the payload field hubless wrote (else by the band's ids).
+    band_search: ClassVar[bool] = False
+    band_by_payload: ClassVar[bool] = True
 
     def __init__(self, uri: str) -> None:
         from hubless.export.base import without_password
@@ -200,6 +207,23 @@ class Source(abc.ABC):
         scores, ids, found = self._search(np.ascontiguousarray(queries, np.float32), int(k), knobs)
         return _ordered(scores, ids, found)
 
+    def searches_bands(self, fields) -> bool:
+        """Whether :meth:`search_band` works here: a store's filter over the payload ``fields``
+        hubless wrote (None: none written), or a FAISS file's selector of ids."""
+        return self.band_search and (fields is not None or not self.band_by_payload)
+
+    def search_band(self, queries: np.ndarray, k: int, band: BandFilter, **knobs) -> Hits:
+        """The store's plain top-``k`` within ``band`` (the items with some bias column below
+        its edge, :class:`~hubless.attached.bands.BandFilter`), through the store's own filter,
+        as :meth:`search` answers."""
+        knobs = self.check_knobs(knobs)
+        scores, ids, found = self._search_band(np.ascontiguousarray(queries, np.float32), int(k), band, knobs)
+        return _ordered(scores, ids, found)
+
+    def _search_band(self, queries: np.ndarray, k: int, band: BandFilter, knobs: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The store's plain top-``k`` within ``band`` (hook of the stores that set :attr:`band_search`)."""
+        raise NotImplementedError
+
     def payloads(self, ids) -> list[dict]:
         """The stored metadata of ``ids`` (the store's payload or other columns, never the
         vector), one dict per id in that order (empty for an id without any; a FAISS index has
@@ -274,6 +298,15 @@ def _ordered(scores: np.ndarray, ids: np.ndarray, found: np.ndarray) -> Hits:
         np.take_along_axis(np.asarray(ids, np.int64), order, axis=1),
         np.take_along_axis(found, order, axis=1),
     )
+
+
+def sql_band(band: BandFilter) -> str:
+    """A band as an SQL condition over the payload columns hubless wrote: some column below its
+    edge, or NULL (a row without the value is in the band, never silently out of it). The edges
+    are float32 values written as the shortest decimal that reads back as the same number, so
+    the store's comparison is numpy's."""
+    assert band.fields is not None  # searches_bands: only with the fields hubless wrote
+    return " OR ".join(f"({f} < {float(e)!r} OR {f} IS NULL)" for f, e in zip(band.fields, band.edges))
 
 
 def pad_hits(rows: list[list[tuple[float, int]]], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ class ChromaSource(Source):
 
     kind = "chroma"
     payload_writes = True
+    band_search = True
     schemes = ("chroma",)
     uri_form = "chroma://path/collection"
 
@@ -118,13 +119,21 @@ class ChromaSource(Source):
         self.collection.update(ids=[str(int(i)) for i in ids.tolist()], metadatas=records)  # merged into each item's metadata
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        assert band.fields is not None  # searches_bands: only with the fields hubless wrote
+        below = [{f: {"$lt": float(e)}} for f, e in zip(band.fields, band.edges)]  # Chroma has no test for a missing key
+        return self._query(queries, k, below[0] if len(below) == 1 else {"$or": below})
+
+    def _query(self, queries, k, where):
         n = self.count()
         depth = min(k, n)
         scores = np.full((len(queries), k), -np.inf, np.float32)
         ids = np.full((len(queries), k), -1, np.int64)
         filled = np.zeros((len(queries), k), bool)
         if depth:
-            res = self.collection.query(query_embeddings=queries, n_results=depth, include=["distances"])
+            res = self.collection.query(query_embeddings=queries, n_results=depth, where=where, include=["distances"])
             for i, (found, dist) in enumerate(zip(res["ids"], res["distances"])):
                 ids[i, : len(found)] = self._ids(found) if found else []
                 scores[i, : len(found)] = 1.0 - np.asarray(dist, np.float64)

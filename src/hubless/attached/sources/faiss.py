@@ -31,6 +31,8 @@ class FaissSource(Source):
     schemes = ("faiss",)
     uri_form = "a FAISS index file (its path, or faiss://path)"
     knobs = {"nprobe": "IVF partitions probed per query", "ef_search": "HNSW candidates kept per query"}
+    band_search = True
+    band_by_payload = False  # a band is a selector of positions: no payload needed
 
     def __init__(self, uri: str, *, index=None) -> None:
         super().__init__(uri)
@@ -132,6 +134,8 @@ class FaissSource(Source):
                     "from an IndexIDMap over an IVF, which FAISS does not renumber): wrap a freshly built IVF in IndexIDMap2"
                 ) from None
         self._order: np.ndarray | None = None
+        self._selectors: dict = {}  # band key -> (bitmap, selector) over this file's positions
+        self._search_params: dict = {}  # (ef, nprobe, selector) -> FAISS search parameters
 
     @property
     def dim(self) -> int:
@@ -180,17 +184,36 @@ class FaissSource(Source):
         return found, vectors
 
     def _search(self, queries, k, knobs):
+        return self._search_in(queries, k, knobs, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        return self._search_in(queries, k, knobs, self._selector(band))
+
+    def _selector(self, band):
+        """A FAISS selector of the band's positions (a bitmap, built once per band and file)."""
+        found = self._selectors.get(band.key)
+        if found is None:
+            members = np.asarray(band.members(), np.int64)
+            n = self.count()
+            if self._ids is None:
+                mask = np.zeros(n, bool)
+                mask[members[(members >= 0) & (members < n)]] = True
+            else:
+                mask = np.isin(self._ids, members)
+            bits = np.packbits(mask, bitorder="little")  # IDSelectorBitmap: bit i & 7 of byte i >> 3
+            found = (bits, self._faiss.IDSelectorBitmap(n, self._faiss.swig_ptr(bits)))  # the bits live as long as it
+            self._selectors[band.key] = found
+        return found[1]
+
+    def _search_in(self, queries, k, knobs, selector):
         faiss = self._faiss
-        params = None
+        n = self.count()
         ef, nprobe = knobs.get("ef_search"), knobs.get("nprobe")
         if ef is None and isinstance(self.inner, faiss.IndexHNSW):
             # a list as long as the beam is poor at its end: at least twice k' (the index's own when larger)
             ef = max(int(self.inner.hnsw.efSearch), 2 * k)
-        if ef is not None and isinstance(self.inner, faiss.IndexHNSW):
-            params = faiss.SearchParametersHNSW(efSearch=int(ef))
-        elif nprobe is not None and faiss.try_extract_index_ivf(self.inner) is not None:
-            params = faiss.SearchParametersIVF(nprobe=int(nprobe))
-        k_eff = min(k, self.count())
+        params = self._params(ef, nprobe, selector)
+        k_eff = min(k, n)
         scores = np.full((len(queries), k), -np.inf, np.float32)
         ids = np.full((len(queries), k), -1, np.int64)
         found = np.zeros((len(queries), k), bool)
@@ -198,5 +221,26 @@ class FaissSource(Source):
             d, i = self.inner.search(queries, k_eff, params=params) if params is not None else self.inner.search(queries, k_eff)
             found[:, :k_eff] = i >= 0  # FAISS's positions: -1 is its own empty slot, never a position
             scores[:, :k_eff] = np.where(found[:, :k_eff], d, -np.inf)
-            ids[:, :k_eff] = self._ids_of(0, self.count())[np.maximum(i, 0)] if self._ids is not None else np.maximum(i, 0)
+            ids[:, :k_eff] = self._ids[np.maximum(i, 0)] if self._ids is not None else np.maximum(i, 0)
         return scores, ids, found
+
+    def _params(self, ef, nprobe, selector):
+        """The search parameters for a beam and a band's selector (None: the index's own), made
+        once per file and kept (a SWIG object per query costs as much as a small search)."""
+        key = (ef, nprobe, id(selector))
+        found = self._search_params.get(key)
+        if found is None and key not in self._search_params:
+            faiss = self._faiss
+            ivf = faiss.try_extract_index_ivf(self.inner)
+            if ef is not None and isinstance(self.inner, faiss.IndexHNSW):
+                found = faiss.SearchParametersHNSW(efSearch=int(ef))
+            elif ivf is not None and (nprobe is not None or selector is not None):
+                found = faiss.SearchParametersIVF(nprobe=int(ivf.nprobe if nprobe is None else nprobe))
+            elif selector is not None:
+                found = faiss.SearchParameters()
+            if selector is not None:
+                found.sel = selector
+            if len(self._search_params) > 256:  # bounded: beams and bands are few
+                self._search_params.clear()
+            self._search_params[key] = found
+        return found

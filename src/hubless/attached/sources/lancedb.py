@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless.attached.sources.base import BATCH, SOURCES, Source, as_ids
+from hubless.attached.sources.base import BATCH, SOURCES, Source, as_ids, sql_band
 from hubless.errors import InvalidInput, NotFound, optional_import
 
 __all__ = ["LanceSource"]
@@ -23,6 +23,7 @@ class LanceSource(Source):
 
     kind = "lancedb"
     payload_writes = True
+    band_search = True
     schemes = ("lancedb",)
     uri_form = "lancedb://path/table"
     knobs = {
@@ -155,9 +156,17 @@ class LanceSource(Source):
         self.table.merge_insert(self.id_field).when_matched_update_all().execute(pa.table(columns))  # these columns only
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, knobs, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        return self._query(queries, k, knobs, sql_band(band))
+
+    def _query(self, queries, k, knobs, where):
         search = self.table.search(queries, vector_column_name=self.vector_field).distance_type(self.metric).limit(k)
         if knobs.get("exact"):
             search = search.bypass_vector_index()
+        if where is not None:
+            search = search.where(where, prefilter=True)
         if knobs.get("nprobe") is not None:
             search = search.nprobes(int(knobs["nprobe"]))
         if knobs.get("refine_factor") is not None:

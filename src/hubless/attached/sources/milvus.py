@@ -24,6 +24,7 @@ class MilvusSource(Source):
 
     kind = "milvus"
     payload_writes = True
+    band_search = True
     schemes = ("milvus",)
     uri_form = "milvus://path/file.db/collection"
     knobs = {"ef_search": "HNSW candidates kept per query (ef)"}
@@ -145,10 +146,18 @@ class MilvusSource(Source):
         self.client.upsert(self.name, rows, partial_update=True)  # these fields only: the vectors are kept
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, knobs, "")
+
+    def _search_band(self, queries, k, band, knobs):
+        assert band.fields is not None  # searches_bands: only with the fields hubless wrote
+        return self._query(queries, k, knobs, " or ".join(f"{f} < {float(e)!r}" for f, e in zip(band.fields, band.edges)))
+
+    def _query(self, queries, k, knobs, where: str):
         ef = max(int(knobs.get("ef_search") or k), k)
         result = self.client.search(
             self.name,
             queries.tolist(),
+            filter=where,
             limit=min(ef, 16384),
             anns_field=self.vector_field,
             search_params={"metric_type": self.metric, "params": {"ef": ef}},

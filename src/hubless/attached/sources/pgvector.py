@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits
+from hubless.attached.sources.base import BATCH, SOURCES, Source, pad_hits, sql_band
 from hubless.errors import InvalidInput, NotFound
 
 __all__ = ["PgvectorSource"]
@@ -24,6 +24,7 @@ class PgvectorSource(Source):
 
     kind = "postgresql"
     payload_writes = True
+    band_search = True
     schemes = ("postgresql", "postgres")
     uri_form = "postgresql://user@host:port/db/table"
     knobs = {
@@ -165,13 +166,20 @@ class PgvectorSource(Source):
         )
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, knobs, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        return self._query(queries, k, knobs, sql_band(band))
+
+    def _query(self, queries, k, knobs, where):
         from hubless.export.pgvector_store import vector_text
 
         op = "<#>" if self.metric == "dot" else "<=>"
         sql = (
             f"SELECT q.i, t.id, t.dist FROM unnest(%s::text[]::vector[]) WITH ORDINALITY AS q(v, i) CROSS JOIN LATERAL "
             f"(SELECT {self.id_field}::bigint AS id, {self.vector_field} {op} q.v AS dist FROM {self._t()} "
-            f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
+            + ("" if where is None else f"WHERE {where} ")
+            + f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
         )
         with self.conn.transaction():
             if knobs.get("exact"):  # a sequential scan and a sort: every row scored

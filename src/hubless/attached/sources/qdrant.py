@@ -58,6 +58,7 @@ class _QdrantPoints(Source):
     points (``_pages``, each source's own call) turned into integer ids and vectors."""
 
     payload_writes = True
+    band_search = True
 
     #: "collection" or "shard", in messages.
     holder = "collection"
@@ -166,6 +167,12 @@ class QdrantSource(_QdrantPoints):
         records = self.client.retrieve(self.collection, ids=[int(i) for i in ids.tolist()], with_payload=True, with_vectors=False)
         return {int(r.id): dict(r.payload or {}) for r in records}
 
+    def _add_payload_fields(self, fields):
+        schema = self.client.get_collection(self.collection).payload_schema or {}
+        for name in fields:  # a float index on each field: the band filters read it (hubless.attached.bands)
+            if name not in schema:
+                self.client.create_payload_index(self.collection, field_name=name, field_schema=self.models.PayloadSchemaType.FLOAT)
+
     def _write_payload(self, ids, values, fields):
         models = self.models
         operations = [
@@ -175,12 +182,23 @@ class QdrantSource(_QdrantPoints):
         self.client.batch_update_points(self.collection, update_operations=operations)  # one request per batch
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, knobs, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        models = self.models
+        assert band.fields is not None  # searches_bands: only with the fields hubless wrote
+        # some column below its edge: NOT (every column at or above it), so a point without the field is in the band
+        beyond = [models.FieldCondition(key=f, range=models.Range(gte=e)) for f, e in zip(band.fields, band.edges)]
+        return self._query(queries, k, knobs, models.Filter(must_not=[models.Filter(must=beyond)]))
+
+    def _query(self, queries, k, knobs, where):
         models = self.models
         exact = bool(knobs.get("exact", False))
         ef = knobs.get("ef_search")
         params = models.SearchParams(exact=exact, hnsw_ef=QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k))
         requests = [
-            models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, with_payload=False) for q in queries.tolist()
+            models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, filter=where, with_payload=False)
+            for q in queries.tolist()
         ]
         answers = self.client.query_batch_points(self.collection, requests=requests)
         return pad_hits([[(p.score, p.id) for p in a.points] for a in answers], k)
@@ -270,6 +288,12 @@ class QdrantEdgeSource(_QdrantPoints):
         records = self.shard.retrieve([int(i) for i in ids.tolist()], True, False)
         return {int(r.id): dict(r.payload or {}) for r in records}
 
+    def _add_payload_fields(self, fields):
+        schema = self.shard.info().payload_schema or {}
+        for name in fields:  # a float index on each field: a band's filter reads it (hubless.attached.bands), no rebuild
+            if name not in schema:
+                self.shard.update(self.qd.UpdateOperation.create_field_index(name, self.qd.PayloadSchemaType.Float))
+
     def _write_payload(self, ids, values, fields):
         qd = self.qd
         for i, row in zip(ids.tolist(), values.tolist()):
@@ -277,13 +301,24 @@ class QdrantEdgeSource(_QdrantPoints):
         self.shard.flush()
 
     def _search(self, queries, k, knobs):
+        return self._query(queries, k, knobs, None)
+
+    def _search_band(self, queries, k, band, knobs):
+        qd = self.qd
+        assert band.fields is not None  # searches_bands: only with the fields hubless wrote
+        # some column below its edge: NOT (every column at or above it), so a point without the field is in the band
+        beyond = [qd.FieldCondition(f, range=qd.RangeFloat(gte=e)) for f, e in zip(band.fields, band.edges)]
+        return self._query(queries, k, knobs, qd.Filter(must_not=[qd.Filter(must=beyond)]))
+
+    def _query(self, queries, k, knobs, where):
         qd = self.qd
         ef = knobs.get("ef_search")
         ef = QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k)  # a beam as long as the list finds its last entries poorly
         params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=ef)
         using = None if self.vector_field == "" else self.vector_field
         requests = [
-            qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), with_payload=False, params=params) for q in queries.tolist()
+            qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), filter=where, with_payload=False, params=params)
+            for q in queries.tolist()
         ]
         answers = self.shard.query_batch(qd.QueryBatchRequest(requests))
         return pad_hits([[(p.score, p.id) for p in hits] for hits in answers], k)
