@@ -30,15 +30,15 @@ certified and exact.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from hubless._validation import check_positive_int, check_top_k
 from hubless.attached import checks
+from hubless.attached.bands import CollectionBands
 from hubless.attached.beam import beam_knobs
-from hubless.attached.certificate import answer_round
+from hubless.attached.certificate import answer_round, take_queries
 from hubless.attached.prepare import collection_rows, correction_for
 from hubless.attached.sidecar import Sidecar, read_sidecar, same_collection, source_address
 from hubless.attached.sources.base import BATCH, Source, open_source
@@ -93,6 +93,8 @@ class AttachedCollection:
         #: the source's version mark the sidecar is in step with (hubless.attached.checks)
         self.mark = info["source"].get("version")
         self.checked_at = time.monotonic()
+        #: the bias bands of the tighter certificate, where the store can search them (None: it cannot)
+        self.bands = CollectionBands.of(self)
 
     def reload(self) -> bool:
         """Read the sidecar again when an update wrote a new version of it since (True when it
@@ -207,10 +209,13 @@ class AttachedCollection:
             step = max(1, ANSWER_ELEMENTS // (kp + self.reserve_ids.size))  # queries per round: bounded temporaries
             for lo in range(0, todo.size, step):
                 rows = todo[lo : lo + step]
-                part = batch.rows(0, nq) if rows.size == nq else _take(batch, rows)
-                s, i, f, ok[lo : lo + step], e, r = answer_round(self, part, k, kp, round_knobs, complete)
-                scores[rows, :k], ids[rows, :k], found[rows, :k], served[rows, :k] = s, i, f, r
-                certified[rows], exact[rows], used[rows] = ok[lo : lo + step], e, kp
+                part = batch.rows(0, nq) if rows.size == nq else take_queries(batch, rows)
+                got = answer_round(self, part, k, kp, round_knobs, complete)
+                if self.bands is not None and not got.certified.all():  # the band certificate (hubless.attached.bands)
+                    got = self.bands.tighten(self, part, got, k, kp, round_knobs, complete)
+                scores[rows, :k], ids[rows, :k], found[rows, :k], served[rows, :k] = got.scores, got.ids, got.found, got.from_reserve
+                certified[rows], exact[rows], used[rows] = got.certified, got.exact, kp
+                ok[lo : lo + step] = got.certified
             if kp >= limit:
                 break
             todo = todo[~ok]
@@ -338,10 +343,3 @@ def recall_at_k(found: Hits, exact: Hits) -> float:
 def _share(flags) -> float:
     flags = np.asarray(flags, bool)
     return float(flags.mean()) if flags.size else 1.0
-
-
-def _take(batch, rows: np.ndarray):
-    weight = batch.weight
-    if weight is not None and weight.ndim == 1:
-        weight = weight[rows]
-    return replace(batch, vectors=batch.vectors[rows], weight=weight, statistics=None)
