@@ -215,7 +215,7 @@ class AttachedCollection:
                 break
             todo = todo[~ok]
             kp = min(2 * kp, limit)
-        checks.check_reserve_hits(self, ids[served])
+        checks.check_hits(self, ids[found], served[found])
         records = None
         if metadata:
             shown = np.unique(ids[found])
