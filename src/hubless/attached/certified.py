@@ -258,7 +258,7 @@ class AttachedCollection:
                     "certified": _share(result.certified),
                     "exact": _share(result.exact),
                     "wrong_exact": int((claimed & ~same).sum()),
-                    "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
+                    "candidates": float(np.mean(np.asarray(result.candidates, np.float64))) if result.n_queries else 0.0,
                 }
             )
         return rows
