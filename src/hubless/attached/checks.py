@@ -72,6 +72,7 @@ def verify_open(collection) -> None:
     check_count(collection)
     if collection.sidecar.digests is None:
         _legacy_sample(collection)
+        collection.mark = collection.source.version()  # no mark recorded: from now on, this one
         return
     mark = collection.source.version()
     if mark is None:
@@ -111,7 +112,7 @@ def ensure_fresh(collection) -> None:
 
 
 def _mark_changed(collection, mark) -> None:
-    if not collection.source.reads_whole:
+    if not collection.source.reads_whole or collection.sidecar.digests is None:
         raise _changed(collection, f"its version mark was {collection.mark}, now {mark}")
     found = compare_all(collection.source, collection.sidecar)
     if any(found.values()):
