@@ -200,14 +200,10 @@ def store_part(store: str, args, x, ids, bank, q, exact_corrected, exact_plain, 
         ("certified at default k' (80) / after widening", f"{narrow.certified.mean():.1%} / {result.certified.mean():.1%}", ""),
         ("certified / exact; of them, differ from exact corrected", claims(result, want), "0 exact that differ"),
     ]  # fmt: skip
-    if store in ("lancedb", "qdrant"):  # the store's own exact search: complete candidates, exact claimed
-        rows.append(
-            (
-                "the same with the store's exact search (exact=True)",
-                claims(attached.search_certified(q, 10, exact=True), want),
-                "0 exact that differ",
-            )
-        )
+    if store in ("lancedb", "qdrant"):  # the store's own exact search: complete candidates, exact claimed (a scan per query)
+        part = min(len(q), 2000)
+        shown = claims(attached.search_certified(q[:part], 10, exact=True), want[:part])
+        rows.append((f"the same with the store's exact search (exact=True), {part:,} queries", shown, "0 exact that differ"))
     if store.startswith("faiss"):  # one query per call: FAISS's OpenMP threads only add waiting on a loaded machine
         import faiss
 

@@ -29,6 +29,7 @@ certified and exact.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -68,6 +69,9 @@ class AttachedCollection:
 
     def __init__(self, source: Source, sidecar: Sidecar, *, verify: bool = True) -> None:
         self.source = source
+        #: one search (its checks, a sidecar read again, its rounds) at a time: a served handle's
+        #: threads never see half of a new sidecar
+        self.lock = threading.RLock()
         self._load(sidecar)
         if verify:
             checks.verify_open(self)
@@ -178,6 +182,10 @@ class AttachedCollection:
         """
         if not isinstance(metadata, (bool, np.bool_)):
             raise InvalidType(f"metadata must be True or False; got {metadata!r}")
+        with self.lock:
+            return self._search(queries, top_k, candidates, max_candidates, bool(metadata), options)
+
+    def _search(self, queries, top_k, candidates, max_candidates, metadata: bool, options: dict) -> Hits:
         corr = self.correction
         n = self.ntotal
         top_k = check_top_k(top_k, n, "the collection")  # the one top-k rule: beyond the items, padded
@@ -270,6 +278,10 @@ class AttachedCollection:
         lower id; :class:`~hubless.Hits` as :meth:`search` (every answer ``exact``). What
         :meth:`search` is measured against (``hubless attach --search Q --exact``); it reads
         the whole collection, so it is for evaluation, not serving."""
+        with self.lock:
+            return self._exact_search(queries, top_k, batch, weight)
+
+    def _exact_search(self, queries, top_k, batch, weight: dict) -> Hits:
         from hubless.corrections import QueryStatistics
 
         corr = self.correction
