@@ -64,9 +64,10 @@ def test_an_in_place_change_is_found_by_the_full_check_and_repaired(collection, 
     collection.replace([victim], x[ids == victim])
     want = exact_now(x, ids, data)
     assert (want == victim).any(axis=1).sum() >= 5  # the change matters
-    if collection.kind in ("faiss-flat", "lancedb", "postgresql"):  # a version mark: the open handle refuses before its next answer
-        with pytest.raises(Conflict, match="changed since it was attached"):
-            attached.search(data["queries"], 10)
+    # the open handle refuses before its next answer: a version mark changed (FAISS, LanceDB, pgvector),
+    # or (Qdrant, Chroma: no mark) the changed item is among the hits, read and compared with its digest
+    with pytest.raises(Conflict, match="changed since it was attached"):
+        attached.search(data["queries"], 10)
     report = update(side, collection.uri, data["bank"], batch=64, **collection.options)  # the default update
     if not report["full"]:  # a rotating sample: this change is outside it
         assert (report["added"], report["removed"], report["changed"], report["checked"]) == (0, 0, 0, 32)
@@ -175,3 +176,38 @@ def test_a_running_service_rechecks_a_rewritten_file_before_it_answers(data, tmp
         assert answer.status_code == 200 and all(r["exact"] for r in answer.json()["results"])
         want = exact_top(brute_force_nnn(x, data["bank"], data["queries"][:3], 0.75, 8), ids, 5)[0]
         assert [[h["id"] for h in r["hits"]] for r in answer.json()["results"]] == want.tolist()
+
+
+def test_a_sidecar_written_before_digests_is_served_never_claimed_exact_and_its_update_reattaches(data, tmp_path):
+    """A sidecar of an earlier hubless (no digests.npy, no scale.npy; its open checks the old
+    32-item sample hash): served as before, certified but never claimed exact, and its update
+    attaches again (every vector read once) to record the digests."""
+    import json
+
+    from hubless.attached import sidecar as sidecar_module
+    from hubless.attached.sources.base import open_source, sample_hash
+
+    coll = Collection("faiss-flat", tmp_path)
+    x, ids = data["x"], data["ids"]
+    coll.create(x, ids)
+    side = tmp_path / "side"
+    sorted_ids = attach(coll.uri, data["bank"], SPEC, out=side).sidecar.ids
+    version = next(side.glob("v-*"))
+    for name in ("digests.npy", "scale.npy"):
+        (version / name).unlink()
+    info = json.loads((version / "attach.json").read_text())
+    info = {k: v for k, v in info.items() if k != "info_sha256"}
+    for name in ("digests.npy", "scale.npy"):
+        del info["files_sha256"][name]
+    info["fingerprint"]["sample_ids"], info["fingerprint"]["sample_sha256"] = sample_hash(open_source(coll.uri), sorted_ids)
+    info.pop("beam"), info["source"].pop("version")
+    (version / "attach.json").write_text(json.dumps({**info, "info_sha256": sidecar_module._info_sha256(info)}))
+    old = AttachedCollection.open(coll.uri, side)
+    assert old.sidecar.digests is None
+    result = old.search_certified(data["queries"], 10)
+    np.testing.assert_array_equal(result.ids, exact_now(x, ids, data))
+    assert result.certified.all() and not result.exact.any()
+    report = update(side, coll.uri, data["bank"])
+    assert "no digests" in report["refit"] and report["read_items"] == 240
+    again = AttachedCollection.open(coll.uri, side).search_certified(data["queries"], 10)
+    assert again.exact.mean() >= 0.9 and read_sidecar(side).digests is not None

@@ -72,6 +72,21 @@ def test_duplicates_inserted_out_of_id_order_gate_as_the_in_memory_fit(spec, tmp
     result = attached.search_certified(queries, 10)
     certified = result.certified
     assert certified.mean() >= 0.9
-    np.testing.assert_array_equal(result.ids[certified], want[certified])
-    np.testing.assert_array_equal(result.ids[result.exact], want[result.exact])
-    np.testing.assert_array_equal(attached.exact_search(queries, 10).ids, want)
+    # the order of two copies of one vector is decided by the last bits of their float32 scores
+    # (their biases come from different GEMM blocks; issue 51): compared as copies of one vector
+    group = duplicate_groups(x, ids)
+    np.testing.assert_array_equal(group(result.ids[certified]), group(want[certified]))
+    exact = attached.exact_search(queries, 10)
+    np.testing.assert_array_equal(group(exact.ids), group(want))
+    # what is claimed exact is, to the id: an answer that orders two copies is not claimed
+    np.testing.assert_array_equal(result.ids[result.exact], exact.ids[result.exact])
+    assert result.exact.mean() < certified.mean()  # the copies tie: not claimed
+
+
+def duplicate_groups(x: np.ndarray, ids: np.ndarray):
+    """A map of ids to the lowest id holding the same vector (copies of one vector as one)."""
+    _, first, inverse = np.unique(x, axis=0, return_index=True, return_inverse=True)
+    lowest = np.full(first.size, np.iinfo(np.int64).max)
+    np.minimum.at(lowest, inverse.ravel(), ids)
+    table = dict(zip(ids.tolist(), lowest[inverse.ravel()].tolist()))
+    return lambda found: np.vectorize(table.__getitem__)(found)

@@ -89,7 +89,7 @@ def calibrate(source, probe: RecallProbe, target: float = BEAM_RECALL) -> dict |
     if not measured:
         return None
     met = chosen is not None
-    value = chosen if met else measured[-1][0]
+    value = chosen if chosen is not None else measured[-1][0]
     scaled = knob == "ef_search"
     return {
         "knob": knob,

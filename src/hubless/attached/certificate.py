@@ -26,11 +26,11 @@ An answer is **exact** (equal to exact corrected search over the collection as i
 it is certified and the store's candidates are complete (the store searched exactly:
 :meth:`~hubless.attached.sources.base.Source.searches_exactly`, or the candidates cover the
 collection), and no two items the answer orders (its top-k and the best item after it; for a
-gated method, the raw top-1 and second) score within the slack of each other unless they are
-the same vector with the same biases (a tie any arithmetic breaks the same way, by the lower
-id): a near-tie is decided by the last bits of a float32 dot product, which differ between the
-store's arithmetic and another machine's BLAS, so it is not claimed. The collection being the
-one the sidecar describes is the caller's check (:mod:`hubless.attached.checks`).
+gated method, the raw top-1 and second) score within the slack of each other: such a tie or
+near-tie is decided by the last bits of a float32 dot product, which differ between the store's
+arithmetic and another machine's BLAS (even two copies of one vector can score a bit apart in
+two columns of one GEMM), so it is not claimed. The collection being the one the sidecar
+describes is the caller's check (:mod:`hubless.attached.checks`).
 """
 
 from __future__ import annotations
@@ -141,7 +141,6 @@ def answer_round(
     order = np.lexsort((ids, ~ok_slot, -ranking.astype(np.float64)), axis=1)[:, :width]
     top_rank = np.take_along_axis(ranking, order, axis=1).astype(np.float64)
     found = np.take_along_axis(ok_slot, order, axis=1)
-    top_cols = np.take_along_axis(columns, order, axis=1)
     # the certificate
     n_valid = valid.sum(axis=1)
     covered = ok_slot.sum(axis=1) >= n
@@ -159,11 +158,11 @@ def answer_round(
         certified &= covered | (raw_sims[:, 0].astype(np.float64) > sim_bound + sim_slack)
     # exact: no near-tie among what the answer orders (same vector and biases excepted)
     tie_slack = certificate_bound(last, w, collection.threshold, collection.scale_range)[1]
-    ties = _near_ties(collection, top_rank, found, top_cols, tie_slack)
+    ties = _near_ties(top_rank, found, tie_slack)
     if request.top1 and raw_sims.shape[1] > 1:
         two = np.isfinite(raw_sims[:, :2]).all(axis=1)
         gap = raw_sims[:, 0].astype(np.float64) - raw_sims[:, 1]
-        ties |= two & (gap <= tie_slack) & ~_same(collection, raw_pos[:, 0], raw_pos[:, 1])
+        ties |= two & (gap <= tie_slack)
     top = order[:, :k]
     shown_rank = np.where(found[:, :k], top_rank[:, :k], 0).astype(np.float32)
     shown = np.where(found[:, :k], corr.method_scores(batch, shown_rank), -np.inf).astype(np.float32)
@@ -213,19 +212,9 @@ def _first_copies(ids: np.ndarray, found: np.ndarray) -> np.ndarray:
     return out
 
 
-def _same(collection, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Whether sidecar rows ``a`` and ``b`` hold the same vector (digest) with the same biases."""
-    digests = collection.sidecar.digests
-    if digests is None:
-        return np.zeros(a.shape, bool)
-    bias = collection.sidecar.bias
-    return (digests[a] == digests[b]) & (bias[a] == bias[b]).all(axis=-1)
-
-
-def _near_ties(collection, top_rank: np.ndarray, found: np.ndarray, cols: np.ndarray, slack: np.ndarray) -> np.ndarray:
+def _near_ties(top_rank: np.ndarray, found: np.ndarray, slack: np.ndarray) -> np.ndarray:
     """Per query: two adjacent items of its top-k and the best after it rank within ``slack`` of
-    each other without being the same vector with the same biases."""
+    each other (a tie included)."""
     both = found[:, 1:] & found[:, :-1]
     gap = np.where(both, top_rank[:, :-1] - top_rank[:, 1:], np.inf)
-    close = both & (gap <= slack[:, None])
-    return (close & ~_same(collection, cols[:, :-1], cols[:, 1:])).any(axis=1)
+    return (both & (gap <= slack[:, None])).any(axis=1)

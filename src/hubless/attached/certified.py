@@ -29,6 +29,7 @@ certified and exact.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,9 @@ class AttachedCollection:
 
     def __init__(self, source: Source, sidecar: Sidecar, *, verify: bool = True) -> None:
         self.source = source
+        #: one search (its checks, a sidecar read again, its rounds) at a time: a served handle's
+        #: threads never see half of a new sidecar
+        self.lock = threading.RLock()
         self._load(sidecar)
         if verify:
             checks.verify_open(self)
@@ -180,6 +184,10 @@ class AttachedCollection:
         """
         if not isinstance(metadata, (bool, np.bool_)):
             raise InvalidType(f"metadata must be True or False; got {metadata!r}")
+        with self.lock:
+            return self._search(queries, top_k, candidates, max_candidates, bool(metadata), options)
+
+    def _search(self, queries, top_k, candidates, max_candidates, metadata: bool, options: dict) -> Hits:
         corr = self.correction
         n = self.ntotal
         top_k = check_top_k(top_k, n, "the collection")  # the one top-k rule: beyond the items, padded
@@ -220,7 +228,7 @@ class AttachedCollection:
                 break
             todo = todo[~ok]
             kp = min(2 * kp, limit)
-        checks.check_reserve_hits(self, ids[served])
+        checks.check_hits(self, ids[found], served[found])
         records = None
         if metadata:
             shown = np.unique(ids[found])
@@ -263,7 +271,7 @@ class AttachedCollection:
                     "certified": _share(result.certified),
                     "exact": _share(result.exact),
                     "wrong_exact": int((claimed & ~same).sum()),
-                    "candidates": float(result.candidates.mean()) if result.candidates.size else 0.0,
+                    "candidates": float(np.mean(np.asarray(result.candidates, np.float64))) if result.n_queries else 0.0,
                 }
             )
         return rows
@@ -275,6 +283,10 @@ class AttachedCollection:
         lower id; :class:`~hubless.Hits` as :meth:`search` (every answer ``exact``). What
         :meth:`search` is measured against (``hubless attach --search Q --exact``); it reads
         the whole collection, so it is for evaluation, not serving."""
+        with self.lock:
+            return self._exact_search(queries, top_k, batch, weight)
+
+    def _exact_search(self, queries, top_k, batch, weight: dict) -> Hits:
         from hubless.corrections import QueryStatistics
 
         corr = self.correction

@@ -15,13 +15,15 @@ collection makes before it answers (docs/attach.md, "What is detected").
   ``hubless attach --update``; then the same mark, read again (a changed mark is refused, or for
   a FAISS file re-checked whole, before the answer); on a store without a mark, the count, and a
   new random sample every :data:`RECHECK_SECONDS` of a long-lived handle.
-* **After each search** (:func:`check_reserve_hits`), on a store without a mark: the hits served
-  from the reserve's copies of vectors are read from the store and compared with their digests,
-  so a reserve item changed or deleted in the store is never served from its stale copy.
+* **After each search** (:func:`check_hits`), on a store without a mark: the hits about to be
+  served are read from the store and compared with their digests, so an item changed in place
+  that enters an answer is refused, not ranked with its old biases, and a reserve item changed
+  or deleted in the store is never served from its stale copy.
 
 What is not seen without a full read (``hubless attach --update --full``): on a store without a
-version mark, a vector replaced in place, or an item removed and another added, that the samples
-miss. A sidecar written before digests has none to compare: its open checks the old 32-item
+version mark, a vector replaced in place that the samples miss and that enters no answer (it may
+still push another item out of one: its store score is new, its biases old), or an item removed
+and another added, between two samples. A sidecar written before digests has none to compare: its open checks the old 32-item
 sample hash, and its answers are never claimed exact.
 """
 
@@ -40,7 +42,7 @@ __all__ = [
     "RECHECK_SECONDS",
     "SAMPLE",
     "check_count",
-    "check_reserve_hits",
+    "check_hits",
     "check_sample",
     "compare_all",
     "ensure_fresh",
@@ -70,6 +72,7 @@ def verify_open(collection) -> None:
     check_count(collection)
     if collection.sidecar.digests is None:
         _legacy_sample(collection)
+        collection.mark = collection.source.version()  # no mark recorded: from now on, this one
         return
     mark = collection.source.version()
     if mark is None:
@@ -109,7 +112,7 @@ def ensure_fresh(collection) -> None:
 
 
 def _mark_changed(collection, mark) -> None:
-    if not collection.source.reads_whole:
+    if not collection.source.reads_whole or collection.sidecar.digests is None:
         raise _changed(collection, f"its version mark was {collection.mark}, now {mark}")
     found = compare_all(collection.source, collection.sidecar)
     if any(found.values()):
@@ -143,20 +146,23 @@ def compare_all(source, sidecar, batch: int = BATCH) -> dict:
     return {"added": added, "removed": n - seen, "changed": changed}
 
 
-def check_reserve_hits(collection, ids: np.ndarray) -> None:
-    """The reserve items served (``ids``), read from a store without a version mark and compared
-    with their digests: a reserve item changed or deleted in the store is refused, not served
-    from its stale copy."""
+def check_hits(collection, ids: np.ndarray, reserve: np.ndarray) -> None:
+    """The hits about to be served (``ids``; ``reserve``: which of them were scored from the
+    reserve's copies), read from a store without a version mark and compared with their digests:
+    an item changed in place, or a reserve item changed or deleted, is refused."""
     if collection.sidecar.digests is None or ids.size == 0 or collection.source.version() is not None:
         return
     want = np.unique(ids)
     present, vectors = collection.source.fetch_present(want)
     if present.size < want.size:
-        raise _changed(collection, f"reserve item {int(np.setdiff1d(want, present)[0])} is gone")
+        gone = int(np.setdiff1d(want, present)[0])
+        raise _changed(collection, f"{'reserve item' if gone in set(ids[reserve].tolist()) else 'item'} {gone} is gone")
     rows = np.searchsorted(collection.sidecar.ids, present)
     differ = vector_digests(vectors) != collection.sidecar.digests[rows]
     if differ.any():
-        raise _changed(collection, f"reserve item {int(present[differ][0])} was changed in place")
+        item = int(present[differ][0])
+        what = "reserve item" if item in set(ids[reserve].tolist()) else "item"
+        raise _changed(collection, f"{what} {item} was changed in place")
 
 
 def _legacy_sample(collection) -> None:

@@ -224,7 +224,7 @@ def _read_version(folder: Path, version: Path) -> Sidecar:
         raise Corrupt(f"sidecar {folder} has format version {info.get('format_version')}; this hubless reads {FORMAT_VERSION}")
     if ids.shape[0] != bias.shape[0] or bias.ndim != 2:
         raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but bias rows of shape {bias.shape}")
-    if scale is not None and (scale.shape != ids.shape or digests_.shape != ids.shape):
+    if scale is not None and digests_ is not None and (scale.shape != ids.shape or digests_.shape != ids.shape):
         raise Corrupt(f"sidecar {folder}: {ids.shape[0]} ids but digests of shape {digests_.shape} and scales of shape {scale.shape}")
     return Sidecar(ids, bias, stats, info, folder, reserve_ids, reserve_vectors, digests_, scale)
 

@@ -179,6 +179,7 @@ def _sampled_changes(src: Source, old: Sidecar, batch: int) -> dict:
     added = np.setdiff1d(current, old.ids)
     removed = np.setdiff1d(old.ids, current)
     cursor = int((old.info.get("checks") or {}).get("cursor", 0))
+    assert old.digests is not None  # a sidecar without them is refitted instead
     kept = ~np.isin(old.ids, removed)
     positions = sample_positions(int(kept.sum()), cursor)  # over the items still there
     changed, _ = (
@@ -202,7 +203,8 @@ def _full_changes(src: Source, old: Sidecar, batch: int) -> dict:
     changed items' vectors are kept for their refit (bounded: a check that finds more than a
     quarter of the collection changed refits everything instead), the collection's sum
     recomputed exactly."""
-    ids, n = old.ids, old.ids.size
+    ids, n, digests = old.ids, old.ids.size, old.digests
+    assert digests is not None  # a sidecar without them is refitted instead
     corr = correction_for(old.spec, bool(old.info["normalize"]))
     seen = np.zeros(n, bool)
     total = np.zeros(src.dim, np.float64)
@@ -213,7 +215,7 @@ def _full_changes(src: Source, old: Sidecar, batch: int) -> dict:
         pos = np.minimum(np.searchsorted(ids, item_ids), max(n - 1, 0))
         known = (ids[pos] == item_ids) if n else np.zeros(item_ids.shape, bool)
         seen[pos[known]] = True
-        differ = known & (vector_digests(vectors) != old.digests[pos])
+        differ = known & (vector_digests(vectors) != digests[pos])
         checked += int(known.sum())
         total += collection_rows(corr, src, vectors, item_ids).sum(axis=0, dtype=np.float64)
         added.append(item_ids[~known])
@@ -264,8 +266,8 @@ def _refit(out, src: Source, old: Sidecar, query_bank, gallery_bank, batch, prog
     )
     side = fresh.sidecar
     changed = 0
-    if old.digests is not None:  # what changed in place, from the two sets of digests
-        common, a, b = np.intersect1d(old_ids, side.ids, return_indices=True)
+    if old.digests is not None and side.digests is not None:  # what changed in place, from the two sets of digests
+        _, a, b = np.intersect1d(old_ids, side.ids, return_indices=True)
         changed = int((old.digests[a] != side.digests[b]).sum())
     return {
         **report,

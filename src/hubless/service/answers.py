@@ -206,6 +206,9 @@ class QueryResult(_Answer):
         default=None,
         description="An attached collection only: whether the answer equals exact corrected search over the collection as it is now (see docs/attach.md).",
     )
+    candidates: int | None = Field(
+        default=None, description="An attached collection only: the candidates (k') the answer was re-scored from."
+    )
     hits: list[Hit]
     uncorrected: list[Hit] | None = Field(default=None, description="With compare: the uncorrected top k.")
 
