@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hubless.attached.certificate import Round, answer_round, certificate_bound, take_queries
+from hubless.attached.sources.base import field_names
 from hubless.hits import Hits
 
 __all__ = ["BAND_ROUNDS", "BAND_SHARES", "BandFilter", "Bands", "CollectionBands", "make_bands"]
@@ -186,7 +187,7 @@ class CollectionBands:
     @classmethod
     def of(cls, collection) -> CollectionBands | None:
         payload = collection.sidecar.info.get("payload") or {}
-        written = tuple(payload["fields"]) if payload.get("fields") else None
+        written = field_names(payload["fields"]) if payload.get("fields") else None
         if not collection.source.searches_bands(written):
             return None
         mark = collection.sidecar_mark

@@ -96,14 +96,27 @@ class Round:
 
 
 def answer_round(
-    collection, batch, k: int, kp: int, knobs: dict, complete: bool, *, plain: Hits | None = None, extra: Hits | None = None, bound=None
+    collection,
+    batch,
+    k: int,
+    kp: int,
+    knobs: dict,
+    complete: bool,
+    *,
+    plain: Hits | None = None,
+    extra: Hits | None = None,
+    bound=None,
+    last: np.ndarray | None = None,
 ) -> Round:
     """One round for the queries of ``batch``: the store's plain top-``kp`` (with ``knobs``) plus
     the reserve, re-scored, each query's answer and its certificate (:class:`Round`).
     ``complete``: the store searched exactly with ``knobs``. A band round
     (:mod:`hubless.attached.bands`) passes the store's top-k' it had (``plain``), more of the
     store's hits to re-score with it (``extra``: the band's) and the bound they give
-    (``bound(last, weights) -> (bound, slack)``; default :func:`certificate_bound`)."""
+    (``bound(last, weights) -> (bound, slack)``; default :func:`certificate_bound`). A round
+    the store ranked by the corrected score (:mod:`hubless.attached.store_ranking`) passes its
+    top-k as ``plain`` and the k'-th plain score of the candidates it ranked as ``last``
+    (+inf where it held fewer than k')."""
     from hubless.corrections import QueryStatistics
 
     corr = collection.correction
@@ -144,8 +157,12 @@ def answer_round(
     # the certificate
     n_valid = valid.sum(axis=1)
     covered = ok_slot.sum(axis=1) >= n
-    full = n_valid >= kp  # the store filled its k' slots (a list that ran dry bounds nothing)
-    last = np.where(n_valid > 0, plain.scores[np.arange(nq), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
+    if last is None:
+        full = n_valid >= kp  # the store filled its k' slots (a list that ran dry bounds nothing)
+        last = np.where(n_valid > 0, plain.scores[np.arange(nq), np.maximum(n_valid - 1, 0)], np.inf).astype(np.float64)
+    else:
+        last = np.asarray(last, np.float64)
+        full = np.isfinite(last)
     w = np.asarray(corr.weights(batch), np.float64)
     if bound is None:
         limit, slack = certificate_bound(last, w, collection.threshold, collection.scale_range)

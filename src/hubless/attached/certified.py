@@ -39,10 +39,11 @@ from hubless._validation import check_positive_int, check_top_k
 from hubless.attached import checks
 from hubless.attached.bands import CollectionBands
 from hubless.attached.beam import beam_knobs
-from hubless.attached.certificate import answer_round, take_queries
+from hubless.attached.certificate import Round, answer_round, take_queries
 from hubless.attached.prepare import collection_rows, correction_for
 from hubless.attached.sidecar import Sidecar, read_sidecar, same_collection, source_address
 from hubless.attached.sources.base import BATCH, Source, open_source
+from hubless.attached.store_ranking import check_store_ranking, store_round
 from hubless.engine.topk import NO_ID
 from hubless.errors import Conflict, InvalidType
 from hubless.hits import Hits
@@ -167,6 +168,7 @@ class AttachedCollection:
         candidates: int | None = None,
         max_candidates: int | None = None,
         metadata: bool = False,
+        in_store: bool = False,
         **options,
     ) -> Hits:
         """Corrected top-``top_k`` through the store's plain search (see the module docstring):
@@ -180,14 +182,20 @@ class AttachedCollection:
         knob, the beam attach chose). ``metadata``: also read the hits' metadata from the store
         (its payload or other columns, by id; one read for the batch). A ``top_k`` beyond the
         collection keeps the width: the slots past it are not ``found`` (the one top-k rule,
-        :func:`hubless._validation.check_top_k`).
+        :func:`hubless._validation.check_top_k`). ``in_store``: the store ranks the first round
+        by the corrected score over the payload ``--write-payload`` wrote, in one request
+        (Qdrant's formula query, pgvector's SQL: :mod:`hubless.attached.store_ranking`); the
+        queries it leaves uncertified go on as without it.
         """
-        if not isinstance(metadata, (bool, np.bool_)):
-            raise InvalidType(f"metadata must be True or False; got {metadata!r}")
+        for name, flag in (("metadata", metadata), ("in_store", in_store)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise InvalidType(f"{name} must be True or False; got {flag!r}")
+        if in_store:
+            check_store_ranking(self)  # refused before anything is searched, naming why
         with self.lock:
-            return self._search(queries, top_k, candidates, max_candidates, bool(metadata), options)
+            return self._search(queries, top_k, candidates, max_candidates, bool(metadata), bool(in_store), options)
 
-    def _search(self, queries, top_k, candidates, max_candidates, metadata: bool, options: dict) -> Hits:
+    def _search(self, queries, top_k, candidates, max_candidates, metadata: bool, in_store: bool, options: dict) -> Hits:
         corr = self.correction
         n = self.ntotal
         top_k = check_top_k(top_k, n, "the collection")  # the one top-k rule: beyond the items, padded
@@ -218,9 +226,10 @@ class AttachedCollection:
             for lo in range(0, todo.size, step):
                 rows = todo[lo : lo + step]
                 part = batch.rows(0, nq) if rows.size == nq else take_queries(batch, rows)
-                got = answer_round(self, part, k, kp, round_knobs, complete)
-                if self.bands is not None and not got.certified.all():  # the band certificate (hubless.attached.bands)
-                    got = self.bands.tighten(self, part, got, k, kp, round_knobs, complete)
+                if in_store and kp == first:  # ranked by the store, the uncertified queries by _round
+                    got = store_round(self, part, k, kp, round_knobs, complete, _round)
+                else:
+                    got = _round(self, part, k, kp, round_knobs, complete)
                 scores[rows, :k], ids[rows, :k], found[rows, :k], served[rows, :k] = got.scores, got.ids, got.found, got.from_reserve
                 certified[rows], exact[rows], used[rows] = got.certified, got.exact, kp
                 ok[lo : lo + step] = got.certified
@@ -337,6 +346,16 @@ class AttachedCollection:
                 values = values - w @ self.sidecar.bias[pos].T
             best = merge_topk_ids(best, (values.astype(np.float32), np.broadcast_to(pos, values.shape)), k)
         return best[0].astype(np.float32), best[1]
+
+
+def _round(collection, batch, k: int, kp: int, knobs: dict, complete: bool) -> Round:
+    """One round: the store's plain top-``kp`` and the reserve re-scored and certified
+    (:func:`~hubless.attached.certificate.answer_round`), then the band certificate for the
+    queries it left uncertified (:mod:`hubless.attached.bands`)."""
+    got = answer_round(collection, batch, k, kp, knobs, complete)
+    if collection.bands is not None and not got.certified.all():
+        got = collection.bands.tighten(collection, batch, got, k, kp, knobs, complete)
+    return got
 
 
 def recall_at_k(found: Hits, exact: Hits) -> float:

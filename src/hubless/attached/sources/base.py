@@ -54,7 +54,19 @@ from hubless.hits import Hits
 if TYPE_CHECKING:
     from hubless.attached.bands import BandFilter
 
-__all__ = ["BATCH", "SAMPLE", "SOURCES", "Source", "as_ids", "open_source", "pad_hits", "relocate", "sample_hash", "sql_band"]
+__all__ = [
+    "BATCH",
+    "SAMPLE",
+    "SOURCES",
+    "Source",
+    "as_ids",
+    "open_source",
+    "pad_hits",
+    "relocate",
+    "sample_hash",
+    "sql_band",
+    "field_names",
+]
 
 #: Items read per batch by default.
 BATCH = 8192
@@ -87,6 +99,9 @@ class Source(abc.ABC):
     #: the store's filter, and whether by the payload field hubless wrote (else by the band's ids).
     band_search: ClassVar[bool] = False
     band_by_payload: ClassVar[bool] = True
+    #: Whether :meth:`search_corrected` ranks by the corrected score in the store's own query
+    #: (:mod:`hubless.attached.store_ranking`).
+    ranks_corrected: ClassVar[bool] = False
 
     def __init__(self, uri: str) -> None:
         from hubless.export.base import without_password
@@ -224,6 +239,20 @@ class Source(abc.ABC):
         """The store's plain top-``k`` within ``band`` (hook of the stores that set :attr:`band_search`)."""
         raise NotImplementedError
 
+    def search_corrected(self, queries: np.ndarray, k: int, kp: int, weights: np.ndarray, fields, **knobs) -> tuple[Hits, np.ndarray]:
+        """The store's own top-``k`` by the corrected score ``s - weights[q] . fields``, among its
+        plain top-``kp`` through its index, in one request (:mod:`hubless.attached.store_ranking`):
+        (:class:`~hubless.Hits` of the k hits with their *plain* scores, the kp-th plain score of
+        each query's candidates: +inf where the store held fewer than kp)."""
+        knobs = self.check_knobs(knobs)
+        q = np.ascontiguousarray(queries, np.float32)
+        scores, ids, found, last = self._search_corrected(q, int(k), int(kp), np.asarray(weights, np.float64), tuple(fields), knobs)
+        return Hits.from_found(scores, ids, found), np.asarray(last, np.float64)
+
+    def _search_corrected(self, queries, k: int, kp: int, weights: np.ndarray, fields: tuple[str, ...], knobs: dict):
+        """(scores, ids, found, last): hook of the stores that set :attr:`ranks_corrected`."""
+        raise NotImplementedError
+
     def payloads(self, ids) -> list[dict]:
         """The stored metadata of ``ids`` (the store's payload or other columns, never the
         vector), one dict per id in that order (empty for an id without any; a FAISS index has
@@ -298,6 +327,17 @@ def _ordered(scores: np.ndarray, ids: np.ndarray, found: np.ndarray) -> Hits:
         np.take_along_axis(np.asarray(ids, np.int64), order, axis=1),
         np.take_along_axis(found, order, axis=1),
     )
+
+
+def field_names(fields) -> tuple[str, ...]:
+    """``fields`` (payload field names a sidecar recorded) checked as plain identifiers, so that
+    a store's filter or query can name them (:class:`~hubless.errors.Corrupt` otherwise)."""
+    from hubless.errors import Corrupt
+
+    names = tuple(fields)
+    if not names or not all(isinstance(f, str) and _FIELD.fullmatch(f) for f in names):
+        raise Corrupt(f"the sidecar records payload fields {list(names)!r}, not plain identifiers: attach again")
+    return names
 
 
 def sql_band(band: BandFilter) -> str:

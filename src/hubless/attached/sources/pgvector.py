@@ -25,6 +25,7 @@ class PgvectorSource(Source):
     kind = "postgresql"
     payload_writes = True
     band_search = True
+    ranks_corrected = True
     schemes = ("postgresql", "postgres")
     uri_form = "postgresql://user@host:port/db/table"
     knobs = {
@@ -171,6 +172,41 @@ class PgvectorSource(Source):
     def _search_band(self, queries, k, band, knobs):
         return self._query(queries, k, knobs, sql_band(band))
 
+    def _search_corrected(self, queries, k, kp, weights, fields, knobs):
+        from hubless.export.pgvector_store import vector_text
+
+        op = "<#>" if self.metric == "dot" else "<=>"
+        plain = "-(c.d)" if op == "<#>" else "1 - c.d"
+        cols = [f"w{col}" for col in range(len(fields))]
+        shift = " + ".join(f"q.{w} * coalesce(c.{f}, 0)" for w, f in zip(cols, fields))  # a row without the value: bias 0
+        arrays = ", ".join(["%s::text[]::vector[]"] + ["%s::float8[]"] * len(cols))
+        # per query: the index's top-kp (the subquery), re-ordered by the corrected score; its kp-th plain score and count alongside
+        sql = (
+            f"SELECT q.i, t.id, t.s, t.last, t.n FROM unnest({arrays}) WITH ORDINALITY AS q(v, {', '.join(cols)}, i) CROSS JOIN LATERAL "
+            f"(SELECT c.id, {plain} AS s, min({plain}) OVER () AS last, count(*) OVER () AS n FROM "
+            f"(SELECT {self.id_field}::bigint AS id, {self.vector_field} {op} q.v AS d, {', '.join(fields)} FROM {self._t()} "
+            f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) c ORDER BY {plain} - ({shift}) DESC, c.id LIMIT %s) t"
+        )
+        columns = [[float(v) for v in weights[:, col]] for col in range(len(cols))]
+        with self.conn.transaction():
+            self._set_knobs(knobs, kp)
+            result = self.conn.execute(sql, (vector_text(queries), *columns, kp, k)).fetchall()
+        rows: list[list[tuple[float, int]]] = [[] for _ in range(len(queries))]
+        last = np.full(len(queries), np.inf)
+        for qi, item, s, kth, count in result:
+            rows[qi - 1].append((float(s), int(item)))
+            last[qi - 1] = float(kth) if count >= kp else np.inf
+        scores, ids, found = pad_hits(rows, k)
+        return scores, ids, found, last
+
+    def _set_knobs(self, knobs, k):
+        if knobs.get("exact"):  # a sequential scan and a sort: every row scored
+            self.conn.execute("SET LOCAL enable_indexscan = off")
+        if knobs.get("ef_search") is not None:
+            self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
+        if knobs.get("nprobe") is not None:
+            self.conn.execute(f"SET LOCAL ivfflat.probes = {int(knobs['nprobe'])}")
+
     def _query(self, queries, k, knobs, where):
         from hubless.export.pgvector_store import vector_text
 
@@ -182,12 +218,7 @@ class PgvectorSource(Source):
             + f"ORDER BY {self.vector_field} {op} q.v LIMIT %s) t"
         )
         with self.conn.transaction():
-            if knobs.get("exact"):  # a sequential scan and a sort: every row scored
-                self.conn.execute("SET LOCAL enable_indexscan = off")
-            if knobs.get("ef_search") is not None:
-                self.conn.execute(f"SET LOCAL hnsw.ef_search = {max(int(knobs['ef_search']), k)}")
-            if knobs.get("nprobe") is not None:
-                self.conn.execute(f"SET LOCAL ivfflat.probes = {int(knobs['nprobe'])}")
+            self._set_knobs(knobs, k)
             result = self.conn.execute(sql, (vector_text(queries), k)).fetchall()
         rows: list[list[tuple[float, int]]] = [[] for _ in range(len(queries))]
         for qi, item, dist in result:

@@ -53,12 +53,26 @@ def is_cosine(what: str, distance: str) -> bool:
     return distance == "cosine"
 
 
+def corrected_hits(ranked, probes, weights: np.ndarray, fields, k: int):
+    """(scores, ids, found, last) of a formula query per query (``ranked``: its points, their
+    score the formula's ``$score - w . fields``) and its plain probe at offset k' - 1 (``probes``:
+    one point, or none when the store held fewer than k'): the plain score of each hit is the
+    formula's value plus ``w . fields`` of the hit's payload."""
+    rows = []
+    for points, w in zip(ranked, weights.tolist()):
+        rows.append([(p.score + sum(wc * float((p.payload or {}).get(f, 0.0)) for wc, f in zip(w, fields)), p.id) for p in points])
+    scores, ids, found = pad_hits(rows, k)
+    last = np.array([probe[0].score if probe else np.inf for probe in probes], np.float64)
+    return scores, ids, found, last
+
+
 class _QdrantPoints(Source):
     """What both Qdrant sources (a server's collection, an in-process shard) read alike: pages of
     points (``_pages``, each source's own call) turned into integer ids and vectors."""
 
     payload_writes = True
     band_search = True
+    ranks_corrected = True
 
     #: "collection" or "shard", in messages.
     holder = "collection"
@@ -191,11 +205,32 @@ class QdrantSource(_QdrantPoints):
         beyond = [models.FieldCondition(key=f, range=models.Range(gte=e)) for f, e in zip(band.fields, band.edges)]
         return self._query(queries, k, knobs, models.Filter(must_not=[models.Filter(must=beyond)]))
 
+    def _search_corrected(self, queries, k, kp, weights, fields, knobs):
+        models = self.models
+        params = self._params(kp, knobs)
+        requests = []
+        for q, w in zip(queries.tolist(), weights.tolist()):
+            formula = models.SumExpression(sum=["$score", *(models.MultExpression(mult=[-wc, f]) for wc, f in zip(w, fields))])
+            prefetch = models.Prefetch(query=q, using=self.vector_field, limit=kp, params=params)
+            requests.append(
+                models.QueryRequest(prefetch=prefetch, query=models.FormulaQuery(formula=formula), limit=k, with_payload=list(fields))
+            )
+            # the kp-th plain point (the certificate's s_k'), in the same request
+            requests.append(
+                models.QueryRequest(query=q, using=self.vector_field, limit=1, offset=kp - 1, params=params, with_payload=False)
+            )
+        answers = self.client.query_batch_points(self.collection, requests=requests)
+        return corrected_hits([a.points for a in answers[0::2]], [a.points for a in answers[1::2]], weights, fields, k)
+
+    def _params(self, k, knobs):
+        ef = knobs.get("ef_search")
+        return self.models.SearchParams(
+            exact=bool(knobs.get("exact", False)), hnsw_ef=QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k)
+        )
+
     def _query(self, queries, k, knobs, where):
         models = self.models
-        exact = bool(knobs.get("exact", False))
-        ef = knobs.get("ef_search")
-        params = models.SearchParams(exact=exact, hnsw_ef=QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k))
+        params = self._params(k, knobs)
         requests = [
             models.QueryRequest(query=q, using=self.vector_field, limit=k, params=params, filter=where, with_payload=False)
             for q in queries.tolist()
@@ -310,11 +345,32 @@ class QdrantEdgeSource(_QdrantPoints):
         beyond = [qd.FieldCondition(f, range=qd.RangeFloat(gte=e)) for f, e in zip(band.fields, band.edges)]
         return self._query(queries, k, knobs, qd.Filter(must_not=[qd.Filter(must=beyond)]))
 
-    def _query(self, queries, k, knobs, where):
+    def _search_corrected(self, queries, k, kp, weights, fields, knobs):
+        qd = self.qd
+        params = self._params(kp, knobs)
+        using = None if self.vector_field == "" else self.vector_field
+        requests = []
+        for q, w in zip(queries.tolist(), weights.tolist()):
+            terms = [qd.Expression.Mult([qd.Expression.Constant(-wc), qd.Expression.Variable(f)]) for wc, f in zip(w, fields)]
+            formula = qd.Formula(qd.Expression.Sum([qd.Expression.Variable("$score"), *terms]), defaults=dict.fromkeys(fields, 0.0))
+            prefetch = qd.Prefetch(limit=kp, query=qd.Query.Nearest(q, using=using), params=params)
+            requests.append(qd.QueryRequest(limit=k, prefetches=[prefetch], query=formula, with_payload=list(fields)))
+            # the kp-th plain point (the certificate's s_k'), in the same request
+            requests.append(
+                qd.QueryRequest(limit=1, offset=kp - 1, query=qd.Query.Nearest(q, using=using), params=params, with_payload=False)
+            )
+        answers = self.shard.query_batch(qd.QueryBatchRequest(requests))
+        return corrected_hits(answers[0::2], answers[1::2], weights, fields, k)
+
+    def _params(self, k, knobs):
         qd = self.qd
         ef = knobs.get("ef_search")
         ef = QDRANT_EF_FACTOR * k if ef is None else max(int(ef), k)  # a beam as long as the list finds its last entries poorly
-        params = qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=ef)
+        return qd.SearchParams(exact=True) if knobs.get("exact") else qd.SearchParams(hnsw_ef=ef)
+
+    def _query(self, queries, k, knobs, where):
+        qd = self.qd
+        params = self._params(k, knobs)
         using = None if self.vector_field == "" else self.vector_field
         requests = [
             qd.QueryRequest(limit=k, query=qd.Query.Nearest(q, using=using), filter=where, with_payload=False, params=params)
