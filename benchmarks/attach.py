@@ -37,6 +37,13 @@ unit, duplicates out of id order, and 1% of the vectors changed in place (then t
 with one vector changed: the next ``POST /search`` is refused (409) before it answers; after
 ``hubless attach --update`` the server answers again, exactly.
 
+**Part D, strongly hub-prone** (``--hub-prone``; :mod:`_attach_hubs`): the synthetic set with the
+cone (N10 skewness >= 10) on a FAISS Flat file, a FAISS HNSW32 file and Qdrant (payload written),
+NNN and IS: the queries certified at k' = 80 before (the single bound) and after the bias bands
+(floor: >= 90% on the exact store), one query's p50 against the store's own top-k' at the beam
+(floor: <= 3x on FAISS HNSW32 and Qdrant), and on Qdrant what a client querying the store
+directly gets (its formula query: recall, certificate, p50), also on the plain set.
+
 Floors apply at the issue's size: ``--n 100000 --dim 256 --queries 10000``.
 """
 
@@ -58,6 +65,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _attach_cases import run_cases  # noqa: E402
+from _attach_hubs import run as hub_prone_part  # noqa: E402
 from _table import print_table  # noqa: E402
 
 from hubless import NNN  # noqa: E402
@@ -326,6 +334,10 @@ def main() -> None:
     )
     ap.add_argument("--case-methods", default="all", help="Part B: method specs separated by ; (default: every attachable one)")
     ap.add_argument("--no-serve", action="store_true", help="skip Part C")
+    ap.add_argument(
+        "--hub-prone", action="store_true", help="Part D: the strongly hub-prone set (bands, the store's ranking; _attach_hubs.py)"
+    )
+    ap.add_argument("--hub-stores", default="faiss-flat,faiss,qdrant", help="Part D's stores")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.ERROR)
@@ -348,6 +360,9 @@ def main() -> None:
             run_cases(args, lambda n, d, nq: synthetic(n, d, nq, bank=2000, seed=5), full)
         if not args.no_serve:
             serve_part(Path(tmp))
+        if args.hub_prone:
+            hub_prone_part(args.n, args.dim, args.queries, args.hub_stores.split(","), args.single, Path(tmp))
+            hub_prone_part(args.n, args.dim, args.queries, ["qdrant"], args.single, Path(tmp), cone=0.0)
 
 
 if __name__ == "__main__":

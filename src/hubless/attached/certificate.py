@@ -107,6 +107,7 @@ def answer_round(
     extra: Hits | None = None,
     bound=None,
     last: np.ndarray | None = None,
+    reserve: bool = True,
 ) -> Round:
     """One round for the queries of ``batch``: the store's plain top-``kp`` (with ``knobs``) plus
     the reserve, re-scored, each query's answer and its certificate (:class:`Round`).
@@ -116,11 +117,14 @@ def answer_round(
     (``bound(last, weights) -> (bound, slack)``; default :func:`certificate_bound`). A round
     the store ranked by the corrected score (:mod:`hubless.attached.store_ranking`) passes its
     top-k as ``plain`` and the k'-th plain score of the candidates it ranked as ``last``
-    (+inf where it held fewer than k')."""
+    (+inf where it held fewer than k'); ``reserve=False``: what the store's answer alone
+    certifies (no reserve scored; the bound then uses the collection's smallest biases)."""
     from hubless.corrections import QueryStatistics
 
     corr = collection.correction
-    nq, m, n = len(batch), collection.reserve_ids.size, collection.ntotal
+    nq, m, n = len(batch), collection.reserve_ids.size if reserve else 0, collection.ntotal
+    reserve_ids, reserve_rows, reserve_vectors = collection.reserve_ids[:m], collection.reserve_rows[:m], collection.reserve_vectors[:m]
+    thresholds = collection.threshold if reserve else collection.b_min
     if plain is None:
         plain = collection.source.search(batch.vectors, kp, **knobs)
     valid, pos, sims = _store_hits(collection, plain)
@@ -140,13 +144,13 @@ def answer_round(
     # the reserve: scored exactly for every query, except where the store returned it already
     in_store = np.zeros((nq, m), bool)
     if m:
-        at = np.minimum(np.searchsorted(collection.reserve_ids, store_ids), m - 1)
-        hit = store_ok & (collection.reserve_ids[at] == store_ids)
+        at = np.minimum(np.searchsorted(reserve_ids, store_ids), m - 1)
+        hit = store_ok & (reserve_ids[at] == store_ids)
         in_store[np.nonzero(hit)[0], at[hit]] = True
-    reserve_sims = batch.vectors @ collection.reserve_vectors.T if m else np.zeros((nq, 0), np.float32)
+    reserve_sims = batch.vectors @ reserve_vectors.T if m else np.zeros((nq, 0), np.float32)
     all_sims = np.hstack([np.where(store_ok, store_sims, 0), reserve_sims]).astype(np.float32)
-    columns = np.hstack([store_pos, np.broadcast_to(collection.reserve_rows, (nq, m))])
-    ids = np.hstack([store_ids, np.broadcast_to(collection.reserve_ids, (nq, m))])
+    columns = np.hstack([store_pos, np.broadcast_to(reserve_rows, (nq, m))])
+    ids = np.hstack([store_ids, np.broadcast_to(reserve_ids, (nq, m))])
     ok_slot = np.hstack([store_ok, ~in_store])
     ranking = np.array(corr.rank(batch, all_sims, columns=columns), dtype=np.float32, copy=True)
     ranking[~ok_slot] = -np.inf
@@ -165,7 +169,7 @@ def answer_round(
         full = np.isfinite(last)
     w = np.asarray(corr.weights(batch), np.float64)
     if bound is None:
-        limit, slack = certificate_bound(last, w, collection.threshold, collection.scale_range)
+        limit, slack = certificate_bound(last, w, thresholds, collection.scale_range)
     else:
         limit, slack = bound(last, w)
     kth = np.where(found[:, k - 1], top_rank[:, k - 1], -np.inf)
@@ -174,7 +178,7 @@ def answer_round(
         sim_bound, sim_slack = certificate_bound(last, np.zeros((nq, 0)), np.zeros(0), collection.scale_range)
         certified &= covered | (raw_sims[:, 0].astype(np.float64) > sim_bound + sim_slack)
     # exact: no near-tie among what the answer orders (same vector and biases excepted)
-    tie_slack = certificate_bound(last, w, collection.threshold, collection.scale_range)[1]
+    tie_slack = certificate_bound(last, w, thresholds, collection.scale_range)[1]
     ties = _near_ties(top_rank, found, tie_slack)
     if request.top1 and raw_sims.shape[1] > 1:
         two = np.isfinite(raw_sims[:, :2]).all(axis=1)

@@ -36,11 +36,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hubless._validation import check_positive_int, check_top_k
+from hubless.attached import checks
+from hubless.attached.beam import beam_knobs
 from hubless.attached.certificate import answer_round, take_queries
 from hubless.attached.sources.base import field_names
 from hubless.errors import InvalidInput
+from hubless.hits import Hits
 
-__all__ = ["StoreFormula", "check_store_ranking", "store_formula", "store_round"]
+__all__ = ["StoreFormula", "check_store_ranking", "ranked_in_store", "store_formula", "store_round"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +102,36 @@ def store_round(collection, batch, k: int, kp: int, knobs: dict, complete: bool,
     if rows.size:
         got.put(rows, fallback(collection, take_queries(batch, rows), k, kp, knobs, complete))
     return got
+
+
+def ranked_in_store(collection, queries, top_k: int = 10, *, candidates: int | None = None, **options):
+    """What a client that queries the store directly gets, and what the certificate says of it:
+    the store's own corrected top-``top_k`` among its plain top-``candidates`` (default 8 x
+    top_k), one request, as :class:`~hubless.Hits` with the store's ranking (re-scored by hubless
+    with the sidecar's biases: the same order) and per query ``certified`` and ``exact`` (the
+    reserve, which a client's query does not see, is left out: an answer it would change is not
+    certified). ``options``: the weight (``alpha=``, ``weight=``) and the store's knobs."""
+    check_store_ranking(collection)
+    corr = collection.correction
+    top_k = check_top_k(top_k, collection.ntotal, "the collection")
+    weight = {k: options.pop(k) for k in list(options) if k in (corr.weight_param, "weight")}
+    batch = corr.queries(queries, **weight)
+    knobs = collection.source.check_knobs(options)
+    k = min(top_k, collection.ntotal)
+    kp = min(check_positive_int(candidates, "candidates") if candidates is not None else 8 * k, collection.ntotal)
+    kp = max(kp, k)
+    with collection.lock:
+        checks.ensure_fresh(collection)
+        knobs = beam_knobs(collection.beam, knobs, kp)
+        complete = collection.source.searches_exactly(knobs) and collection.sidecar.digests is not None
+        fields = check_store_ranking(collection)
+        w = np.asarray(corr.weights(batch), np.float64)
+        hits, last = collection.source.search_corrected(batch.vectors, k, kp, w, fields, **knobs)
+        got = answer_round(collection, batch, k, kp, knobs, complete, plain=hits, last=last, reserve=False)
+    n = len(batch)
+    scores = np.full((n, top_k), -np.inf, np.float32)
+    ids = np.full((n, top_k), -1, np.int64)
+    found = np.zeros((n, top_k), bool)
+    scores[:, :k], ids[:, :k], found[:, :k] = got.scores, got.ids, got.found
+    used = np.full(n, kp)
+    return Hits.from_found(scores, ids, found, certified=got.certified, exact=got.exact, candidates=used, method=collection.spec)
