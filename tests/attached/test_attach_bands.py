@@ -141,8 +141,9 @@ def hub_structure(rng, n, d, cone, local_hubs, spread):
     reserve=st.sampled_from([None, 0, 5]),
     draw=st.integers(0, 2**32 - 1),
 )
-def test_certified_answers_are_exact_corrected_search_on_any_hub_structure(tmp_path_factory, n, cone, local_hubs, spread, method, k,
-                                                                           reserve, draw):  # fmt: skip
+def test_certified_answers_are_exact_corrected_search_on_any_hub_structure(
+    tmp_path_factory, n, cone, local_hubs, spread, method, k, reserve, draw
+):
     import faiss
 
     from hubless.corrections import make_additive

@@ -56,8 +56,15 @@ def test_the_cone_makes_global_hubs_and_leaves_everything_else_as_it_was():
     from hubless.engine import exact_search
     from hubless.metrics import hubness_statistics
 
-    kwargs = {"n_items": 10_000, "captions_per_item": 1, "dim": 128, "n_query_bank": 500, "n_gallery_bank": 10, "n_val_items": 10,
-              "n_topics": 100}  # fmt: skip
+    kwargs = {
+        "n_items": 10_000,
+        "captions_per_item": 1,
+        "dim": 128,
+        "n_query_bank": 500,
+        "n_gallery_bank": 10,
+        "n_val_items": 10,
+        "n_topics": 100,
+    }
     plain, cone, none = make_retrieval_data(**kwargs), make_retrieval_data(**kwargs, cone=0.5), make_retrieval_data(**kwargs, cone=0.0)
     for name in ("gallery", "queries", "query_bank", "gallery_bank"):
         np.testing.assert_array_equal(getattr(plain, name), getattr(none, name))  # cone=0: the same arrays

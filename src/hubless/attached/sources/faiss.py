@@ -14,6 +14,7 @@ sidecar."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -228,19 +229,19 @@ class FaissSource(Source):
         """The search parameters for a beam and a band's selector (None: the index's own), made
         once per file and kept (a SWIG object per query costs as much as a small search)."""
         key = (ef, nprobe, id(selector))
-        found = self._search_params.get(key)
-        if found is None and key not in self._search_params:
+        if key not in self._search_params:
             faiss = self._faiss
             ivf = faiss.try_extract_index_ivf(self.inner)
+            found: Any = None
             if ef is not None and isinstance(self.inner, faiss.IndexHNSW):
                 found = faiss.SearchParametersHNSW(efSearch=int(ef))
             elif ivf is not None and (nprobe is not None or selector is not None):
                 found = faiss.SearchParametersIVF(nprobe=int(ivf.nprobe if nprobe is None else nprobe))
             elif selector is not None:
                 found = faiss.SearchParameters()
-            if selector is not None:
+            if found is not None and selector is not None:
                 found.sel = selector
             if len(self._search_params) > 256:  # bounded: beams and bands are few
                 self._search_params.clear()
             self._search_params[key] = found
-        return found
+        return self._search_params[key]
