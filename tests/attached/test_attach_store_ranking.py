@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hubless.attached import attach
-from hubless.attached.store_ranking import store_formula
+from hubless.attached.store_ranking import ranked_in_store, store_formula
 from hubless.errors import InvalidInput
 from tests.attached.test_attach import Collection, brute_force_nnn, exact_top, hub_prone
 from tests.attached.test_attach_bands import pg_dsn  # noqa: F401 - the fixture
@@ -75,6 +75,12 @@ def test_the_store_ranks_by_the_corrected_score_and_hubless_certifies_it(collect
     np.testing.assert_allclose(ranked.scores, ordinary.scores, atol=2e-6)
     assert (ranked.ids[ranked.certified] == want_ids[ranked.certified]).all() and ranked.certified.mean() >= 0.8
     assert sum(plain_searches) < len(queries) // 2  # the store's one request certified most: a plain search for the rest only
+    # what a client querying the store gets, and what the certificate says of it (no reserve: the collection's smallest bias)
+    for depth in (10, kp):
+        alone = ranked_in_store(attached, queries, k, candidates=depth)
+        assert (alone.ids[alone.certified] == want_ids[alone.certified]).all()
+        if depth == kp:
+            assert alone.certified.mean() >= 0.5
 
 
 def test_stores_and_methods_that_cannot_rank_are_refused(tmp_path):
