@@ -12,11 +12,11 @@ actual bias value, so the store's comparison and numpy's agree to the bit; bands
 ``F_0 ⊂ F_1 ⊂ ...``). The store is asked for its plain top-k'' *within a band*, through its own
 filter: a range over the payload field ``hubless attach --write-payload`` wrote
 (:class:`BandFilter` ``fields``; on Qdrant, LanceDB and pgvector a point or row without the
-field counts as in the band), or for a FAISS file a selector of the band's positions
-(``members``). ``f_j[c]`` is each column's
-smallest bias outside the reserve and outside ``F_j`` (>= ``E_j[c]``); ``s''_j`` the k''-th
-plain score the band's query returned (-inf when it returned the whole band; s_k' when it ran
-dry short of it).
+field counts as in the band), or for a FAISS file by the band's positions (``members``: a
+small band scanned exactly over its own vectors, a larger one searched with a selector).
+``f_j[c]`` is each column's smallest bias outside the reserve and outside ``F_j``
+(>= ``E_j[c]``); ``s''_j`` the k''-th plain score the band's query returned (-inf when it
+returned the whole band; s_k' when it ran dry short of it).
 
 **The bound.** A query asked within bands ``j_0 ⊃ j_1 ⊃ ... ⊃ j_L`` (largest first) splits the
 items outside its candidates (store top-k', the bands' top-k'', the reserve) into regions, each
