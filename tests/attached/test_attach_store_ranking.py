@@ -102,3 +102,27 @@ def test_stores_and_methods_that_cannot_rank_are_refused(tmp_path):
         gated.search_certified(q, 5, in_store=True)
     with pytest.raises(InvalidInput, match="raw neighbours"):
         store_formula(gated)
+
+
+def test_the_command_line_searches_ranked_in_the_store(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+
+    rng = np.random.default_rng(9)
+    x, bank, q = hub_prone(rng, 120), hub_prone(rng, 100), hub_prone(rng, 4)
+    ids = np.arange(120, dtype=np.int64) * 2 + 1
+    made = Collection("qdrant-edge", tmp_path)
+    made.create(x, ids)
+    attach(made.uri, bank, "nnn:alpha=0.75,k=8", out=tmp_path / "side", write_payload=True, **made.options)
+    made.shard.close()  # the engine lets one holder open a shard: the command opens it
+    np.save(tmp_path / "q.npy", q)
+    args = ["attach", made.uri, "--out", str(tmp_path / "side"), "--search", str(tmp_path / "q.npy"), "--top-k", "3"]
+    ranked = CliRunner().invoke(app, [*args, "--in-store"])
+    assert ranked.exit_code == 0, ranked.output
+    plain = CliRunner().invoke(app, args)
+    lines = [[json.loads(line)["ids"] for line in out.stdout.splitlines() if line.startswith("{")] for out in (ranked, plain)]
+    want = exact_top(brute_force_nnn(x, unit(bank), unit(q), 0.75, 8), ids, 3)[0]
+    assert lines[0] == lines[1] == want.tolist()

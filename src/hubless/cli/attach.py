@@ -43,6 +43,12 @@ def attach_command(
     ),
     candidates: int = typer.Option(None, help="With --search: the first k' plain candidates per query (default 8 x top-k)."),
     max_candidates: int = typer.Option(None, help="With --search: the largest k' an uncertified query is widened to."),
+    in_store: bool = typer.Option(
+        False,
+        "--in-store",
+        help="With --search: the store ranks the first k' by the corrected score over the field --write-payload wrote, in one request "
+        "(Qdrant, pgvector); hubless certifies what comes back.",
+    ),
     weight: float = typer.Option(None, help="With --search: the correction's weight (NNN's alpha, DN's lambda)."),
     nprobe: int = typer.Option(None, help="With --search: IVF partitions probed (FAISS IVF, LanceDB)."),
     ef_search: int = typer.Option(None, help="With --search: HNSW beam (FAISS HNSW, Qdrant)."),
@@ -79,8 +85,9 @@ def attach_command(
     if overwrite and (update or search is not None):
         raise InvalidInput("--overwrite goes with attaching (it replaces the sidecar in --out)")
     if search is not None:
+        knobs = {"nprobe": nprobe, "ef_search": ef_search, "in_store": in_store}
         _search(AttachedCollection.open(source, out, **options), load_array(search), top_k, candidates, max_candidates, metadata,
-                weight, {"nprobe": nprobe, "ef_search": ef_search}, exact)  # fmt: skip
+                weight, knobs, exact)  # fmt: skip
         return
     if query_bank is None:
         raise InvalidInput("--query-bank is required to attach or update (the reference queries the biases are computed against)")
@@ -138,7 +145,7 @@ def attach_command(
 def _search(attached, queries, top_k, candidates, max_candidates, metadata, weight, knobs, exact) -> None:
     """``--search``: one JSON line per query (ids, scores, certified, exact, candidates, with
     ``--metadata`` each hit's record), the counts on stderr, with ``--exact`` the recall."""
-    options: dict[str, float] = {k: v for k, v in knobs.items() if v is not None}
+    options: dict[str, float] = {k: v for k, v in knobs.items() if v is not None and v is not False}
     if weight is not None:
         options["weight"] = weight
     result = attached.search_certified(queries, top_k, candidates=candidates, max_candidates=max_candidates, metadata=metadata, **options)
