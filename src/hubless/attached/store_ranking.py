@@ -13,9 +13,10 @@ re-ordered by ``s - W(q) . bias`` over the field, and only the best k come back.
   embedding <#> q LIMIT k'``), re-ordered by ``s - w * hubless_bias``, with the k'-th plain score
   and the count as window functions over the subquery.
 * **LanceDB, Milvus, Chroma**: their query APIs cannot order by an expression over a column
-  (LanceDB orders a vector query by its distance only; Milvus's Boost Ranker multiplies or adds
-  a constant weight to the hits a filter matches, a step function of the bias at best; Chroma has
-  no ranking function): refused, naming the stores that can.
+  (LanceDB orders a vector query by its distance only; its ``rerank()`` hook runs a ``Reranker``
+  in the client over the k' rows returned, which is what hubless's own re-scoring does; Milvus's
+  Boost Ranker multiplies or adds a constant weight to the hits a filter matches, a step function
+  of the bias at best; Chroma has no ranking function): refused, naming the stores that can.
 
 hubless certifies from what comes back (:func:`store_round`): the k hits' plain scores (Qdrant
 returns the formula's value: the plain score is that plus ``w . bias`` of the hit's field), the
