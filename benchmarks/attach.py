@@ -22,7 +22,7 @@ its HNSW index (Dot). The data is hubless's hub-prone synthetic set; the correct
   (FAISS on one thread: its OpenMP threads only add waiting to a one-query call on a loaded
   machine) and vs the store's top-k' at the attached search's beam;
 * attach time against an in-process fit on the same arrays plus the store's read time (a full
-  scan of ids and vectors), each timed twice, interleaved, medians (floor: <= 1.5x);
+  scan of ids and vectors), each timed three times, interleaved, medians (floor: <= 1.5x);
 * an update after adding 1% of items: the vectors and bytes read (floor: the ids, the added
   items and the rotating sample of 32; a FAISS file is read whole by the process, and its update
   then compares every vector with its digest).
@@ -178,7 +178,7 @@ def store_part(store: str, args, x, ids, bank, q, exact_corrected, exact_plain, 
     uri, options, add, store_plain = make(folder, x, ids_here)
     source = open_source(uri, **options)
     read_t, fit_t, attach_t = [], [], []
-    for _ in range(2):  # the store's read, the in-process fit and the attach, interleaved (medians)
+    for _ in range(3):  # the store's read, the in-process fit and the attach, interleaved (medians of 3)
         t0 = time.perf_counter()
         for _ in source.scan():
             pass
