@@ -1,7 +1,7 @@
 """The attached search with generated arguments, good and bad (hypothesis): queries of any shape,
 dtype and content, ``top_k``, ``candidates``, ``max_candidates``, weights and store knobs. Each
-call either answers (every id one of the collection's or -1, scores finite where an id is, best
-first, the exact corrected top-k when the candidates cover the collection) or is refused with a
+call either answers (every found slot one of the collection's ids, its score finite, best first,
+the exact corrected top-k when the candidates cover the collection) or is refused with a
 :class:`hubless.errors.HublessError`; never another exception."""
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ def test_the_attached_search_answers_or_refuses_with_a_hubless_error(attached, q
         assert str(exc).strip()
         return
     SEEN["answered"] += 1
-    found = result.ids
-    assert found.shape == result.scores.shape and found.shape[1] == int(top_k)
-    assert np.isin(found[found >= 0], ids).all() and np.all(np.isfinite(result.scores[found >= 0]))
+    found = result.found  # which slots hold a hit: read from the mask, never from the id
+    assert found.shape == result.ids.shape == result.scores.shape and found.shape[1] == int(top_k)
+    assert np.isin(result.ids[found], ids).all() and np.all(np.isfinite(result.scores[found]))
+    assert (found.sum(axis=1) == min(int(top_k), N)).all() and not (np.diff(found.astype(int), axis=1) > 0).any()  # filled first
+    assert not (result.exact & ~result.certified).any()  # exact is certified and more
     with np.errstate(invalid="ignore"):  # -inf - -inf past the collection's end
-        assert not (np.diff(np.where(found >= 0, result.scores, -np.inf), axis=1) > 0).any()  # best first
+        assert not (np.diff(np.where(found, result.scores, -np.inf), axis=1) > 0).any()  # best first
     if candidates is not None and not isinstance(candidates, bool) and isinstance(candidates, int) and candidates >= N and not extra:
         alpha = 0.5
         bias = -np.sort(-(bank @ gallery.T), axis=0)[:4].mean(axis=0)

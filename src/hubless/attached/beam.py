@@ -34,7 +34,7 @@ BEAM_RECALL = 0.99
 #: k' the store's recall is measured at: the first k' of a top-10 attached search.
 PROBE_K = 80
 #: Queries the store's recall is measured on.
-PROBE_QUERIES = 128
+PROBE_QUERIES = 64
 
 
 class RecallProbe:

@@ -12,7 +12,7 @@ from hubless._validation import as_embeddings
 from hubless.attached.sources.base import Source
 from hubless.errors import InvalidInput
 
-__all__ = ["UNIT_TOLERANCE", "collection_rows", "correction_for", "read_banks"]
+__all__ = ["UNIT_TOLERANCE", "collection_rows", "correction_for", "read_banks", "store_scale"]
 
 #: How far a collection's vector norms may be from 1 when the correction expects unit vectors.
 UNIT_TOLERANCE = 1e-3
@@ -47,18 +47,28 @@ def read_banks(corr, query_bank, gallery_bank, dim: int):
     return request, qb, gb
 
 
-def collection_rows(corr, source: Source, vectors: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def store_scale(corr, source: Source, norms: np.ndarray) -> np.ndarray:
+    """Each item's store score over the correction's similarity, from its vector's ``norms``: the
+    norm when the store ranks by the raw inner product of vectors the correction normalises (the
+    store's q . r is then |r| (q . r / |r|)), else 1 (a cosine store, or a correction of the raw
+    inner product)."""
+    if corr.normalize and not source.cosine:
+        return np.asarray(norms, np.float32)
+    return np.ones(len(norms), np.float32)
+
+
+def collection_rows(corr, source: Source, vectors: np.ndarray, ids: np.ndarray, norms: np.ndarray | None = None) -> np.ndarray:
     """A batch of the collection's vectors (of the items ``ids``) as the correction reads them:
     validated float32, unit length with ``normalize``. With ``normalize`` on a store that ranks by
     the raw inner product the vectors must be within :data:`UNIT_TOLERANCE` of unit length (its
-    scores are divided by each item's norm, :func:`hubless.attached.stream.store_scale`, so that
+    scores are divided by each item's norm, :func:`store_scale`, so that
     candidates, reserve, biases and exact search all score the normalised vectors; farther off,
     its ranking is not the cosine the correction corrects); a cosine store needs ``normalize``."""
     cosine = getattr(source, "cosine", False)
     if cosine and not corr.normalize:
         raise InvalidInput(f"{source.uri} ranks by the cosine: attach {corr.spec} with normalize=True (the correction's cosine)")
     if corr.normalize and not cosine:
-        norms = np.linalg.norm(np.asarray(vectors, np.float64), axis=1)
+        norms = np.linalg.norm(np.asarray(vectors, np.float64), axis=1) if norms is None else norms
         bad = np.flatnonzero(~(np.abs(norms - 1.0) <= UNIT_TOLERANCE))
         if bad.size:
             raise InvalidInput(

@@ -7,7 +7,7 @@ For each batch (:func:`fit_stream`), rows in id order:
   bias of NNN, CSLS, IS, DN, DualIS and DIS/DualDIS is row-local: it reads the item and the banks
   only, :meth:`~hubless.corrections.additive.AdditiveCorrection.row_bias`);
 * each item's content digest (:func:`hubless.attached.digests.vector_digests`) and *scale*, the
-  store's score over the correction's similarity (:func:`store_scale`);
+  store's score over the correction's similarity (:func:`hubless.attached.prepare.store_scale`);
 * the gallery-wide statistics, merged batch by batch: the running sum of the vectors (the
   collection's mean) and DIS/DualDIS activation sets, each bank item's k_a nearest items by
   similarity, **ties to the lower id** (:func:`merge_activation`: the rows of a batch are put in
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.attached.digests import vector_digests
-from hubless.attached.prepare import collection_rows
+from hubless.attached.prepare import collection_rows, store_scale
 from hubless.attached.sources.base import Source
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics
 from hubless.engine.topk import NO_ID
 
-__all__ = ["Fitted", "fit_stream", "global_statistics", "keep_reserve", "merge_activation", "store_scale"]
+__all__ = ["Fitted", "fit_stream", "global_statistics", "keep_reserve", "merge_activation"]
 
 
 @dataclass
@@ -47,15 +47,6 @@ class Fitted:
     activation: dict
     reserve_ids: np.ndarray  # the reserve's ids and vectors (as the correction reads them)
     reserve_vectors: np.ndarray
-
-
-def store_scale(corr, source: Source, vectors: np.ndarray) -> np.ndarray:
-    """Each item's store score over the correction's similarity: its norm when the store ranks
-    by the raw inner product of vectors the correction normalises (the store's q . r is then
-    |r| (q . r / |r|)), else 1 (a cosine store, or a correction of the raw inner product)."""
-    if corr.normalize and not source.cosine:
-        return np.linalg.norm(np.asarray(vectors, np.float64), axis=1).astype(np.float32)
-    return np.ones(len(vectors), np.float32)
 
 
 def keep_reserve(kept: tuple[np.ndarray, np.ndarray, np.ndarray], ids, rows, bias, size: int, below) -> tuple:
@@ -125,14 +116,15 @@ def fit_stream(
         ids = np.asarray(ids, np.int64)
         order = np.argsort(ids, kind="stable")  # a batch's rows in id order: its ties go to the lower id
         ids, vectors = ids[order], np.asarray(vectors)[order]
-        rows = collection_rows(corr, source, vectors, ids)
+        norms = np.linalg.norm(np.asarray(vectors, np.float64), axis=1) if corr.normalize and not source.cosine else np.ones(len(ids))
+        rows = collection_rows(corr, source, vectors, ids, norms)
         part = compute_statistics(rows, qb, gb, request, bank_means=means)
         bias = corr.row_bias(rows, part)
         for name, value in (
             ("ids", ids),
             ("bias", bias),
             ("digests", vector_digests(vectors)),
-            ("scale", store_scale(corr, source, vectors)),
+            ("scale", store_scale(corr, source, norms)),
         ):
             parts[name].append(value)
         kept = keep_reserve(kept, ids, rows, bias, reserve, below)
