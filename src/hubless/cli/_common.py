@@ -182,7 +182,7 @@ OVERWRITE_HELP = "Replace existing --out / --report files that hubless did not w
 
 def generator_mark() -> dict[str, str]:
     """The key every JSON result starts with (see :func:`check_outputs`)."""
-    from hubless import __version__
+    from hubless._version import __version__
 
     return {"generator": f"{GENERATOR} {__version__}"}
 
