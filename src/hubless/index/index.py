@@ -45,7 +45,6 @@ from hubless.index.faiss_build import (
 )
 from hubless.index.ids import check_ids
 from hubless.index.live import Snapshot
-from hubless.index.lock import write_lock
 from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
 
@@ -407,12 +406,12 @@ class Index(IndexView):
             with hubless.Index.update("idx/") as index:
                 index.add(new_items, metadata)
 
-        Holds the index's write lock (:func:`hubless.index.lock.write_lock`; a second writer
-        waits up to ``timeout`` s) from loading to saving; the changes made in the block are
-        committed as one segment on leaving it, and nothing is written if the block raises.
+        Holds the index's write lock (:func:`hubless.index.directory.index_lock`; a second
+        writer waits up to ``timeout`` s) from loading to saving; the changes made in the block
+        are committed as one segment on leaving it, and nothing is written if the block raises.
         Readers keep loading the previous version meanwhile."""
         path = Path(path)
-        with write_lock(path, timeout=timeout):
+        with directory.index_lock(path, timeout=timeout):
             index = cls._open_locked(path, mmap=mmap)
             index._locked = True
             try:
