@@ -24,6 +24,7 @@ no-op.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -89,7 +90,7 @@ def write_lock(
         except FileNotFoundError:  # the directory was removed meanwhile (by a creator whose write failed)
             continue
         try:
-            wait_for_lock(lambda fd=fd: _try_lock(fd), held, left)
+            wait_for_lock(functools.partial(_try_lock, fd), held, left)
         except BaseException:
             os.close(fd)
             raise
