@@ -446,8 +446,10 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     was written (a plain load checks every file it reads; a memory-mapped load skips the mapped
     ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
     from hubless.index.integrity import verify
+    from hubless.progress import stage
 
-    result = verify(path)
+    with stage(f"verifying {path}", None):  # reading every file: seconds to minutes
+        result = verify(path)
     if result["files"] is None:
         typer.echo(f"ok: {path} (format {result['format']}: every file verified by the load), {result['items']} items")
     else:

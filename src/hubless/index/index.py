@@ -47,6 +47,7 @@ from hubless.index.ids import check_ids
 from hubless.index.live import Snapshot
 from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
+from hubless.progress import stage
 
 __all__ = ["Index"]
 
@@ -205,14 +206,15 @@ class Index(IndexView):
             if gallery_bank is None or not keep_banks
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
-        if target_recall is not None:
-            from hubless.index.autotune import tune
+        with stage("building the index structure" if target_recall is None else "choosing the index structure", progress):
+            if target_recall is not None:
+                from hubless.index.autotune import tune
 
-            index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
-                               factories=None if factory is None else [factory], gallery_bank=gallery_bank,
-                               keep_banks=keep_banks, **kwargs)  # fmt: skip
-        else:
-            index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+                index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+                                   factories=None if factory is None else [factory], gallery_bank=gallery_bank,
+                                   keep_banks=keep_banks, **kwargs)  # fmt: skip
+            else:
+                index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error
         return index
 
