@@ -15,7 +15,6 @@ import re
 import shutil
 from collections import Counter
 
-import click
 import numpy as np
 import pytest
 import typer
@@ -39,8 +38,8 @@ SKIPPED_OPTIONS = {"--model", "--text", "--texts", "--image", "--images", "--dev
                    "--port", "--progress", "--help", "--rerank", "--reranker", "--debug"}  # fmt: skip
 
 
-def _commands() -> dict[str, list[click.Parameter]]:
-    found: dict[str, list[click.Parameter]] = {}
+def _commands() -> dict[str, list]:
+    found: dict[str, list] = {}
 
     def walk(command, path: str) -> None:
         subcommands = getattr(command, "commands", None)
