@@ -238,9 +238,9 @@ def test_the_device_reads_each_bank_in_one_product_pass(data, monkeypatch):
     calls = []
     real = torch_passes.reduce_blocks
 
-    def counting(rows, cols, makers, device, transform=None):
+    def counting(rows, cols, makers, device, transform=None, **kwargs):
         calls.append((len(rows), len(cols)))
-        return real(rows, cols, makers, device, transform)
+        return real(rows, cols, makers, device, transform, **kwargs)
 
     monkeypatch.setattr(torch_passes, "reduce_blocks", counting)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
@@ -280,8 +280,10 @@ def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
     _same_biases(grown.bias_columns_, whole.bias_columns_)
 
 
-def test_the_gallery_stays_on_the_device_between_searches(data):
-    corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
+def test_a_read_only_gallery_stays_on_the_device_between_searches(data):
+    gallery = data["gallery"].copy()
+    gallery.flags.writeable = False  # nobody can change it in place (a writeable one: tests/engine/test_torch_memory.py)
+    corr = hubless.NNN(k=5).fit(gallery, data["query_bank"])
     first = corr.search(data["queries"], 5, device=DEVICE)
     key = (id(corr.gallery_), DEVICE, "float32")
     assert key in ta._KEPT and ta._KEPT[key][0]() is corr.gallery_
@@ -935,8 +937,8 @@ def test_tune_on_a_device_checks_its_inputs_there(data, monkeypatch):
 
 def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
     """Rows that are not unit length (float64, scaled) are normalised from the device's norms
-    into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep
-    the array, and the fit's passes use the upload the check made."""
+    (the upload normalised with them: tests/engine/test_torch_memory.py); unit rows keep the
+    array, and the fit's passes use the upload the check made."""
     from hubless._validation import as_embeddings
     from hubless.engine.device import checked_on_device
 

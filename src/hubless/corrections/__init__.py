@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from hubless.corrections.additive import AdditiveCorrection
-from hubless.corrections.base import Correction
+from hubless.corrections.base import Correction, is_own_copy
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
 from hubless.corrections.dbnorm import DualDIS, DualIS
@@ -105,7 +105,7 @@ def fit_shared(
         with use_device(device):  # where the block products run (see hubless.engine.device)
             stats = compute_statistics(g, b, gb, request, progress=progress)
         for c in group:
-            c._fit_arrays(g, stats)
+            c._fit_arrays(g, stats, own=is_own_copy(g, gallery))
         first = stats if first is None else first
     assert first is not None  # at least one group
     return list(items), first

@@ -152,20 +152,23 @@ def checked_on_device(device: DeviceName = None, *, when: bool = True) -> Iterat
     (:func:`hubless.engine.torch_arrays.row_norms`: finiteness, scale and normalisation follow
     from them, with the same errors and messages) instead of a host pass over every entry, and
     the uploads it makes serve the passes that follow in the block (one
-    :func:`~hubless.engine.torch_arrays.resident` block). Elsewhere nothing changes."""
+    :func:`~hubless.engine.torch_arrays.resident` block; rows it normalises are normalised in
+    that upload too: one upload per input). Elsewhere nothing changes."""
     on_device = torch_device(device) if when else None
     if on_device is None or "," in on_device[0] or on_device[1] != "float32":
         yield
         return
-    from hubless._validation import ROW_NORMS
+    from hubless._validation import NORMALISED, ROW_NORMS
     from hubless.engine import torch_arrays
 
     name = on_device[0]
     with torch_arrays.resident():
         token = ROW_NORMS.set(lambda array: torch_arrays.row_norms(array, name))
+        told = NORMALISED.set(lambda measured, result, norms, off: torch_arrays.normalised(measured, result, norms, off, name))
         try:
             yield
         finally:
+            NORMALISED.reset(told)
             ROW_NORMS.reset(token)
 
 
