@@ -46,10 +46,10 @@ def holds(value, cond) -> bool:
             ok = any(v == want for v in present)
         elif op == "ne":
             ok = value is not None and not any(v == want for v in present)
-        elif op == "in":
-            ok = any(v in want for v in present)
+        elif op == "in":  # as eq does, value by value (NaN equals nothing, not even itself)
+            ok = any(v == w for v in present for w in want)
         elif op == "not_in":
-            ok = value is not None and not any(v in want for v in present)
+            ok = value is not None and not any(v == w for v in present for w in want)
         else:
             compare = {"gt": lambda a, b: a > b, "gte": lambda a, b: a >= b, "lt": lambda a, b: a < b, "lte": lambda a, b: a <= b}[op]
             ok = any(compare(v, want) for v in present)
