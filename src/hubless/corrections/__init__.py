@@ -21,6 +21,7 @@ from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
+from hubless.engine.device import DeviceName
 from hubless.errors import InvalidInput
 
 __all__ = [
@@ -66,7 +67,7 @@ def fit_many(
     gallery_bank=None,
     *,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> list[Correction]:
     """Fit several corrections on the same arrays with one streamed pass per bank.
 
@@ -86,7 +87,7 @@ def fit_shared(
     *,
     also: StatisticsRequest | None = None,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> tuple[list[Correction], BankStatistics]:
     """:func:`fit_many`, also returning the bank statistics of the pass, with ``also`` computed
     in it (e.g. ``StatisticsRequest(query_nearest=True)``: the bank's coverage, from the very

@@ -36,7 +36,7 @@ from hubless.corrections import incremental
 from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
-from hubless.engine.device import checked_on_device, torch_device
+from hubless.engine.device import DeviceName, checked_on_device, torch_device
 from hubless.errors import InvalidInput, InvalidType, NotFittedError
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
@@ -180,7 +180,7 @@ class Correction:
         *,
         statistics: BankStatistics | None = None,
         progress: bool | None = None,
-        device: str | None = None,
+        device: DeviceName = None,
     ) -> _C:
         """Fit on the gallery and reference banks; returns ``self``.
 
@@ -457,7 +457,7 @@ class Correction:
         return transform
 
     def search(
-        self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight
+        self, queries, top_k: int = 10, *, progress: bool | None = None, device: DeviceName = None, **weight
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
 

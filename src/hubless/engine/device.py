@@ -322,7 +322,7 @@ def _set_tf32(matmul, on: bool) -> Callable[[], None]:
     return restore_legacy
 
 
-def block_product(cols: np.ndarray, device: str | None = None, dtype: str | None = None) -> Product:
+def block_product(cols: np.ndarray, device: DeviceName = None, dtype: str | None = None) -> Product:
     """The block product against ``cols`` on the device in effect (see :func:`resolve`)."""
     device, dtype = resolve(device, dtype)
     if device == "numpy":

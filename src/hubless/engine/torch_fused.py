@@ -111,12 +111,12 @@ def _run_compiled(function, *args):
     except Exception as exc:
         if not compile_failure(exc):
             raise
-        exc = exc.__cause__ if isinstance(exc, _CompileRefused) and exc.__cause__ is not None else exc
+        told: BaseException = exc.__cause__ if isinstance(exc, _CompileRefused) and exc.__cause__ is not None else exc
         with _LOCK:
             first = "failed" not in _STATE
             _STATE["failed"] = True
         if first:
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            reason = f"{type(told).__name__}: {str(told).strip().splitlines()[0] if str(told).strip() else ''}"
             warnings.warn(
                 f"HUBLESS_COMPILE: torch.compile failed ({reason[:300]}); the ranking pass runs with eager torch kernels",
                 CompileFallbackWarning,
