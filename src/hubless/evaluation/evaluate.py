@@ -27,7 +27,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest, use_device
-from hubless.engine.device import checked_on_device
+from hubless.engine.device import DeviceName, checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
@@ -61,7 +61,7 @@ def evaluate(
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 

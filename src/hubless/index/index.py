@@ -257,7 +257,7 @@ class Index(IndexView):
             if ids is not None or where is None:
                 raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
             return self._write(lambda snap: writer.removed_where(snap, where, progress=progress))
-        ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
+        ids = np.unique(check_ids(np.asarray(ids).ravel() if np.size(ids) else np.zeros(0, np.int64)))  # repeated ids refused
         self._write(lambda snap: (writer.removed(snap, ids, progress=progress), None))
         return ids
 
