@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from hubless.errors import InvalidInput, InvalidType
 from hubless.index.arrow import describe, pyarrow
-
-if TYPE_CHECKING:
-    from hubless.index.metadata import Metadata
 
 __all__ = [
     "LOGICAL",
@@ -212,7 +209,19 @@ def _exact_number(key: str, kind, op: str, value) -> tuple[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- filter trees
-def where_mask(meta: Metadata, where: Mapping, depth: int) -> np.ndarray:
+class Columns(Protocol):
+    """What a filter reads of the metadata it runs on (:class:`hubless.index.metadata.Metadata`):
+    the schema, the rows as one Arrow table, and their number."""
+
+    @property
+    def schema(self) -> Any: ...
+    @property
+    def table(self) -> Any: ...
+    @property
+    def n_rows(self) -> int: ...
+
+
+def where_mask(meta: Columns, where: Mapping, depth: int) -> np.ndarray:
     """Rows matching one filter object: the conjunction of its keys, where a key is a column
     (``"split"``), a dotted path into struct columns (``"info.source"``, through lists of
     structs too: ``"objects.label"``) or one of :data:`LOGICAL`."""
@@ -250,7 +259,7 @@ def where_mask(meta: Metadata, where: Mapping, depth: int) -> np.ndarray:
     return np.ones(meta.n_rows, dtype=bool) if out is None else out
 
 
-def _logical(meta: Metadata, key: str, condition, depth: int) -> np.ndarray:
+def _logical(meta: Columns, key: str, condition, depth: int) -> np.ndarray:
     def sub(item, where_: str) -> np.ndarray:
         if not isinstance(item, Mapping) or not item:
             raise InvalidInput(f"where {where_}: each filter must be a non-empty dict of conditions; got {item!r}")
@@ -264,7 +273,7 @@ def _logical(meta: Metadata, key: str, condition, depth: int) -> np.ndarray:
     return np.logical_or.reduce(masks) if key == "$or" else np.logical_and.reduce(masks)
 
 
-def _path(meta: Metadata, key: str):
+def _path(meta: Columns, key: str):
     """A dotted key's values, flattened: ``(values, parents, defined)``: the values (one pyarrow
     array), the row each value belongs to (None: the values are the rows) and which rows have
     the path (not null; for a path through a list, the list is not null)."""

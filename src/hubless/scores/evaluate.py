@@ -218,4 +218,6 @@ def evaluate_scores(
         "seed": int(seed),
     }
     described.update(inputs or {})
-    return build_evaluation(corrections, ranked, [fit_seconds] * len(corrections), data.truth, ks, bootstrap, seed, described)
+    return build_evaluation(
+        corrections, ranked, [fit_seconds] * len(corrections), data.truth, ks, bootstrap, seed, described, progress=progress
+    )

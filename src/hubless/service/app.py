@@ -166,6 +166,6 @@ class _App(FastAPI):
 
 
 def _version() -> str:
-    from hubless import __version__
+    from hubless._version import __version__
 
     return __version__
