@@ -62,7 +62,7 @@ def test_private_hooks_are_not_called_from_outside_their_package():
 #: import from its own layer or below, never above (imports inside functions included): data
 #: flows one way, from files and arrays up to the command line. A new package must be placed.
 LAYERS = [
-    {"hubless.errors", "hubless.progress"},
+    {"hubless.errors", "hubless.progress", "hubless._deprecation"},
     {"hubless._io", "hubless._registry", "hubless._torch", "hubless._validation", "hubless.hits"},
     {"hubless.io"},  # array files, sharded sources, work files
     {"hubless.inputs"},  # every input file a user gives

@@ -45,7 +45,7 @@ def test_search_equals_index_search_with_metadata(indexes, data):
         np.testing.assert_array_equal(result.ids, ids)
         np.testing.assert_allclose(result.scores, scores, rtol=1e-6)
     weighted = searcher.search("flat", embeddings=queries, top_k=5, weight=0.2)
-    np.testing.assert_array_equal(weighted.ids, indexes["flat"].search(queries, 5, alpha=0.2)[1])
+    np.testing.assert_array_equal(weighted.ids, indexes["flat"].search(queries, 5, weight=0.2)[1])
     record = weighted.records()[0]
     assert record["query"] == 0 and record["hits"][0]["metadata"] == {"caption": f"item {record['hits'][0]['id']}"}
     assert "metadata" not in searcher.search("ivf", embeddings=queries[:1], top_k=3).records()[0]["hits"][0]

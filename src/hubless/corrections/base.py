@@ -5,7 +5,7 @@ queries against the gallery it was fitted with:
 
     corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, query_bank)
     scores, ids = corr.search(queries, top_k=10)          # best first
-    scores, ids = corr.search(queries, top_k=10, alpha=0.5)  # new weight, no refit
+    scores, ids = corr.search(queries, top_k=10, weight=0.5)  # new weight, no refit
     corr.add_items(new_items, query_bank)                   # updates, no refit from scratch
 
 Everything that ranks goes through one hook, :meth:`Correction.rank`: the *ranking scores* of
@@ -31,6 +31,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from hubless._deprecation import warn_deprecated
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k, pad_top_k
 from hubless.corrections import incremental
 from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
@@ -38,6 +39,7 @@ from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistic
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.device import checked_on_device, torch_device
 from hubless.errors import InvalidInput, InvalidType, NotFittedError
+from hubless.hits import Hits
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
 _PARAM_NAMES: dict[type, tuple[str, ...]] = {}
@@ -322,7 +324,7 @@ class Correction:
         return self.query_request
 
     def queries(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> QueryBatch:
-        """Validate ``queries`` (and this call's weight override, e.g. ``alpha=0.5``, a scalar or
+        """Validate ``queries`` (and this call's weight override, ``weight=0.5``, a scalar or
         one value per query) into a batch for :meth:`rank` and :meth:`method_scores`.
         ``statistics``: raw-neighbour statistics computed elsewhere (e.g. by an index)."""
         self._check_fitted()
@@ -359,14 +361,19 @@ class Correction:
         return ranked if ranking else np.asarray(self.method_scores(batch, ranked), dtype=np.float32)
 
     def _weight_override(self, weight: dict, n_queries: int) -> np.ndarray | None:
-        """This call's weight: ``weight=`` (every method's name for it) or the method's own
-        parameter name (``alpha=`` for NNN, ``lam=`` for DN), not both."""
+        """This call's weight: ``weight=`` (every method's one name for it at search time); the
+        method's own parameter name (``alpha=`` for NNN, ``lam=`` for DN) is still accepted, with
+        a DeprecationWarning, until 0.2.0; not both."""
         if not weight:
             return None
-        allowed = f"weight= or {self.weight_param}=" if self.weight_param else "no weight override (it has no query-time weight)"
+        allowed = "weight=" if self.weight_param else "no weight override (it has no query-time weight)"
         if self.weight_param is None or len(weight) != 1 or not set(weight) <= {"weight", self.weight_param}:
             raise InvalidType(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
         name = next(iter(weight))
+        if name != "weight":
+            warn_deprecated(
+                f"{name}= at search time", "weight=", why=f"{name} stays the name of {type(self).__name__}'s constructor parameter"
+            )
         value = self.check_weight(weight[name], name)
         if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
             raise InvalidInput(f"{name} must be a scalar or have one value per query ({n_queries})")
@@ -442,18 +449,17 @@ class Correction:
 
         return transform
 
-    def search(
-        self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
+    def search(self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight) -> Hits:
+        """The ``top_k`` best gallery items of each query, best first: a :class:`~hubless.Hits`
+        (it unpacks as ``scores, ids``).
 
         Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64
         (gallery row positions); ties are broken by the lower gallery index. A ``top_k`` beyond
-        the gallery keeps the width: the slots past the gallery come last with id -1 and score
-        -inf (the one top-k rule, :func:`hubless._validation.check_top_k`). Methods with a weight parameter accept it
-        here to override the fitted value without refitting, as a scalar or one value per
-        query: ``weight=`` for every method (``NNN.search(q, weight=0.5)``), or the method's own
-        name (``alpha=`` for NNN, ``lam=`` for DN). ``device``: as in :meth:`fit`.
+        the gallery keeps the width: the slots past the gallery come last, not ``found``, with id
+        -1 and score -inf (the one top-k rule, :func:`hubless._validation.check_top_k`). Methods
+        with a weight parameter take ``weight=`` here to override the fitted value without
+        refitting, as a scalar or one value per query (``NNN.search(q, weight=0.5)``; the old
+        ``alpha=`` / ``lam=`` warn until 0.2.0). ``device``: as in :meth:`fit`.
         """
         with use_device(device), checked_on_device():  # on a device: the query check there, its upload searched
             batch = self.queries(queries, **weight)
@@ -468,7 +474,7 @@ class Correction:
                 additive=additive,
                 progress=progress,
             )
-        return pad_top_k(self.method_scores(batch, ranking), ids, top_k)
+        return Hits.padded(*pad_top_k(self.method_scores(batch, ranking), ids, top_k))
 
 
 def _format_value(value, default) -> str:

@@ -268,8 +268,8 @@ def _kept_info(folder: Path) -> tuple[dict | None, bool]:
 
 def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
     """[q, -W(q)] for parts written by :func:`write_augmented`: ranking rows by ``xq . row``
-    ranks the gallery by the correction's score; ``weight`` (``alpha=``, ``lam=``) may change
-    the method's weight per call."""
+    ranks the gallery by the correction's score; ``weight=`` may change the method's weight per
+    call."""
     folder = Path(out)
     info, _ = _kept_info(folder)
     if info is None or not info.get("complete"):
