@@ -1,7 +1,7 @@
 """``hubless.Index``: serve an additive correction at no query-time cost, and write to it live.
 
     index = hubless.Index.build(gallery, query_bank, method="nnn:alpha=0.75,k=16", factory="IVF1024,Flat")
-    scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
+    scores, ids = index.search(queries, top_k=10, weight=0.5)    # w changes per call, no rebuild
     scores, ids = index.search(queries, where={"split": "test", "year": {"gte": 2020}})
     index.save("idx/")
     live = hubless.Index.open("idx/")                              # every write is committed at once
