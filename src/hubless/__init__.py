@@ -44,6 +44,7 @@ _EXPORTS = {
     "Truth": "hubless.metrics",
     "captions_per_item": "hubless.metrics",
     "Pipeline": "hubless.rerank",
+    "Searcher": "hubless.search",
     "tune": "hubless.tuning",
     "correct_scores": "hubless.scores",
     "evaluate_scores": "hubless.scores",
@@ -85,6 +86,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.scores import correct_scores as correct_scores
     from hubless.scores import evaluate_scores as evaluate_scores
     from hubless.scores import tune_scores as tune_scores
+    from hubless.search import Searcher as Searcher
     from hubless.tuning import tune as tune
 
 __all__ = sorted([*_EXPORTS, "__version__"])
