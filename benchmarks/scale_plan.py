@@ -96,7 +96,7 @@ def stage_part(ready, go, out, release, gallery_dir, bank_dir, rows, part_file):
     t0 = time.perf_counter()
     from hubless._io import atomic_open
 
-    corr = make_correction(NNN).fit_from_statistics(g.read(0, rows, normalize=True), BankStatistics.from_arrays(arrays))
+    corr = make_correction(NNN).fit(g.read(0, rows, normalize=True), statistics=BankStatistics.from_arrays(arrays))
     with atomic_open(part_file, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     out.put({"seconds": time.perf_counter() - t0, "part_bytes": Path(part_file).stat().st_size})

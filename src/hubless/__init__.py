@@ -35,6 +35,7 @@ _EXPORTS = {
     "NNN": "hubless.corrections",
     "fit_many": "hubless.corrections",
     "make_correction": "hubless.corrections",
+    "load_correction": "hubless.corrections",
     "exact_search": "hubless.engine",
     "Hits": "hubless.hits",
     "Evaluation": "hubless.evaluation",
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.corrections import GlobalCorrection as GlobalCorrection
     from hubless.corrections import InvertedSoftmax as InvertedSoftmax
     from hubless.corrections import fit_many as fit_many
+    from hubless.corrections import load_correction as load_correction
     from hubless.corrections import make_correction as make_correction
     from hubless.engine import exact_search as exact_search
     from hubless.errors import MissingDependencyError as MissingDependencyError

@@ -62,3 +62,38 @@ def test_a_store_search_unpacks_as_the_old_triple_with_a_warning():
     assert plain.metadata is None
     with pytest.warns(DeprecationWarning):
         assert plain[2] == [[{"id": 4}, {"id": 9}], [{"id": 9}]]
+
+
+def _arrays():
+    rng = np.random.default_rng(5)
+    g, b, q = (rng.standard_normal((n, 8)).astype(np.float32) for n in (40, 60, 3))
+    return g, b, q
+
+
+def test_the_old_correction_methods_warn_and_do_what_the_functions_do():
+    from hubless.corrections import incremental, score_fit
+
+    g, b, q = _arrays()
+    calls = [
+        ("add_items", lambda c: c.add_items(g[:4], b, b), lambda c: incremental.add_items(c, g[:4], b, b)),
+        ("remove_items", lambda c: c.remove_items([0, 5], b, b), lambda c: incremental.remove_items(c, [0, 5], b, b)),
+        ("add_query_bank", lambda c: c.add_query_bank(b[:7]), lambda c: incremental.add_query_bank(c, b[:7])),
+        ("add_gallery_bank", lambda c: c.add_gallery_bank(b[:7]), lambda c: incremental.add_gallery_bank(c, b[:7])),
+        ("fit_from_statistics", lambda c: c.fit_from_statistics(g, c.statistics_), lambda c: c.fit(g, statistics=c.statistics_)),
+    ]
+    for old, before, now in calls:
+        with pytest.warns(DeprecationWarning, match=f"Correction.{old} is deprecated") as caught:
+            got = before(hubless.DualIS().fit(g, b, b))
+        assert {w.filename for w in caught} == {__file__}
+        want = now(hubless.DualIS().fit(g, b, b))
+        np.testing.assert_array_equal(got.bias(), want.bias())
+    sb, s = b @ g.T, q @ g.T
+    with pytest.warns(DeprecationWarning, match="Correction.fit_scores is deprecated"):
+        old = hubless.NNN(k=4).fit_scores(sb)
+    new = score_fit.fit_scores(hubless.NNN(k=4), sb)
+    with pytest.warns(DeprecationWarning, match="Correction.correct is deprecated"):
+        np.testing.assert_array_equal(old.correct(s), score_fit.correct_rows(new, s))
+    with pytest.warns(DeprecationWarning, match="Correction.fitted_on_scores is deprecated"):
+        assert old.fitted_on_scores and score_fit.fitted_on_scores(new)
+    with pytest.warns(DeprecationWarning, match="Correction.score_queries is deprecated"):
+        assert len(old.score_queries(s)) == len(score_fit.score_batch(new, s)) == 3

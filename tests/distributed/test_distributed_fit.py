@@ -42,7 +42,7 @@ def _run_plan(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, 
     for t in tiles:
         bank = query_bank if t.side == "query" else gallery_bank
         merger.add(t, compute_tile(t, gallery, bank, request))
-    return corr.fit_from_statistics(gallery, merger.result())
+    return corr.fit(gallery, statistics=merger.result())
 
 
 def _assert_same_fit(got, want, queries, *, exact_topk: bool):

@@ -1,13 +1,21 @@
 """Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
 
-See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the interface of
-:class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
+See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the
+interface of :class:`~hubless.corrections.base.Correction` (``fit``, ``search``, ``score``,
+``bias``, ``save``; :func:`load_correction` reads a saved one back). In-place updates are the
+functions of :mod:`~hubless.corrections.incremental`, fitting on score matrices those of
+:mod:`~hubless.corrections.score_fit`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hubless.corrections import (
+    deprecated_methods,  # noqa: F401  (sets the methods moved to incremental and score_fit, until 0.2.0)
+    incremental,
+    score_fit,
+)
 from hubless.corrections.additive import AdditiveCorrection
 from hubless.corrections.base import Correction
 from hubless.corrections.baseline import Baseline
@@ -19,6 +27,7 @@ from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.nnn import NNN
 from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
+from hubless.corrections.saved import load_correction
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
 from hubless.errors import InvalidInput
@@ -42,9 +51,12 @@ __all__ = [
     "QueryStatistics",
     "fit_many",
     "fit_shared",
+    "incremental",
+    "load_correction",
     "make_additive",
     "make_correction",
     "method_help",
+    "score_fit",
     "statistics_request",
 ]
 

@@ -68,7 +68,7 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shar
     from hubless.index.live import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
-    corr = make_additive(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))
+    corr = make_additive(spec).fit(rows, statistics=_rows_statistics(shared, rows_files, start, stop))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     return write_record(path, key)
@@ -198,7 +198,7 @@ def write_augmented(
             bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
     first_rows = _rows_statistics(shared, files_for(0, 1), 0, 1)
-    first = make_additive(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), first_rows)
+    first = make_additive(corr.spec).fit(source.read(0, 1, normalize=corr.normalize), statistics=first_rows)
     columns = int(first.bias_columns_.shape[1])
     done = _with_digests(info, digests, complete=True)
     write_json(folder / INFO, {**done, "bias_columns": columns, "query_state": first.query_state()})

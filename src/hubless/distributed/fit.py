@@ -12,7 +12,7 @@ that is damaged or is not the tile (or of the fit) it should be. Ray
 re-runs a task whose worker died (``max_retries``); an error in a task (a NaN in a shard, say)
 stops the fit with that error, naming the shard. The merged statistics equal a single-machine
 fit's (tested), and the correction is fitted from them with
-:meth:`~hubless.Correction.fit_from_statistics` (only the gallery and the merged statistics,
+:meth:`~hubless.Correction.fit` given ``statistics=`` (only the gallery and the merged statistics,
 a few numbers per gallery item, come to the driver).
 """
 
@@ -264,7 +264,7 @@ def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gall
     normalize = corrections[0].normalize
     stats = fit_statistics(request, source, sources["query_bank"], sources["gallery_bank"], normalize=normalize, **options)
     rows = source.read(0, source.n_rows, normalize=normalize)
-    return [c.fit_from_statistics(rows, stats) for c in corrections]
+    return [c.fit(rows, statistics=stats) for c in corrections]
 
 
 def fit(method: Correction | str, gallery, query_bank=None, gallery_bank=None, **options) -> Correction:

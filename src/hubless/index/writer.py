@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.corrections import AdditiveCorrection
+from hubless.corrections import AdditiveCorrection, incremental
 from hubless.corrections.serving import check_additive
 from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
@@ -369,7 +369,8 @@ def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: b
 
     snap.verify_mapped()
     corr = copy.copy(snap.correction)
-    corr = corr.add_query_bank(items, progress=progress) if side == "query" else corr.add_gallery_bank(items, progress=progress)
+    grow = incremental.add_query_bank if side == "query" else incremental.add_gallery_bank
+    corr = grow(corr, items, progress=progress)
     faiss_index, config = None, snap.config
     if snap.faiss is not None:
         same = snap.n_dead == 0 and snap.n_tail == 0

@@ -2,7 +2,7 @@
 dot product. Read score matrices (:func:`load_scores`: memory-mapped .npy/.npz, the authors'
 .pkl files read safely), evaluate and tune corrections on them (:func:`evaluate_scores`,
 :func:`tune_scores`), and correct a matrix for a pipeline (:func:`correct_scores`). A single
-correction is fitted on scores with :meth:`hubless.Correction.fit_scores`. See
+correction is fitted on scores with :func:`hubless.corrections.score_fit.fit_scores`. See
 ``docs/score-matrices.md``.
 """
 
