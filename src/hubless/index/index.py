@@ -207,9 +207,9 @@ class Index(IndexView):
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
         if target_recall is not None:
-            from hubless.index.autotune import tune
+            from hubless.index.autotune import tune_for_recall
 
-            index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+            index = tune_for_recall(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
                                factories=None if factory is None else [factory], gallery_bank=gallery_bank,
                                keep_banks=keep_banks, **kwargs)  # fmt: skip
         else:
