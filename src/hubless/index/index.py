@@ -12,7 +12,7 @@ results, :meth:`Index.get`, metadata and removals use them. After any sequence o
 search equals a fresh build over the live items (DIS/DualDIS activation sets included).
 
 One job per module: :class:`Index` is the read-only :class:`~hubless.index.view.IndexView`
-(search: :mod:`hubless.index.searching`; one version: :mod:`hubless.index.live`) plus the
+(search: :mod:`hubless.index.snapshot_search`; one version: :mod:`hubless.index.live`) plus the
 writes, each a function of :mod:`hubless.index.writer` (O(batch): new items' biases come from
 the stored banks, removed items are marked dead), committed to the directory it was loaded
 from by :class:`~hubless.index.directory.Directory` (one segment per write, an atomic

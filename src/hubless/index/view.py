@@ -5,7 +5,7 @@ changed: writes make new ones) and changes nothing: :class:`hubless.Index` is an
 :class:`IndexView` that also writes (:mod:`hubless.index.writer`) and owns a directory
 (:mod:`hubless.index.directory`). A search takes the version current when it starts, so it
 sees one consistent version whatever writes happen meanwhile; the search itself is
-:mod:`hubless.index.searching`.
+:mod:`hubless.index.snapshot_search`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from hubless.corrections import AdditiveCorrection
 from hubless.errors import InvalidInput
 from hubless.hits import Hits
-from hubless.index import searching
+from hubless.index import snapshot_search
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import search_knob
 from hubless.index.info import IndexInfo
@@ -244,7 +244,9 @@ class IndexView:
         index defaults for this call only (other threads searching meanwhile are not affected).
         """
         # one version for the whole call, whatever writes happen meanwhile
-        return searching.search(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
+        return snapshot_search.search(
+            self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight
+        )
 
     def search_uncorrected(
         self,
@@ -262,7 +264,9 @@ class IndexView:
         searched exactly), so comparing costs about one more search of the same kind. ANN
         candidates are re-scored exactly as in :meth:`search`; ``where`` filters as there;
         unfilled slots are not ``found`` (id -1, score -inf)."""
-        return searching.search_uncorrected(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore)
+        return snapshot_search.search_uncorrected(
+            self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore
+        )
 
     def search_knob(self) -> tuple[str, int] | None:
         """("nprobe", n_lists) for IVF, ("ef_search", limit) for HNSW, None for Flat."""
