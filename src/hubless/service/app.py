@@ -123,7 +123,7 @@ def create_app(
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["authorization", "content-type"])  # fmt: skip
     install_error_handlers(app)
-    for module in (routes.ops, routes.indexes, routes.items, routes.search, routes.page):
+    for module in (routes.ops, routes.indexes, routes.items, routes.queries, routes.page):
         app.include_router(module.router)
     return app
 
