@@ -22,7 +22,7 @@ import numpy as np
 from hubless._io import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
-from hubless.corrections.scores import fit_on_scores
+from hubless.corrections.score_fit import fit_on_scores
 from hubless.engine.device import torch_device, use_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hubless.corrections import METHODS, Correction, make_correction
-from hubless.corrections.scores import check_score_methods, fit_on_scores
+from hubless.corrections.score_fit import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import TunedMethod, TuneResult, choose
