@@ -47,9 +47,9 @@ _EXPORTS = {
     "Pipeline": "hubless.rerank",
     "Searcher": "hubless.search",
     "tune": "hubless.tuning",
-    "correct_scores": "hubless.scores",
-    "evaluate_scores": "hubless.scores",
-    "tune_scores": "hubless.scores",
+    "correct_scores": "hubless.score_matrices",
+    "evaluate_scores": "hubless.score_matrices",
+    "tune_scores": "hubless.score_matrices",
     "NotFittedError": "hubless.errors",
     "MissingDependencyError": "hubless.errors",
     "UnnormalizedEmbeddingsWarning": "hubless._validation",
@@ -85,9 +85,9 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.metrics import Truth as Truth
     from hubless.metrics import captions_per_item as captions_per_item
     from hubless.rerank import Pipeline as Pipeline
-    from hubless.scores import correct_scores as correct_scores
-    from hubless.scores import evaluate_scores as evaluate_scores
-    from hubless.scores import tune_scores as tune_scores
+    from hubless.score_matrices import correct_scores as correct_scores
+    from hubless.score_matrices import evaluate_scores as evaluate_scores
+    from hubless.score_matrices import tune_scores as tune_scores
     from hubless.search import Searcher as Searcher
     from hubless.tuning import tune as tune
 

@@ -21,7 +21,7 @@ import hubless
 from hubless.errors import HublessError
 from hubless.inputs import load_array, load_embeddings, read_ids, read_items, read_records
 from hubless.metrics.truth import load_truth
-from hubless.scores.files import load_scores
+from hubless.score_matrices.files import load_scores
 
 #: The fuzz's examples: the same every run and in every checkout (derandomize's seed depends
 #: on the test file's path).

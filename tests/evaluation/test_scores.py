@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import hubless
 from hubless.corrections.score_fit import correct_rows, fit_on_scores, fit_scores
 from hubless.errors import InvalidInput, MissingInputError
-from hubless.scores import correct_scores, evaluate_scores, load_scores, read_pickled_array, tune_scores
+from hubless.score_matrices import correct_scores, evaluate_scores, load_scores, read_pickled_array, tune_scores
 from tests.conftest import unit_rows
 
 PER = 5  # captions per item

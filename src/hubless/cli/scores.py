@@ -1,6 +1,6 @@
 """Score-matrix mode of ``hubless eval`` and ``hubless tune``, and ``hubless correct``.
 
-Thin layers over :mod:`hubless.scores`: the matrices are memory-mapped (or read safely from the
+Thin layers over :mod:`hubless.score_matrices`: the matrices are memory-mapped (or read safely from the
 QB-Norm authors' .pkl files), the banks are read in one pass each, S in row blocks.
 """
 
@@ -46,7 +46,7 @@ def load_matrix(path: Path | None, name: str):
     """A score matrix file (None passes through), memory-mapped when the format allows."""
     if path is None:
         return None
-    from hubless.scores import load_scores
+    from hubless.score_matrices import load_scores
 
     return load_scores(path, name)
 
@@ -54,7 +54,7 @@ def load_matrix(path: Path | None, name: str):
 def load_query_mask(path: Path | None, scores):
     if path is None:
         return None
-    from hubless.scores import load_mask
+    from hubless.score_matrices import load_mask
 
     return load_mask(path, scores.shape[0])
 
@@ -82,7 +82,7 @@ def eval_scores(
     from hubless._io import write_json
     from hubless.cli._common import print_results
     from hubless.errors import check_available
-    from hubless.scores import evaluate_scores
+    from hubless.score_matrices import evaluate_scores
 
     check_outputs(
         {"--out": out, "--report": report},
@@ -126,7 +126,7 @@ def tune_scores_cli(
 ) -> None:  # fmt: skip
     """``hubless tune --validation-scores``: choose on validation score rows, then test."""
     from hubless._io import write_json
-    from hubless.scores import evaluate_scores, tune_scores
+    from hubless.score_matrices import evaluate_scores, tune_scores
 
     check_outputs(
         {"--out": out, "--report": report},
@@ -199,7 +199,7 @@ def correct_command(
 ) -> None:  # fmt: skip
     """Correct a score matrix with a method fitted on the bank score matrices and write it: a
     drop-in for the QB-Norm authors' script in your own pipeline (streamed, bounded memory)."""
-    from hubless.scores import correct_scores
+    from hubless.score_matrices import correct_scores
 
     if values not in ("method", "ranking"):
         raise typer.BadParameter(f"--values must be method or ranking; got {values!r}")

@@ -27,9 +27,9 @@ from hubless.engine.device import torch_device, use_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
-from hubless.scores.files import load_scores
-from hubless.scores.rank import RANK_BLOCK_ELEMENTS, score_batch
-from hubless.scores.rank import top_k as best_of
+from hubless.score_matrices.files import load_scores
+from hubless.score_matrices.rank import RANK_BLOCK_ELEMENTS, score_batch
+from hubless.score_matrices.rank import top_k as best_of
 
 __all__ = ["correct_scores"]
 
