@@ -22,7 +22,7 @@ from hubless.cli._common import (
     warn_coverage,
     wide_console,
 )
-from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP, eval_scores, refuse_embeddings, refuse_scores
+from hubless.cli.score_matrices import MASK_HELP, TIES_HELP, TRANSPOSE_HELP, eval_scores, refuse_embeddings, refuse_scores
 from hubless.errors import InvalidInput
 
 

@@ -19,7 +19,7 @@ from hubless.cli._common import (
     warn_coverage,
     wide_console,
 )
-from hubless.cli.scores import MASK_HELP, TIES_HELP, TRANSPOSE_HELP
+from hubless.cli.score_matrices import MASK_HELP, TIES_HELP, TRANSPOSE_HELP
 from hubless.errors import InvalidInput
 
 
@@ -71,7 +71,7 @@ def tune_command(
     With --validation-scores, the same from score matrices (docs/score-matrices.md)."""
     from hubless._io import write_json
     from hubless.cli.eval import parse_banks
-    from hubless.cli.scores import refuse_embeddings, refuse_scores, tune_scores_cli
+    from hubless.cli.score_matrices import refuse_embeddings, refuse_scores, tune_scores_cli
     from hubless.evaluation import evaluate
     from hubless.tuning import tune
 
