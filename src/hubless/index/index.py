@@ -176,7 +176,7 @@ class Index(IndexView):
         if target_recall is None and max_memory is not None:
             raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
         if target_recall is not None:
-            from hubless.index.autotune import parse_size
+            from hubless.index.recall_tuning import parse_size
 
             check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
             parse_size(max_memory)
@@ -207,7 +207,7 @@ class Index(IndexView):
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
         if target_recall is not None:
-            from hubless.index.autotune import tune_for_recall
+            from hubless.index.recall_tuning import tune_for_recall
 
             index = tune_for_recall(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
                                factories=None if factory is None else [factory], gallery_bank=gallery_bank,
