@@ -22,7 +22,7 @@ The package has one module per job, after the FastAPI project template: :mod:`.s
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
 :mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
-searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
+searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.write_log`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
 

@@ -86,7 +86,7 @@ class ServiceState:
         max_dim = max((int(self.searcher.index(name).info()["dim"]) for name in self.served), default=1)
         self.body_shape = BodyShape(self.settings.limits, max_dim)
         if self.settings.audit_log is not None and self.audit is None:
-            from hubless.service.audit import AuditLog
+            from hubless.service.write_log import AuditLog
 
             self.audit = AuditLog(self.settings.audit_log)
 
