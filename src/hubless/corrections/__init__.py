@@ -24,8 +24,8 @@ from hubless.corrections.dbnorm import DualDIS, DualIS
 from hubless.corrections.dn import DN
 from hubless.corrections.fit_inputs import validate_fit_inputs
 from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.inverted_softmax import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.nnn import NNN
-from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.saved import load_correction
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
