@@ -20,8 +20,8 @@ from hubless.corrections.additive import AdditiveCorrection
 from hubless.corrections.base import Correction
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
-from hubless.corrections.dbnorm import DualDIS, DualIS
 from hubless.corrections.dn import DN
+from hubless.corrections.dual_inverted_softmax import DualDIS, DualIS
 from hubless.corrections.fit_inputs import validate_fit_inputs
 from hubless.corrections.gc import GlobalCorrection
 from hubless.corrections.inverted_softmax import DynamicInvertedSoftmax, InvertedSoftmax
