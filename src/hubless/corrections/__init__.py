@@ -23,7 +23,7 @@ from hubless.corrections.csls import CSLS
 from hubless.corrections.dn import DN
 from hubless.corrections.dual_inverted_softmax import DualDIS, DualIS
 from hubless.corrections.fit_inputs import validate_fit_inputs
-from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.global_correction import GlobalCorrection
 from hubless.corrections.inverted_softmax import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.nnn import NNN
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
