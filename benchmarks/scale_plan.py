@@ -94,7 +94,7 @@ def stage_part(ready, go, out, release, gallery_dir, bank_dir, rows, part_file):
     ready.set()
     go.wait()
     t0 = time.perf_counter()
-    from hubless._io import atomic_open
+    from hubless._atomic import atomic_open
 
     corr = make_correction(NNN).fit(g.read(0, rows, normalize=True), statistics=BankStatistics.from_arrays(arrays))
     with atomic_open(part_file, "wb") as fh:

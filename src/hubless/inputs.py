@@ -261,7 +261,7 @@ def check_embedding_meta(meta: str | os.PathLike, embeddings: str | os.PathLike)
     data = _read_json(meta)
     if not isinstance(data, dict) or data.get("embeddings") != embeddings.name or "embeddings_sha256" not in data:
         return  # not the metadata of this file (or written by an older hubless)
-    from hubless._io import file_sha256
+    from hubless._atomic import file_sha256
 
     if file_sha256(embeddings) != data["embeddings_sha256"]:
         raise InvalidInput(

@@ -63,7 +63,7 @@ def test_private_hooks_are_not_called_from_outside_their_package():
 #: flows one way, from files and arrays up to the command line. A new package must be placed.
 LAYERS = [
     {"hubless.errors", "hubless.progress", "hubless._deprecation"},
-    {"hubless._io", "hubless._registry", "hubless._torch", "hubless._validation", "hubless.hits"},
+    {"hubless._atomic", "hubless._registry", "hubless._torch", "hubless._validation", "hubless.hits"},
     {"hubless.io"},  # array files, sharded sources, work files
     {"hubless.inputs"},  # every input file a user gives
     {"hubless.engine", "hubless.metrics"},  # streamed GEMM statistics; retrieval metrics
@@ -141,7 +141,7 @@ def test_no_package_imports_another_packages_private_names():
         for target in _imports(path):
             head, _, last = target.rpartition(".")
             if last.startswith("_") and not last.startswith("__") and head.startswith("hubless.") and _package(head) != _package(name):
-                if _package(head) in ("hubless._io", "hubless._validation", "hubless._registry", "hubless._torch"):
+                if _package(head) in ("hubless._atomic", "hubless._validation", "hubless._registry", "hubless._torch"):
                     continue  # shared helper modules: the underscore marks the module as internal, not its names
                 offenders.append(f"{name} imports {target}")
     assert not offenders, "\n".join(sorted(offenders))

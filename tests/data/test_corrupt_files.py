@@ -190,7 +190,7 @@ def test_a_damaged_sidecar_or_collection_file_is_refused_with_a_hubless_error(si
 def test_a_version_pointer_names_one_folder_beside_it(sidecar, tmp_path, pointer):
     """A sidecar's CURRENT that is not one folder name beside it (damaged, or leading elsewhere)
     is refused as corrupt, never followed."""
-    from hubless._io import current_dir
+    from hubless._atomic import current_dir
     from hubless.attached import read_sidecar
     from hubless.errors import Corrupt
 

@@ -66,7 +66,7 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     """Path, shape and sha256 of an input, for results files."""
     if path is None:
         return None
-    from hubless._io import file_sha256
+    from hubless._atomic import file_sha256
     from hubless.io.arrays import split_key
 
     file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
@@ -188,7 +188,7 @@ def generator_mark() -> dict[str, str]:
 
 
 def _written_by_hubless(path: Path) -> bool:
-    from hubless._io import array_written_by_hubless
+    from hubless._atomic import array_written_by_hubless
 
     with open(path, "rb") as fh:
         head = fh.read(4096)

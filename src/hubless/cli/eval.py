@@ -121,7 +121,7 @@ def eval_command(
     if gallery is None or queries is None:
         raise typer.BadParameter("give --gallery and --queries (embeddings), or --scores (a score matrix)")
 
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.cli._common import deprecated_flag
 
     fusion_weight = deprecated_flag(fusion_weight, lam, "--lam", "--fusion-weight")
@@ -286,7 +286,7 @@ def _eval_banks(
 
 def print_banks(result, out: Path | None) -> None:
     """A table per bank (with its coverage), the geometric-mean table, and the JSON."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
 
     for name, ev in result.evaluations.items():
         report = result.reports[name]

@@ -38,7 +38,7 @@ def eval_attached(
 ) -> None:
     """Open the collection the sidecar names (found from the sidecar's folder), evaluate at each
     cut-off of ``ks``, print a table and write ``out`` (JSON) when given."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.attached import AttachedCollection
     from hubless.inputs import load_array
 

@@ -79,7 +79,7 @@ def eval_scores(
     progress: bool | None, overwrite: bool,
 ) -> None:  # fmt: skip
     """``hubless eval --scores``: fit on the bank score matrices, rank the rows of S, report."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.cli._common import print_results
     from hubless.errors import check_available
     from hubless.score_matrices import evaluate_scores
@@ -125,7 +125,7 @@ def tune_scores_cli(
     ks: str, bootstrap: int, ties: str, transpose: bool, out: Path | None, report: Path | None, progress: bool | None, overwrite: bool,
 ) -> None:  # fmt: skip
     """``hubless tune --validation-scores``: choose on validation score rows, then test."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.score_matrices import evaluate_scores, tune_scores
 
     check_outputs(

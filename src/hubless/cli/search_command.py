@@ -129,7 +129,7 @@ def _print_records(title: str, records: list[dict], *, with_metadata: bool, as_j
     """:meth:`hubless.Hits.records` (the service's answer too) as JSON lines (every query) or a
     table (the first 20): the found hits only, each with its metadata when the index has some."""
     if as_json:
-        from hubless._io import to_json
+        from hubless._atomic import to_json
 
         for record in records:
             typer.echo(to_json(record))

@@ -69,7 +69,7 @@ def tune_command(
     """Grid-search each method on the validation split (never on the test queries) and report
     the chosen parameters; with --queries and --truth, evaluate them on the test queries.
     With --validation-scores, the same from score matrices (docs/score-matrices.md)."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.cli.eval import parse_banks
     from hubless.cli.score_matrices import refuse_embeddings, refuse_scores, tune_scores_cli
     from hubless.evaluation import evaluate

@@ -419,7 +419,7 @@ class Correction:
         with ``overwrite`` and only when hubless wrote it (:class:`~hubless.errors.AlreadyExists`)."""
         import zipfile
 
-        from hubless._io import ARRAY_MARK, array_written_by_hubless, atomic_open
+        from hubless._atomic import ARRAY_MARK, array_written_by_hubless, atomic_open
 
         self._check_fitted()
         path = Path(path)

@@ -64,7 +64,7 @@ def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shar
     (``key`` and sha256, :mod:`~hubless.io.workfiles`) beside it; returns the sha256.
     ``shared``: the statistics' global values (sizes, means); ``rows_files``: the gallery shards'
     per-item statistics files holding these rows."""
-    from hubless._io import atomic_open
+    from hubless._atomic import atomic_open
     from hubless.index.live import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
@@ -131,7 +131,7 @@ def write_augmented(
     ``workers``, tile sizes). A rerun checks every part already written against its recorded
     sha256 and rows, keeps the intact ones and rewrites the others, one warning line each
     (:class:`~hubless.io.workfiles.RecomputedWarning`)."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.progress import progress_bar
 
     check_address(address)

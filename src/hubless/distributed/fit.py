@@ -76,7 +76,7 @@ def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
     this fit on its own)."""
     if work_dir is None:
         return None
-    from hubless._io import write_json
+    from hubless._atomic import write_json
 
     path = Path(work_dir)
     plan_file = path / "plan.json"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import file_sha256, save_npy, write_json
+from hubless._atomic import file_sha256, save_npy, write_json
 from hubless._validation import exactly_one
 from hubless.encoders.base import Encoder, open_image
 from hubless.errors import AlreadyExists, Corrupt, Incomplete, InvalidInput, MissingFile

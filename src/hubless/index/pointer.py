@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hubless._io import pointer_name
+from hubless._atomic import pointer_name
 from hubless.corrections import make_correction
 from hubless.errors import Corrupt, InvalidInput, MissingDependencyError, MissingFile
 from hubless.index.config import IndexConfig

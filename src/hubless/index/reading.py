@@ -28,7 +28,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256
+from hubless._atomic import file_sha256
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
 from hubless.errors import Busy, Conflict, Corrupt, MissingDependencyError, optional_import

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import mark_npz, open_marked_npy, umask_mode
+from hubless._atomic import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
 from hubless.corrections.score_fit import fit_on_scores
@@ -65,7 +65,7 @@ def correct_scores(
     rule of :func:`hubless._validation.check_top_k`). With ``out`` the result
     is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
     for top-k, both marked as hubless's so that a re-run may replace them: see
-    :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
+    :data:`hubless._atomic.ARRAY_MARK`) and the path is returned; the full matrix is then never
     held in memory.
 
     With a torch device (``device=``, ``use_device``, ``HUBLESS_DEVICE``) the bank passes of the
