@@ -26,7 +26,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.errors import InvalidInput, MissingFile, NotFound
-from hubless.io.arrays import CLIP_RETRIEVAL, check_npy, is_clip_retrieval, split_key
+from hubless.storage.arrays import CLIP_RETRIEVAL, check_npy, is_clip_retrieval, split_key
 
 __all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "read_items", "read_records"]
 
@@ -74,14 +74,14 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     archive holding a single array needs none), from a clip-retrieval output folder
     (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings), or from a
     folder of ``.npy`` / parquet shards (concatenated in natural order: ``part-2`` before
-    ``part-10``), the same rows :func:`hubless.io.sources.open_source` reads from it, so
+    ``part-10``), the same rows :func:`hubless.storage.sources.open_source` reads from it, so
     a folder means one thing with and without ``--ray``. Object arrays (pickles) are refused."""
     file, inline_key = split_key(path)
     key = key or inline_key
     if file.is_dir() and is_clip_retrieval(file):
         return load_clip_retrieval(file, key or "img")
     if file.is_dir():
-        from hubless.io.sources import open_source
+        from hubless.storage.sources import open_source
 
         source = open_source(file)
         return source.read(0, source.n_rows)

@@ -64,7 +64,7 @@ def test_private_hooks_are_not_called_from_outside_their_package():
 LAYERS = [
     {"hubless.errors", "hubless.progress", "hubless._deprecation"},
     {"hubless._atomic", "hubless._registry", "hubless._torch", "hubless._validation", "hubless.hits"},
-    {"hubless.io"},  # array files, sharded sources, work files
+    {"hubless.storage"},  # array files, sharded sources, work files
     {"hubless.inputs"},  # every input file a user gives
     {"hubless.engine", "hubless.metrics"},  # streamed GEMM statistics; retrieval metrics
     {"hubless.banks", "hubless.corrections"},

@@ -89,7 +89,7 @@ def test_cli_weight_and_deprecated_alpha(tmp_path, arrays):
 
 def test_a_folder_is_the_same_rows_with_and_without_ray(tmp_path, arrays):
     from hubless.inputs import load_array
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     gallery, _, _ = arrays
     shards = tmp_path / "shards"

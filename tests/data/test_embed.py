@@ -90,7 +90,7 @@ def test_damaged_or_swapped_chunks_are_redone_saying_so(clip_dir, tmp_path):
     import shutil
     import warnings
 
-    from hubless.io.workfiles import RecomputedWarning
+    from hubless.storage.workfiles import RecomputedWarning
 
     enc = load_encoder(clip_dir, device="cpu")
     texts = [f"a photo of {n} dog" for n in range(12)]

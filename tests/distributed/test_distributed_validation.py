@@ -139,7 +139,7 @@ def test_the_metadata_of_a_distributed_build_is_checked_as_index_build_checks_it
 @pytest.mark.parametrize("kind", ["npy", "parquet"])
 def test_shards_are_normalised_as_arrays_are_and_left_untouched(tmp_path, kind):
     from hubless._validation import as_embeddings
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     x = np.random.default_rng(0).standard_normal((300, 6)).astype(np.float32) * 3
     if kind == "npy":

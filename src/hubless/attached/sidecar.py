@@ -41,7 +41,7 @@ import numpy as np
 from hubless._atomic import current_dir
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
-from hubless.io.arrays import check_npy
+from hubless.storage.arrays import check_npy
 
 __all__ = [
     "FORMAT_VERSION",

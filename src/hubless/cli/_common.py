@@ -67,7 +67,7 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     if path is None:
         return None
     from hubless._atomic import file_sha256
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
     return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
@@ -200,7 +200,7 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
     """Refuse, before any work, outputs that would destroy something: an output that is one of
     the inputs, two outputs on one path, a path that is not a regular file (a folder, a FIFO, a
     device), or an existing file hubless did not write (unless ``overwrite``)."""
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     seen: dict[Path, str] = {}
     sources = {}

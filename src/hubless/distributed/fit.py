@@ -4,9 +4,9 @@
     nnn = hd.fit("nnn:alpha=0.75,k=16", "gallery_emb/", "bank_emb/", work_dir="fit-state/")
 
 Each tile (a gallery shard against a bank shard, :mod:`hubless.distributed.plan`) is one Ray
-task that reads its own rows from the sources (:mod:`hubless.io.sources`) and returns
+task that reads its own rows from the sources (:mod:`hubless.storage.sources`) and returns
 its partial statistics; the driver merges partials as they arrive (any order) and keeps each
-finished tile in ``work_dir`` with its key and sha256 (:mod:`~hubless.io.workfiles`),
+finished tile in ``work_dir`` with its key and sha256 (:mod:`~hubless.storage.workfiles`),
 so a rerun after a crash computes only the missing tiles, and recomputes, saying so, a kept tile
 that is damaged or is not the tile (or of the fit) it should be. Ray
 re-runs a task whose worker died (``max_retries``); an error in a task (a NaN in a shard, say)
@@ -33,8 +33,8 @@ from hubless.distributed.tile_parts import TilePart
 from hubless.engine.parallel import use_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingInputError
-from hubless.io.sources import EmbeddingSource, open_source
-from hubless.io.workfiles import job_id, load_arrays, recomputing, save_arrays
+from hubless.storage.sources import EmbeddingSource, open_source
+from hubless.storage.workfiles import job_id, load_arrays, recomputing, save_arrays
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
@@ -139,7 +139,7 @@ def fit_statistics(
     computed on Ray tile by tile (see the module docstring).
 
     Sources: folders, globs or lists of ``.npy`` / parquet shards, or clip-retrieval
-    ``img_emb`` / ``text_emb`` folders (:func:`~hubless.io.sources.open_source`).
+    ``img_emb`` / ``text_emb`` folders (:func:`~hubless.storage.sources.open_source`).
     ``workers``: tiles computed at once, each task taking an equal share of the cluster's CPUs
     (default: one CPU per task). ``gallery_rows`` / ``bank_cols``: tile sizes, or explicit cut
     points. ``work_dir``: keep finished tiles there and reuse them on a rerun.
@@ -221,7 +221,7 @@ def _fit_statistics(
 
 def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, EmbeddingSource | None]:
     """The gallery and bank sources, opened (headers read and checked, see
-    :mod:`~hubless.io.sources`) and named as the in-memory checks name them; a bank of
+    :mod:`~hubless.storage.sources`) and named as the in-memory checks name them; a bank of
     another dimension than the gallery is refused here, before any work."""
     g = open_source(gallery, label="gallery")
     out: dict[str, EmbeddingSource | None] = {"gallery": g}
