@@ -50,7 +50,7 @@ _EXPORTS = {
     "correct_scores": "hubless.score_matrices",
     "evaluate_scores": "hubless.score_matrices",
     "tune_scores": "hubless.score_matrices",
-    "NotFittedError": "hubless.errors",
+    "NotFitted": "hubless.errors",
     "MissingDependencyError": "hubless.errors",
     "UnnormalizedEmbeddingsWarning": "hubless._validation",
 }
@@ -76,7 +76,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.corrections import make_correction as make_correction
     from hubless.engine import exact_search as exact_search
     from hubless.errors import MissingDependencyError as MissingDependencyError
-    from hubless.errors import NotFittedError as NotFittedError
+    from hubless.errors import NotFitted as NotFitted
     from hubless.evaluation import Evaluation as Evaluation
     from hubless.evaluation import evaluate as evaluate
     from hubless.hits import Hits as Hits

@@ -13,7 +13,7 @@ kind                          builtin(s)                         CLI exit   HTTP
 ============================  =================================  =========  ==========
 :class:`InvalidInput`         ValueError                         2          422
 :class:`InvalidType`          ValueError, TypeError              2          422
-:class:`NotFittedError`       ValueError, AttributeError         2          422
+:class:`NotFitted`            ValueError, AttributeError         2          422
 :class:`NotFound`             KeyError                           2          404
 :class:`MissingFile`          KeyError, FileNotFoundError        2          404
 :class:`Conflict`             ValueError                         2          409
@@ -42,8 +42,8 @@ __all__ = [
     "MissingDependency",
     "MissingDependencyError",
     "MissingFile",
-    "MissingInputError",
-    "NotFittedError",
+    "MissingInput",
+    "NotFitted",
     "NotFound",
     "check_available",
     "message",
@@ -63,7 +63,7 @@ class InvalidType(InvalidInput, TypeError):
     """An argument of the wrong type (also a TypeError, as Python's own would be)."""
 
 
-class NotFittedError(InvalidInput, AttributeError):
+class NotFitted(InvalidInput, AttributeError):
     """A correction (or an index) was used before it was fitted.
 
     Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so code
@@ -71,7 +71,7 @@ class NotFittedError(InvalidInput, AttributeError):
     """
 
 
-class MissingInputError(InvalidInput):
+class MissingInput(InvalidInput):
     """A required input was not given. ``argument`` is its Python name (``gallery_bank``); the
     message names it as a keyword argument, and :meth:`for_cli` as the command-line flag."""
 
@@ -135,7 +135,7 @@ MissingDependencyError = MissingDependency
 
 def message(exc: BaseException) -> str:
     """The one-line text of an error (for the CLI and the service)."""
-    if isinstance(exc, MissingInputError):
+    if isinstance(exc, MissingInput):
         return exc.for_cli()
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(str(text).split()) or type(exc).__name__

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.corrections.additive import QuerySide
-from hubless.errors import InvalidType, NotFittedError
+from hubless.errors import InvalidType, NotFitted
 from tests.conftest import unit_rows
 
 runner = CliRunner()
@@ -124,5 +124,5 @@ def test_for_queries_gives_a_query_side_that_cannot_search(arrays):
     np.testing.assert_allclose(side.method_scores(batch, ranking), fitted.method_scores(fitted_batch, ranking), rtol=1e-6)
     unfitted = hubless.make_correction("nnn")
     unfitted.for_queries({}, 12, 1)
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         unfitted.search(queries, 3)

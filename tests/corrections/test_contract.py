@@ -19,7 +19,7 @@ import pytest
 
 import hubless
 from hubless.corrections import METHODS, incremental, make_correction
-from hubless.errors import InvalidInput, InvalidType, MissingDependency, MissingInputError, NotFittedError, optional_import
+from hubless.errors import InvalidInput, InvalidType, MissingDependency, MissingInput, NotFitted, optional_import
 from tests import reference as ref
 from tests.conftest import unit_rows
 
@@ -64,7 +64,7 @@ def check_clone(cls, data):
     twin = sklearn.clone(corr)
     assert type(twin) is cls and twin.get_params() == corr.get_params() and twin is not corr
     assert not hasattr(twin, "gallery_")  # a clone is unfitted
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         twin.search(data["queries"], 3)
 
 
@@ -143,7 +143,7 @@ def check_add_remove_equals_rebuild(cls, data):
 
 def check_bad_input_is_refused_and_changes_nothing(cls, data):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         cls().search(q, 3)
     corr = fitted(cls, data)
     before = corr.search(q, 5)
@@ -169,10 +169,10 @@ def check_bad_input_is_refused_and_changes_nothing(cls, data):
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_array_equal(after[0], before[0])
     if cls.needs_query_bank:
-        with pytest.raises(MissingInputError, match="query_bank"):
+        with pytest.raises(MissingInput, match="query_bank"):
             cls().fit(g)
     if cls.gallery_bank_use == "required":
-        with pytest.raises(MissingInputError, match="gallery_bank"):
+        with pytest.raises(MissingInput, match="gallery_bank"):
             cls().fit(g, qb)
     if cls.weight_param is not None:
         with pytest.raises(InvalidInput, match="weight must be"):

@@ -116,9 +116,9 @@ def test_sklearn_clone_get_params_and_not_fitted():
     assert twin is not nnn and twin.get_params() == nnn.get_params() == nnn.get_params(deep=True)
     for cls in hubless.METHODS.values():
         assert clone(cls()).get_params() == cls().get_params()
-    with pytest.raises(hubless.NotFittedError, match="not fitted"):
+    with pytest.raises(hubless.NotFitted, match="not fitted"):
         twin.search(np.ones((1, 4), np.float32))
-    assert issubclass(hubless.NotFittedError, (ValueError, AttributeError))
+    assert issubclass(hubless.NotFitted, (ValueError, AttributeError))
 
 
 def test_methods_describe_themselves():

@@ -162,7 +162,7 @@ def test_missing_banks(small_data):
 
 
 def test_use_before_fit():
-    with pytest.raises(hubless.NotFittedError, match="not fitted"):
+    with pytest.raises(hubless.NotFitted, match="not fitted"):
         hubless.NNN().search(np.ones((1, 4), np.float32))
 
 

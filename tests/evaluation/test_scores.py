@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import hubless
 from hubless.corrections.score_fit import correct_rows, fit_on_scores, fit_scores
-from hubless.errors import InvalidInput, MissingInputError
+from hubless.errors import InvalidInput, MissingInput
 from hubless.score_matrices import correct_scores, evaluate_scores, load_scores, read_pickled_array, tune_scores
 from tests.conftest import unit_rows
 
@@ -266,9 +266,9 @@ def test_methods_that_need_embeddings_are_refused(video_data, tmp_path):
         evaluate_scores(d["S"], "t2i:5", d["SB"], ["is", "dn"])
     with pytest.raises(InvalidInput, match="mean of the query bank's embeddings"):
         fit_scores(hubless.DN(), d["SB"])
-    with pytest.raises(MissingInputError, match="query_bank_scores"):
+    with pytest.raises(MissingInput, match="query_bank_scores"):
         evaluate_scores(d["S"], "t2i:5", None, ["nnn"])
-    with pytest.raises(MissingInputError, match="gallery_bank_scores"):
+    with pytest.raises(MissingInput, match="gallery_bank_scores"):
         evaluate_scores(d["S"], "t2i:5", d["SB"], ["dualis"])
     with pytest.raises(InvalidInput, match="must score the same items"):
         evaluate_scores(d["S"], "t2i:5", d["SB"][:, :-1], ["is"])

@@ -122,7 +122,7 @@ def test_updates_check_their_inputs(data):
     assert corr.n_gallery_ == len(g)  # failed updates changed nothing
     with pytest.raises(ValueError, match="without a gallery bank"):
         incremental.add_gallery_bank(corr, data.gallery_bank)
-    with pytest.raises(hubless.NotFittedError, match="not fitted"):
+    with pytest.raises(hubless.NotFitted, match="not fitted"):
         incremental.add_items(hubless.NNN(), g[:3], qb)
 
 
@@ -174,7 +174,7 @@ def test_save_refuses_to_replace_what_hubless_did_not_write_and_load_refuses_dam
         hubless.load_correction(damaged)
     with pytest.raises(hubless.errors.MissingFile):
         hubless.load_correction(tmp_path / "nothing.npz")
-    with pytest.raises(hubless.NotFittedError):
+    with pytest.raises(hubless.NotFitted):
         hubless.NNN().save(tmp_path / "unfitted.npz")
     with pytest.raises(hubless.errors.InvalidType, match="not by a per-candidate bias"):
         fitted("gc", data.gallery, data.query_bank, None).bias()

@@ -48,7 +48,7 @@ from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.device import checked_on_device, torch_device
-from hubless.errors import AlreadyExists, InvalidInput, InvalidType, NotFittedError
+from hubless.errors import AlreadyExists, InvalidInput, InvalidType, NotFitted
 from hubless.hits import Hits
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
@@ -264,7 +264,7 @@ class Correction:
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
-            raise NotFittedError(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
+            raise NotFitted(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
 
     @property
     def query_request(self) -> QueryRequest:

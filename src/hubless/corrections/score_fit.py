@@ -41,7 +41,7 @@ from hubless.corrections.queries import QueryBatch, QueryStatistics
 from hubless.corrections.spec import MethodName, make_correction
 from hubless.engine.score_statistics import check_score_matrix, read_rows, score_statistics
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import InvalidInput, MissingInputError
+from hubless.errors import InvalidInput, MissingInput
 
 __all__ = ["check_score_methods", "correct_rows", "fit_on_scores", "fit_scores", "fitted_on_scores", "score_batch"]
 
@@ -85,12 +85,12 @@ def fit_on_scores(
         raise InvalidInput("give query_bank_scores (or n_gallery for the baseline): nothing says how many gallery items there are")
     needing = [c for c in items if c.needs_query_bank]
     if needing and sb is None:
-        raise MissingInputError(
+        raise MissingInput(
             "query_bank_scores", f"{needing[0].spec} needs the query bank's scores (reference queries x gallery): pass {{arg}}"
         )
     requiring = [c for c in items if c.gallery_bank_use == "required"]
     if requiring and sg is None:
-        raise MissingInputError(
+        raise MissingInput(
             "gallery_bank_scores",
             f"{requiring[0].spec} needs the gallery bank's scores (reference items of the gallery's modality x gallery): pass {{arg}}",
         )

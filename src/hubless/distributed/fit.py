@@ -32,7 +32,7 @@ from hubless.distributed.tile_merge import TileMerger
 from hubless.distributed.tile_parts import TilePart
 from hubless.engine.parallel import use_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import InvalidInput, MissingInputError
+from hubless.errors import InvalidInput, MissingInput
 from hubless.storage.sources import EmbeddingSource, open_source
 from hubless.storage.workfiles import job_id, load_arrays, recomputing, save_arrays
 
@@ -238,10 +238,10 @@ def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, Embed
 def _banks_for(corrections: Sequence[Correction], query_bank, gallery_bank):
     needing = [c for c in corrections if c.needs_query_bank]
     if needing and query_bank is None:
-        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+        raise MissingInput("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
     requiring = [c for c in corrections if c.gallery_bank_use == "required"]
     if requiring and gallery_bank is None:
-        raise MissingInputError("gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank: pass {{arg}}")
+        raise MissingInput("gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank: pass {{arg}}")
     qb = query_bank if needing else None
     gb = gallery_bank if any(c.gallery_bank_use != "ignored" for c in corrections) else None
     return qb, gb

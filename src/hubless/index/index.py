@@ -34,7 +34,7 @@ import numpy as np
 from hubless._validation import as_embeddings, check_target_recall
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.engine import BankStatistics
-from hubless.errors import Conflict, InvalidInput, NotFittedError
+from hubless.errors import Conflict, InvalidInput, NotFitted
 from hubless.index import directory, writer
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
@@ -122,7 +122,7 @@ class Index(IndexView):
         :func:`~hubless.index.faiss_build.train_empty` (IVF items spilled with ``spill``).
         ``options``: as the constructor's (banks, metadata, ids, model, search defaults)."""
         if not correction.is_fitted:
-            raise NotFittedError(f"{type(correction).__name__} is not fitted")
+            raise NotFitted(f"{type(correction).__name__} is not fitted")
         bias = correction.bias_columns_
         _, dim, offset = plan_layout(factory, correction.dim_, bias.shape[1])
         layout = with_spill(faiss_index, Layout(dim, offset), bias, spill)

@@ -37,7 +37,7 @@ from hubless.corrections.serving import check_additive
 from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
-from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFittedError
+from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFitted
 from hubless.index.config import IndexConfig
 from hubless.index.factory import is_flat
 from hubless.index.faiss_build import build_faiss, default_factory
@@ -415,7 +415,7 @@ def built(
     its :class:`~hubless.index.config.IndexConfig`, with the layout and the build time."""
     check_additive(correction)
     if not correction.is_fitted:
-        raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
+        raise NotFitted(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
     n = correction.n_gallery_
     factory = factory or default_factory(n)
     rescore = not is_flat(factory) if rescore is None else rescore
