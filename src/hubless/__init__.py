@@ -51,7 +51,7 @@ _EXPORTS = {
     "evaluate_scores": "hubless.score_matrices",
     "tune_scores": "hubless.score_matrices",
     "NotFitted": "hubless.errors",
-    "MissingDependencyError": "hubless.errors",
+    "MissingDependency": "hubless.errors",
     "UnnormalizedEmbeddingsWarning": "hubless._validation",
 }
 
@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.corrections import load_correction as load_correction
     from hubless.corrections import make_correction as make_correction
     from hubless.engine import exact_search as exact_search
-    from hubless.errors import MissingDependencyError as MissingDependencyError
+    from hubless.errors import MissingDependency as MissingDependency
     from hubless.errors import NotFitted as NotFitted
     from hubless.evaluation import Evaluation as Evaluation
     from hubless.evaluation import evaluate as evaluate
@@ -94,7 +94,15 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
+#: Names exported before (until 0.2.0, with a DeprecationWarning).
+_OLD_NAMES = {"NotFittedError": "hubless.errors:NotFitted", "MissingDependencyError": "hubless.errors:MissingDependency"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _OLD_NAMES:
+        from hubless._deprecation import deprecated_names
+
+        return deprecated_names(__name__, _OLD_NAMES)(name)
     module = _EXPORTS.get(name)
     if module is None:
         if name.startswith("_") or importlib.util.find_spec(f"hubless.{name}") is None:

@@ -27,15 +27,26 @@ REMOVED_IN = "0.2.0"
 
 def _outside_hubless() -> int:
     """The stacklevel of the first frame outside the hubless package (counted from the caller
-    of :func:`warnings.warn` inside :func:`warn_deprecated`)."""
+    of :func:`warnings.warn` inside :func:`warn_deprecated`), counting frames as
+    :func:`warnings.warn` does: the import system's own frames (an old name imported, an old
+    module's first import) are skipped, not counted."""
     frame: FrameType | None = sys._getframe(2)
     level = 2
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name != "hubless" and not name.startswith("hubless."):
             return level
-        frame, level = frame.f_back, level + 1
+        frame = frame.f_back
+        while frame is not None and _importing(frame):
+            frame = frame.f_back
+        level += 1
     return 2
+
+
+def _importing(frame: FrameType) -> bool:
+    """Whether ``frame`` is the import system's (as :mod:`warnings` tells them)."""
+    filename = frame.f_code.co_filename
+    return "importlib" in filename and "_bootstrap" in filename
 
 
 def warn_deprecated(old: str, new: str, *, why: str = "") -> None:

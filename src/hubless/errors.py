@@ -30,6 +30,8 @@ Anything else that escapes is a bug: the CLI says so and exits 1 (the traceback 
 
 from __future__ import annotations
 
+from hubless._deprecation import deprecated_names
+
 __all__ = [
     "AlreadyExists",
     "Busy",
@@ -40,7 +42,6 @@ __all__ = [
     "InvalidInput",
     "InvalidType",
     "MissingDependency",
-    "MissingDependencyError",
     "MissingFile",
     "MissingInput",
     "NotFitted",
@@ -129,10 +130,6 @@ class MissingDependency(HublessError, ImportError):
         super().__init__(f"{what} needs {package}: {self.install}" + (f" ({detail})" if detail else ""))
 
 
-#: The name used before the error kinds existed (kept: it is part of the public API).
-MissingDependencyError = MissingDependency
-
-
 def message(exc: BaseException) -> str:
     """The one-line text of an error (for the CLI and the service)."""
     if isinstance(exc, MissingInput):
@@ -156,6 +153,18 @@ def check_available(module: str, what: str, extra: str, package: str | None = No
             found = False
     if not found:
         raise MissingDependency(what, package or module, extra)
+
+
+#: The names used before (until 0.2.0, with a DeprecationWarning): the kinds are named as
+#: NotFound, MissingFile and MissingDependency are.
+__getattr__ = deprecated_names(
+    __name__,
+    {
+        "NotFittedError": "hubless.errors:NotFitted",
+        "MissingInputError": "hubless.errors:MissingInput",
+        "MissingDependencyError": "hubless.errors:MissingDependency",
+    },
+)
 
 
 def optional_import(module: str, what: str, extra: str, package: str | None = None):

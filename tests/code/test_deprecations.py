@@ -19,6 +19,11 @@ OLD_NAMES = [
     ("hubless.rerank", "RerankResult", lambda: hubless.Hits),
     ("hubless.rerank.pipeline", "RerankResult", lambda: hubless.Hits),
     ("hubless.search", "SearchResult", lambda: hubless.Hits),
+    ("hubless", "NotFittedError", lambda: hubless.NotFitted),
+    ("hubless", "MissingDependencyError", lambda: hubless.MissingDependency),
+    ("hubless.errors", "NotFittedError", lambda: hubless.errors.NotFitted),
+    ("hubless.errors", "MissingInputError", lambda: hubless.errors.MissingInput),
+    ("hubless.errors", "MissingDependencyError", lambda: hubless.errors.MissingDependency),
 ]
 
 
@@ -28,6 +33,28 @@ def test_an_old_name_warns_and_gives_the_new_object(module, old, new):
         value = getattr(importlib.import_module(module), old)
     assert value is new()
     assert {w.filename for w in caught} == {__file__}  # the warning points at the caller
+
+
+def test_an_old_name_still_catches_what_the_new_one_raises():
+    with pytest.warns(DeprecationWarning):
+        old = hubless.NotFittedError
+    with pytest.raises(old):
+        hubless.NNN().search(np.ones((1, 4), np.float32))
+
+
+def test_the_old_score_matrix_package_warns_and_gives_the_new_names():
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import hubless.scores\nexcept DeprecationWarning as w:\n    print(w)\n"
+        "warnings.simplefilter('ignore'); import hubless.scores as old, hubless.score_matrices as new\n"
+        "print(old.load_scores is new.load_scores and old.__all__ == new.__all__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "the package hubless.scores is deprecated: use hubless.score_matrices" in done.stdout and "True" in done.stdout
 
 
 def test_an_unknown_name_is_still_an_attribute_error():

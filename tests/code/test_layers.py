@@ -70,7 +70,15 @@ LAYERS = [
     {"hubless.banks", "hubless.corrections"},
     {"hubless.index", "hubless.encoders"},
     {"hubless.evaluation", "hubless.export", "hubless.rerank", "hubless.distributed"},
-    {"hubless.tuning", "hubless.fairness", "hubless.score_matrices", "hubless.search", "hubless.data", "hubless.attached"},
+    {
+        "hubless.tuning",
+        "hubless.fairness",
+        "hubless.score_matrices",
+        "hubless.scores",
+        "hubless.search",
+        "hubless.data",
+        "hubless.attached",
+    },
     {"hubless.demo", "hubless.reports", "hubless.service"},
     {"hubless.cli", "hubless.__main__", "hubless"},
 ]
