@@ -14,6 +14,11 @@ service. Each array is (n_queries, top_k), best first:
 and per query, where the search gives them: ``certified`` (an attached collection's answer is
 exact relative to the store's plain ranking), ``exact`` (the answer equals the exact corrected
 search over the collection as it is now), ``candidates`` (the k' each query was answered with).
+A reranked search (:class:`hubless.Pipeline`, ``Searcher.search(rerank=True)``) also gives, per
+slot, ``first_stage_scores`` and ``rerank_scores``, and the seconds of each stage
+(:attr:`Hits.seconds`); a search through the :class:`~hubless.search.Searcher` names its
+``index``, ``method`` and ``queries`` and looks up the ``metadata`` of the items it shows;
+``compare`` adds the ``uncorrected`` ranking, itself a :class:`Hits`.
 
 A :class:`Hits` unpacks as the ``(scores, ids)`` pair searches returned before
 (``scores, ids = index.search(q)``; ``hits[0]``, ``hits[1]``), so code written for the pair keeps
