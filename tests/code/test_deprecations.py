@@ -123,4 +123,4 @@ def test_the_old_correction_methods_warn_and_do_what_the_functions_do():
     with pytest.warns(DeprecationWarning, match="Correction.fitted_on_scores is deprecated"):
         assert old.fitted_on_scores and score_fit.fitted_on_scores(new)
     with pytest.warns(DeprecationWarning, match="Correction.score_queries is deprecated"):
-        assert len(old.score_queries(s)) == len(score_fit.score_batch(new, s)) == 3
+        assert len(old.score_queries(s)) == len(score_fit.rows_batch(new, s)) == 3

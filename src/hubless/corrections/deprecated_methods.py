@@ -11,7 +11,7 @@ old method                        now
 ``corr.add_gallery_bank(...)``    :func:`hubless.corrections.incremental.add_gallery_bank`
 ``corr.fit_scores(...)``          :func:`hubless.corrections.score_fit.fit_scores`
 ``corr.correct(scores)``          :func:`hubless.corrections.score_fit.correct_rows`
-``corr.score_queries(scores)``    :func:`hubless.corrections.score_fit.score_batch`
+``corr.score_queries(scores)``    :func:`hubless.corrections.score_fit.rows_batch`
 ``corr.fitted_on_scores``         :func:`hubless.corrections.score_fit.fitted_on_scores`
 ``corr.fit_from_statistics(g, s)``  ``corr.fit(g, statistics=s)``
 ================================  ===============================================================
@@ -30,7 +30,7 @@ from typing import Any
 from hubless._deprecation import warn_deprecated
 from hubless.corrections.base import Correction
 from hubless.corrections.incremental import add_gallery_bank, add_items, add_query_bank, remove_items
-from hubless.corrections.score_fit import correct_rows, fit_scores, fitted_on_scores, score_batch
+from hubless.corrections.score_fit import correct_rows, fit_scores, fitted_on_scores, rows_batch
 
 __all__ = ["install"]
 
@@ -61,7 +61,7 @@ METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
     "add_gallery_bank": ("hubless.corrections.incremental.add_gallery_bank(correction, ...)", add_gallery_bank),
     "fit_scores": ("hubless.corrections.score_fit.fit_scores(correction, ...)", fit_scores),
     "correct": ("hubless.corrections.score_fit.correct_rows(correction, scores)", correct_rows),
-    "score_queries": ("hubless.corrections.score_fit.score_batch(correction, scores)", score_batch),
+    "score_queries": ("hubless.corrections.score_fit.rows_batch(correction, scores)", rows_batch),
     "fit_from_statistics": ("correction.fit(gallery, statistics=statistics)", _fit_from_statistics),
 }
 

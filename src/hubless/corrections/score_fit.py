@@ -43,7 +43,7 @@ from hubless.engine.score_statistics import check_score_matrix, read_rows, score
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
 from hubless.errors import InvalidInput, MissingInput
 
-__all__ = ["check_score_methods", "correct_rows", "fit_on_scores", "fit_scores", "fitted_on_scores", "score_batch"]
+__all__ = ["check_score_methods", "correct_rows", "fit_on_scores", "fit_scores", "fitted_on_scores"]
 
 _C = TypeVar("_C", bound=Correction)
 
@@ -141,10 +141,12 @@ def fitted_on_scores(corr: Correction) -> bool:
     return corr.is_fitted and corr.dim_ == 0
 
 
-def score_batch(corr: Correction, scores, **weight) -> QueryBatch:
-    """Rows of a query x gallery score matrix (n_queries, n_gallery) as a batch for the ranking
-    hook (:meth:`Correction.rank`, :meth:`Correction.method_scores`), with this call's
-    ``weight=``; the raw-neighbour statistics (DIS gates, CSLS's r_q) come from the rows."""
+def rows_batch(corr: Correction, scores, **weight) -> QueryBatch:
+    """Rows of a query x gallery score matrix (n_queries, n_gallery), checked, as a batch of
+    ``corr``'s ranking hook (:meth:`Correction.rank`, :meth:`Correction.method_scores`), with
+    this call's ``weight=``; the raw-neighbour statistics (DIS gates, CSLS's r_q) come from the
+    rows (:func:`hubless.score_matrices.rank.score_batch` does the same for several corrections
+    over a block already read)."""
     corr._check_fitted()
     scores = check_score_matrix(scores, "scores", n_cols=corr.n_gallery_)
     rows = read_rows(scores, 0, scores.shape[0], "scores")
@@ -160,7 +162,7 @@ def correct_rows(corr: Correction, scores, *, ranking: bool = False, **weight) -
     ranks by (e.g. s - bias(r), which never overflows). Works for a correction fitted on
     embeddings too (with the scores of its own gallery) and on scores (:func:`fit_scores`);
     ``weight=`` overrides its weight for this call."""
-    batch = score_batch(corr, scores, **weight)
+    batch = rows_batch(corr, scores, **weight)
     rows = read_rows(scores, 0, len(batch), "scores")
     ranked = corr.rank(batch, rows)
     if ranked is rows or np.shares_memory(ranked, np.asarray(scores)):
