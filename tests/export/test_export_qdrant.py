@@ -143,7 +143,7 @@ def test_an_export_failing_on_bad_metadata_midway_keeps_the_previous_collection(
     after = search(uri, small_data["queries"], top_k=10, exact=True)
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_allclose(after[0], before[0])
-    assert after[2][0][0]["caption"].startswith("item ")
+    assert after.metadata[int(after.ids[0, 0])]["caption"].startswith("item ")
     if kind == "qdrant":  # only the previous version's directory is left
         assert len([p for p in (tmp_path / "edge" / "gal").iterdir() if p.is_dir()]) == 1
     else:
