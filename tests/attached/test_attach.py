@@ -494,7 +494,7 @@ def test_queries_answered_in_blocks_equal_one_block(collection, data, tmp_path, 
 def test_the_sidecar_is_switched_atomically_and_names_what_it_belongs_to(data, tmp_path, monkeypatch):
     import faiss
 
-    from hubless import _io
+    from hubless import _atomic as _io
     from hubless.errors import MissingFile
 
     x, ids, bank = data["x"], data["ids"], data["bank"]

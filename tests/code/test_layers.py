@@ -161,40 +161,27 @@ MODULES = SOURCE.modules
 #: docstring): data flows one way, from files and arrays up to the command line. A new package
 #: must be placed.
 LAYERS = [
-    {"hubless.errors", "hubless.progress"},
-    {"hubless._io", "hubless._registry", "hubless._torch", "hubless._validation", "hubless._version", "hubless.hits"},
-    {"hubless.io"},  # array files, sharded sources, work files
+    {"hubless.errors", "hubless.progress", "hubless._deprecation"},
+    {"hubless._atomic", "hubless._registry", "hubless._torch", "hubless._validation", "hubless._version", "hubless.hits"},
+    {"hubless.storage"},  # array files, sharded sources, work files
     {"hubless.inputs"},  # every input file a user gives
     {"hubless.engine", "hubless.metrics"},  # streamed GEMM statistics; retrieval metrics
     {"hubless.banks", "hubless.corrections"},
     {"hubless.index", "hubless.encoders"},
     {"hubless.evaluation", "hubless.export", "hubless.rerank", "hubless.distributed"},
-    {"hubless.tuning", "hubless.fairness", "hubless.scores", "hubless.search", "hubless.data", "hubless.attached"},
+    {
+        "hubless.tuning",
+        "hubless.fairness",
+        "hubless.score_matrices",
+        "hubless.scores",  # the deprecated name of hubless.score_matrices (until 0.2.0)
+        "hubless.search",
+        "hubless.data",
+        "hubless.attached",
+    },
     {"hubless.demo", "hubless.reports", "hubless.service"},
     {"hubless.cli", "hubless.__main__", "hubless"},
 ]
 LAYER = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
-
-#: TEMPORARY (issue 53): the import circles inside hubless/corrections/ (base, incremental,
-#: score_fit, spec, serving, additive and the package itself), broken by the branch that reshapes
-#: Correction's public face (issue 53 items 1-2, helper i53-front). Until it is merged, a circle
-#: made only of these modules is let through; the lead removes this list at that merge.
-CORRECTIONS_CIRCLE_ISSUE_53 = {
-    "hubless.corrections",
-    "hubless.corrections.additive",
-    "hubless.corrections.base",
-    "hubless.corrections.baseline",
-    "hubless.corrections.csls",
-    "hubless.corrections.dbnorm",
-    "hubless.corrections.dn",
-    "hubless.corrections.gc",
-    "hubless.corrections.incremental",
-    "hubless.corrections.nnn",
-    "hubless.corrections.qbnorm",
-    "hubless.corrections.score_fit",
-    "hubless.corrections.serving",
-    "hubless.corrections.spec",
-}
 
 
 def test_the_saved_index_modules_do_not_import_the_index():
@@ -225,12 +212,12 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_no_import_circles():
-    circles = [c for c in import_circles(SOURCE) if not set(c) <= CORRECTIONS_CIRCLE_ISSUE_53]
+    circles = import_circles(SOURCE)
     assert not circles, f"import circles: {circles}"
 
 
 def test_no_package_imports_another_packages_private_names():
-    shared = ("hubless._io", "hubless._validation", "hubless._registry", "hubless._torch", "hubless._version")
+    shared = ("hubless._atomic", "hubless._validation", "hubless._registry", "hubless._torch", "hubless._version")
     offenders = []
     for name, imps in SOURCE.imports.items():
         for imp in imps:

@@ -744,12 +744,12 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
 
 @pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
 def test_score_matrix_evaluation_ranks_on_the_device_as_numpy_does(ties, data, tmp_path, monkeypatch):
-    """hubless.scores.evaluate_scores (hubless eval --scores) with a torch device: each block of
+    """hubless.score_matrices.evaluate_scores (hubless eval --scores) with a torch device: each block of
     score rows is read and checked on the host, uploaded once and ranked there by every method
     (additive, gated DIS / DualDIS with their gates from the rows, GC and published DualDIS on
     the host); ranks, metrics and hubness equal the numpy pass's, rows read from a memory map and
     a subset of rows (a query mask) included."""
-    from hubless.scores import evaluate_scores
+    from hubless.score_matrices import evaluate_scores
 
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # 80 rows cut unevenly
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
@@ -789,7 +789,7 @@ def test_correct_scores_top_k_ranks_on_the_device_as_on_the_host(ranking, data, 
     path (the correction fitted on the host for both, so the rows' ranking is what is compared);
     GC and published DualDIS are ranked on the host. Blocks of 23 rows."""
     from hubless.engine import torch_ranking
-    from hubless.scores import correct, correct_scores
+    from hubless.score_matrices import correct, correct_scores
 
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     S, SB, SG = q @ g.T, qb @ g.T, gb @ g.T

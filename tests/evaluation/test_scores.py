@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hubless
-from hubless.corrections.scores import fit_on_scores
-from hubless.errors import InvalidInput, MissingInputError
-from hubless.scores import correct_scores, evaluate_scores, load_scores, read_pickled_array, tune_scores
+from hubless.corrections.score_fit import correct_rows, fit_on_scores, fit_scores
+from hubless.errors import InvalidInput, MissingInput
+from hubless.score_matrices import correct_scores, evaluate_scores, load_scores, read_pickled_array, tune_scores
 from tests.conftest import unit_rows
 
 PER = 5  # captions per item
@@ -210,10 +210,10 @@ def test_score_path_equals_the_embedding_path_when_scores_are_dot_products():
             assert a.hubness == b.hubness, a.spec
     for spec in METHODS:
         on_embeddings = hubless.make_correction(spec).fit(gallery, bank, gbank)
-        on_scores = hubless.make_correction(spec).fit_scores(bank @ gallery.T, gbank @ gallery.T)
+        on_scores = fit_scores(hubless.make_correction(spec), bank @ gallery.T, gbank @ gallery.T)
         # the two paths form s in differently blocked float32 products (1 ulp apart, ~6e-8), and
         # exp(beta s) with beta = 20 magnifies that to ~1e-6 relative (measured 3.6e-6 at most)
-        np.testing.assert_allclose(on_scores.correct(queries @ gallery.T), on_embeddings.score(queries), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(correct_rows(on_scores, queries @ gallery.T), on_embeddings.score(queries), rtol=1e-5, atol=1e-6)
 
 
 def test_score_statistics_do_not_depend_on_threads(video_data, monkeypatch):
@@ -228,17 +228,14 @@ def test_score_statistics_do_not_depend_on_threads(video_data, monkeypatch):
                 np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
-def test_one_fit_on_scores_for_specs_instances_and_the_method(video_data):
-    """One definition (hubless.corrections.score_fit): the public path re-exports it and
-    Correction.fit_scores is it with [self]; specs and instances fit alike."""
-    import hubless.corrections.score_fit as score_fit
-
+def test_one_fit_on_scores_for_specs_instances_and_one_correction(video_data):
+    """One definition (hubless.corrections.score_fit.fit_on_scores): fit_scores is it with
+    [correction]; specs and instances fit alike."""
     d = video_data
-    assert fit_on_scores is score_fit.fit_on_scores
     from_specs = fit_on_scores(["nnn:k=8", hubless.make_correction("dualdis")], d["SB"], d["SG"])
     alone = [
-        hubless.make_correction("nnn:k=8").fit_scores(d["SB"], d["SG"]),
-        hubless.make_correction("dualdis").fit_scores(d["SB"], d["SG"]),
+        fit_scores(hubless.make_correction("nnn:k=8"), d["SB"], d["SG"]),
+        fit_scores(hubless.make_correction("dualdis"), d["SB"], d["SG"]),
     ]
     for a, b in zip(from_specs, alone):
         assert a.spec == b.spec
@@ -268,14 +265,14 @@ def test_methods_that_need_embeddings_are_refused(video_data, tmp_path):
     with pytest.raises(InvalidInput, match="embeddings"):
         evaluate_scores(d["S"], "t2i:5", d["SB"], ["is", "dn"])
     with pytest.raises(InvalidInput, match="mean of the query bank's embeddings"):
-        hubless.DN().fit_scores(d["SB"])
-    with pytest.raises(MissingInputError, match="query_bank_scores"):
+        fit_scores(hubless.DN(), d["SB"])
+    with pytest.raises(MissingInput, match="query_bank_scores"):
         evaluate_scores(d["S"], "t2i:5", None, ["nnn"])
-    with pytest.raises(MissingInputError, match="gallery_bank_scores"):
+    with pytest.raises(MissingInput, match="gallery_bank_scores"):
         evaluate_scores(d["S"], "t2i:5", d["SB"], ["dualis"])
     with pytest.raises(InvalidInput, match="must score the same items"):
         evaluate_scores(d["S"], "t2i:5", d["SB"][:, :-1], ["is"])
-    fitted = hubless.InvertedSoftmax().fit_scores(d["SB"])
+    fitted = fit_scores(hubless.InvertedSoftmax(), d["SB"])
     with pytest.raises(InvalidInput, match="fitted on score matrices"):
         fitted.search(unit_rows(np.random.default_rng(0), 2, 16))
     bad = d["S"].copy()

@@ -58,12 +58,12 @@ def test_ann_indexes_with_rescoring_recover_the_exact_top10(data, factory, resco
 
 def test_query_time_alpha_equals_refitting(data):
     index = hubless.Index.build(data.gallery, data.query_bank, "nnn:alpha=0.75,k=16", "Flat")
-    scores, ids = index.search(data.queries[:300], 5, alpha=0.25)
+    scores, ids = index.search(data.queries[:300], 5, weight=0.25)
     ref_scores, ref_ids = hubless.NNN(alpha=0.25, k=16).fit(data.gallery, data.query_bank).search(data.queries[:300], 5)
     assert_same_ranking(ids, scores, ref_ids, ref_scores)
     per_query = np.linspace(0, 1, 300)
-    _, ids = index.search(data.queries[:300], 5, alpha=per_query)
-    assert (ids[0] == index.correction.search(data.queries[:1], 5, alpha=0.0)[1][0]).all()
+    _, ids = index.search(data.queries[:300], 5, weight=per_query)
+    assert (ids[0] == index.correction.search(data.queries[:1], 5, weight=0.0)[1][0]).all()
 
 
 def test_gc_and_bad_queries_are_refused(data):
@@ -263,7 +263,7 @@ def test_cli_build_info_add_search(data, tmp_path):
     lines = [json.loads(line) for line in r.output.strip().splitlines()]
     assert len(lines) == 3 and len(lines[0]["hits"]) == 4
     index = hubless.Index.load(idx)
-    _, ids = index.search(data.queries[:3], 4, alpha=0.5)
+    _, ids = index.search(data.queries[:3], 4, weight=0.5)
     assert [h["id"] for h in lines[0]["hits"]] == ids[0].tolist()
     assert index.ntotal == 1100 and "metadata" in lines[0]["hits"][0]
     r = runner.invoke(app, ["search", str(tmp_path / "nope"), "--queries", str(tmp_path / "q.npy")])

@@ -66,8 +66,8 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     """Path, shape and sha256 of an input, for results files."""
     if path is None:
         return None
-    from hubless._io import file_sha256
-    from hubless.io.arrays import split_key
+    from hubless._atomic import file_sha256
+    from hubless.storage.arrays import split_key
 
     file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
     return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
@@ -188,7 +188,7 @@ def generator_mark() -> dict[str, str]:
 
 
 def _written_by_hubless(path: Path) -> bool:
-    from hubless._io import array_written_by_hubless
+    from hubless._atomic import array_written_by_hubless
 
     with open(path, "rb") as fh:
         head = fh.read(4096)
@@ -200,7 +200,7 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
     """Refuse, before any work, outputs that would destroy something: an output that is one of
     the inputs, two outputs on one path, a path that is not a regular file (a folder, a FIFO, a
     device), or an existing file hubless did not write (unless ``overwrite``)."""
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     seen: dict[Path, str] = {}
     sources = {}
@@ -264,7 +264,7 @@ def write_tuning(tuned, ev, out: Path | None, report: Path | None, progress: boo
     """Write a :class:`~hubless.evaluation.TuneResult` (None: an evaluation alone) and the test
     evaluation ``ev`` (or None) as JSON to ``out`` and as an HTML report to ``report`` (a
     spinner while the report's plots are drawn, by ``progress``)."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.progress import stage
 
     if out is not None:

@@ -55,7 +55,7 @@ def adversarial_command(
 ) -> None:
     """The n candidates whose nearest gallery items cover the fewest distinct items (the QB-Norm
     paper's adversarial bank); also writes OUT.ids.npy, the chosen candidates' row numbers."""
-    from hubless._io import save_npy
+    from hubless._atomic import save_npy
     from hubless.banks import adversarial_bank, bank_report
 
     if out.suffix != ".npy":

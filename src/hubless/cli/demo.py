@@ -29,7 +29,7 @@ def demo(
     """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
-    from hubless.errors import MissingDependencyError, check_available
+    from hubless.errors import MissingDependency, check_available
     from hubless.progress import stage
 
     if serve:
@@ -39,7 +39,7 @@ def demo(
         check_outputs({"--report": report}, {}, overwrite=False)  # its own earlier report is replaced
         try:
             check_available("matplotlib", "the HTML report", "report")
-        except MissingDependencyError as exc:
+        except MissingDependency as exc:
             print_note(f"{exc}; the report is skipped")
             report = Path("")
     if data_out is not None:

@@ -1,7 +1,7 @@
 """``hubless eval``: measure corrections on your embeddings (R@K, ranks, CIs, hubness), on score
 matrices (``--scores``), with several named query banks, or an attached collection's search
 (``--attached``). One options object per mode (:mod:`hubless.cli.modes`): this module holds the
-command and the embeddings mode; the others are in :mod:`hubless.cli.scores`,
+command and the embeddings mode; the others are in :mod:`hubless.cli.score_matrices`,
 :mod:`hubless.cli.named_banks` and :mod:`hubless.cli.eval_attached`."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hubless.cli._common import (
 from hubless.cli.eval_attached import AttachedEval
 from hubless.cli.modes import Mode, choose_mode
 from hubless.cli.named_banks import BankEval, bank_inputs, parse_banks
-from hubless.cli.scores import ScoreEval
+from hubless.cli.score_matrices import ScoreEval
 from hubless.errors import InvalidInput
 
 

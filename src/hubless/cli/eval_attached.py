@@ -43,7 +43,7 @@ class AttachedEval(Mode):
         return values["attached"] is not None
 
     def run(self) -> None:
-        from hubless._io import write_json
+        from hubless._atomic import write_json
         from hubless.attached import AttachedCollection
         from hubless.inputs import load_array
 

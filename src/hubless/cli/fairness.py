@@ -45,7 +45,7 @@ def fairness_command(
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Audit retrieval fairness (SISPI protocol) before and after each correction."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.data.fairness import relevance_by_column
     from hubless.fairness import audit
     from hubless.inputs import read_records

@@ -374,7 +374,7 @@ def get_command(
     embeddings: bool = typer.Option(False, "--embeddings", help="Also print each item's embedding."),
 ) -> None:
     """Print items by id as JSON lines: id, metadata (and embedding)."""
-    from hubless._io import to_json
+    from hubless._atomic import to_json
     from hubless.index import Index
     from hubless.inputs import read_ids
 

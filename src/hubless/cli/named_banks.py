@@ -176,7 +176,7 @@ def _paths(mode: BankEval | BankTune) -> dict[str, Path | None]:
 
 def print_banks(result, out: Path | None) -> None:
     """A table per bank (with its coverage), the geometric-mean table, and the JSON."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
 
     for name, ev in result.evaluations.items():
         report = result.reports[name]

@@ -115,8 +115,7 @@ def search_command(
         if store is not None
         else f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
     )
-    records = result.metadata
-    _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
+    _print_records(title, result.records(), with_metadata=result.metadata is not None, as_json=as_json)
 
 
 def _query_items(text, texts, image) -> list[str] | None:
@@ -132,34 +131,31 @@ def _query_items(text, texts, image) -> list[str] | None:
     return None
 
 
-def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
-    """Results as JSON lines (every query) or a table (the first 20); slots an ANN index could
-    not fill (id -1) are left out. ``metadata(query, rank, id)`` gives an item's record (None:
-    no metadata column)."""
-    n = ids.shape[0]
-    found = [[(r, int(j), float(v)) for r, (j, v) in enumerate(((j, v) for j, v in zip(ids[i], scores[i]) if j >= 0))] for i in range(n)]
+def _print_records(title: str, records: list[dict], *, with_metadata: bool, as_json: bool) -> None:
+    """:meth:`hubless.Hits.records` (the service's answer too) as JSON lines (every query) or a
+    table (the first 20): the found hits only, each with its metadata when the index has some."""
     if as_json:
-        from hubless._io import to_json
+        from hubless._atomic import to_json
 
-        for i in range(n):
-            hits = [{"id": j, "score": v, **({} if metadata is None else {"metadata": metadata(i, r, j)})} for r, j, v in found[i]]
-            given = {} if query_texts is None else {"text": query_texts[i]}
-            typer.echo(to_json({"query": i, **given, "hits": hits}))  # the key of SearchResult.records() and the service
+        for record in records:
+            typer.echo(to_json(record))
         return
     table = Table()
     for col in ("query", "rank", "id", "score"):
         table.add_column(col, justify="right")
-    if metadata is not None:
+    if with_metadata:
         table.add_column("metadata")
-    for i in range(min(n, 20)):
-        for r, j, v in found[i]:
-            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 0 else str(i)
-            row = [label, str(r + 1), str(j), f"{v:.4f}"]
-            if metadata is not None:
-                row.append(json.dumps(metadata(i, r, j))[:80])
+    for record in records[:20]:
+        for rank, hit in enumerate(record["hits"], start=1):
+            text = record.get("text")
+            label = f"{record['query']}: {text[:40]}" if text is not None and rank == 1 else str(record["query"])
+            score = "" if hit["score"] is None else f"{hit['score']:.4f}"
+            row = [label, str(rank), str(hit["id"]), score]
+            if with_metadata:
+                row.append(json.dumps(hit.get("metadata"))[:80])
             table.add_row(*row)
     console = wide_console()
     console.print(title, highlight=False, markup=False)
     console.print(table)
-    if n > 20:
-        typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
+    if len(records) > 20:
+        typer.echo(f"(first 20 of {len(records)} queries shown; use --json for all)")

@@ -1,7 +1,7 @@
 """``hubless tune``: choose each correction's parameters on a validation split, then test them:
 on embeddings, with several named query banks, or on score matrices (``--validation-scores``).
 One options object per mode (:mod:`hubless.cli.modes`): this module holds the command and the
-embeddings mode; the others are in :mod:`hubless.cli.named_banks` and :mod:`hubless.cli.scores`."""
+embeddings mode; the others are in :mod:`hubless.cli.named_banks` and :mod:`hubless.cli.score_matrices`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hubless.cli import eval_options as o
 from hubless.cli._common import check_outputs, friendly_errors, load, parse_ints, print_results, warn_coverage, write_tuning
 from hubless.cli.modes import Mode, choose_mode
 from hubless.cli.named_banks import BankTune, bank_inputs, parse_banks
-from hubless.cli.scores import ScoreTune, print_choice
+from hubless.cli.score_matrices import ScoreTune, print_choice
 
 
 @friendly_errors

@@ -1,24 +1,33 @@
 """Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
 
-See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the interface of
-:class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
+See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the
+interface of :class:`~hubless.corrections.base.Correction` (``fit``, ``search``, ``score``,
+``bias``, ``save``; :func:`load_correction` reads a saved one back). In-place updates are the
+functions of :mod:`~hubless.corrections.incremental`, fitting on score matrices those of
+:mod:`~hubless.corrections.score_fit`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hubless.corrections import (
+    deprecated_methods,  # noqa: F401  (sets the methods moved to incremental and score_fit, until 0.2.0)
+    incremental,
+    score_fit,
+)
 from hubless.corrections.additive import AdditiveCorrection
 from hubless.corrections.base import Correction, is_own_copy
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
-from hubless.corrections.dbnorm import DualDIS, DualIS
 from hubless.corrections.dn import DN
+from hubless.corrections.dual_inverted_softmax import DualDIS, DualIS
 from hubless.corrections.fit_inputs import validate_fit_inputs
-from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.global_correction import GlobalCorrection
+from hubless.corrections.inverted_softmax import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.nnn import NNN
-from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
+from hubless.corrections.saved import load_correction
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
 from hubless.engine.device import DeviceName
@@ -43,9 +52,12 @@ __all__ = [
     "QueryStatistics",
     "fit_many",
     "fit_shared",
+    "incremental",
+    "load_correction",
     "make_additive",
     "make_correction",
     "method_help",
+    "score_fit",
     "statistics_request",
 ]
 

@@ -41,6 +41,14 @@ class AdditiveCorrection(Correction):
         re-scores its candidates exactly with :meth:`rank`."""
         return True
 
+    def bias(self) -> np.ndarray:
+        """The bias columns ``bias_columns_`` of the fitted gallery, (n_gallery, n_columns)
+        float32, read only (see :meth:`Correction.bias <hubless.corrections.base.Correction.bias>`)."""
+        self._check_fitted()
+        view = self.bias_columns_.view()
+        view.flags.writeable = False
+        return view
+
     @property
     def bias_(self) -> np.ndarray:
         self._check_fitted()

@@ -155,7 +155,7 @@ def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 
     import json
     from pathlib import Path
 
-    from hubless._io import save_npy, write_text
+    from hubless._atomic import save_npy, write_text
 
     out = Path(out)
     if out.exists() and not out.is_dir():

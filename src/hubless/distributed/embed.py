@@ -64,7 +64,7 @@ def embed(
 
     ``workers``: Ray Data actors, each loading the model once (default: one per GPU of the
     cluster, else one per CPU); ``address``: a Ray cluster (``ray://host:10001``), default a
-    local Ray started without a dashboard. Raises :class:`~hubless.errors.MissingDependencyError`
+    local Ray started without a dashboard. Raises :class:`~hubless.errors.MissingDependency`
     (the ``distributed`` extra) when Ray is not installed.
     """
     from hubless.encoders import load_encoder

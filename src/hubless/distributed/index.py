@@ -49,7 +49,7 @@ from hubless.corrections import Correction, make_additive
 from hubless.distributed.cluster import _get, check_address, connect, run_tasks
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.errors import InvalidInput
-from hubless.io.sources import EmbeddingSource
+from hubless.storage.sources import EmbeddingSource
 
 __all__ = ["build_index"]
 
@@ -168,8 +168,8 @@ def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address,
     from hubless.index.faiss_build import plan_layout
     from hubless.index.ivf_lists import train_from_base, write_merged, write_shard_lists
     from hubless.index.live import split_statistics
-    from hubless.io.workfiles import job_id
     from hubless.progress import progress_bar
+    from hubless.storage.workfiles import job_id
 
     n, dim, flat, request = source.n_rows, source.dim, is_flat(factory), corr.statistics_request()
     cuts = cut_points(n, shard_rows, "shard_rows")

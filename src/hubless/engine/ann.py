@@ -19,8 +19,8 @@ import re
 import faiss
 import numpy as np
 
+from hubless.engine.exact import exact_search
 from hubless.engine.parallel import num_threads
-from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
 from hubless.errors import InvalidInput
 

@@ -139,7 +139,7 @@ def rank_score_rows(
     """:func:`rank_queries` for rows of a query x gallery score matrix instead of embeddings:
     ``read(start, stop)`` gives the checked float32 rows start:stop (host), each block is
     uploaded once and ranked on the device as a block of similarities is (the score-matrix
-    mode's ranking pass, :func:`hubless.scores.rank.rank_score_rows`). The first device of a
+    mode's ranking pass, :func:`hubless.score_matrices.rank.rank_score_rows`). The first device of a
     list is used."""
     torch = torch_module()
     device = device.split(",")[0]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
-from hubless.corrections.qbnorm import ActivationGated
+from hubless.corrections.inverted_softmax import ActivationGated
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK

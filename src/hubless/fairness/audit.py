@@ -25,7 +25,7 @@ from hubless.corrections import Correction, MethodName, fit_many
 from hubless.errors import InvalidInput, InvalidType, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import JSONValue
-from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
+from hubless.fairness.measures import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
 from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]

@@ -72,7 +72,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256, umask_mode
+from hubless._atomic import file_sha256, umask_mode
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput, optional_import
 from hubless.index.config import IndexConfig

@@ -1,7 +1,7 @@
 """``hubless.Index``: serve an additive correction at no query-time cost, and write to it live.
 
     index = hubless.Index.build(gallery, query_bank, method="nnn:alpha=0.75,k=16", factory="IVF1024,Flat")
-    scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
+    scores, ids = index.search(queries, top_k=10, weight=0.5)    # w changes per call, no rebuild
     scores, ids = index.search(queries, where={"split": "test", "year": {"gte": 2020}})
     index.save("idx/")
     live = hubless.Index.open("idx/")                              # every write is committed at once
@@ -12,7 +12,7 @@ results, :meth:`Index.get`, metadata and removals use them. After any sequence o
 search equals a fresh build over the live items (DIS/DualDIS activation sets included).
 
 One job per module: :class:`Index` is the read-only :class:`~hubless.index.view.IndexView`
-(search: :mod:`hubless.index.searching`; one version: :mod:`hubless.index.live`) plus the
+(search: :mod:`hubless.index.snapshot_search`; one version: :mod:`hubless.index.live`) plus the
 writes, each a function of :mod:`hubless.index.writer` (O(batch): new items' biases come from
 the stored banks, removed items are marked dead), committed to the directory it was loaded
 from by :class:`~hubless.index.directory.Directory` (one segment per write, an atomic
@@ -34,7 +34,7 @@ import numpy as np
 from hubless._validation import as_embeddings, check_target_recall
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.engine import BankStatistics
-from hubless.errors import Conflict, InvalidInput, NotFittedError
+from hubless.errors import Conflict, InvalidInput, NotFitted
 from hubless.index import directory, writer
 from hubless.index.factory import check_factory
 from hubless.index.faiss_build import (
@@ -122,7 +122,7 @@ class Index(IndexView):
         :func:`~hubless.index.faiss_build.train_empty` (IVF items spilled with ``spill``).
         ``options``: as the constructor's (banks, metadata, ids, model, search defaults)."""
         if not correction.is_fitted:
-            raise NotFittedError(f"{type(correction).__name__} is not fitted")
+            raise NotFitted(f"{type(correction).__name__} is not fitted")
         bias = correction.bias_columns_
         _, dim, offset = plan_layout(factory, correction.dim_, bias.shape[1])
         layout = with_spill(faiss_index, Layout(dim, offset), bias, spill)
@@ -176,7 +176,7 @@ class Index(IndexView):
         if target_recall is None and max_memory is not None:
             raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
         if target_recall is not None:
-            from hubless.index.autotune import parse_size
+            from hubless.index.recall_tuning import parse_size
 
             check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
             parse_size(max_memory)
@@ -208,9 +208,9 @@ class Index(IndexView):
         )
         with stage("building the index structure" if target_recall is None else "choosing the index structure", progress):
             if target_recall is not None:
-                from hubless.index.autotune import tune
+                from hubless.index.recall_tuning import tune_for_recall
 
-                index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+                index = tune_for_recall(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
                                    factories=None if factory is None else [factory], gallery_bank=gallery_bank,
                                    keep_banks=keep_banks, **kwargs)  # fmt: skip
             else:

@@ -367,7 +367,7 @@ class Snapshot:
         (O(n)) and kept for this snapshot."""
         gallery, stats = self.logical()
         corr = make_additive(self.spec).set_params(normalize=self.normalize)
-        return corr.fit_from_statistics(gallery, stats)
+        return corr.fit(gallery, statistics=stats)
 
     # ------------------------------------------------------------------ search primitives
     def allowed(self, where) -> np.ndarray | None:

@@ -28,10 +28,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256
+from hubless._atomic import file_sha256
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import Busy, Conflict, Corrupt, MissingDependencyError, optional_import
+from hubless.errors import Busy, Conflict, Corrupt, MissingDependency, optional_import
 from hubless.index import writer
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
@@ -175,7 +175,7 @@ class parsing:
         return self
 
     def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, (MissingDependencyError, Corrupt, Gone)):
+        if exc is None or isinstance(exc, (MissingDependency, Corrupt, Gone)):
             return False
         if isinstance(exc, FileNotFoundError):
             raise Gone from None

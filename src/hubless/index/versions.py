@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hubless._io import umask_mode
+from hubless._atomic import umask_mode
 from hubless.errors import Corrupt, MissingFile
 from hubless.index.pointer import FORMAT, POINTER, VERSION, check_index_dir, names_in, parse_json, read_manifest, validate_manifest
 from hubless.index.reading import Gone, Loaded, read_base, replay

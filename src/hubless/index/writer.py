@@ -32,12 +32,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.corrections import AdditiveCorrection
+from hubless.corrections import AdditiveCorrection, incremental
 from hubless.corrections.serving import check_additive
 from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
-from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFittedError
+from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFitted
 from hubless.index.config import IndexConfig
 from hubless.index.factory import is_flat
 from hubless.index.faiss_build import build_faiss, default_factory
@@ -369,7 +369,8 @@ def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: b
 
     snap.verify_mapped()
     corr = copy.copy(snap.correction)
-    corr = corr.add_query_bank(items, progress=progress) if side == "query" else corr.add_gallery_bank(items, progress=progress)
+    grow = incremental.add_query_bank if side == "query" else incremental.add_gallery_bank
+    corr = grow(corr, items, progress=progress)
     faiss_index, config = None, snap.config
     if snap.faiss is not None:
         same = snap.n_dead == 0 and snap.n_tail == 0
@@ -414,7 +415,7 @@ def built(
     its :class:`~hubless.index.config.IndexConfig`, with the layout and the build time."""
     check_additive(correction)
     if not correction.is_fitted:
-        raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
+        raise NotFitted(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
     n = correction.n_gallery_
     factory = factory or default_factory(n)
     rescore = not is_flat(factory) if rescore is None else rescore

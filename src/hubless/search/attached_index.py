@@ -21,7 +21,7 @@ import numpy as np
 
 from hubless._validation import check_top_k, pad_top_k
 from hubless.errors import Conflict, InvalidInput
-from hubless.search.result import SearchResult
+from hubless.hits import Hits
 
 __all__ = ["AttachedIndex", "as_attached", "search_attached"]
 
@@ -150,21 +150,22 @@ def as_attached(value) -> AttachedIndex | None:
     return None
 
 
-def search_attached(result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool):
+def search_attached(fields: dict, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool) -> Hits:
     """:meth:`Searcher.search` on an attached collection: the certified search (its ``certified``
-    in the result), the store's plain ranking for ``compare``, the store's payloads as metadata."""
+    in the hits), the store's plain ranking for ``compare``, the store's payloads as
+    metadata; ``fields``: the result's ``index``, ``method`` and ``queries``."""
     if rerank:
-        raise InvalidInput(f"{result.index!r} is an attached collection: reranking is not offered on it")
+        raise InvalidInput(f"{fields['index']!r} is an attached collection: reranking is not offered on it")
     if "where" in options:
-        raise InvalidInput(f"{result.index!r} is an attached collection: metadata filters (where) are not offered on it")
+        raise InvalidInput(f"{fields['index']!r} is an attached collection: metadata filters (where) are not offered on it")
     found = current.search_certified(vectors, top_k, **options)
-    result.scores, result.ids, result.certified = found.scores, found.ids, found.certified
+    # an AttachedResult (missing slots id -1) until the attached search answers with Hits
+    hits = found if isinstance(found, Hits) else Hits.padded(found.scores, found.ids, certified=found.certified)
     if compare:
         knobs = {k: v for k, v in options.items() if k != "weight"}
-        result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+        plain = current.search_uncorrected(vectors, top_k, **knobs)
+        hits = hits.with_fields(uncorrected=plain if isinstance(plain, Hits) else Hits.padded(*plain))
     if current.has_metadata:
-        shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
-        ids = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
-        ids = ids[ids >= 0]
-        result.metadata = dict(zip(ids.tolist(), current.records(ids)))
-    return result
+        ids = hits.shown_ids()
+        fields = {**fields, "metadata": dict(zip(ids.tolist(), current.records(ids)))}
+    return hits.with_fields(**fields)

@@ -22,7 +22,7 @@ The package has one module per job, after the FastAPI project template: :mod:`.s
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
 :mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
-searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
+searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.write_log`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
 
@@ -123,7 +123,7 @@ def create_app(
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["authorization", "content-type"])  # fmt: skip
     install_error_handlers(app)
-    for module in (routes.ops, routes.indexes, routes.items, routes.search, routes.page):
+    for module in (routes.ops, routes.indexes, routes.items, routes.queries, routes.page):
         app.include_router(module.router)
     return app
 

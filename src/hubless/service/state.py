@@ -75,7 +75,7 @@ class ServiceState:
     settings: Settings = field(default_factory=Settings)
     telemetry: Telemetry = field(default_factory=Telemetry)
     query_problems: dict[str, str | None] = field(default_factory=dict)
-    audit: Any = None  # an AuditLog when one is configured
+    write_log: Any = None  # a WriteLog when one is configured (hubless serve --audit-log)
     served: dict[str, Served] = field(init=False)
     body_shape: Any = field(init=False)  # a hubless.service.body.BodyShape
 
@@ -85,10 +85,10 @@ class ServiceState:
         self.served = {name: Served(name, self.searcher, self.settings.lock_timeout) for name in self.searcher.names}
         max_dim = max((int(self.searcher.index(name).info()["dim"]) for name in self.served), default=1)
         self.body_shape = BodyShape(self.settings.limits, max_dim)
-        if self.settings.audit_log is not None and self.audit is None:
-            from hubless.service.audit import AuditLog
+        if self.settings.audit_log is not None and self.write_log is None:
+            from hubless.service.write_log import WriteLog
 
-            self.audit = AuditLog(self.settings.audit_log)
+            self.write_log = WriteLog(self.settings.audit_log)
 
     @property
     def limits(self):

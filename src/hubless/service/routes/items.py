@@ -5,7 +5,7 @@
 filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
 no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated),
 ``POST /versions/{name}/{version}/restore`` (make a kept version current again). A write is all or nothing and committed at once as one segment under the index's
-write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
+write lock (see :class:`hubless.service.state.Served`), then appended to the write log."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
 from hubless.service.body import json_body, read_json
 from hubless.service.convert import check_count, rows, summary
-from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
+from hubless.service.deps import ServiceDep, check_id, get_served, record_write, writable
 from hubless.service.images import OpenFileResponse, open_image
 from hubless.service.schemas import MAX_ID, DeleteRequest, ItemsRequest, MetadataRequest
 from hubless.service.state import ServiceState
@@ -71,7 +71,7 @@ def _add_items(name: str, body: ItemsRequest, request: Request, service: Service
         return index.add(new, body.metadata, ids=body.ids).tolist()
 
     added = s.write(change)
-    audit(service, request, name, added)
+    record_write(service, request, name, added)
     return {**summary(s), "added": added}
 
 
@@ -79,7 +79,7 @@ def _add_items(name: str, body: ItemsRequest, request: Request, service: Service
 def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
     s.write(lambda index: index.remove([item_id]))  # an unknown id: 404, nothing removed
-    audit(service, request, name, [item_id])
+    record_write(service, request, name, [item_id])
     return {**summary(s), "removed": item_id}
 
 
@@ -92,7 +92,7 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
     s = writable(service, name)
     new = rows(body.embeddings, s.index, service.limits)
     s.write(lambda index: index.add_query_bank(new))
-    audit(service, request, name, {"bank_queries_added": int(new.shape[0])})
+    record_write(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
 
 
@@ -110,7 +110,7 @@ def _delete_items(name: str, body: DeleteRequest, request: Request, service: Ser
         removed = s.write(lambda index: index.remove(body.ids)).tolist()
     else:
         removed = s.write(lambda index: index.remove(where=body.where)).tolist()
-    audit(service, request, name, removed)
+    record_write(service, request, name, removed)
     return {**summary(s), "removed": removed}
 
 
@@ -132,7 +132,7 @@ def _update_metadata(name: str, body: MetadataRequest, request: Request, service
     if isinstance(body.set, list):
         check_count(body.set, service.limits, "metadata records")
     changed = s.write(lambda index: index.update_metadata(body.ids, where=body.where, values=body.set, unset=body.unset)).tolist()
-    audit(service, request, name, changed)
+    record_write(service, request, name, changed)
     return {**summary(s), "updated": changed}
 
 
@@ -145,7 +145,7 @@ def restore_version(name: str, version: int, request: Request, service: ServiceD
     if s.path is None:
         raise HTTPException(422, f"index {name!r} is served from memory: it keeps no versions")
     number = s.write(lambda index: Index.restore(s.path, version, timeout=s.lock_timeout))
-    audit(service, request, name, {"restored": version, "as_version": number})
+    record_write(service, request, name, {"restored": version, "as_version": number})
     return {**summary(s), "restored": version, "version": number}
 
 

@@ -3,5 +3,5 @@ folders), sharded embedding sources read by row range, and checked work files (a
 records kept by their key and sha256, reused by reruns).
 
 Nothing here imports a hubless package above ``hubless.errors``, ``hubless._validation`` and
-``hubless._io``: the inputs, the encoders and the distributed jobs all build on it.
+``hubless._atomic``: the inputs, the encoders and the distributed jobs all build on it.
 """

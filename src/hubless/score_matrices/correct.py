@@ -2,7 +2,7 @@
 
     C = hubless.correct_scores(S, SB, "dis:beta=20")               # (n_queries, n_gallery) float32
     hubless.correct_scores("S.npy", "SB.npy", "dis", out="C.npy")  # streamed to a file
-    top, ids = hubless.correct_scores(S, SB, "nnn", top_k=10)       # best first
+    top, ids = hubless.correct_scores(S, SB, "nnn", top_k=10)       # best first (a hubless.Hits)
 
 The correction is fitted on the bank score matrices (one streamed pass each) and applied to S
 block by block of rows. The values written are the method's own scores (for IS / DIS the
@@ -19,17 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import mark_npz, open_marked_npy, umask_mode
+from hubless._atomic import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
-from hubless.corrections.scores import fit_on_scores
+from hubless.corrections.score_fit import fit_on_scores
 from hubless.engine.device import DeviceName, torch_device, use_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
-from hubless.scores.files import load_scores
-from hubless.scores.rank import RANK_BLOCK_ELEMENTS, score_batch
-from hubless.scores.rank import top_k as best_of
+from hubless.hits import Hits
+from hubless.score_matrices.files import load_scores
+from hubless.score_matrices.rank import RANK_BLOCK_ELEMENTS, score_batch
+from hubless.score_matrices.rank import top_k as best_of
 
 __all__ = ["correct_scores"]
 
@@ -59,13 +60,14 @@ def correct_scores(
     score matrices (see the module docstring). Inputs are arrays, memory maps or file paths
     (.npy/.npz/.pkl). ``transpose``: every matrix is stored gallery x queries (gallery x bank).
 
-    Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` the pair (scores, ids)
-    of each row's best ``top_k`` (best first, ties to the lower index; a ``top_k`` beyond the
-    gallery keeps the width, the slots past it last with id -1 and score -inf: the one top-k
-    rule of :func:`hubless._validation.check_top_k`). With ``out`` the result
+    Returns the (n_queries, n_gallery) float32 matrix, or with ``top_k`` each row's best
+    ``top_k`` as :class:`~hubless.Hits` (``scores, ids = ...``: best first, ties to the lower
+    index, ids the gallery's columns; a ``top_k`` beyond the gallery keeps the width, the slots
+    past it last, not found, with id -1 and score -inf: the one top-k rule of
+    :func:`hubless._validation.check_top_k`). With ``out`` the result
     is written there instead (atomically: .npy for the matrix, .npz with ``scores`` and ``ids``
     for top-k, both marked as hubless's so that a re-run may replace them: see
-    :data:`hubless._io.ARRAY_MARK`) and the path is returned; the full matrix is then never
+    :data:`hubless._atomic.ARRAY_MARK`) and the path is returned; the full matrix is then never
     held in memory.
 
     With a torch device (``device=``, ``use_device``, ``HUBLESS_DEVICE``) the bank passes of the
@@ -117,7 +119,7 @@ def correct_scores(
 
     run_blocks(work, row_blocks(n_queries, n_gallery, RANK_BLOCK_ELEMENTS), progress=progress, desc=f"correct ({corr.spec})")
     if out is None:
-        return (values, ids) if top_k else values
+        return Hits.padded(values, ids) if top_k else values
     assert ids is not None  # a full matrix was written above
 
     def write_npz(path: str) -> None:

@@ -1,4 +1,4 @@
-"""An append-only audit log of writes: one JSON line per successful write (time, key,
+"""The service's write log (an append-only audit log of writes): one JSON line per successful write (time, key,
 endpoint, index, ids, status 200, client address, request id) and per refused one (status 401
 or 403, no ids), appended with ``O_APPEND`` and synced before the answer is sent (``hubless
 serve --audit-log FILE``). The request id is the answer's ``X-Request-ID`` header."""
@@ -11,10 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["AuditLog"]
+__all__ = ["WriteLog"]
 
 
-class AuditLog:
+class WriteLog:
     """Appends write records to ``path`` (created if missing, never truncated or rewritten)."""
 
     def __init__(self, path: str | os.PathLike) -> None:

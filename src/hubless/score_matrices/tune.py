@@ -17,15 +17,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hubless.corrections import METHODS, Correction, make_correction
-from hubless.corrections.scores import check_score_methods, fit_on_scores
+from hubless.corrections.score_fit import check_score_methods, fit_on_scores
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import TunedMethod, TuneResult, choose
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import TruthLike
-from hubless.scores.evaluate import ScoreMatrix, ScoreSource, prepare_scores
-from hubless.scores.files import load_scores
-from hubless.scores.rank import rank_score_rows
+from hubless.score_matrices.evaluate import ScoreMatrix, ScoreSource, prepare_scores
+from hubless.score_matrices.files import load_scores
+from hubless.score_matrices.rank import rank_score_rows
 from hubless.tuning import DEFAULT_GRIDS
 
 __all__ = ["shared_score_rows", "tune_scores"]

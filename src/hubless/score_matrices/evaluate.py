@@ -6,9 +6,9 @@
 
 S is queries x gallery (e.g. the 59,800 x 2,990 text -> video scores of MSR-VTT's full split),
 SB the query bank x gallery scores, SG (DualIS / DualDIS) gallery bank x gallery. Each may be an
-array, a memory map or a file path (.npy / .npz / .pkl, see :func:`hubless.scores.load_scores`); the banks are read in one streamed
-pass each (:func:`hubless.corrections.scores.fit_on_scores`), S in blocks of rows
-(:func:`hubless.scores.rank.rank_score_rows`), so memory stays bounded whatever the sizes.
+array, a memory map or a file path (.npy / .npz / .pkl, see :func:`hubless.score_matrices.load_scores`); the banks are read in one streamed
+pass each (:func:`hubless.corrections.score_fit.fit_on_scores`), S in blocks of rows
+(:func:`hubless.score_matrices.rank.rank_score_rows`), so memory stays bounded whatever the sizes.
 
 Protocol options of the papers (Bogolin et al. 2022, with the collaborative-experts metric):
 
@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hubless.corrections import Correction
-from hubless.corrections.scores import check_score_methods, fit_on_scores
+from hubless.corrections.score_fit import check_score_methods, fit_on_scores
 from hubless.engine import use_device
 from hubless.engine.device import DeviceName
 from hubless.engine.score_statistics import check_score_matrix
@@ -43,8 +43,8 @@ from hubless.evaluation import Evaluation, JSONValue, prepare_methods
 from hubless.evaluation.evaluate import build_evaluation, check_bootstrap
 from hubless.metrics.retrieval import check_ks, check_ties
 from hubless.metrics.truth import Truth, TruthLike, load_truth
-from hubless.scores.files import load_mask, load_scores
-from hubless.scores.rank import rank_score_rows
+from hubless.score_matrices.files import load_mask, load_scores
+from hubless.score_matrices.rank import rank_score_rows
 
 __all__ = ["Columns", "ScoreInputs", "ScoreMatrix", "ScoreSource", "evaluate_scores", "prepare_scores"]
 

@@ -133,7 +133,7 @@ def load_scores(path: str | os.PathLike, name: str = "scores", *, n_cols: int | 
     """A score matrix from a file (see the module docstring), checked to be 2-D real scores
     with ``n_cols`` columns when given; memory-mapped where the format allows."""
     from hubless.inputs import load_array
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     file, key = split_key(path)
     suffix = file.suffix.lower()
@@ -156,7 +156,7 @@ def load_mask(path: str | os.PathLike, n: int, name: str = "query mask") -> np.n
     """A boolean mask of ``n`` entries (any shape of that size: the authors' masks are
     (n_items, captions_per_item)) from .npy/.npz/.pkl; nonzero means present."""
     from hubless.inputs import load_array
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     file, key = split_key(path)
     array = read_pickled_array(file) if file.suffix.lower() in PICKLE_SUFFIXES else load_array(path, mmap=False)

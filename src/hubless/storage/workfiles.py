@@ -74,7 +74,7 @@ def _digest(arrays: dict[str, np.ndarray], key) -> str:
 
 def save_arrays(path: str | os.PathLike, arrays: dict[str, np.ndarray], key) -> None:
     """Write ``arrays`` and their record (``key`` and sha256) as one ``.npz``, atomically."""
-    from hubless._io import atomic_open
+    from hubless._atomic import atomic_open
 
     record = json.dumps({"key": key, "sha256": _digest(arrays, key)}).encode()
     with atomic_open(path, "wb") as fh:
@@ -115,7 +115,7 @@ def describe(key) -> str:
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    from hubless._io import file_sha256
+    from hubless._atomic import file_sha256
 
     return file_sha256(path)
 
@@ -123,7 +123,7 @@ def file_digest(path: str | os.PathLike) -> str:
 def write_record(path: str | os.PathLike, key) -> str:
     """Record ``key`` and the sha256 of the (already written) file ``path`` in ``path.json``,
     atomically; returns the digest."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
 
     digest = file_digest(path)
     write_json(f"{path}.json", {"key": key, "sha256": digest})

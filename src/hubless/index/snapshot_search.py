@@ -17,6 +17,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings, check_positive_int, check_top_k
 from hubless.corrections import QueryBatch, QueryStatistics
+from hubless.hits import Hits
 from hubless.index.faiss_build import packed_bits, search_parameters, search_rows, with_selection
 from hubless.index.live import MISSING, Snapshot, _best
 
@@ -36,11 +37,11 @@ def search(
     ef_search: int | None = None,
     rescore: bool | None = None,
     **weight,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`hubless.index.Index.search` over one version ``snap`` of an index: top ``top_k``
-    (method scores, item ids); unfilled slots (fewer items, or fewer matching ``where``, than
-    ``top_k``; IVF lists probed that ran dry) come last with id ``MISSING`` and score -inf, the
-    one top-k rule of :func:`hubless._validation.check_top_k`."""
+) -> Hits:
+    """:meth:`hubless.index.Index.search` over one version ``snap`` of an index: the top ``top_k``
+    (method scores, item ids) as :class:`~hubless.Hits`; unfilled slots (fewer items, or fewer
+    matching ``where``, than ``top_k``; IVF lists probed that ran dry) come last, not ``found``,
+    with id ``MISSING`` and score -inf, the one top-k rule of :func:`hubless._validation.check_top_k`."""
     corr = snap.serving
     nprobe, ef_search = _knobs(snap, nprobe, ef_search)
     batch = corr.queries(queries, **weight)
@@ -57,9 +58,9 @@ def search(
     found = rows != MISSING
     ids = np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
     if found.all():
-        return corr.method_scores(batch, ranking), ids
+        return Hits(corr.method_scores(batch, ranking), ids, found)
     scores = corr.method_scores(batch, np.where(found, ranking, 0).astype(np.float32))
-    return np.where(found, scores, -np.inf).astype(np.float32), ids
+    return Hits.from_found(scores, ids, found)
 
 
 def search_uncorrected(
@@ -71,7 +72,7 @@ def search_uncorrected(
     nprobe: int | None = None,
     ef_search: int | None = None,
     rescore: bool | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Hits:
     """:meth:`hubless.index.Index.search_uncorrected` over ``snap``: plain inner products
     through the same structure as :func:`search`, ANN candidates re-scored exactly."""
     config = snap.config
@@ -100,7 +101,7 @@ def search_uncorrected(
         else:
             scores, rows = _pad(scores[:, :top_k], rows[:, :top_k], top_k)
     found = rows != MISSING
-    return scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING)
+    return Hits.from_found(scores, np.where(found, snap.ids[np.where(found, rows, 0)], MISSING), found)
 
 
 def _knobs(snap: Snapshot, nprobe: int | None, ef_search: int | None) -> tuple[int, int]:

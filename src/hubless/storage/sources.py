@@ -116,7 +116,7 @@ def _shard_paths(spec) -> list[str]:
         if missing:
             raise MissingFile(f"shard {missing[0]} does not exist" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         return paths
-    from hubless.io.arrays import CLIP_RETRIEVAL, is_clip_retrieval, split_key
+    from hubless.storage.arrays import CLIP_RETRIEVAL, is_clip_retrieval, split_key
 
     text = str(spec)
     path, key = split_key(text)
@@ -174,7 +174,7 @@ def _header(path: str, kind: str, column: str, label: str) -> tuple[int, int]:
     """(rows, dim) of a shard, from its header only (its dtype and shape checked)."""
     name = f"{label} shard {path}"
     if kind == "npy":
-        from hubless.io.arrays import check_npy
+        from hubless.storage.arrays import check_npy
 
         check_npy(Path(path))
         arr = np.load(path, mmap_mode="r")

@@ -1,7 +1,7 @@
 """The score-matrix modes of ``hubless eval`` and ``hubless tune`` (:mod:`hubless.cli.modes`), and
 ``hubless correct``.
 
-Thin layers over :mod:`hubless.scores`: the matrices are memory-mapped (or read safely from the
+Thin layers over :mod:`hubless.score_matrices`: the matrices are memory-mapped (or read safely from the
 QB-Norm authors' .pkl files), the banks are read in one pass each, S in row blocks.
 """
 
@@ -39,7 +39,7 @@ def load_matrix(path: Path | None, name: str):
     """A score matrix file (None passes through), memory-mapped when the format allows."""
     if path is None:
         return None
-    from hubless.scores import load_scores
+    from hubless.score_matrices import load_scores
 
     return load_scores(path, name)
 
@@ -47,7 +47,7 @@ def load_matrix(path: Path | None, name: str):
 def load_query_mask(path: Path | None, scores):
     if path is None:
         return None
-    from hubless.scores import load_mask
+    from hubless.score_matrices import load_mask
 
     return load_mask(path, scores.shape[0])
 
@@ -81,7 +81,7 @@ class ScoreEval(Mode):
         return values["scores"] is not None
 
     def run(self) -> None:
-        from hubless.scores import evaluate_scores
+        from hubless.score_matrices import evaluate_scores
 
         paths = {"scores": self.scores, "query_bank_scores": self.query_bank_scores, "gallery_bank_scores": self.gallery_bank_scores}
         inputs = {f"--{name.replace('_', '-')}": path for name, path in paths.items()}
@@ -149,7 +149,7 @@ class ScoreTune(Mode):
         return values["validation_scores"] is not None
 
     def run(self) -> None:
-        from hubless.scores import evaluate_scores, tune_scores
+        from hubless.score_matrices import evaluate_scores, tune_scores
 
         names = (
             "validation_scores",
@@ -237,7 +237,7 @@ def correct_command(
 ) -> None:  # fmt: skip
     """Correct a score matrix with a method fitted on the bank score matrices and write it: a
     drop-in for the QB-Norm authors' script in your own pipeline (streamed, bounded memory)."""
-    from hubless.scores import correct_scores
+    from hubless.score_matrices import correct_scores
 
     if values not in ("method", "ranking"):
         raise typer.BadParameter(f"--values must be method or ranking; got {values!r}")

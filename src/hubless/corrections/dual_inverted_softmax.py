@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless.corrections.additive import AdditiveCorrection
-from hubless.corrections.qbnorm import LOG_BETAS, ActivationGated, check_beta, log_mean_exp_bias
+from hubless.corrections.inverted_softmax import LOG_BETAS, ActivationGated, check_beta, log_mean_exp_bias
 from hubless.corrections.spec import METHODS
 from hubless.engine import StatisticsRequest
 from hubless.errors import InvalidInput

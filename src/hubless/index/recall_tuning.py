@@ -1,7 +1,7 @@
 """Choose a corrected index for a recall target: the factory and its search breadth, measured.
 
 autofaiss picks a FAISS index and its parameters for a recall target over plain vectors; this
-does it for corrected ones. For a fitted additive correction, :func:`tune` (behind
+does it for corrected ones. For a fitted additive correction, :func:`tune_for_recall` (behind
 :func:`hubless.index.tuner.tune_index` and ``Index.build(target_recall=)``)
 
 1. lists candidates for the gallery's size ``n`` (:func:`candidate_factories`): ``Flat``
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from hubless.corrections import AdditiveCorrection
     from hubless.index.view import IndexView
 
-__all__ = ["candidate_factories", "estimate_bytes", "parse_size", "structure_bytes", "tune"]
+__all__ = ["candidate_factories", "estimate_bytes", "parse_size", "structure_bytes", "tune_for_recall"]
 
 #: The index class :func:`tune` builds its candidates with (:class:`hubless.Index`): given, so
 #: the tuner depends on the read-only face of an index only.
@@ -204,7 +204,7 @@ def _latency(index: IndexView, queries: np.ndarray, top_k: int, param: str | Non
     return 1000 * statistics.median(times), 1000 * batch
 
 
-def tune(
+def tune_for_recall(
     make: Callable[..., Built],
     correction: AdditiveCorrection,
     query_bank,
