@@ -1,0 +1,100 @@
+"""Another query bank for an index, as a version: made aside, then adopted or kept as rejected.
+
+A bank learned from traffic (:mod:`hubless.learning`) changes every item's bias, so it is not a
+write of a few rows: :func:`candidate` makes the whole new version in memory (the live items
+refitted on the new bank, :func:`hubless.index.writer.with_query_bank`; the served index is not
+touched and searches go on), which can be searched and judged like any index; then
+
+* :func:`adopt` commits it as the index's next version, in one atomic switch of ``CURRENT``
+  (a search holding the old version finishes on it), refusing if the index changed since the
+  candidate was made (its statistics would describe other items);
+* :func:`keep_rejected` records it as a kept version that is *not* current (``CURRENT`` is not
+  touched: :func:`hubless.index.disk.keep_version`): listed by :meth:`Index.versions
+  <hubless.index.Index.versions>`, searched with ``Index.load(path, version=v)``, made current
+  with :meth:`Index.restore <hubless.index.Index.restore>` if a person decides so.
+
+Both need an index opened live from a directory that keeps versions (``keep_versions`` >= 1);
+an index in memory adopts in memory and keeps no rejected version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hubless._validation import as_embeddings
+from hubless.engine import BankStatistics
+from hubless.errors import Conflict, InvalidInput
+from hubless.index import writer
+from hubless.index.live import Snapshot
+
+if TYPE_CHECKING:
+    from hubless.index.index import Index
+
+__all__ = ["Candidate", "adopt", "candidate", "keep_rejected"]
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """A version of an index with another query bank, not committed: ``index`` (in memory, a
+    full :class:`~hubless.index.Index` to search and judge) and the version it was made from."""
+
+    index: Index
+    origin: Snapshot
+
+    @property
+    def bias(self) -> np.ndarray:
+        """(n_items, c) bias columns of the live items, in the order of the origin's live items."""
+        return self.index._snap.bias
+
+    @property
+    def origin_bias(self) -> np.ndarray:
+        """The origin version's bias columns of the same items, in the same order."""
+        return self.origin.bias[self.origin.live_rows]
+
+
+def candidate(index: Index, bank, statistics: BankStatistics | None = None, *, progress: bool | None = None) -> Candidate:
+    """``index``'s current version with its query bank replaced by ``bank``: every live item
+    refitted on it (``statistics``: the live items' query-bank statistics against ``bank``,
+    computed already, e.g. merged from parts; else computed here). ``index`` is not changed."""
+    from hubless.index.index import Index
+
+    snap = index._snap
+    if not snap.serving.needs_query_bank:
+        raise InvalidInput(f"{snap.spec} uses no query bank: there is nothing to learn")
+    rows = as_embeddings(bank, "bank", normalize=snap.normalize, dim=snap.dim)
+    made = Index.__new__(Index)
+    made._setup(writer.with_query_bank(snap, rows, statistics, progress=progress))
+    return Candidate(made, snap)
+
+
+def adopt(index: Index, made: Candidate) -> int | None:
+    """Commit ``made`` as ``index``'s next version (atomically; for an index opened live, on
+    disk at once); returns its number (None for an index in memory). A
+    :class:`~hubless.errors.Conflict` if ``index`` changed since ``made`` was made."""
+
+    def change(snap: Snapshot):
+        _check_origin(snap, made)
+        return made.index._snap, None
+
+    index._write(change, full=True)
+    return None if index._dir is None else int(index._dir.manifest["version"])
+
+
+def keep_rejected(index: Index, made: Candidate) -> int | None:
+    """Record ``made`` as a kept version of ``index``'s directory that is not current, under
+    the index's write lock; returns its number (None for an index in memory, or one that keeps
+    no versions: nothing is written)."""
+    bound = index._dir
+    if bound is None or index.keep_versions < 1:
+        return None
+    with index._lock, bound.lock(index.lock_timeout):
+        index._catch_up()
+        return bound.record(made.index._snap)
+
+
+def _check_origin(snap: Snapshot, made: Candidate) -> None:
+    if snap is not made.origin:
+        raise Conflict("the index changed since this bank's version was made (another write committed): make it again")
