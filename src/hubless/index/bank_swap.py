@@ -33,7 +33,7 @@ from hubless.index.live import Snapshot
 if TYPE_CHECKING:
     from hubless.index.index import Index
 
-__all__ = ["Candidate", "adopt", "candidate", "keep_rejected"]
+__all__ = ["Candidate", "adopt", "candidate", "keep_rejected", "version_of"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +45,11 @@ class Candidate:
     origin: Snapshot
 
     @property
+    def version(self) -> Snapshot:
+        """The candidate's own version (what :func:`version_of` gives once it is adopted)."""
+        return self.index._snap
+
+    @property
     def bias(self) -> np.ndarray:
         """(n_items, c) bias columns of the live items, in the order of the origin's live items."""
         return self.index._snap.bias
@@ -53,6 +58,12 @@ class Candidate:
     def origin_bias(self) -> np.ndarray:
         """The origin version's bias columns of the same items, in the same order."""
         return self.origin.bias[self.origin.live_rows]
+
+
+def version_of(index: Index) -> Snapshot:
+    """The version ``index`` holds now: an opaque token, the same object until a write (here or
+    caught up from elsewhere) changes it; a candidate made from it records it as its origin."""
+    return index._snap
 
 
 def candidate(index: Index, bank, statistics: BankStatistics | None = None, *, progress: bool | None = None) -> Candidate:
