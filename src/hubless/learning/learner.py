@@ -101,6 +101,7 @@ class BankLearner:
         self.pending: deque = deque()
         self.pending_rows = self.dropped = 0
         self.lock = threading.Lock()  # the pending queue
+        self.admitting = threading.Lock()  # one admitter at a time
         self.refitting = threading.Lock()  # one refit at a time
         self.last_refit = clock()
         self.wake = threading.Event()
@@ -124,14 +125,17 @@ class BankLearner:
         self.wake.set()
 
     def admit(self) -> None:
-        """Offer the queued queries to the reservoir."""
-        while True:
-            with self.lock:
-                if not self.pending:
-                    return
-                rows, client = self.pending.popleft()
-                self.pending_rows -= rows.shape[0]
-            self.reservoir.offer(rows, client)
+        """Offer the queued queries to the reservoir (a batch leaves the queue once offered)."""
+        with self.admitting:
+            while True:
+                with self.lock:
+                    if not self.pending:
+                        return
+                    rows, client = self.pending[0]
+                self.reservoir.offer(rows, client)
+                with self.lock:
+                    self.pending.popleft()
+                    self.pending_rows -= rows.shape[0]
 
     def due(self) -> bool:
         """Whether a refit is due: ``every`` new bank queries, or ``interval`` seconds with some."""
@@ -228,7 +232,7 @@ class BankLearner:
     def reset(self) -> dict:
         """Forget every query learned so far (the reservoir keeps its seed) and what is queued.
         The index keeps its current version: restore an earlier one to serve its bank again."""
-        with self.lock:
+        with self.admitting, self.lock:
             self.pending.clear()
             self.pending_rows = 0
         with self.refitting:
