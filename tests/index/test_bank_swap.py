@@ -43,8 +43,9 @@ def test_adopt_and_keep_rejected_on_disk(data, tmp_path):
     assert listed[rejected]["current"] is False
     np.testing.assert_array_equal(hubless.Index.load(tmp_path / "idx").search(data.queries, 5)[1], before)  # never served
     offline = hubless.Index.build(data.gallery, data.query_bank[500:900], "nnn")
-    np.testing.assert_array_equal(hubless.Index.load(tmp_path / "idx", version=rejected).search(data.queries, 5)[1],
-                                  offline.search(data.queries, 5)[1])  # fmt: skip
+    np.testing.assert_array_equal(
+        hubless.Index.load(tmp_path / "idx", version=rejected).search(data.queries, 5)[1], offline.search(data.queries, 5)[1]
+    )
     made = bank_swap.candidate(index, data.query_bank[900:])
     version = bank_swap.adopt(index, made)
     newest = hubless.Index.versions(tmp_path / "idx")[-1]

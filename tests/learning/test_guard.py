@@ -62,8 +62,7 @@ def test_worse_hubness_is_rejected_saying_so(world):
     data, far = world
     current = hubless.Index.build(data.gallery, data.query_bank[:3000], "nnn")
     made = bank_swap.candidate(current, far)
-    verdict = judge(current, made.index, data.query_bank[5000:5500], made.origin_bias, made.bias,
-                    GuardSettings(max_bias_shift=10.0))  # fmt: skip
+    verdict = judge(current, made.index, data.query_bank[5000:5500], made.origin_bias, made.bias, GuardSettings(max_bias_shift=10.0))
     assert not verdict.accepted and "N10 skewness" in verdict.reasons[0] and len(verdict.reasons) >= 1
 
 

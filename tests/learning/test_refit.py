@@ -28,8 +28,11 @@ def data():
 
 def test_merged_part_statistics_equal_one_pass_over_the_bank(data):
     r = BankReservoir(16, 900, quota=None, holdout=0.0, seed=data.query_bank[:200], random_state=1)
-    request = hubless.corrections.make_correction("dualdis:k_activation=3").statistics_request().merge(
-        hubless.corrections.make_correction("nnn:k=8").statistics_request())  # fmt: skip
+    request = (
+        hubless.corrections.make_correction("dualdis:k_activation=3")
+        .statistics_request()
+        .merge(hubless.corrections.make_correction("nnn:k=8").statistics_request())
+    )
     parts = PartStatistics(threads=None)
     items = object()
     for step in range(4):

@@ -36,15 +36,30 @@ class ReservoirMachine(RuleBasedStateMachine):
     """A reservoir with a seed, a window, a quota and folding, offered queries from a small pool
     (so repeats and near repeats happen) by a few clients."""
 
-    @initialize(capacity=st.integers(4, 60), n_seed=st.integers(0, 30), quota=st.sampled_from([None, 0.1, 0.3]),
-                holdout=st.sampled_from([0.0, 0.3]), window=st.sampled_from([None, 50.0]))  # fmt: skip
+    @initialize(
+        capacity=st.integers(4, 60),
+        n_seed=st.integers(0, 30),
+        quota=st.sampled_from([None, 0.1, 0.3]),
+        holdout=st.sampled_from([0.0, 0.3]),
+        window=st.sampled_from([None, 50.0]),
+    )
     def start(self, capacity, n_seed, quota, holdout, window):
         rng = np.random.default_rng(capacity * 1000 + n_seed)
         self.pool = unit_rows(rng, 40, DIM)
         self.clock = Clock()
         self.seed_rows = unit_rows(rng, n_seed, DIM) if n_seed else None
-        self.r = BankReservoir(DIM, capacity, window=window, quota=quota, fold=FOLD, seed=self.seed_rows, holdout=holdout,
-                               holdout_capacity=10, clock=self.clock, random_state=capacity)  # fmt: skip
+        self.r = BankReservoir(
+            DIM,
+            capacity,
+            window=window,
+            quota=quota,
+            fold=FOLD,
+            seed=self.seed_rows,
+            holdout=holdout,
+            holdout_capacity=10,
+            clock=self.clock,
+            random_state=capacity,
+        )
         self.kept_seed = self._seed_kept()
         self.rng = rng
 
@@ -119,8 +134,9 @@ class ReservoirMachine(RuleBasedStateMachine):
         for row in self.kept_seed:
             assert (bank == row).all(axis=1).any()
         if self.seed_rows is not None:
-            assert self.kept_seed.shape[0] == min(self.seed_rows.shape[0], math.ceil(self.r.seed_share * self.r.capacity),
-                                                  self.r.capacity - self.r.part_rows)  # fmt: skip
+            assert self.kept_seed.shape[0] == min(
+                self.seed_rows.shape[0], math.ceil(self.r.seed_share * self.r.capacity), self.r.capacity - self.r.part_rows
+            )
 
     @invariant()
     def no_repeats(self):
@@ -134,8 +150,9 @@ class ReservoirMachine(RuleBasedStateMachine):
 
 
 TestReservoir = ReservoirMachine.TestCase
-TestReservoir.settings = settings(max_examples=40, stateful_step_count=25, deadline=None, database=None,
-                                  suppress_health_check=list(HealthCheck))  # fmt: skip
+TestReservoir.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 TestReservoir = seed(5)(TestReservoir)
 
 
@@ -187,8 +204,13 @@ def test_near_duplicates_find_only_what_is_close_enough(n, angle, threshold):
 
 
 def test_bad_settings_are_refused_by_name():
-    for kwargs, word in ((dict(quota=0.0), "quota"), (dict(fold=1.5), "fold"), (dict(window=-1.0), "window"),
-                         (dict(seed_share=0.9), "seed_share"), (dict(holdout=1.0), "holdout")):  # fmt: skip
+    for kwargs, word in (
+        (dict(quota=0.0), "quota"),
+        (dict(fold=1.5), "fold"),
+        (dict(window=-1.0), "window"),
+        (dict(seed_share=0.9), "seed_share"),
+        (dict(holdout=1.0), "holdout"),
+    ):
         with pytest.raises(InvalidInput, match=word):
             BankReservoir(DIM, 10, **kwargs)
     with pytest.raises(InvalidInput):

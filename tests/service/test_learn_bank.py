@@ -32,16 +32,38 @@ def learning(tmp_path_factory):
     far = make_retrieval_data(100, dim=16, n_query_bank=400, seed=9).query_bank
     hubless.Index.build(data.gallery, far, "nnn:alpha=0.75,k=8", "Flat").save(root / "idx")
     (root / "write.key").write_text(WRITE)
-    server = Server(["idx", "--learn-bank", "idx", "--api-key-file", "write.key", "--audit-log", root / "audit.jsonl",
-                     "--trusted-proxy", "127.0.0.1", "--rate-limit", 0, "--learn-bank-every", 600, "--learn-bank-capacity", 1000,
-                     "--learn-bank-holdout", 0.2, "--learn-bank-interval", 3600], cwd=root)  # fmt: skip
+    server = Server(
+        [
+            "idx",
+            "--learn-bank",
+            "idx",
+            "--api-key-file",
+            "write.key",
+            "--audit-log",
+            root / "audit.jsonl",
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--rate-limit",
+            0,
+            "--learn-bank-every",
+            600,
+            "--learn-bank-capacity",
+            1000,
+            "--learn-bank-holdout",
+            0.2,
+            "--learn-bank-interval",
+            3600,
+        ],
+        cwd=root,
+    )
     yield root, server, data
     server.stop()
 
 
 def _search(server, rows, client):
-    status, _, body = server.request("POST", "/search", {"embeddings": rows.tolist(), "top_k": 5},
-                                     headers={"X-Forwarded-For": client, **auth(WRITE)})  # fmt: skip
+    status, _, body = server.request(
+        "POST", "/search", {"embeddings": rows.tolist(), "top_k": 5}, headers={"X-Forwarded-For": client, **auth(WRITE)}
+    )
     assert status == 200, body
     return json.loads(body)
 
@@ -108,6 +130,12 @@ def test_settings_that_cannot_learn_are_refused(tmp_path):
     data = make_retrieval_data(50, dim=8, n_query_bank=200, seed=1)
     hubless.Index.build(data.gallery, data.query_bank, "nnn:k=4").save(tmp_path / "idx")
     for args, words in ((["--learn-bank", "other"], "no index of that name"), (["--learn-bank", "idx", "--workers", "2"], "--workers 1")):
-        run = subprocess.run([sys.executable, "-m", "hubless", "serve", "idx", "--port", "1", *args], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=120, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-m", "hubless", "serve", "idx", "--port", "1", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        )
         assert run.returncode == 2 and words in run.stderr, run.stderr

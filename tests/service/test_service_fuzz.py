@@ -52,34 +52,10 @@ def world(tmp_path_factory):
     hubless.Index.build(unit_rows(rng, 60, D), unit_rows(rng, 120, D), "nnn:alpha=0.5,k=4", "Flat", metadata=meta).save(root / "idx")
     (root / "write.key").write_text(WRITE)
     (root / "read.key").write_text(READ)
-    server = Server(
-        [
-            "idx",
-            "--api-key-file",
-            "write.key",
-            "--read-key-file",
-            "read.key",
-            "--max-batch",
-            32,
-            "--max-body-bytes",
-            2**16,
-            "--max-text-chars",
-            40,
-            "--lock-timeout",
-            1,
-            "--rate-limit",
-            0,
-            "--learn-bank",
-            "idx",
-            "--learn-bank-every",
-            40,
-            "--learn-bank-holdout",
-            0.3,
-            "--learn-bank-quota",
-            1,
-        ],
-        cwd=root,
-    )  # fmt: skip  (the bank is learned from the fuzzed searches, refitting while the writes land)
+    # the bank is learned from the fuzzed searches (--learn-bank), refitting while the writes land
+    server = Server(["idx", "--api-key-file", "write.key", "--read-key-file", "read.key", "--max-batch", 32,
+                     "--max-body-bytes", 2**16, "--max-text-chars", 40, "--lock-timeout", 1, "--rate-limit", 0,
+                     "--learn-bank", "idx", "--learn-bank-every", 40, "--learn-bank-holdout", 0.3, "--learn-bank-quota", 1], cwd=root)  # fmt: skip
     yield root, server
     server.stop()
 

@@ -365,8 +365,24 @@ def learned(tmp_path_factory):
     data = make_retrieval_data(n_items=300, dim=32, n_query_bank=3000, n_val_items=10, seed=4)
     far = make_retrieval_data(n_items=100, dim=32, n_query_bank=500, n_val_items=10, seed=9).query_bank
     hubless.Index.build(data.gallery, far, "nnn:alpha=0.75,k=16", "Flat").save(root / "demo")
-    base, proc = start([str(root / "demo"), "--learn-bank", "demo", "--trusted-proxy", "127.0.0.1", "--rate-limit", "0",
-                        "--learn-bank-every", "400", "--learn-bank-capacity", "1200", "--learn-bank-holdout", "0.2"], root)  # fmt: skip
+    base, proc = start(
+        [
+            str(root / "demo"),
+            "--learn-bank",
+            "demo",
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--rate-limit",
+            "0",
+            "--learn-bank-every",
+            "400",
+            "--learn-bank-capacity",
+            "1200",
+            "--learn-bank-holdout",
+            "0.2",
+        ],
+        root,
+    )
 
     def send(rows, client):
         body = json.dumps({"embeddings": rows.tolist(), "top_k": 5}).encode()

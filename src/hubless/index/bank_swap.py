@@ -2,8 +2,8 @@
 
 A bank learned from traffic (:mod:`hubless.learning`) changes every item's bias, so it is not a
 write of a few rows: :func:`candidate` makes the whole new version in memory (the live items
-refitted on the new bank, :func:`hubless.index.writer.with_query_bank`; the served index is not
-touched and searches go on), which can be searched and judged like any index; then
+refitted on the new bank, :func:`with_query_bank`; the served index is not touched and searches
+go on), which can be searched and judged like any index; then
 
 * :func:`adopt` commits it as the index's next version, in one atomic switch of ``CURRENT``
   (a search holding the old version finishes on it), refusing if the index changed since the
@@ -19,13 +19,14 @@ an index in memory adopts in memory and keeps no rejected version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hubless._validation import as_embeddings
-from hubless.engine import BankStatistics
+from hubless.corrections import make_additive
+from hubless.engine import BankStatistics, compute_statistics
 from hubless.errors import Conflict, InvalidInput
 from hubless.index import writer
 from hubless.index.live import Snapshot
@@ -33,7 +34,7 @@ from hubless.index.live import Snapshot
 if TYPE_CHECKING:
     from hubless.index.index import Index
 
-__all__ = ["Candidate", "adopt", "candidate", "keep_rejected", "version_of"]
+__all__ = ["Candidate", "adopt", "candidate", "keep_rejected", "version_of", "with_query_bank"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,8 +78,37 @@ def candidate(index: Index, bank, statistics: BankStatistics | None = None, *, p
         raise InvalidInput(f"{snap.spec} uses no query bank: there is nothing to learn")
     rows = as_embeddings(bank, "bank", normalize=snap.normalize, dim=snap.dim)
     made = Index.__new__(Index)
-    made._setup(writer.with_query_bank(snap, rows, statistics, progress=progress))
+    made._setup(with_query_bank(snap, rows, statistics, progress=progress))
     return Candidate(made, snap)
+
+
+def with_query_bank(
+    snap: Snapshot, bank: np.ndarray, statistics: BankStatistics | None = None, *, progress: bool | None = None
+) -> Snapshot:
+    """``snap`` with its query bank replaced by ``bank`` (validated float32): the live items'
+    query-bank statistics against it (``statistics``: computed already, in the live items'
+    order, e.g. merged from parts by :mod:`hubless.learning.refit`; else computed here, n_items x
+    n_bank) replace the old bank's, the gallery bank's are kept; every bias changes: a new base
+    (:func:`hubless.index.writer.rebased`). Equals a fresh fit of the live items on ``bank``."""
+    from hubless.engine.updates import side_request
+
+    snap.verify_mapped()
+    gallery, kept = snap.logical()
+    if statistics is None:
+        statistics = compute_statistics(gallery, bank, None, side_request(snap.request, "query"), progress=progress)
+    if (statistics.n_gallery, statistics.n_query_bank) != (gallery.shape[0], bank.shape[0]):
+        raise InvalidInput(
+            f"the statistics describe {statistics.n_gallery} items x {statistics.n_query_bank} bank queries; "
+            f"the index has {gallery.shape[0]} live items and the bank {bank.shape[0]} queries"
+        )
+    query_side = {name: getattr(statistics, name) for name in QUERY_SIDE}
+    stats = replace(kept, n_query_bank=bank.shape[0], query_lse=dict(statistics.query_lse), **query_side)
+    corr = make_additive(snap.spec).set_params(normalize=snap.normalize).fit_from_statistics(gallery, stats)
+    return writer.rebased(snap, corr, {**snap.banks, "query_bank": bank})
+
+
+#: The statistics of the query bank (besides its size and log-sum-exps) that a new bank replaces.
+QUERY_SIDE = ("query_bank_mean", "query_topk", "query_probes", "query_activation", "query_activation_scores")
 
 
 def adopt(index: Index, made: Candidate) -> int | None:

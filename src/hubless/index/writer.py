@@ -15,8 +15,8 @@ segment applied on load) and :func:`hubless.index.segments.commit_segments`.
 * :func:`with_metadata`: metadata changed, the rows written again at the end (no similarity).
 * :func:`replayed`: one saved write (a segment) applied: rows appended, rows marked dead,
   activation lists merged or replaced.
-* :func:`compacted` / :func:`with_bank_items` / :func:`with_query_bank`: a new base (the live
-  items; a bank grown; the query bank replaced).
+* :func:`compacted` / :func:`with_bank_items` / :func:`rebased`: a new base (the live items; a
+  bank grown; biases changed).
 
 The shared state (activation sets, the live gallery sum) is kept exact, so after any sequence
 of writes searching the snapshot equals a fresh build over its live items (tested against a
@@ -33,9 +33,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.corrections import AdditiveCorrection, make_additive
+from hubless.corrections import AdditiveCorrection
 from hubless.corrections.serving import check_additive
-from hubless.engine import BankStatistics, compute_statistics
+from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
 from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFittedError
@@ -52,6 +52,7 @@ __all__ = [
     "appended",
     "built",
     "compacted",
+    "rebased",
     "killed",
     "removed",
     "removed_where",
@@ -59,7 +60,6 @@ __all__ = [
     "upserted",
     "with_bank_items",
     "with_config",
-    "with_query_bank",
     "with_metadata",
 ]
 
@@ -367,62 +367,31 @@ def compacted(snap: Snapshot) -> Snapshot:
 def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: bool | None = None) -> Snapshot:
     """The banks' ``side`` grown by ``items``: every item's statistics merge the new bank
     items in (n_items x n_new), so every bias changes: a new base."""
-    from hubless.index.faiss_build import refill_faiss
-
     snap.verify_mapped()
     corr = copy.copy(snap.correction)
     corr = corr.add_query_bank(items, progress=progress) if side == "query" else corr.add_gallery_bank(items, progress=progress)
+    banks = dict(snap.banks)
+    if banks.get(f"{side}_bank") is not None:
+        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
+    return rebased(snap, corr, banks)
+
+
+def rebased(snap: Snapshot, corr: AdditiveCorrection, banks: dict) -> Snapshot:
+    """A new base of ``snap``'s live items, in order, fitted as ``corr`` (their biases changed:
+    a bank grown or replaced, :func:`hubless.index.bank_swap.with_query_bank`), holding
+    ``banks``: the FAISS structure refilled with its training kept (an HNSW graph kept when no
+    item changed)."""
+    from hubless.index.faiss_build import refill_faiss
+
     faiss_index, config = None, snap.config
     if snap.faiss is not None:
         same = snap.n_dead == 0 and snap.n_tail == 0
         faiss_index, layout = refill_faiss(snap.faiss, config.factory, corr.gallery_, augmented_rows(corr), snap.layout, same_items=same)
         config = _with_layout(config, layout)
-    banks = dict(snap.banks)
-    if banks.get(f"{side}_bank") is not None:
-        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
         corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=banks, metadata=meta,
         next_id=snap.next_id, mapped=snap.mapped,
-    )  # fmt: skip
-
-
-def with_query_bank(
-    snap: Snapshot, bank: np.ndarray, statistics: BankStatistics | None = None, *, progress: bool | None = None
-) -> Snapshot:
-    """The query bank replaced by ``bank`` (validated float32): the live items' query-bank
-    statistics against it (``statistics``: computed already, in the live items' order, e.g.
-    merged from parts by :mod:`hubless.learning.refit`; else computed here, n_items x n_bank)
-    replace the old bank's, the gallery bank's are kept; every bias changes: a new base (the
-    FAISS training kept, an HNSW graph kept as it is). Equals a fresh fit of the live items on
-    ``bank`` (and the same gallery bank)."""
-    from hubless.engine.updates import side_request
-    from hubless.index.faiss_build import refill_faiss
-
-    snap.verify_mapped()
-    gallery, kept = snap.logical()
-    if statistics is None:
-        statistics = compute_statistics(gallery, bank, None, side_request(snap.request, "query"), progress=progress)
-    if (statistics.n_gallery, statistics.n_query_bank) != (gallery.shape[0], bank.shape[0]):
-        raise InvalidInput(
-            f"the statistics describe {statistics.n_gallery} items x {statistics.n_query_bank} bank queries; "
-            f"the index has {gallery.shape[0]} live items and the bank {bank.shape[0]} queries"
-        )
-    stats = replace(
-        kept, n_query_bank=bank.shape[0], query_bank_mean=statistics.query_bank_mean, query_topk=statistics.query_topk,
-        query_lse=dict(statistics.query_lse), query_probes=statistics.query_probes, query_activation=statistics.query_activation,
-        query_activation_scores=statistics.query_activation_scores,
-    )  # fmt: skip
-    corr = make_additive(snap.spec).set_params(normalize=snap.normalize).fit_from_statistics(gallery, stats)
-    faiss_index, config = None, snap.config
-    if snap.faiss is not None:
-        same = snap.n_dead == 0 and snap.n_tail == 0
-        faiss_index, layout = refill_faiss(snap.faiss, config.factory, corr.gallery_, augmented_rows(corr), snap.layout, same_items=same)
-        config = _with_layout(config, layout)
-    meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
-    return Snapshot.from_correction(
-        corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks={**snap.banks, "query_bank": bank},
-        metadata=meta, next_id=snap.next_id, mapped=snap.mapped,
     )  # fmt: skip
 
 

@@ -71,8 +71,15 @@ class Judgement:
     moved_item: int | None
 
     def to_dict(self) -> dict:
-        return {"accepted": self.accepted, "reasons": list(self.reasons), "before": self.before, "after": self.after,
-                "bias_shift": self.bias_shift, "bias_bound": self.bias_bound, "moved_item": self.moved_item}  # fmt: skip
+        return {
+            "accepted": self.accepted,
+            "reasons": list(self.reasons),
+            "before": self.before,
+            "after": self.after,
+            "bias_shift": self.bias_shift,
+            "bias_bound": self.bias_bound,
+            "moved_item": self.moved_item,
+        }
 
 
 def hubness_figures(index, queries: np.ndarray, top_k: int = 10, hubs: int = 5) -> dict:
@@ -116,13 +123,19 @@ def judge(current, refit, holdout: np.ndarray, bias_before: np.ndarray, bias_aft
     reasons = []
     skew = f"n{k}_skewness"
     if after[skew] > before[skew] + settings.max_skewness_increase:
-        reasons.append(f"N{k} skewness of {holdout.shape[0]} held-out queries rose from {before[skew]:.3f} to {after[skew]:.3f} "
-                       f"(allowed: +{settings.max_skewness_increase:g})")  # fmt: skip
+        reasons.append(
+            f"N{k} skewness of {holdout.shape[0]} held-out queries rose from {before[skew]:.3f} to {after[skew]:.3f} "
+            f"(allowed: +{settings.max_skewness_increase:g})"
+        )
     if after["top_hub_share"] > before["top_hub_share"] + settings.max_hub_share_increase:
-        reasons.append(f"the largest hub's share of the top-{k} results rose from {before['top_hub_share']:.4f} to "
-                       f"{after['top_hub_share']:.4f} (allowed: +{settings.max_hub_share_increase:g})")  # fmt: skip
+        reasons.append(
+            f"the largest hub's share of the top-{k} results rose from {before['top_hub_share']:.4f} to "
+            f"{after['top_hub_share']:.4f} (allowed: +{settings.max_hub_share_increase:g})"
+        )
     moved = int(current.ids[worst])
     if shift > bound:
-        reasons.append(f"item {moved}'s corrected score moved by {shift:.3f} relative to the others (allowed: {bound:.3f}, "
-                       f"{settings.max_bias_outlier:g} robust deviations of the moves or {settings.max_bias_shift:g})")  # fmt: skip
+        reasons.append(
+            f"item {moved}'s corrected score moved by {shift:.3f} relative to the others (allowed: {bound:.3f}, "
+            f"{settings.max_bias_outlier:g} robust deviations of the moves or {settings.max_bias_shift:g})"
+        )
     return Judgement(not reasons, tuple(reasons), before, after, shift, bound, moved)

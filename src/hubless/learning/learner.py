@@ -40,7 +40,7 @@ from hubless.learning.guard import GuardSettings, judge
 from hubless.learning.refit import PartStatistics
 from hubless.learning.reservoir import BankReservoir
 
-__all__ = ["BankLearner"]
+__all__ = ["BankLearner", "lower_priority"]
 
 
 class BankLearner:
@@ -52,7 +52,10 @@ class BankLearner:
     only ``every``); ``min_bank``: the smallest bank a refit uses. ``guard``: the bounds of
     :func:`~hubless.learning.guard.judge`. ``write(change)``: how a change of the index is run
     (``change(index)``; the service passes its write lock); ``on_decision(record)``: called with
-    every decision. ``threads``: engine threads of a refit. ``min_versions``: the versions an
+    every decision. ``threads``: engine threads of a refit; ``nice``: the background thread's
+    scheduling priority (Linux, per thread; 19 the lowest): it takes the CPU the searches leave
+    (measured on 2 cores: a refit beside single-query searches raised their p99 2.7x at the
+    default priority, not at all at 19; ``benchmarks/traffic_bank.py``). ``min_versions``: the versions an
     index opened from a directory keeps at least. ``queue_rows``: queries waiting to be admitted
     at most (past it, observed queries are dropped and counted)."""
 
@@ -68,6 +71,7 @@ class BankLearner:
         write: Callable[[Callable], Any] | None = None,
         on_decision: Callable[[dict], None] | None = None,
         threads: int | None = 1,
+        nice: int | None = 19,
         min_versions: int = 10,
         queue_rows: int = 8192,
         keep_history: int = 256,
@@ -94,7 +98,7 @@ class BankLearner:
         self.every, self.interval, self.min_bank, self.queue_rows = every, interval, min_bank, queue_rows
         self.write = write or (lambda change: change(self.index))
         self.on_decision = on_decision
-        self.threads = threads
+        self.threads, self.nice = threads, nice
         self.statistics = PartStatistics(threads)
         self.history: deque[dict] = deque(maxlen=keep_history)
         self.decisions: Counter = Counter()
@@ -168,14 +172,19 @@ class BankLearner:
         self.last_refit = self.clock()
         pinned = self.index.snapshot()  # the version refitted and judged against, held to the end
         before_version = self.index.storage()["version"]
-        record: dict[str, Any] = {"time": _now(self.clock()), "unix": self.clock(), "from_version": before_version, "bank": {
-            k: described[k] for k in ("size", "seed", "traffic", "clients", "oldest_age_s", "median_age_s", "newest_age_s")
-        }, "holdout": int(holdout.shape[0])}  # fmt: skip
+        record: dict[str, Any] = {
+            "time": _now(self.clock()),
+            "unix": self.clock(),
+            "from_version": before_version,
+            "bank": {k: described[k] for k in ("size", "seed", "traffic", "clients", "oldest_age_s", "median_age_s", "newest_age_s")},
+            "holdout": int(holdout.shape[0]),
+        }
         try:
             with _engine_threads(self.threads):
                 origin = bank_swap.version_of(pinned)
-                merged = self.statistics.merged(origin, pinned.correction.gallery_, pinned.correction.statistics_request(), parts,
-                                                self.reservoir.lock)  # fmt: skip
+                merged = self.statistics.merged(
+                    origin, pinned.correction.gallery_, pinned.correction.statistics_request(), parts, self.reservoir.lock
+                )
                 made = bank_swap.candidate(pinned, merged.bank, merged.statistics)
                 verdict = judge(pinned, made.index, holdout, made.origin_bias, made.bias, self.guard)
             record.update(computed_rows=merged.computed_rows, reused_rows=merged.reused_rows, **verdict.to_dict())
@@ -220,6 +229,7 @@ class BankLearner:
     def _run(self, poll: float) -> None:
         import sys
 
+        lower_priority(self.nice)
         while not self.stopping.is_set():
             self.wake.wait(poll)
             self.wake.clear()
@@ -245,9 +255,27 @@ class BankLearner:
         with self.lock:
             queued, dropped = self.pending_rows, self.dropped
         return {
-            "reservoir": self.reservoir.describe(), "queued": queued, "dropped": dropped, "every": self.every,
-            "interval_s": self.interval, "guard": self.guard.to_dict(), "decisions": dict(self.decisions), "history": list(self.history),
-        }  # fmt: skip
+            "reservoir": self.reservoir.describe(),
+            "queued": queued,
+            "dropped": dropped,
+            "every": self.every,
+            "interval_s": self.interval,
+            "guard": self.guard.to_dict(),
+            "decisions": dict(self.decisions),
+            "history": list(self.history),
+        }
+
+
+def lower_priority(nice: int | None) -> None:
+    """Run the calling thread at scheduling priority ``nice`` (Linux sets it per thread; a
+    thread may always lower its own priority); elsewhere, or with None, nothing changes. The
+    engine's products run on the calling thread when a refit uses one thread, so they follow."""
+    import os
+
+    if nice is None or not hasattr(os, "setpriority"):
+        return
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), int(nice))
 
 
 @contextlib.contextmanager

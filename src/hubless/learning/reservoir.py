@@ -304,14 +304,23 @@ class BankReservoir:
             seed = sum(p.n for p in self.parts_ if p.kind != "traffic")
             largest = self.bank_clients.most_common(1)
             return {
-                "capacity": self.capacity, "size": self.size, "seed": seed, "traffic": self.size - seed, "held_out": len(self.held),
-                "clients": len(self.bank_clients), "largest_client_share": largest[0][1] / self.capacity if largest else 0.0,
+                "capacity": self.capacity,
+                "size": self.size,
+                "seed": seed,
+                "traffic": self.size - seed,
+                "held_out": len(self.held),
+                "clients": len(self.bank_clients),
+                "largest_client_share": largest[0][1] / self.capacity if largest else 0.0,
                 "oldest_age_s": float(now - times.min()) if times.size else None,
                 "median_age_s": float(now - np.median(times)) if times.size else None,
                 "newest_age_s": float(now - times.max()) if times.size else None,
-                "window_s": self.window, "quota": self.quota, "fold": self.fold, "parts": len(self.parts_),
-                "new_since_fit": self.new_rows, "offered": self.totals.to_dict(),
-            }  # fmt: skip
+                "window_s": self.window,
+                "quota": self.quota,
+                "fold": self.fold,
+                "parts": len(self.parts_),
+                "new_since_fit": self.new_rows,
+                "offered": self.totals.to_dict(),
+            }
 
 
 def _unit_mean(rows: np.ndarray) -> np.ndarray:

@@ -43,8 +43,11 @@ def make_learners(service: ServiceState) -> None:
         from hubless.inputs import load_embeddings
 
         seed = load_embeddings(settings.learn_bank_seed)
-    guard = GuardSettings(max_bias_shift=settings.learn_bank_max_bias_shift, max_bias_outlier=settings.learn_bank_max_bias_outlier,
-                          max_skewness_increase=settings.learn_bank_max_skewness_increase)  # fmt: skip
+    guard = GuardSettings(
+        max_bias_shift=settings.learn_bank_max_bias_shift,
+        max_bias_outlier=settings.learn_bank_max_bias_outlier,
+        max_skewness_increase=settings.learn_bank_max_skewness_increase,
+    )
     for name in settings.learn_bank:
         if name not in service.served:
             raise InvalidInput(f"--learn-bank {name!r}: no index of that name is served ({', '.join(sorted(service.served))})")
@@ -52,12 +55,21 @@ def make_learners(service: ServiceState) -> None:
         if getattr(s.index, "read_only", False):
             raise InvalidInput(f"--learn-bank {name!r}: an attached collection or a store is served read only; learn an index's bank")
         s.learner = BankLearner(
-            s.index, name=name, capacity=settings.learn_bank_capacity, window=settings.learn_bank_window,
-            quota=None if settings.learn_bank_quota >= 1 else settings.learn_bank_quota, fold=settings.learn_bank_fold,
-            every=settings.learn_bank_every, interval=settings.learn_bank_interval, holdout=settings.learn_bank_holdout,
-            seed=seed, seed_share=settings.learn_bank_seed_share, guard=guard, write=s.write,
+            s.index,
+            name=name,
+            capacity=settings.learn_bank_capacity,
+            window=settings.learn_bank_window,
+            quota=None if settings.learn_bank_quota >= 1 else settings.learn_bank_quota,
+            fold=settings.learn_bank_fold,
+            every=settings.learn_bank_every,
+            interval=settings.learn_bank_interval,
+            holdout=settings.learn_bank_holdout,
+            seed=seed,
+            seed_share=settings.learn_bank_seed_share,
+            guard=guard,
+            write=s.write,
             on_decision=lambda record, name=name: decided(service, name, record),
-        )  # fmt: skip
+        )
 
 
 def decided(service: ServiceState, name: str, record: dict[str, Any]) -> None:
@@ -66,5 +78,6 @@ def decided(service: ServiceState, name: str, record: dict[str, Any]) -> None:
     if service.audit is not None:
         detail = {k: record.get(k) for k in ("decision", "version", "from_version", "reasons", "bias_shift", "moved_item")}
         detail["bank_size"] = record["bank"]["size"]
-        service.audit.record(key=None, method="REFIT", endpoint="/bank/{name}/learned", index=name, ids=detail,
-                             client="hubless", request_id=None)  # fmt: skip
+        service.audit.record(
+            key=None, method="REFIT", endpoint="/bank/{name}/learned", index=name, ids=detail, client="hubless", request_id=None
+        )

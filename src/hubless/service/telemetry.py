@@ -81,10 +81,18 @@ class Telemetry:
             "age": ("hubless_learned_bank_oldest_age_seconds", "Age of the learned bank's oldest query.", ("index",)),
             "offered": ("hubless_learned_bank_offered", "Queries offered to the learned bank so far, by outcome.", ("index", "outcome")),
             "version": ("hubless_learned_bank_version", "The version the last accepted refit committed.", ("index",)),
-            "skewness": ("hubless_learned_bank_skewness", "Skewness of N_k of the held-out queries at the last refit.", ("index", "k", "when")),
-            "hub_share": ("hubless_learned_bank_top_hub_share", "The largest hub's share of the held-out top-10 results.", ("index", "when")),
+            "skewness": (
+                "hubless_learned_bank_skewness",
+                "Skewness of N_k of the held-out queries at the last refit.",
+                ("index", "k", "when"),
+            ),
+            "hub_share": (
+                "hubless_learned_bank_top_hub_share",
+                "The largest hub's share of the held-out top-10 results.",
+                ("index", "when"),
+            ),
             "bias_shift": ("hubless_learned_bank_bias_shift", "The last refit's largest relative move of an item's score.", ("index",)),
-        }  # fmt: skip
+        }
         self.learned = {key: Gauge(name, text, labels, registry=registry) for key, (name, text, labels) in learned.items()}
         self.refits = Counter(
             "hubless_learned_bank_refits", "Refits of a learned bank, by decision.", ("index", "decision"), registry=registry

@@ -83,10 +83,10 @@ def _search(request: SearchRequest, service: ServiceState, client: str | None = 
         check_count(request.images, limits, "queries")
         images = [_image(b, i) for i, b in enumerate(request.images)]
     n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images or [])
-    learn_from = None if request.item is not None else client  # an item query is a gallery item, not a query
+    learn_from = None if request.item is not None else client  # an item query is a gallery item, not a query: not learned
     return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
                             dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
-                            learn_from, weight=request.weight, where=request.where, version=request.version))  # fmt: skip
+                            weight=request.weight, where=request.where, version=request.version, learn_from=learn_from))  # fmt: skip
 
 
 @router.post("/search/binary", response_class=FastJSON, response_model=SearchAnswer)
@@ -108,11 +108,10 @@ async def search_binary(
         raise
     embeddings = _float32_rows(raw, s, service.limits, "the body")
     return FastJSON(await run_in_threadpool(_answer, service, s, embeddings.shape[0], top_k, compare, False,
-                                            dict(embeddings=embeddings), client_of(request.scope), weight=weight, where=None))  # fmt: skip
+                                            dict(embeddings=embeddings), weight=weight, where=None, learn_from=client_of(request.scope)))  # fmt: skip
 
 
-def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compare: bool, rerank: bool, queries: dict,
-            learn_from: str | None = None, **options) -> dict:  # fmt: skip
+def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compare: bool, rerank: bool, queries: dict, **options) -> dict:
     limits = service.limits
     if top_k > limits.max_top_k:
         raise HTTPException(422, f"top_k={top_k} exceeds the limit max_top_k={limits.max_top_k}")
@@ -124,7 +123,8 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
             f"{n_queries} queries x top_k {top_k}{' x 2 (compare)' if compare else ''} = {hits} results exceed the limit max_result_hits={limits.max_result_hits}",
         )
     omp_threads_for(n_queries)  # this worker thread's FAISS team (compare's search runs here)
-    runner = s.run if learn_from is None else functools.partial(s.run, learn_from=learn_from)  # --learn-bank: see Served.run
+    learn_from = options.pop("learn_from", None)  # --learn-bank: the client whose queries Served.run passes to the learner
+    runner = s.run if learn_from is None else functools.partial(s.run, learn_from=learn_from)
     result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=runner, **options)
     current = s.searcher.index(s.name)
     if getattr(current, "read_only", False):  # an attached collection's or a store's search runs outside s.run: counted here
