@@ -76,13 +76,14 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 def world(args):
     data = make_retrieval_data(
-        args.items, dim=64, n_query_bank=args.stream + EVERY + args.capacity, n_gallery_bank=10, n_val_items=10, seed=0
+        args.items, dim=64, n_query_bank=2 * args.stream + EVERY + args.capacity, n_gallery_bank=10, n_val_items=10, seed=0
     )
     far = make_retrieval_data(500, dim=64, n_query_bank=args.capacity, n_gallery_bank=10, n_val_items=10, seed=7).query_bank
     stream = data.query_bank[: args.stream]
     more = data.query_bank[args.stream : args.stream + EVERY]
-    in_domain = data.query_bank[args.stream + EVERY :]
-    return data, far, stream, more, in_domain
+    in_domain = data.query_bank[args.stream + EVERY : args.stream + EVERY + args.capacity]
+    later = data.query_bank[args.stream + EVERY + args.capacity :]  # after the attack
+    return data, far, stream, more, in_domain, later
 
 
 def learn(root: Path, method: str, data, far, stream, *, quota: float | None, seed: int = 0):
@@ -109,7 +110,7 @@ def feed(learner, queries: np.ndarray, clients: list[str], rng) -> list[dict]:
 
 
 def learning_rows(args, tmp: Path) -> tuple[list, dict]:
-    data, far, stream, _, in_domain = world(args)
+    data, far, stream, _, in_domain, _ = world(args)
     rows, state = [], {}
     baseline = r_at_1(hubless.Index.build(data.gallery, far, "baseline"), data)
     rows.append(("baseline R@1 (no correction)", f"{baseline:.2f}", ""))
@@ -144,7 +145,7 @@ def learning_rows(args, tmp: Path) -> tuple[list, dict]:
 
 
 def attack_rows(args, tmp: Path) -> list:
-    data, far, stream, more, _ = world(args)
+    data, far, stream, more, _, later = world(args)
     rng = np.random.default_rng(5)
     rows = []
     for quota in (0.05, None):
@@ -177,12 +178,17 @@ def attack_rows(args, tmp: Path) -> list:
         served = median_rank(index, own, target)
         would = median_rank(hubless.Index.load(root, version=decision["version"]), own, target) if decision.get("version") else served
         label = "quota 5%" if quota else "no quota"
+        why = "; ".join(r.split(" (")[0] for r in decision["reasons"])
+        after = feed(learner, later, [f"10.0.2.{j}" for j in range(200)], np.random.default_rng(7))  # the attack stops, traffic goes on
+        kinds = [h["decision"] for h in after]
         rows += [
             (f"{label}: target {target}'s median rank, learned version", f"{before:.0f}", ""),
             (f"{label}: attackers' share of the bank", f"{100 * attack_share:.0f}%", ""),
-            (f"{label}: the refit after the attack", f"{decision['decision']} ({'; '.join(decision['reasons'])[:90]})", ""),
+            (f"{label}: the refit after the attack", f"{decision['decision']}: {why}", ""),
             (f"{label}: target's median rank served after it", f"{served:.0f} ({served - before:+.0f})", "moves <= 1" if quota else ""),
             (f"{label}: what the attack would have done (the refit as of)", f"{would:.0f} ({would - before:+.0f})", ""),
+            (f"{label}: then {later.shape[0]:,} stream queries: refits", ", ".join(kinds) or "none", ""),
+            (f"{label}: target's median rank, R@1 after them", f"{median_rank(index, own, target):.0f}, {r_at_1(index, data):.2f}", ""),
         ]
     return rows
 
@@ -252,8 +258,9 @@ def cost_rows(args, tmp: Path) -> list:
     hubless.Index.build(gallery, bank[:1000], "nnn").save(tmp / "cost")
     index = hubless.Index.open(tmp / "cost")
     learner = BankLearner(index, capacity=args.cost_bank, quota=None, fold=None, holdout=0.02, every=10**9, interval=None, threads=None)
-    learner.observe(bank, "c")
-    learner.admit()
+    for start in range(0, bank.shape[0], 4096):
+        learner.observe(bank[start : start + 4096], "c")
+        learner.admit()
     used = learner.reservoir.bank()
     w0, c0 = time.perf_counter(), time.process_time()
     decision = learner.refit()
