@@ -150,10 +150,9 @@ class ReservoirMachine(RuleBasedStateMachine):
 
 
 TestReservoir = ReservoirMachine.TestCase
-TestReservoir.settings = settings(
-    max_examples=40, stateful_step_count=25, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+TestReservoir.settings = settings(  # the same examples every run (derandomize: seeded from the test's code)
+    max_examples=40, stateful_step_count=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
-TestReservoir = seed(5)(TestReservoir)
 
 
 def test_a_flood_of_one_query_counts_once_and_a_client_is_capped():

@@ -179,22 +179,28 @@ class BankLearner:
             "bank": {k: described[k] for k in ("size", "seed", "traffic", "clients", "oldest_age_s", "median_age_s", "newest_age_s")},
             "holdout": int(holdout.shape[0]),
         }
+        phases: dict[str, float] = {}
+        record["phases"] = phases  # seconds of each step: statistics, candidate, guard, commit
         try:
             with _engine_threads(self.threads):
                 origin = bank_swap.version_of(pinned)
-                merged = self.statistics.merged(
-                    origin, pinned.correction.gallery_, pinned.correction.statistics_request(), parts, self.reservoir.lock
-                )
-                made = bank_swap.candidate(pinned, merged.bank, merged.statistics)
-                verdict = judge(pinned, made.index, holdout, made.origin_bias, made.bias, self.guard)
+                with _timed(phases, "statistics"):
+                    merged = self.statistics.merged(
+                        origin, pinned.correction.gallery_, pinned.correction.statistics_request(), parts, self.reservoir.lock
+                    )
+                with _timed(phases, "candidate"):
+                    made = bank_swap.candidate(pinned, merged.bank, merged.statistics)
+                with _timed(phases, "guard"):
+                    verdict = judge(pinned, made.index, holdout, made.origin_bias, made.bias, self.guard)
             record.update(computed_rows=merged.computed_rows, reused_rows=merged.reused_rows, **verdict.to_dict())
-            if verdict.accepted:
-                record["version"] = self.write(lambda live: bank_swap.adopt(live, made))
-                self.statistics.rebind(made.version)  # the adopted version has the same items: the parts' statistics hold
-                record["decision"] = "accepted"
-            else:
-                record["version"] = self.write(lambda live: bank_swap.keep_rejected(live, made))
-                record["decision"] = "rejected"
+            with _timed(phases, "commit"):
+                if verdict.accepted:
+                    record["version"] = self.write(lambda live: bank_swap.adopt(live, made))
+                    self.statistics.rebind(made.version)  # the adopted version has the same items: the parts' statistics hold
+                    record["decision"] = "accepted"
+                else:
+                    record["version"] = self.write(lambda live: bank_swap.keep_rejected(live, made))
+                    record["decision"] = "rejected"
         except Conflict as exc:  # a write to the index meanwhile: the next refit starts from it
             self.statistics.clear()
             record.update(decision="superseded", reasons=[message(exc)])
@@ -285,6 +291,15 @@ def _engine_threads(threads: int | None):
 
     with use_threads(threads), one_blas_thread() if threads == 1 else contextlib.nullcontext():
         yield
+
+
+@contextlib.contextmanager
+def _timed(phases: dict[str, float], name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = time.perf_counter() - start
 
 
 def _now(unix: float) -> str:

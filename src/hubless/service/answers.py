@@ -194,6 +194,7 @@ class RefitDecision(_Answer):
     moved_item: int | None = None
     version: int | None = Field(default=None, description="The version it was committed or kept as (None: an index in memory).")
     decision: str = Field(description="accepted, rejected, superseded or failed.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds of each step: statistics, candidate, guard, commit.")
     seconds: float
 
 
