@@ -13,6 +13,8 @@ queries, and are not learned; nor are reranked searches (they do not run through
 
 from __future__ import annotations
 
+import functools
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from hubless.errors import InvalidInput
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["client_of", "make_learners"]
 
 
-def client_of(scope: dict) -> str:
+def client_of(scope: MutableMapping[str, Any]) -> str:
     """The client a query counts against: its address (see the module docstring)."""
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
@@ -68,7 +70,7 @@ def make_learners(service: ServiceState) -> None:
             seed_share=settings.learn_bank_seed_share,
             guard=guard,
             write=s.write,
-            on_decision=lambda record, name=name: decided(service, name, record),
+            on_decision=functools.partial(decided, service, name),
         )
 
 
