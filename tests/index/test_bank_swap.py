@@ -1,5 +1,6 @@
 """Another query bank as a version (hubless.index.bank_swap): the candidate equals a fresh
-build on the new bank, adopting it is one new version, a rejected one is kept but never current."""
+build on the new bank (to float rounding, ties aside), adopting it is one new version, a
+rejected one is kept but never current."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hubless
 from hubless.data.synthetic import make_retrieval_data
 from hubless.errors import Conflict, InvalidInput
 from hubless.index import bank_swap
+from tests.index.test_live_index import assert_same_results
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,10 @@ def test_a_candidate_equals_a_fresh_build_on_the_new_bank(data, method):
     made = bank_swap.candidate(index, new_bank)
     live = index.get(index.ids).embeddings
     fresh = hubless.Index.build(live, new_bank, method, gallery_bank=data.gallery_bank, ids=index.ids)
-    np.testing.assert_array_equal(made.bias, fresh._snap.bias)
-    np.testing.assert_array_equal(made.index.search(data.queries, 10)[1], fresh.search(data.queries, 10)[1])
+    # to float rounding: the kept gallery-bank statistics of the rows written since the base came
+    # from other BLAS calls than a fresh build's one pass (the last bit may differ on some CPUs)
+    np.testing.assert_allclose(made.bias, fresh._snap.bias, rtol=1e-6, atol=1e-7)
+    assert_same_results(*made.index.search(data.queries, 10), *fresh.search(data.queries, 10))
     np.testing.assert_array_equal(made.origin_bias, index._snap.bias[index._snap.live_rows])
     np.testing.assert_array_equal(made.index.query_bank, new_bank)
     assert index.query_bank.shape[0] == 500  # the index itself is not changed

@@ -1,6 +1,7 @@
 """A learned bank's refit equals an offline fit on the same bank (brute force: a fresh
-hubless.Index.build on the reservoir's bank), whether its statistics were computed at once or
-merged from parts kept between refits; later refits compute only the rows not seen yet, a
+hubless.Index.build on the reservoir's bank; to float rounding, ties aside: a part's products are
+other BLAS calls than one pass's), whether its statistics were computed at once or merged from
+parts kept between refits; later refits compute only the rows not seen yet, a
 write to the items makes the next one full, and a write between making and adopting a refit
 supersedes it. The versions it commits are kept, listed and searchable as of."""
 
@@ -16,6 +17,7 @@ from hubless.engine.updates import side_request
 from hubless.learning import BankLearner, BankReservoir, GuardSettings
 from hubless.learning.refit import PartStatistics
 from tests.conftest import unit_rows
+from tests.index.test_live_index import assert_same_results
 
 METHODS = ["nnn", "csls", "is", "dis", "dn", "dualis", "dualdis"]
 OPEN = GuardSettings(max_skewness_increase=1e9, max_hub_share_increase=1e9, max_bias_shift=1e9, min_holdout=5)
@@ -41,8 +43,11 @@ def test_merged_part_statistics_equal_one_pass_over_the_bank(data):
         bank = r.bank()
         np.testing.assert_array_equal(got.bank, bank)
         want = compute_statistics(data.gallery, bank, None, side_request(request, "query"))
-        np.testing.assert_array_equal(got.statistics.query_topk, want.query_topk)  # top-k merges are exact
-        np.testing.assert_array_equal(got.statistics.query_activation, want.query_activation)
+        # the merges are exact, but a part's products are other BLAS calls than one pass's: on some
+        # CPUs' kernels (OPENBLAS_CORETYPE=Haswell, Zen) a similarity differs in the last bit
+        np.testing.assert_allclose(got.statistics.query_topk, want.query_topk, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got.statistics.query_activation_scores, want.query_activation_scores, rtol=1e-6, atol=1e-7)
+        assert (got.statistics.query_activation == want.query_activation).mean() > 0.99  # ties within rounding aside
         for beta, lse in want.query_lse.items():
             np.testing.assert_allclose(got.statistics.query_lse[beta], lse, rtol=1e-6)
         np.testing.assert_allclose(got.statistics.query_bank_mean, want.query_bank_mean, rtol=1e-6, atol=1e-9)
@@ -74,12 +79,7 @@ def test_a_refit_equals_an_offline_fit_on_the_same_bank(data, method, tmp_path):
     served = hubless.Index.load(tmp_path / "idx")
     np.testing.assert_array_equal(served.query_bank, bank)
     np.testing.assert_allclose(served._snap.bias, offline._snap.bias, rtol=1e-5, atol=1e-6)
-    s1, i1 = served.search(data.queries, 10)
-    s2, i2 = offline.search(data.queries, 10)
-    np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-6)
-    assert (i1 == i2).mean() > 0.999  # ties within rounding aside
-    if method in ("nnn", "csls"):  # top-k statistics merge exactly: bitwise the offline fit
-        np.testing.assert_array_equal(i1, i2)
+    assert_same_results(*served.search(data.queries, 10), *offline.search(data.queries, 10))  # ties within rounding aside
     versions = [v["version"] for v in hubless.Index.versions(tmp_path / "idx")]
     assert first["version"] in versions and second["version"] == versions[-1]
     as_of = hubless.Index.load(tmp_path / "idx", version=first["from_version"])  # the far bank's version, searchable as of
@@ -98,7 +98,7 @@ def test_a_write_to_the_items_makes_the_next_refit_full_and_one_in_between_super
     full = learner.refit()
     assert full["decision"] == "accepted" and full["reused_rows"] == 0  # other items: every part computed again
     offline = hubless.Index.build(index.get(index.ids).embeddings, learner.reservoir.bank(), "nnn", ids=index.ids)
-    np.testing.assert_array_equal(index.search(data.queries, 10)[1], offline.search(data.queries, 10)[1])
+    assert_same_results(*index.search(data.queries, 10), *offline.search(data.queries, 10))
 
     def write_meanwhile(change):  # another write lands between making the refit and adopting it
         index.remove([int(index.ids[0])])

@@ -20,6 +20,7 @@ pytest.importorskip("PIL")
 
 import hubless  # noqa: E402
 from hubless.data.synthetic import make_retrieval_data  # noqa: E402
+from tests.index.test_live_index import assert_same_results  # noqa: E402
 from tests.service.test_service_security import SRC, WRITE, Server, auth  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -100,8 +101,9 @@ def test_the_server_learns_from_real_searches_and_serves_the_new_version(learnin
     assert on_disk.query_bank.shape[0] == first["bank"]["size"]
     offline = hubless.Index.build(data.gallery, on_disk.query_bank, "nnn:alpha=0.75,k=8")
     answer = _search(server, data.queries[:20], "203.0.113.1")
-    served_ids = [[hit["id"] for hit in q["hits"]] for q in answer["results"]]
-    assert served_ids == offline.search(data.queries[:20], 5)[1].tolist()
+    served_ids = np.array([[hit["id"] for hit in q["hits"]] for q in answer["results"]])
+    served_scores = np.array([[hit["score"] for hit in q["hits"]] for q in answer["results"]], np.float32)
+    assert_same_results(served_scores, served_ids, *offline.search(data.queries[:20], 5))  # to float rounding, ties aside
     versions = json.loads(server.request("GET", "/versions/idx", headers=auth(WRITE))[2])["versions"]
     assert [v["version"] for v in versions if v["current"]] == [first["version"]] and first["from_version"] in [
         v["version"] for v in versions

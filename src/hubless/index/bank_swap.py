@@ -89,7 +89,9 @@ def with_query_bank(
     query-bank statistics against it (``statistics``: computed already, in the live items'
     order, e.g. merged from parts by :mod:`hubless.learning.refit`; else computed here, n_items x
     n_bank) replace the old bank's, the gallery bank's are kept; every bias changes: a new base
-    (:func:`hubless.index.writer.rebased`). Equals a fresh fit of the live items on ``bank``."""
+    (:func:`hubless.index.writer.rebased`). Equals a fresh fit of the live items on ``bank`` to
+    float rounding (bitwise when the items are one base and the statistics are computed here:
+    kept gallery-bank statistics of rows written since the base came from other BLAS calls)."""
     from hubless.engine.updates import side_request
 
     snap.verify_mapped()

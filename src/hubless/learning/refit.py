@@ -13,8 +13,10 @@ to the index since), every part is computed again (n_items x n_bank, as an offli
 
 Memory: the cached statistics of each part (per item: the top-k similarities and/or one
 log-sum-exp per beta, float32), at most a few dozen parts (see the reservoir).
-The result equals an offline fit on the same bank (tested: top-k bitwise, log-sum-exps to float
-rounding).
+The result equals an offline fit on the same bank to float rounding: the merges are exact
+(log-sum-exps aside), but a part's similarities are other BLAS calls than one pass's, which some
+CPUs' kernels round differently in the last bit (tested with ``OPENBLAS_CORETYPE`` Haswell, Zen,
+SkylakeX, Sandybridge); two items tied within that rounding may then swap.
 """
 
 from __future__ import annotations
