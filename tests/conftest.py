@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hubless._validation import _reset_warnings
+from tests.checkout import git_status, left_behind
+
+#: The checkout the tests run from (a clone, a worktree, or no git checkout at all).
+CHECKOUT = Path(__file__).resolve().parents[1]
+#: ``git status`` of the checkout when the session started (None: not a git checkout).
+_STATUS_AT_START: dict[str, set[str] | None] = {}
+
+
+def pytest_sessionstart(session):
+    _STATUS_AT_START["status"] = git_status(CHECKOUT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_checkout_is_left_as_it_was():
+    """At the end of the run: fail (an error at the teardown of the last test) when the checkout
+    has files git does not ignore, or changed files, that were not there when the run started.
+    Tests write under ``tmp_path``; outside a git checkout there is nothing to compare."""
+    yield
+    new = left_behind(_STATUS_AT_START.get("status"), git_status(CHECKOUT))
+    if new:
+        pytest.fail(
+            f"the test run left {len(new)} file(s) in the checkout that git does not ignore (write under tmp_path): {', '.join(new)}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)

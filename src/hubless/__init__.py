@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hubless._version import __version__ as __version__
 
 #: Public name -> module that defines it.
 _EXPORTS = {

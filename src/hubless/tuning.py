@@ -25,7 +25,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
 from hubless.engine import StatisticsRequest, use_device
-from hubless.engine.device import checked_on_device
+from hubless.engine.device import DeviceName, checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.evaluation.evaluate import Evaluation, evaluate
@@ -98,7 +98,7 @@ def tune(
     progress: bool | None = None,
     ties: str = "index",
     coverage: bool = False,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> TuneResult:
     """Grid-search each method's parameters on the validation queries; returns the best per method.
 

@@ -240,6 +240,7 @@ def _merged(request, gallery, bank, bank_cols, bank_read=None):
     return merger.result().query_lse
 
 
+@pytest.mark.slow  # 7-25 s measured here
 @pytest.mark.parametrize("scale, betas", [(1.0, (20.0, 200.0)), (30.0, (0.5, 1.0, 5.0))])
 def test_log_sum_exps_whose_shift_moves_on_float32_overflow(scale, betas):
     """The single pass keeps each row's first-block maximum as its shift and moves it only where

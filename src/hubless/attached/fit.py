@@ -17,6 +17,7 @@ collection unless ``write_payload`` asks for the bias as a payload field
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -188,24 +189,22 @@ def attach(
     pgvector, Chroma, Milvus; a FAISS file refuses, before anything is read). :func:`update`
     keeps the field in step.
     """
-    from hubless.index.lock import write_lock
-
     if out is None or not isinstance(out, (str, Path)):
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
-    with write_lock(Path(out)):  # one attach or update of a sidecar at a time
-        return fit_and_write(
-            source,
-            query_bank,
-            method,
-            out,
-            gallery_bank,
-            normalize,
-            reserve,
-            batch,
-            progress,
-            source_options,
-            payload=payload_name(write_payload),
-        )
+    return fit_and_write(
+        source,
+        query_bank,
+        method,
+        out,
+        gallery_bank,
+        normalize,
+        reserve,
+        batch,
+        progress,
+        source_options,
+        payload=payload_name(write_payload),
+        lock=True,
+    )
 
 
 #: The payload field ``write_payload=True`` writes.
@@ -224,8 +223,22 @@ def payload_name(write_payload) -> str | None:
 
 
 def fit_and_write(
-    source, query_bank, method, out, gallery_bank, normalize, reserve, batch, progress, source_options, *, payload: str | None = None
+    source,
+    query_bank,
+    method,
+    out,
+    gallery_bank,
+    normalize,
+    reserve,
+    batch,
+    progress,
+    source_options,
+    *,
+    payload: str | None = None,
+    lock: bool = False,
 ) -> AttachedCollection:
+    """Check everything, then (holding the sidecar's write lock with ``lock``: one attach or
+    update of a sidecar at a time, taken only once the input is checked) fit and write."""
     batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
     if payload is not None:
@@ -241,6 +254,15 @@ def fit_and_write(
         reserve = min(n, max(DEFAULT_RESERVE[0], n // 100), DEFAULT_RESERVE[1])
     elif isinstance(reserve, bool) or not isinstance(reserve, (int, np.integer)) or reserve < 0:
         raise InvalidInput(f"reserve must be a whole number of items >= 0; got {reserve!r}")
+    with contextlib.ExitStack() as held:
+        if lock:
+            from hubless.index.lock import write_lock
+
+            held.enter_context(write_lock(Path(out), create=True))
+        return _fitted_and_written(src, corr, request, qb, gb, n, reserve, requested, batch, progress, source_options, payload, out)
+
+
+def _fitted_and_written(src, corr, request, qb, gb, n, reserve, requested, batch, progress, source_options, payload, out):
     started, before = time.perf_counter(), src.bytes_read
     fitted = fit_stream(corr, src, src.scan(batch), request, qb, gb, n, progress, reserve=min(int(reserve), n))
     ids, bias, activation = _sorted(fitted, src.uri)

@@ -18,7 +18,7 @@ import numpy as np
 from hubless._validation import check_positive_int
 from hubless.attached.fit import fingerprint, fit_and_write, fit_stream, global_statistics, reserve_sorted, sidecar_info, written_payload
 from hubless.attached.prepare import correction_for, read_banks
-from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, source_location, write_sidecar
+from hubless.attached.sidecar import Sidecar, array_fingerprint, is_sidecar, read_sidecar, source_location, write_sidecar
 from hubless.attached.sources.base import BATCH, Source, open_source
 from hubless.errors import Conflict, InvalidInput
 from hubless.export.base import without_password
@@ -49,6 +49,8 @@ def update(
     """
     from hubless.index.lock import write_lock
 
+    if not is_sidecar(out):
+        read_sidecar(out)  # its error: no lock file is made in what is not a sidecar
     with write_lock(Path(out)):  # one attach or update of a sidecar at a time
         return _update(out, source, query_bank, gallery_bank, batch, progress, source_options)
 

@@ -182,7 +182,7 @@ OVERWRITE_HELP = "Replace existing --out / --report files that hubless did not w
 
 def generator_mark() -> dict[str, str]:
     """The key every JSON result starts with (see :func:`check_outputs`)."""
-    from hubless import __version__
+    from hubless._version import __version__
 
     return {"generator": f"{GENERATOR} {__version__}"}
 
@@ -252,3 +252,31 @@ def print_results(ev, title: str) -> None:
         table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
     console = wide_console()
     console.print(table)
+
+
+def write_evaluation(ev, out: Path | None, report: Path | None, progress: bool | None = None) -> None:
+    """Write an :class:`~hubless.evaluation.Evaluation` as JSON to ``out`` and as an HTML report
+    to ``report`` (each when given), saying where."""
+    write_tuning(None, ev, out, report, progress)
+
+
+def write_tuning(tuned, ev, out: Path | None, report: Path | None, progress: bool | None = None) -> None:
+    """Write a :class:`~hubless.evaluation.TuneResult` (None: an evaluation alone) and the test
+    evaluation ``ev`` (or None) as JSON to ``out`` and as an HTML report to ``report`` (a
+    spinner while the report's plots are drawn, by ``progress``)."""
+    from hubless._io import write_json
+    from hubless.progress import stage
+
+    if out is not None:
+        data = ev.to_dict() if tuned is None else {**tuned.to_dict(), **({} if ev is None else {"test": ev.to_dict()})}
+        write_json(out, {**generator_mark(), **data})
+        typer.echo(f"results: {out}")
+    if report is not None:
+        from hubless.reports.evaluation import evaluation_report, tune_report
+
+        with stage(f"writing the report {report}", progress):
+            if tuned is None:
+                evaluation_report(ev, report)
+            else:
+                tune_report(tuned, report, ev)
+        typer.echo(f"report: {report}")

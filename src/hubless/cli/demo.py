@@ -30,6 +30,7 @@ def demo(
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
     from hubless.errors import MissingDependencyError, check_available
+    from hubless.progress import stage
 
     if serve:
         check_available("fastapi", "demo --serve", "serve")
@@ -46,7 +47,8 @@ def demo(
 
         written = write_example_files(data_out, n_items=n_items, seed=seed)
         typer.echo(f"wrote the demo's data: {len(written)} files in {data_out} (images.npy, captions.npy, bank_captions.npy, ...)")
-    data = make_retrieval_data(n_items=n_items, seed=seed)
+    with stage("making the synthetic benchmark", progress):
+        data = make_retrieval_data(n_items=n_items, seed=seed)
     ev = run_demo(data, progress=progress)
     base = ev.results[0]
     table = Table(title=f"text->image, synthetic: {n_items} images, {len(data.queries)} captions, seed {seed}")
@@ -69,7 +71,8 @@ def demo(
     if str(report) not in ("", "."):
         from hubless.reports.evaluation import evaluation_report
 
-        evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
+        with stage(f"writing the report {report}", progress):
+            evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
         typer.echo(f"report: {report}")
     if serve:
         _serve(data, port)

@@ -94,5 +94,8 @@ def fairness_command(
         write_json(out, {**generator_mark(), **result.to_dict()})
         typer.echo(f"results: {out}")
     if report is not None:
-        fairness_report(result, report)
+        from hubless.progress import stage
+
+        with stage(f"writing the report {report}", progress):
+            fairness_report(result, report)
         typer.echo(f"report: {report}")

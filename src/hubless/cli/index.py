@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_where, warn_coverage, wide_console
 from hubless.errors import AlreadyExists, InvalidInput
+from hubless.progress import stage
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
 
@@ -286,10 +287,10 @@ def calibrate_command(
     """Choose nprobe (IVF) / ef_search (HNSW): the smallest power of two reaching the target recall."""
     from hubless.index import Index
 
-    with Index.update(path) as index:
+    with stage(f"calibrating {path}", None), Index.update(path) as index:  # a search per knob value: seconds on large indexes
         q = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
         result = index.calibrate(q, target_recall=target_recall, top_k=top_k, sample=sample)
-        _print_calibration(result)
+    _print_calibration(result)
 
 
 def _print_calibration(result: dict) -> None:
@@ -391,7 +392,7 @@ def compact_command(path: Path = typer.Argument(..., help="Index directory (rewr
     """Fold every write into a new base of the live items (writes also do it past a threshold)."""
     from hubless.index import Index
 
-    with Index.update(path, mmap=True) as index:
+    with stage(f"compacting {path}", None), Index.update(path, mmap=True) as index:  # a new base, its FAISS structure rebuilt
         before = index.storage()
         index.compact()
     after = index.storage()
@@ -447,7 +448,8 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
     from hubless.index.integrity import verify
 
-    result = verify(path)
+    with stage(f"verifying {path}", None):  # reading every file: seconds to minutes
+        result = verify(path)
     if result["files"] is None:
         typer.echo(f"ok: {path} (format {result['format']}: every file verified by the load), {result['items']} items")
     else:

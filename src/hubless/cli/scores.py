@@ -1,4 +1,5 @@
-"""Score-matrix mode of ``hubless eval`` and ``hubless tune``, and ``hubless correct``.
+"""The score-matrix modes of ``hubless eval`` and ``hubless tune`` (:mod:`hubless.cli.modes`), and
+``hubless correct``.
 
 Thin layers over :mod:`hubless.scores`: the matrices are memory-mapped (or read safely from the
 QB-Norm authors' .pkl files), the banks are read in one pass each, S in row blocks.
@@ -6,8 +7,9 @@ QB-Norm authors' .pkl files), the banks are read in one pass each, S in row bloc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import typer
 from rich.table import Table
@@ -18,28 +20,19 @@ from hubless.cli._common import (
     check_outputs,
     describe_file,
     friendly_errors,
-    generator_mark,
     parse_ints,
     print_note,
+    print_results,
     wide_console,
+    write_evaluation,
+    write_tuning,
 )
-from hubless.errors import InvalidInput
+from hubless.cli.eval_options import TRANSPOSE_HELP
+from hubless.cli.modes import Mode
+from hubless.errors import check_available
 
 if TYPE_CHECKING:
     from hubless.evaluation import JSONValue
-
-TIES_HELP = (
-    "How tied scores rank: index (the lower gallery index first, hubless's rule), average (the mean of the tied positions: "
-    "the collaborative-experts metric of the QB-Norm tables) or optimistic (a tied relevant item first)."
-)
-TRANSPOSE_HELP = (
-    "Every score matrix is stored the other way round (gallery x queries, e.g. a text x video matrix evaluated video->text; "
-    "bank matrices gallery x bank): read them transposed. Truth follows the queries, e.g. i2t:20."
-)
-MASK_HELP = (
-    "One boolean per stored row of --scores (.npy/.pkl; the authors' test_query_masks): False rows are padding (MSR-VTT has two "
-    "videos with 19 of 20 captions). Left out as queries; with --transpose, removed from the gallery."
-)
 
 
 def load_matrix(path: Path | None, name: str):
@@ -59,101 +52,166 @@ def load_query_mask(path: Path | None, scores):
     return load_mask(path, scores.shape[0])
 
 
-def refuse_embeddings(flags: dict[str, object]) -> None:
-    """Score-matrix mode: refuse the options that take embeddings."""
-    given = [flag for flag, value in flags.items() if value]
-    if given:
-        raise InvalidInput(f"--scores evaluates score matrices; {', '.join(given)} take embeddings: give one kind of input")
+@dataclass(frozen=True)
+class ScoreEval(Mode):
+    """``hubless eval --scores S --truth T``: fit on the bank score matrices, rank the rows of S, report."""
+
+    what: ClassVar[str] = "score matrices"
+    selector: ClassVar[str] = "--scores"
+    needs: ClassVar[tuple[str, ...]] = ("scores", "truth")
+
+    scores: Path
+    truth: str
+    query_bank_scores: Path | None
+    gallery_bank_scores: Path | None
+    query_mask: Path | None
+    transpose: bool
+    method: list[str]
+    ks: str
+    bootstrap: int
+    seed: int
+    ties: str
+    out: Path | None
+    report: Path | None
+    progress: bool | None
+    overwrite: bool
+
+    @classmethod
+    def chosen(cls, values: dict[str, Any]) -> bool:
+        return values["scores"] is not None
+
+    def run(self) -> None:
+        from hubless.scores import evaluate_scores
+
+        paths = {"scores": self.scores, "query_bank_scores": self.query_bank_scores, "gallery_bank_scores": self.gallery_bank_scores}
+        inputs = {f"--{name.replace('_', '-')}": path for name, path in paths.items()}
+        check_outputs(
+            {"--out": self.out, "--report": self.report},
+            {**inputs, "--truth": self.truth, "--query-mask": self.query_mask},
+            overwrite=self.overwrite,
+        )
+        if self.report is not None:
+            check_available("matplotlib", "--report", "report")
+        matrices = {name: load_matrix(path, name.replace("_", " ")) for name, path in paths.items()}
+        files: dict[str, JSONValue] = {name: describe_file(path, matrices[name]) for name, path in paths.items() if path is not None}
+        ev = evaluate_scores(
+            matrices["scores"],
+            self.truth,
+            matrices["query_bank_scores"],
+            self.method,
+            gallery_bank_scores=matrices["gallery_bank_scores"],
+            ks=parse_ints(self.ks, "--ks"),
+            bootstrap=self.bootstrap,
+            seed=self.seed,
+            ties=self.ties,
+            query_mask=load_query_mask(self.query_mask, matrices["scores"]),
+            transpose=self.transpose,
+            progress=self.progress,
+            inputs={"files": {**files, "truth": self.truth}},
+        )
+        masked = f", {ev.inputs['n_masked']} masked rows" if ev.inputs["n_masked"] else ""
+        print_results(ev, f"{ev.n_queries} queries over {ev.n_gallery} items (score matrices, ties: {self.ties}{masked})")
+        write_evaluation(ev, self.out, self.report, self.progress)
 
 
-def refuse_scores(flags: dict[str, object]) -> None:
-    """Embedding mode: refuse the options that only apply to score matrices."""
-    given = [flag for flag, value in flags.items() if value]
-    if given:
-        raise InvalidInput(f"{', '.join(given)} only apply to score matrices: pass --scores (or drop them)")
+@dataclass(frozen=True)
+class ScoreTune(Mode):
+    """``hubless tune --validation-scores V --validation-truth VT``: choose on validation score
+    rows, then, with ``--scores`` and ``--truth``, test."""
+
+    what: ClassVar[str] = "score matrices"
+    selector: ClassVar[str] = "--validation-scores"
+    needs: ClassVar[tuple[str, ...]] = ("validation_scores", "validation_truth")
+
+    validation_scores: Path
+    validation_truth: str
+    validation_query_bank_scores: Path | None
+    validation_gallery_bank_scores: Path | None
+    validation_query_mask: Path | None
+    scores: Path | None
+    truth: str | None
+    query_bank_scores: Path | None
+    gallery_bank_scores: Path | None
+    query_mask: Path | None
+    transpose: bool
+    method: list[str]
+    objective: str
+    ks: str
+    bootstrap: int
+    ties: str
+    out: Path | None
+    report: Path | None
+    progress: bool | None
+    overwrite: bool
+
+    @classmethod
+    def chosen(cls, values: dict[str, Any]) -> bool:
+        return values["validation_scores"] is not None
+
+    def run(self) -> None:
+        from hubless.scores import evaluate_scores, tune_scores
+
+        names = (
+            "validation_scores",
+            "scores",
+            "query_bank_scores",
+            "gallery_bank_scores",
+            "validation_query_bank_scores",
+            "validation_gallery_bank_scores",
+        )
+        paths = {name: getattr(self, name) for name in names}
+        inputs = {f"--{name.replace('_', '-')}": path for name, path in paths.items()}
+        check_outputs(
+            {"--out": self.out, "--report": self.report},
+            {**inputs, "--validation-truth": self.validation_truth, "--truth": self.truth},
+            overwrite=self.overwrite,
+        )
+        if self.report is not None:
+            check_available("matplotlib", "--report", "report")
+        if self.truth is not None and self.scores is None:
+            raise typer.BadParameter("--truth needs --scores (the test queries' score matrix)")
+        m = {name: load_matrix(path, name.replace("_", " ")) for name, path in paths.items()}
+        k_list = parse_ints(self.ks, "--ks")
+        tuned = tune_scores(
+            m["validation_scores"],
+            self.validation_truth,
+            m["query_bank_scores"] if m["validation_query_bank_scores"] is None else m["validation_query_bank_scores"],
+            self.method,
+            gallery_bank_scores=m["gallery_bank_scores"]
+            if m["validation_gallery_bank_scores"] is None
+            else m["validation_gallery_bank_scores"],
+            test_scores=m["scores"],
+            objective=self.objective,
+            ks=k_list,
+            ties=self.ties,
+            query_mask=load_query_mask(self.validation_query_mask, m["validation_scores"]),
+            transpose=self.transpose,
+            progress=self.progress,
+        )
+        n_val = m["validation_scores"].shape[1 if self.transpose else 0]
+        print_choice(tuned, f"chosen on {n_val} validation queries ({self.objective}, ties: {self.ties})", self.objective)
+        ev = None
+        if self.truth is not None:
+            ev = evaluate_scores(
+                m["scores"],
+                self.truth,
+                m["query_bank_scores"],
+                tuned.best_specs,
+                gallery_bank_scores=m["gallery_bank_scores"],
+                ks=k_list,
+                bootstrap=self.bootstrap,
+                ties=self.ties,
+                query_mask=load_query_mask(self.query_mask, m["scores"]),
+                transpose=self.transpose,
+                progress=self.progress,
+            )
+            print_results(ev, f"test: {ev.n_queries} queries over {ev.n_gallery} items, chosen parameters")
+        write_tuning(tuned, ev, self.out, self.report, self.progress)
 
 
-def eval_scores(
-    *, scores: Path, truth: str, query_bank_scores: Path | None, gallery_bank_scores: Path | None, method: list[str], ks: str,
-    bootstrap: int, seed: int, ties: str, query_mask: Path | None, transpose: bool, out: Path | None, report: Path | None,
-    progress: bool | None, overwrite: bool,
-) -> None:  # fmt: skip
-    """``hubless eval --scores``: fit on the bank score matrices, rank the rows of S, report."""
-    from hubless._io import write_json
-    from hubless.cli._common import print_results
-    from hubless.errors import check_available
-    from hubless.scores import evaluate_scores
-
-    check_outputs(
-        {"--out": out, "--report": report},
-        {"--scores": scores, "--truth": truth, "--query-bank-scores": query_bank_scores, "--gallery-bank-scores": gallery_bank_scores,
-         "--query-mask": query_mask},
-        overwrite=overwrite,
-    )  # fmt: skip
-    if report is not None:
-        check_available("matplotlib", "--report", "report")
-    s = load_matrix(scores, "scores")
-    sb = load_matrix(query_bank_scores, "query bank scores")
-    sg = load_matrix(gallery_bank_scores, "gallery bank scores")
-    mask = load_query_mask(query_mask, s)
-    files: dict[str, JSONValue] = {
-        name: describe_file(path, arr)
-        for name, path, arr in (("scores", scores, s), ("query_bank_scores", query_bank_scores, sb), ("gallery_bank_scores", gallery_bank_scores, sg))
-        if path is not None
-    }  # fmt: skip
-    files["truth"] = truth
-    ev = evaluate_scores(
-        s, truth, sb, method, gallery_bank_scores=sg, ks=parse_ints(ks, "--ks"), bootstrap=bootstrap, seed=seed, ties=ties,
-        query_mask=mask, transpose=transpose, progress=progress, inputs={"files": files},
-    )  # fmt: skip
-    masked = f", {ev.inputs['n_masked']} masked rows" if ev.inputs["n_masked"] else ""
-    print_results(ev, f"{ev.n_queries} queries over {ev.n_gallery} items (score matrices, ties: {ties}{masked})")
-    if out is not None:
-        write_json(out, {**generator_mark(), **ev.to_dict()})
-        typer.echo(f"results: {out}")
-    if report is not None:
-        from hubless.reports.evaluation import evaluation_report
-
-        evaluation_report(ev, report)
-        typer.echo(f"report: {report}")
-
-
-def tune_scores_cli(
-    *, validation_scores: Path, validation_truth: str, validation_query_bank_scores: Path | None,
-    validation_gallery_bank_scores: Path | None, validation_query_mask: Path | None, scores: Path | None, truth: str | None,
-    query_bank_scores: Path | None, gallery_bank_scores: Path | None, query_mask: Path | None, method: list[str], objective: str,
-    ks: str, bootstrap: int, ties: str, transpose: bool, out: Path | None, report: Path | None, progress: bool | None, overwrite: bool,
-) -> None:  # fmt: skip
-    """``hubless tune --validation-scores``: choose on validation score rows, then test."""
-    from hubless._io import write_json
-    from hubless.scores import evaluate_scores, tune_scores
-
-    check_outputs(
-        {"--out": out, "--report": report},
-        {"--validation-scores": validation_scores, "--validation-truth": validation_truth, "--scores": scores, "--truth": truth,
-         "--query-bank-scores": query_bank_scores, "--gallery-bank-scores": gallery_bank_scores,
-         "--validation-query-bank-scores": validation_query_bank_scores, "--validation-gallery-bank-scores": validation_gallery_bank_scores},
-        overwrite=overwrite,
-    )  # fmt: skip
-    if report is not None:
-        from hubless.errors import check_available
-
-        check_available("matplotlib", "--report", "report")
-    if truth is not None and scores is None:
-        raise typer.BadParameter("--truth needs --scores (the test queries' score matrix)")
-    vs = load_matrix(validation_scores, "validation scores")
-    s = load_matrix(scores, "scores")
-    sb = load_matrix(query_bank_scores, "query bank scores")
-    sg = load_matrix(gallery_bank_scores, "gallery bank scores")
-    vsb = load_matrix(validation_query_bank_scores, "validation query bank scores") if validation_query_bank_scores else sb
-    vsg = load_matrix(validation_gallery_bank_scores, "validation gallery bank scores") if validation_gallery_bank_scores else sg
-    k_list = parse_ints(ks, "--ks")
-    tuned = tune_scores(
-        vs, validation_truth, vsb, method, gallery_bank_scores=vsg, test_scores=s, objective=objective, ks=k_list, ties=ties,
-        query_mask=load_query_mask(validation_query_mask, vs), transpose=transpose, progress=progress,
-    )  # fmt: skip
-    n_val = vs.shape[1] if transpose else vs.shape[0]
-    table = Table(title=f"chosen on {n_val} validation queries ({objective}, ties: {ties})")
+def print_choice(tuned, title: str, objective: str) -> None:
+    """The parameters chosen per method (a table), and a note for each chosen at a grid's edge."""
+    table = Table(title=title)
     for col in ("method", "chosen", f"validation {objective}", "grid points"):
         table.add_column(col, justify="left" if col in ("method", "chosen") else "right")
     for m, b in tuned.best.items():
@@ -162,26 +220,6 @@ def tune_scores_cli(
     for m, b in tuned.best.items():
         if b.at_edge:
             print_note(f"{m}: {', '.join(b.at_edge)} chosen at the edge of the grid; the best value may lie beyond it")
-    ev = None
-    if truth is not None:
-        from hubless.cli._common import print_results
-
-        ev = evaluate_scores(
-            s, truth, sb, tuned.best_specs, gallery_bank_scores=sg, ks=k_list, bootstrap=bootstrap, ties=ties,
-            query_mask=load_query_mask(query_mask, s), transpose=transpose, progress=progress,
-        )  # fmt: skip
-        print_results(ev, f"test: {ev.n_queries} queries over {ev.n_gallery} items, chosen parameters")
-    if out is not None:
-        data = tuned.to_dict()
-        if ev is not None:
-            data["test"] = ev.to_dict()
-        write_json(out, {**generator_mark(), **data})
-        typer.echo(f"results: {out}")
-    if report is not None:
-        from hubless.reports.evaluation import tune_report
-
-        tune_report(tuned, report, ev)
-        typer.echo(f"report: {report}")
 
 
 @friendly_errors

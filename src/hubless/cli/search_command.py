@@ -6,6 +6,7 @@ rule, the top-k rule and the refusals are the library's; printed as a table or J
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from hubless.cli._common import friendly_errors, load, parse_where, wide_console
 from hubless.errors import InvalidInput
+from hubless.progress import stage
 
 
 @friendly_errors
@@ -88,22 +90,26 @@ def search_command(
         reranked_items = read_items(query_items) if query_items is not None else items
         if reranked_items is None:
             raise InvalidInput("--rerank needs --query-items (the query texts or image paths the cross-encoder reads) with --queries")
-    result = searcher.search(
-        name,
-        embeddings=embeddings,
-        texts=items if (text or texts) else None,
-        images=items if image else None,
-        top_k=top_k,
-        weight=weight,
-        rerank=bool(rerank),
-        query_items=reranked_items,
-        nprobe=nprobe,
-        ef_search=ef_search,
-        rescore=rescore,
-        where=condition,
-        version=as_of,
-        target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
+    searching = (
+        contextlib.nullcontext() if rerank else stage("searching" if queries is not None else "encoding the queries and searching", None)
     )
+    with searching:  # a spinner on a terminal (a model's first load takes seconds); a reranker shows its own bar
+        result = searcher.search(
+            name,
+            embeddings=embeddings,
+            texts=items if (text or texts) else None,
+            images=items if image else None,
+            top_k=top_k,
+            weight=weight,
+            rerank=bool(rerank),
+            query_items=reranked_items,
+            nprobe=nprobe,
+            ef_search=ef_search,
+            rescore=rescore,
+            where=condition,
+            version=as_of,
+            target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
+        )
     title = (
         f"{store.shown_uri}: top {top_k}"  # credentials in the URI are never printed
         if store is not None

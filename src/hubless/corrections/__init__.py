@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from hubless.corrections.additive import AdditiveCorrection
-from hubless.corrections.base import Correction
+from hubless.corrections.base import Correction, is_own_copy
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
 from hubless.corrections.dbnorm import DualDIS, DualIS
@@ -21,6 +21,7 @@ from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
+from hubless.engine.device import DeviceName
 from hubless.errors import InvalidInput
 
 __all__ = [
@@ -66,7 +67,7 @@ def fit_many(
     gallery_bank=None,
     *,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> list[Correction]:
     """Fit several corrections on the same arrays with one streamed pass per bank.
 
@@ -86,7 +87,7 @@ def fit_shared(
     *,
     also: StatisticsRequest | None = None,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> tuple[list[Correction], BankStatistics]:
     """:func:`fit_many`, also returning the bank statistics of the pass, with ``also`` computed
     in it (e.g. ``StatisticsRequest(query_nearest=True)``: the bank's coverage, from the very
@@ -105,7 +106,7 @@ def fit_shared(
         with use_device(device):  # where the block products run (see hubless.engine.device)
             stats = compute_statistics(g, b, gb, request, progress=progress)
         for c in group:
-            c._fit_arrays(g, stats)
+            c._fit_arrays(g, stats, own=is_own_copy(g, gallery))
         first = stats if first is None else first
     assert first is not None  # at least one group
     return list(items), first

@@ -136,7 +136,11 @@ class AdditiveCorrection(Correction):
         if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
             bad = int((~np.isfinite(cols)).reshape(n_rows, -1).any(axis=1).sum())
             raise InvalidInput(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
-        return np.ascontiguousarray(cols.reshape(n_rows, -1))
+        # this correction's own read-only array: a device keeps its copy between searches
+        # (hubless.engine.torch_arrays.put), and nothing can change it behind that copy
+        own = np.array(cols.reshape(n_rows, -1), dtype=np.float32, order="C")
+        own.flags.writeable = False
+        return own
 
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
         """Hook: the bias column(s) of the gallery from the bank statistics. Row-local: each

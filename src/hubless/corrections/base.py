@@ -36,18 +36,24 @@ from hubless.corrections import incremental
 from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
-from hubless.engine.device import checked_on_device, torch_device
+from hubless.engine.device import DeviceName, checked_on_device, torch_device
 from hubless.errors import InvalidInput, InvalidType, NotFittedError
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
 _PARAM_NAMES: dict[type, tuple[str, ...]] = {}
 _C = TypeVar("_C", bound="Correction")
 
-__all__ = ["Correction", "SCORE_BLOCK_ELEMENTS"]
+__all__ = ["Correction", "SCORE_BLOCK_ELEMENTS", "is_own_copy"]
 
 #: The most scores one block of :meth:`Correction.score` computes at once (bounds the
 #: temporaries, not the output).
 SCORE_BLOCK_ELEMENTS = 2**24
+
+
+def is_own_copy(checked: np.ndarray, given) -> bool:
+    """Whether ``checked`` (what the input checks made of the argument ``given``) is hubless's
+    own array: a conversion or copy, never the caller's array or a view of its memory."""
+    return not (isinstance(given, np.ndarray) and np.may_share_memory(checked, given))
 
 
 class Correction:
@@ -174,7 +180,7 @@ class Correction:
         *,
         statistics: BankStatistics | None = None,
         progress: bool | None = None,
-        device: str | None = None,
+        device: DeviceName = None,
     ) -> _C:
         """Fit on the gallery and reference banks; returns ``self``.
 
@@ -190,6 +196,7 @@ class Correction:
             ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
         """
         self._validate_params()
+        given = gallery
         with use_device(device), checked_on_device(when=statistics is None):  # on a device: input checks there too
             gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
             request = self.statistics_request()
@@ -197,7 +204,7 @@ class Correction:
                 statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
             else:
                 check_statistics(statistics, gallery, query_bank, gallery_bank, request)
-        self._fit_arrays(gallery, statistics)
+        self._fit_arrays(gallery, statistics, own=is_own_copy(gallery, given))
         return self
 
     def fit_scores(
@@ -244,6 +251,7 @@ class Correction:
         """Fit from the bank statistics of ``gallery`` alone (no bank is read), e.g. statistics
         kept by a saved index or merged from distributed tiles; returns ``self``."""
         self._validate_params()
+        given = gallery
         gallery = as_embeddings(gallery, "gallery", normalize=self.normalize)
         if statistics.n_gallery != gallery.shape[0]:
             raise InvalidInput(f"statistics describe {statistics.n_gallery} gallery items; the gallery has {gallery.shape[0]}")
@@ -251,10 +259,16 @@ class Correction:
         missing = statistics.missing(self.statistics_request())
         if missing:
             raise InvalidInput("statistics lack " + "; ".join(missing))
-        self._fit_arrays(gallery, statistics)
+        self._fit_arrays(gallery, statistics, own=is_own_copy(gallery, given))
         return self
 
-    def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics) -> None:
+    def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics, *, own: bool = False) -> None:
+        """Keep ``gallery`` and the statistics; ``own``: the gallery is this correction's own
+        array (a copy the input checks made, the grown or shrunk gallery of an update), made
+        read-only, so a device keeps its copy between searches
+        (:func:`hubless.engine.torch_arrays.put`). The caller's own array is never changed."""
+        if own and gallery.flags.writeable:
+            gallery.flags.writeable = False
         self.gallery_ = gallery
         self.n_gallery_, self.dim_ = gallery.shape
         self._fit_statistics(statistics)
@@ -443,7 +457,7 @@ class Correction:
         return transform
 
     def search(
-        self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight
+        self, queries, top_k: int = 10, *, progress: bool | None = None, device: DeviceName = None, **weight
     ) -> tuple[np.ndarray, np.ndarray]:
         """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
 

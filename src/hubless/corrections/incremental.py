@@ -30,7 +30,7 @@ def add_items(corr: Correction, items, query_bank, gallery_bank, *, progress: bo
     corr.check_sizes(corr.n_gallery_ + items.shape[0], corr.statistics_.n_query_bank, corr.statistics_.n_gallery_bank)
     qb, gb = _update_banks(corr, query_bank, gallery_bank, required=True)
     stats = add_gallery_items(corr.statistics_, items, qb, gb, progress=progress)
-    corr._fit_arrays(np.concatenate([corr.gallery_, items]), stats)
+    corr._fit_arrays(np.concatenate([corr.gallery_, items]), stats, own=True)
 
 
 def remove_items(corr: Correction, ids, query_bank, gallery_bank, *, progress: bool | None) -> None:
@@ -46,7 +46,7 @@ def remove_items(corr: Correction, ids, query_bank, gallery_bank, *, progress: b
     corr.check_sizes(keep.size, corr.statistics_.n_query_bank, corr.statistics_.n_gallery_bank)
     qb, gb = _update_banks(corr, query_bank, gallery_bank, required=False)
     stats = remove_gallery_items(corr.statistics_, corr.gallery_, keep, qb, gb, progress=progress)
-    corr._fit_arrays(corr.gallery_[keep], stats)
+    corr._fit_arrays(corr.gallery_[keep], stats, own=True)
 
 
 def grow_bank(corr: Correction, new_items, side: str, *, progress: bool | None) -> None:

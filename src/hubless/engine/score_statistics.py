@@ -120,8 +120,11 @@ def _bank_pass(
     on_device = torch_device()
     if on_device is not None:  # the reductions on the device; the rows are read and checked here
         from hubless.engine import torch_passes
+        from hubless.engine.torch_arrays import block_budget
 
-        blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
+        # blocks of at most one device block budget (the device holds a few of them at once)
+        elements = min(SCORE_BLOCK_ELEMENTS, block_budget(on_device[0].split(",")[0]))
+        blocks = progress_bar(row_blocks(n_rows, n_cols, elements), progress, desc=name, unit="block")
         checked = ((start, read_rows(matrix, start, stop, name)) for start, stop in blocks)
         values, sums, act_scores, act_ids = torch_passes.score_bank_pass(
             checked, n_rows, n_cols, k=k, betas=betas, probes_out=None if sorted_rows is None else sorted_rows.values,

@@ -27,7 +27,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest, use_device
-from hubless.engine.device import checked_on_device
+from hubless.engine.device import DeviceName, checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
@@ -35,6 +35,7 @@ from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import Truth, TruthLike, load_truth
+from hubless.progress import progress_bar
 
 __all__ = ["Evaluation", "MethodResult", "evaluate"]
 
@@ -60,7 +61,7 @@ def evaluate(
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -128,7 +129,7 @@ def evaluate(
         }
         described.update(inputs or {})
         fit_seconds_each = [0.0 if kept else fit_seconds for kept in reuse]
-        return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
+        return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank, progress)
 
 
 def check_bootstrap(bootstrap: object) -> None:
@@ -147,17 +148,23 @@ def build_evaluation(
     seed: int,
     inputs: dict[str, JSONValue],
     bank: BankReport | None = None,
+    progress: bool | None = None,
 ) -> Evaluation:
     """The one place an :class:`Evaluation` is made from ranked results, whatever ranked them
     (embeddings, score matrices): each method's numbers (:func:`method_result`), then the change
     of every method against the first (the baseline) with paired bootstrap intervals (the same
-    resamples for every method)."""
-    results = [method_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
-    base = results[0]
-    for i, r in enumerate(results[1:], start=1):
-        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
-        delta = {m: float(d.mean()) for m, d in diffs.items()}
-        results[i] = dataclasses.replace(r, delta=delta, delta_ci95=bootstrap_ci(diffs, bootstrap, seed=seed) if bootstrap else {})
+    resamples for every method); a progress bar counts the methods (:mod:`hubless.progress`)."""
+    bar = progress_bar(None, progress, total=len(corrections), desc="metrics and intervals", unit="method")
+    results = []
+    for c, r, t in zip(corrections, ranked, fit_seconds):
+        results.append(method_result(c, r, t, truth, ks, bootstrap, seed))
+        if len(results) > 1:  # the change against the baseline, with its intervals
+            diffs = {m: results[-1].per_query[m] - results[0].per_query[m] for m in results[-1].per_query if m != "MdR"}
+            delta = {m: float(d.mean()) for m, d in diffs.items()}
+            ci95 = bootstrap_ci(diffs, bootstrap, seed=seed) if bootstrap else {}
+            results[-1] = dataclasses.replace(results[-1], delta=delta, delta_ci95=ci95)
+        bar.update(1)
+    bar.close()
     return Evaluation(inputs, results, tuple(ks), bank)
 
 

@@ -181,13 +181,13 @@ def split_location(uri: str, scheme: str, form: str) -> tuple[str, str]:
 
 
 def directory_lock(location: str, table: str):
-    """The writer lock of a store kept in a local directory: ``.<table>.lock`` in ``location``,
-    the same ``fcntl`` lock as a saved index's (:func:`hubless.index.lock.write_lock`; waits
-    ``HUBLESS_LOCK_TIMEOUT`` s, released on exit, also on kill -9). The lock file is made only
-    once the name has been checked, and stays (it is the lock; empty)."""
+    """The writer lock of a store kept in a local directory: ``.<table>.lock`` inside
+    ``location`` (resolved; there while held), the same ``fcntl`` lock as a saved index's
+    (:func:`hubless.index.lock.write_lock`: waits ``HUBLESS_LOCK_TIMEOUT`` s, released on exit,
+    also on kill -9), taken once the name has been checked."""
     from hubless.index.lock import write_lock
 
-    return write_lock(Path(location) / table)
+    return write_lock(location, create=True, name=f".{table}.lock")
 
 
 # ---------------------------------------------------------------------------------- the contract

@@ -37,7 +37,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -48,9 +48,13 @@ from hubless.index.faiss_build import DEFAULT_SPILL, plan_layout
 
 if TYPE_CHECKING:
     from hubless.corrections import AdditiveCorrection
-    from hubless.index.index import Index
+    from hubless.index.view import IndexView
 
 __all__ = ["candidate_factories", "estimate_bytes", "parse_size", "structure_bytes", "tune"]
+
+#: The index class :func:`tune` builds its candidates with (:class:`hubless.Index`): given, so
+#: the tuner depends on the read-only face of an index only.
+Built = TypeVar("Built", bound="IndexView")
 
 #: Galleries up to this size are served exactly (Flat): a scan is as fast as any ANN structure.
 FLAT_ONLY_BELOW = 5_000
@@ -180,14 +184,14 @@ def _knob_values(param: str | None, limit: int) -> list[int | None]:
     return list(values)
 
 
-def _search(index: Index, queries: np.ndarray, top_k: int, param: str | None, value: int | None) -> np.ndarray:
+def _search(index: IndexView, queries: np.ndarray, top_k: int, param: str | None, value: int | None) -> np.ndarray:
     """The ids of ``index``'s top ``top_k`` with its knob ``param`` (nprobe / ef_search) at ``value``."""
     nprobe = value if param == "nprobe" else None
     ef_search = value if param == "ef_search" else None
     return index.search(queries, top_k, nprobe=nprobe, ef_search=ef_search)[1]
 
 
-def _latency(index: Index, queries: np.ndarray, top_k: int, param: str | None, value: int | None, n_single: int) -> tuple[float, float]:
+def _latency(index: IndexView, queries: np.ndarray, top_k: int, param: str | None, value: int | None, n_single: int) -> tuple[float, float]:
     """(p50 ms of single-query searches, ms per query of one batch search)."""
     times = []
     for i in range(min(n_single, queries.shape[0])):
@@ -201,7 +205,7 @@ def _latency(index: Index, queries: np.ndarray, top_k: int, param: str | None, v
 
 
 def tune(
-    make: Callable[..., Index],
+    make: Callable[..., Built],
     correction: AdditiveCorrection,
     query_bank,
     *,
@@ -215,7 +219,7 @@ def tune(
     gallery_bank=None,
     keep_banks: bool = True,
     **options: Any,
-) -> Index:
+) -> Built:
     """An :class:`~hubless.index.Index` over the fitted ``correction`` with the factory and knob
     chosen for ``target_recall`` (see the module docstring), ``config.tuning`` recording the choice.
 
@@ -257,7 +261,7 @@ def tune(
     build_opts = {k: options[k] for k in ("rescore", "rescore_factor", "spill") if k in options}
 
     tried: list[dict[str, Any]] = []
-    best: tuple[tuple, Index, dict[str, Any]] | None = None
+    best: tuple[tuple, Built, dict[str, Any]] | None = None
     for factory, estimate in listed:
         entry: dict[str, Any] = {"factory": factory, "estimated_bytes": estimate}
         tried.append(entry)
@@ -332,6 +336,6 @@ def tune(
     return index
 
 
-def _built_of(index: Index):
+def _built_of(index: IndexView):
     snap = index._snap
     return None if snap.faiss is None else (snap.faiss, snap.layout)

@@ -23,6 +23,7 @@ Layout (format version 5)::
       versions/          with ``config.keep_versions`` = N > 0: v000012.json, the manifest of
                          each of the N latest versions as ``CURRENT`` held it (same header and
                          checksum); the files they name are kept (:mod:`hubless.index.versions`)
+      .hubless-lock      empty, while a writer holds the file lock (:mod:`hubless.index.lock`)
 
 A write appends one segment file and replaces ``CURRENT`` (both written, then fsynced together,
 then the rename, then the directory fsynced): the file it adds is the only one written, no

@@ -45,9 +45,9 @@ from hubless.index.faiss_build import (
 )
 from hubless.index.ids import check_ids
 from hubless.index.live import Snapshot
-from hubless.index.lock import write_lock
 from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
+from hubless.progress import stage
 
 __all__ = ["Index"]
 
@@ -206,14 +206,15 @@ class Index(IndexView):
             if gallery_bank is None or not keep_banks
             else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
         )
-        if target_recall is not None:
-            from hubless.index.autotune import tune
+        with stage("building the index structure" if target_recall is None else "choosing the index structure", progress):
+            if target_recall is not None:
+                from hubless.index.autotune import tune
 
-            index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
-                               factories=None if factory is None else [factory], gallery_bank=gallery_bank,
-                               keep_banks=keep_banks, **kwargs)  # fmt: skip
-        else:
-            index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+                index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
+                                   factories=None if factory is None else [factory], gallery_bank=gallery_bank,
+                                   keep_banks=keep_banks, **kwargs)  # fmt: skip
+            else:
+                index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error
         return index
 
@@ -256,7 +257,7 @@ class Index(IndexView):
             if ids is not None or where is None:
                 raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
             return self._write(lambda snap: writer.removed_where(snap, where, progress=progress))
-        ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
+        ids = np.unique(check_ids(np.asarray(ids).ravel() if np.size(ids) else np.zeros(0, np.int64)))  # repeated ids refused
         self._write(lambda snap: (writer.removed(snap, ids, progress=progress), None))
         return ids
 
@@ -407,12 +408,12 @@ class Index(IndexView):
             with hubless.Index.update("idx/") as index:
                 index.add(new_items, metadata)
 
-        Holds the index's write lock (:func:`hubless.index.lock.write_lock`; a second writer
-        waits up to ``timeout`` s) from loading to saving; the changes made in the block are
-        committed as one segment on leaving it, and nothing is written if the block raises.
+        Holds the index's write lock (:func:`hubless.index.directory.index_lock`; a second
+        writer waits up to ``timeout`` s) from loading to saving; the changes made in the block
+        are committed as one segment on leaving it, and nothing is written if the block raises.
         Readers keep loading the previous version meanwhile."""
         path = Path(path)
-        with write_lock(path, timeout=timeout):
+        with directory.index_lock(path, timeout=timeout):
             index = cls._open_locked(path, mmap=mmap)
             index._locked = True
             try:

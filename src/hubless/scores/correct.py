@@ -23,7 +23,7 @@ from hubless._io import mark_npz, open_marked_npy, umask_mode
 from hubless._validation import MISSING, check_top_k
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
 from hubless.corrections.scores import fit_on_scores
-from hubless.engine.device import torch_device, use_device
+from hubless.engine.device import DeviceName, torch_device, use_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
@@ -53,7 +53,7 @@ def correct_scores(
     ranking: bool = False,
     transpose: bool = False,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ):
     """The corrected scores of ``scores`` (queries x gallery) under ``method`` fitted on the bank
     score matrices (see the module docstring). Inputs are arrays, memory maps or file paths

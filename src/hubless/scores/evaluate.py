@@ -36,6 +36,7 @@ import numpy.typing as npt
 from hubless.corrections import Correction
 from hubless.corrections.scores import check_score_methods, fit_on_scores
 from hubless.engine import use_device
+from hubless.engine.device import DeviceName
 from hubless.engine.score_statistics import check_score_matrix
 from hubless.errors import InvalidInput
 from hubless.evaluation import Evaluation, JSONValue, prepare_methods
@@ -175,7 +176,7 @@ def evaluate_scores(
     transpose: bool = False,
     progress: bool | None = None,
     inputs: Mapping[str, JSONValue] | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> Evaluation:
     """Fit each method on the bank score matrices, rank the rows of ``scores`` and measure
     (R@K, MdR, MnR, MRR, mAP@R, paired bootstrap intervals, hubness), as
@@ -217,4 +218,6 @@ def evaluate_scores(
         "seed": int(seed),
     }
     described.update(inputs or {})
-    return build_evaluation(corrections, ranked, [fit_seconds] * len(corrections), data.truth, ks, bootstrap, seed, described)
+    return build_evaluation(
+        corrections, ranked, [fit_seconds] * len(corrections), data.truth, ks, bootstrap, seed, described, progress=progress
+    )

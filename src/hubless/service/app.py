@@ -54,6 +54,7 @@ from hubless.service import routes
 from hubless.service.body import BODY_MODELS
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
+from hubless.service.learning import make_learners
 from hubless.service.schemas import ItemsRequest, SearchRequest
 from hubless.service.settings import Keys, Limits, ServeSettings, Settings
 from hubless.service.state import ServiceState
@@ -117,6 +118,7 @@ def create_app(
     searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
                         reranker=reranker, rerank_k=rerank_k)  # fmt: skip
     service = ServiceState(searcher, settings=settings, query_problems=searcher.preload())
+    make_learners(service)  # --learn-bank: a learner per index named, started with the application
     app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
                docs_url=None, redoc_url=None, lifespan=_learning)  # fmt: skip
     app.state.service = service
@@ -183,6 +185,6 @@ class _App(FastAPI):
 
 
 def _version() -> str:
-    from hubless import __version__
+    from hubless._version import __version__
 
     return __version__

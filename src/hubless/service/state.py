@@ -35,7 +35,7 @@ class Served:
         self.hubness = None
         self.batcher = Batcher()
         self.sketch = ServedSketch(searcher.index(name).ntotal)
-        self.learner: Any = None  # a hubless.learning.BankLearner with --learn-bank (hubless.service.learning)
+        self.learner: Any = None  # a hubless.learning.BankLearner with --learn-bank (set by hubless.service.learning)
 
     @property
     def index(self):
@@ -95,9 +95,6 @@ class ServiceState:
             from hubless.service.audit import AuditLog
 
             self.audit = AuditLog(self.settings.audit_log)
-        from hubless.service.learning import make_learners
-
-        make_learners(self)
 
     @property
     def learners(self) -> dict:
