@@ -168,7 +168,7 @@ LAYERS = [
     {"hubless.engine", "hubless.metrics"},  # streamed GEMM statistics; retrieval metrics
     {"hubless.banks", "hubless.corrections"},
     {"hubless.index", "hubless.encoders"},
-    {"hubless.evaluation", "hubless.export", "hubless.rerank", "hubless.distributed"},
+    {"hubless.evaluation", "hubless.export", "hubless.rerank", "hubless.distributed", "hubless.learning"},
     {
         "hubless.tuning",
         "hubless.fairness",

@@ -139,6 +139,8 @@ def serve_command(
 
     settings = ServeSettings(**ctx.meta.get("hubless.serve", {}))  # every value checked here, keys read (and again per worker)
     host, proxies = settings.host, settings.trusted_proxies
+    if settings.learning.learn_bank and settings.workers > 1:
+        raise InvalidInput("--learn-bank commits new versions of the index: serve it with --workers 1")
     if not _is_loopback(host) and settings.api_key_file is None:
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
     for warning in transport_warnings(host, keys=settings.api_key_file is not None, tls=settings.tls_cert is not None, proxies=proxies):

@@ -124,6 +124,16 @@ class Directory:
         self.bind(reading.Loaded(snap, body, pointer.pointer_stamp(path)), base)
         return snap
 
+    def record(self, new: Snapshot) -> int:
+        """Write ``new`` as a new base and record it as a kept version that is not current (the
+        file lock is held; ``CURRENT`` is not touched: see :func:`hubless.index.disk.keep_version`).
+        Returns its number (never reused: its base's folder is on disk)."""
+        version = next_number(self.path, self.manifest)
+        snap = writer.compacted(new) if new.n_tail or new.n_dead else new
+        base_entry = disk.write_base(self.path, snap, version)
+        disk.keep_version(self.path, disk.manifest_for(snap, version, base_entry, []))
+        return version
+
     def catch_up(self) -> Snapshot | None:
         """Follow versions committed by other writers since ours: their segments are replayed
         when they extend our version (O(what they wrote)), else the index is loaded anew.

@@ -82,7 +82,7 @@ from hubless.index.metadata import Metadata, table_bytes
 from hubless.index.pointer import BASE_NAME, FORMAT, POINTER, SEGMENT_NAME, VERSION, names_in
 from hubless.index.versions import record_version
 
-__all__ = ["commit", "manifest_for", "segment_arrays", "state_arrays", "write_base", "write_delta"]
+__all__ = ["commit", "keep_version", "manifest_for", "segment_arrays", "state_arrays", "write_base", "write_delta"]
 
 #: The names of an index of an earlier format (3/4) that a save over it (``overwrite=True``) removes.
 _EARLIER_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
@@ -299,8 +299,7 @@ def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozens
     version written without their fsync (a write's segment), fsynced together with the new
     ``CURRENT`` before the rename (:func:`_fsync_together`). Then remove what neither it nor
     ``keep`` (the names the previous version used) names."""
-    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
-    header = {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}
+    header, text = _manifest_text(manifest)
     fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", suffix=".tmp", dir=path)
     others: list[int] = []
     try:
@@ -320,6 +319,21 @@ def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozens
     _fsync_dir(path)
     kept = record_version(path, manifest, header, text)
     _clean(path, keep | names_in(manifest) | kept)
+
+
+def _manifest_text(manifest: dict) -> tuple[dict, bytes]:
+    """(header, text) of a manifest as ``CURRENT`` and the version records hold it."""
+    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+    return {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}, text
+
+
+def keep_version(path: Path, manifest: dict) -> None:
+    """Record ``manifest`` (its base written) as a kept version that is not the current one:
+    ``CURRENT`` is not touched, so readers never see it, but it is listed, loaded and restored
+    by number like the others (:mod:`hubless.index.versions`; e.g. a refit its guard rejected,
+    :mod:`hubless.index.bank_swap`). Its files are kept as long as its record is."""
+    header, text = _manifest_text(manifest)
+    record_version(path, manifest, header, text)
 
 
 def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:

@@ -15,7 +15,8 @@ segment applied on load) and :func:`hubless.index.segments.commit_segments`.
 * :func:`with_metadata`: metadata changed, the rows written again at the end (no similarity).
 * :func:`replayed`: one saved write (a segment) applied: rows appended, rows marked dead,
   activation lists merged or replaced.
-* :func:`compacted` / :func:`with_bank_items`: a new base (the live items; a bank grown).
+* :func:`compacted` / :func:`with_bank_items` / :func:`rebased`: a new base (the live items; a
+  bank grown; biases changed).
 
 The shared state (activation sets, the live gallery sum) is kept exact, so after any sequence
 of writes searching the snapshot equals a fresh build over its live items (tested against a
@@ -51,6 +52,7 @@ __all__ = [
     "appended",
     "built",
     "compacted",
+    "rebased",
     "killed",
     "removed",
     "removed_where",
@@ -365,20 +367,28 @@ def compacted(snap: Snapshot) -> Snapshot:
 def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: bool | None = None) -> Snapshot:
     """The banks' ``side`` grown by ``items``: every item's statistics merge the new bank
     items in (n_items x n_new), so every bias changes: a new base."""
-    from hubless.index.faiss_build import refill_faiss
-
     snap.verify_mapped()
     corr = copy.copy(snap.correction)
     grow = incremental.add_query_bank if side == "query" else incremental.add_gallery_bank
     corr = grow(corr, items, progress=progress)
+    banks = dict(snap.banks)
+    if banks.get(f"{side}_bank") is not None:
+        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
+    return rebased(snap, corr, banks)
+
+
+def rebased(snap: Snapshot, corr: AdditiveCorrection, banks: dict) -> Snapshot:
+    """A new base of ``snap``'s live items, in order, fitted as ``corr`` (their biases changed:
+    a bank grown or replaced, :func:`hubless.index.bank_swap.with_query_bank`), holding
+    ``banks``: the FAISS structure refilled with its training kept (an HNSW graph kept when no
+    item changed)."""
+    from hubless.index.faiss_build import refill_faiss
+
     faiss_index, config = None, snap.config
     if snap.faiss is not None:
         same = snap.n_dead == 0 and snap.n_tail == 0
         faiss_index, layout = refill_faiss(snap.faiss, config.factory, corr.gallery_, augmented_rows(corr), snap.layout, same_items=same)
         config = _with_layout(config, layout)
-    banks = dict(snap.banks)
-    if banks.get(f"{side}_bank") is not None:
-        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
         corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=banks, metadata=meta,

@@ -8,11 +8,14 @@
     GET  /indexes             the served indexes (and what each can be queried with)
     GET  /indexes/{name}      one index: size, method, parameters, model, banks, format
     GET  /items/{name}/{id}   one item's metadata (/image: its image, from --image-root only)
-    GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, and the
-                              hubness of what was actually served
+    GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, the
+                              hubness of what was actually served, and with --learn-bank the
+                              learned bank over time (every refit, kept or rejected, and why)
     POST /items/{name}        add items (embeddings + metadata)      } writes: the write key;
     DELETE /items/{name}/{id} remove an item                         } saved atomically under the
     POST /bank/{name}         add query-bank queries (every bias)    } index's write lock; audited
+    POST /bank/{name}/refit   refit a learned bank now (--learn-bank)}
+    POST /bank/{name}/reset   forget the queries learned so far      }
     GET  /health              liveness, what is served, whether a key is needed
     GET  /                    the web page (static/: search, compare, weight, hubness)
     GET  /metrics             Prometheus: requests and latency per endpoint, served hubness
@@ -34,6 +37,7 @@ serving.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +54,7 @@ from hubless.service import routes
 from hubless.service.body import BODY_MODELS
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
+from hubless.service.learning import make_learners
 from hubless.service.schemas import ItemsRequest, SearchRequest
 from hubless.service.settings import Keys, Limits, ServeSettings, Settings
 from hubless.service.state import ServiceState
@@ -113,8 +118,9 @@ def create_app(
     searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
                         reranker=reranker, rerank_k=rerank_k)  # fmt: skip
     service = ServiceState(searcher, settings=settings, query_problems=searcher.preload())
+    make_learners(service)  # --learn-bank: a learner per index named, started with the application
     app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
-               docs_url=None, redoc_url=None)  # fmt: skip
+               docs_url=None, redoc_url=None, lifespan=_learning)  # fmt: skip
     app.state.service = service
     app.state.served, app.state.limits, app.state.telemetry = service.served, settings.limits, service.telemetry  # shortcuts (tests, tools)
     if settings.cors_origins:
@@ -126,6 +132,19 @@ def create_app(
     for module in (routes.ops, routes.indexes, routes.items, routes.queries, routes.page):
         app.include_router(module.router)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _learning(app: FastAPI):
+    """The bank learners (``--learn-bank``) run while the application does."""
+    learners = app.state.service.learners
+    for learner in learners.values():
+        learner.start()
+    try:
+        yield
+    finally:
+        for learner in learners.values():
+            learner.stop()
 
 
 class _App(FastAPI):

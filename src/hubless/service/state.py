@@ -1,7 +1,8 @@
 """What one application serves, held in ``app.state.service`` (:class:`ServiceState`): a
 :class:`hubless.search.Searcher` over the indexes (it encodes, searches, compares, reranks), the
 settings, the telemetry (its Prometheus metrics), and per index a :class:`Served` (its write
-lock, its search batcher, its cached bank hubness, the sketch of its served hubness)."""
+lock, its search batcher, its cached bank hubness, the sketch of its served hubness, its bank
+learner with ``--learn-bank``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Served:
         self.hubness = None
         self.batcher = Batcher()
         self.sketch = ServedSketch(searcher.index(name).ntotal)
+        self.learner: Any = None  # a hubless.learning.BankLearner with --learn-bank (set by hubless.service.learning)
 
     @property
     def index(self):
@@ -45,11 +47,15 @@ class Served:
     def path(self):
         return self.searcher.paths[self.name]
 
-    def run(self, index, queries, top_k: int, **options):
+    def run(self, index, queries, top_k: int, *, learn_from: str | None = None, **options):
         """The corrected search, batched with concurrent requests (the searcher's ``runner``),
-        its results counted in the served-hubness sketch."""
+        its results counted in the served-hubness sketch. ``learn_from``: the client that sent
+        ``queries``, whose embeddings go to the bank learner (``--learn-bank``): the one place
+        the service taps the queries it answers (None: not learned, e.g. an item query)."""
         scores, ids = self.batcher.search(index, queries, top_k, options)
         self.sketch.add(ids, index.ntotal)
+        if learn_from is not None and self.learner is not None:
+            self.learner.observe(queries, learn_from)
         return scores, ids
 
     def write(self, change):
@@ -89,6 +95,11 @@ class ServiceState:
             from hubless.service.write_log import WriteLog
 
             self.write_log = WriteLog(self.settings.audit_log)
+
+    @property
+    def learners(self) -> dict:
+        """Index name -> its bank learner (``--learn-bank``)."""
+        return {name: s.learner for name, s in self.served.items() if s.learner is not None}
 
     @property
     def limits(self):

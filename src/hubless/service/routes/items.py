@@ -4,6 +4,8 @@
 /items/{name}/{id}`` (remove), ``POST /items/{name}/delete`` (remove by ids or a ``where``
 filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
 no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated),
+``POST /bank/{name}/refit`` and ``POST /bank/{name}/reset`` (a learned bank, ``--learn-bank``:
+refit now, or forget the queries learned so far),
 ``POST /versions/{name}/{version}/restore`` (make a kept version current again). A write is all or nothing and committed at once as one segment under the index's
 write lock (see :class:`hubless.service.state.Served`), then appended to the write log."""
 
@@ -13,7 +15,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
 
-from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
+from hubless.service.answers import BankAdded, BankLearned, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
 from hubless.service.body import json_body, read_json
 from hubless.service.convert import check_count, rows, summary
 from hubless.service.deps import ServiceDep, check_id, get_served, record_write, writable
@@ -94,6 +96,32 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
     s.write(lambda index: index.add_query_bank(new))
     record_write(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
+
+
+@router.post("/bank/{name}/refit", response_model=BankLearned, response_model_exclude_unset=True)
+def refit_bank(name: str, request: Request, service: ServiceDep) -> dict:
+    """Refit a learned bank now (``--learn-bank``; write key): admit what is queued, refit,
+    judge, and adopt or reject; answers the decision (none when there are too few queries)."""
+    s = _learning(service, name)
+    s.learner.admit()
+    decision = s.learner.refit()  # audited by the learner's on_decision when it decides
+    return {**summary(s), "decision": decision}
+
+
+@router.post("/bank/{name}/reset", response_model=BankLearned, response_model_exclude_unset=True)
+def reset_bank(name: str, request: Request, service: ServiceDep) -> dict:
+    """Forget every query a learned bank holds (its seed stays; the index keeps its version)."""
+    s = _learning(service, name)
+    reservoir = s.learner.reset()
+    record_write(service, request, name, {"learned_bank_reset": True})
+    return {**summary(s), "reservoir": reservoir}
+
+
+def _learning(service: ServiceState, name: str):
+    s = writable(service, name)
+    if s.learner is None:
+        raise HTTPException(409, f"{s.name!r} does not learn its bank: serve it with --learn-bank {s.name}")
+    return s
 
 
 @router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest), response_model=ItemsDeleted, response_model_exclude_unset=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
 from typing import Annotated, Any
 
@@ -24,6 +25,7 @@ from hubless.service.body import check_content_type, json_body, parse_json
 from hubless.service.convert import check_count, rows
 from hubless.service.deps import ServiceDep, get_served, only_index
 from hubless.service.guard import BodyTooLarge
+from hubless.service.learning import client_of
 from hubless.service.schemas import MAX_WEIGHT, TOP_K_HELP, SearchRequest
 from hubless.service.state import Served, ServiceState
 
@@ -51,14 +53,14 @@ async def search(http: Request, service: ServiceDep) -> FastJSON:
 
     check_content_type(http)
     raw = await http.body()
-    return await run_in_threadpool(_parse_and_search, raw, service)
+    return await run_in_threadpool(_parse_and_search, raw, service, client_of(http.scope))
 
 
-def _parse_and_search(raw: bytes, service: ServiceState) -> FastJSON:
-    return _search(parse_json(raw, SearchRequest, service.body_shape), service)
+def _parse_and_search(raw: bytes, service: ServiceState, client: str | None = None) -> FastJSON:
+    return _search(parse_json(raw, SearchRequest, service.body_shape), service, client)
 
 
-def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
+def _search(request: SearchRequest, service: ServiceState, client: str | None = None) -> FastJSON:
     s = get_served(service, request.index if request.index is not None else only_index(service))
     limits = service.limits
     exactly_one({k: getattr(request, k) for k in ("embeddings", "embeddings_b64", "texts", "images", "item")})  # 422
@@ -81,9 +83,10 @@ def _search(request: SearchRequest, service: ServiceState) -> FastJSON:
         check_count(request.images, limits, "queries")
         images = [_image(b, i) for i, b in enumerate(request.images)]
     n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images or [])
+    learn_from = None if request.item is not None else client  # an item query is a gallery item, not a query: not learned
     return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
                             dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
-                            weight=request.weight, where=request.where, version=request.version))  # fmt: skip
+                            weight=request.weight, where=request.where, version=request.version, learn_from=learn_from))  # fmt: skip
 
 
 @router.post("/search/binary", response_class=FastJSON, response_model=SearchAnswer)
@@ -105,7 +108,7 @@ async def search_binary(
         raise
     embeddings = _float32_rows(raw, s, service.limits, "the body")
     return FastJSON(await run_in_threadpool(_answer, service, s, embeddings.shape[0], top_k, compare, False,
-                                            dict(embeddings=embeddings), weight=weight, where=None))  # fmt: skip
+                                            dict(embeddings=embeddings), weight=weight, where=None, learn_from=client_of(request.scope)))  # fmt: skip
 
 
 def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compare: bool, rerank: bool, queries: dict, **options) -> dict:
@@ -120,7 +123,9 @@ def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compar
             f"{n_queries} queries x top_k {top_k}{' x 2 (compare)' if compare else ''} = {hits} results exceed the limit max_result_hits={limits.max_result_hits}",
         )
     omp_threads_for(n_queries)  # this worker thread's FAISS team (compare's search runs here)
-    result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=s.run, **options)
+    learn_from = options.pop("learn_from", None)  # --learn-bank: the client whose queries Served.run passes to the learner
+    runner = s.run if learn_from is None else functools.partial(s.run, learn_from=learn_from)
+    result = service.searcher.search(s.name, **queries, top_k=top_k, compare=compare, rerank=rerank, runner=runner, **options)
     current = s.searcher.index(s.name)
     if getattr(current, "read_only", False):  # an attached collection's or a store's search runs outside s.run: counted here
         s.sketch.add(result.ids, current.ntotal)
