@@ -21,6 +21,7 @@ from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
+from hubless.engine.duplicates import find_duplicates
 from hubless.errors import InvalidInput
 
 __all__ = [
@@ -102,10 +103,11 @@ def fit_shared(
         if first is None and also is not None:
             request = request.merge(also)
         g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank, use_query_bank=first is None and also is not None)
+        duplicates = find_duplicates(g)  # once for every correction of the group
         with use_device(device):  # where the block products run (see hubless.engine.device)
-            stats = compute_statistics(g, b, gb, request, progress=progress)
+            stats = compute_statistics(g, b, gb, request, progress=progress, gallery_duplicates=duplicates)
         for c in group:
-            c._fit_arrays(g, stats)
+            c._fit_arrays(g, stats, duplicates)
         first = stats if first is None else first
     assert first is not None  # at least one group
     return list(items), first
