@@ -31,6 +31,7 @@ queries with them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,7 @@ HASH_ELEMENTS = 1 << 20
 _MULTIPLIERS = np.random.default_rng(0x6875626C657373).integers(1, 2**63, size=4096, dtype=np.uint64) | np.uint64(1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Duplicates:
     """The exact duplicate rows of an array of ``n`` rows: ``copies`` (sorted int64), the rows
     equal to an earlier row, and ``firsts``, the first (lowest) row equal to each. Every row
@@ -70,10 +71,11 @@ class Duplicates:
         at = np.minimum(np.searchsorted(self.copies, ids), self.copies.size - 1)
         return np.where(self.copies[at] == ids, self.firsts[at], ids)
 
-    def members(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    @functools.cached_property
+    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The groups of equal rows that have copies: ``(heads, indptr, rows)``, each head (a
         first copy, sorted) with its rows ``rows[indptr[i]:indptr[i + 1]]`` in index order, the
-        head first."""
+        head first (worked out once, on first use)."""
         order = np.lexsort((self.copies, self.firsts))
         heads, starts, counts = np.unique(self.firsts[order], return_index=True, return_counts=True)
         indptr = np.zeros(heads.size + 1, dtype=np.int64)
@@ -117,7 +119,7 @@ class Duplicates:
         before its copies, so every group in that top-k has its first copy in the lists."""
         if not self:
             return values[:, :k], ids[:, :k]
-        heads, indptr, rows = self.members()
+        heads, indptr, rows = self.groups
         group_size = np.diff(indptr)
         n_rows, width = ids.shape
         out_values = np.full((n_rows, k), -np.inf, dtype=values.dtype)
@@ -151,7 +153,7 @@ class Duplicates:
         then no rule could order them alike on every machine.)"""
         if not self or not ids.size:
             return values, ids
-        heads, indptr, rows = self.members()
+        heads, indptr, rows = self.groups
         flat_ids, flat_values = ids.ravel(), values.ravel()
         root = self.first_of(flat_ids)
         at = np.minimum(np.searchsorted(heads, root), heads.size - 1)
