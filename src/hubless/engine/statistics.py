@@ -12,11 +12,13 @@ one streamed pass per bank, not one per method or per parameter value:
 * query bank x gallery (and gallery bank x gallery): the top-k_a gallery items of every bank
   item, whose union is the activation set of the dynamic variants (DIS, DualDIS).
 
-Exact duplicate rows (:mod:`hubless.engine.duplicates`) get identical statistics: a copy of a
-gallery item its first copy's top-k, log-sum-exps and probes, so copies get identical biases
-whatever the BLAS rounded where they fell in its blocks; each bank item's nearest gallery items
-name copies in index order; a copy of a bank item gets its first copy's nearest gallery items
-(:func:`tie_copies`, which a correction applies again when it is fitted from statistics).
+Exact duplicate gallery rows (:mod:`hubless.engine.duplicates`) get identical statistics: a copy
+its first copy's top-k, log-sum-exps and probes, so copies get identical biases whatever the BLAS
+rounded where they fell in its blocks, and each bank item's nearest gallery items name copies in
+index order (:func:`tie_copies`, which a correction applies again when it is fitted from
+statistics, so a distributed or incremental fit too). A copy of a bank item needs no rule: it
+only adds its similarities to each gallery item's statistics and has nearest gallery items of
+its own (the same items, their similarities possibly a last bit apart), so it decides no tie.
 
 Every pass runs in fixed blocks (``stream_reduce(..., fixed_blocks=True)``), so the statistics
 are bitwise the same on any number of cores, and a tiled fit whose shards start on block
@@ -237,9 +239,7 @@ def compute_statistics(
     (new gallery items against stored banks): then the banks are only read by the similarity
     pass the request needs, not averaged again (an O(bank) step a 1-row write would pay).
     ``gallery_duplicates``: the exact duplicate rows of ``gallery`` when they are known (found here
-    otherwise); every copy of a gallery item gets its first copy's statistics
-    (:func:`tie_copies`), and without ``bank_means`` (a pass that reads the banks whole) every
-    copy of a bank item its first copy's nearest gallery items.
+    otherwise); every copy of a gallery item gets its first copy's statistics (:func:`tie_copies`).
     """
     on_device = torch_device()
     if on_device is None:
@@ -252,8 +252,7 @@ def compute_statistics(
 
         with torch_arrays.resident():  # each array is uploaded once for all the passes
             stats = _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, fused=True)
-    stats = tie_copies(stats, find_duplicates(gallery) if gallery_duplicates is None else gallery_duplicates)
-    return stats if bank_means is not None else _tie_bank_copies(stats, query_bank, gallery_bank)  # stored banks: not read again
+    return tie_copies(stats, find_duplicates(gallery) if gallery_duplicates is None else gallery_duplicates)
 
 
 def tie_copies(stats: BankStatistics, duplicates: Duplicates) -> BankStatistics:
@@ -283,22 +282,6 @@ def tie_copies(stats: BankStatistics, duplicates: Duplicates) -> BankStatistics:
             changes[f"{side}_activation_scores"], changes[f"{side}_activation"] = relabel(getattr(stats, f"{side}_activation_scores"), ids)
     if stats.query_nearest is not None:
         changes["query_nearest"] = duplicates.first_of(stats.query_nearest)  # one nearest item: the group's first
-    return _changed(stats, changes)
-
-
-def _tie_bank_copies(stats: BankStatistics, query_bank: np.ndarray | None, gallery_bank: np.ndarray | None) -> BankStatistics:
-    """``stats`` with every exact copy of a bank item given its first copy's nearest gallery
-    items (activation sets, the nearest item and their similarities)."""
-    changes: dict = {}
-    for bank, names in (
-        (query_bank, ("query_activation", "query_activation_scores", "query_nearest", "query_nearest_scores")),
-        (gallery_bank, ("gallery_activation", "gallery_activation_scores")),
-    ):
-        present = [name for name in names if getattr(stats, name) is not None]
-        if bank is None or not present:
-            continue
-        duplicates = find_duplicates(bank)
-        changes.update({name: duplicates.spread(getattr(stats, name)) for name in present})
     return _changed(stats, changes)
 
 
