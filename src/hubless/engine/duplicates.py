@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Duplicates", "find_duplicates", "NO_DUPLICATES"]
+__all__ = ["Duplicates", "find_duplicates", "NO_DUPLICATES", "row_hashes"]
 
 #: Rows hashed per step of :func:`find_duplicates` (bounds its temporaries, about 8 MiB).
 HASH_ELEMENTS = 1 << 20
@@ -180,6 +180,22 @@ class Duplicates:
 NO_DUPLICATES = Duplicates(0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
+def row_hashes(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of ``rows`` (n, d) float32, uint64: equal rows (-0.0 equal to
+    +0.0) always get equal hashes, on any machine and wherever they sit (integer arithmetic,
+    no rounding: sum_j bits(x_j) * m_j mod 2^64 with fixed odd multipliers m_j); unequal rows
+    rarely do, so an equal hash is confirmed by comparing the rows."""
+    rows = np.asarray(rows, dtype=np.float32)
+    n, d = rows.shape
+    multipliers = np.resize(_MULTIPLIERS, d)
+    hashes = np.empty(n, dtype=np.uint64)
+    step = max(1, HASH_ELEMENTS // max(1, d))
+    for s in range(0, n, step):
+        bits = (rows[s : s + step] + np.float32(0)).view(np.uint32)  # -0.0 + 0 is +0.0: equal rows, equal bits
+        hashes[s : s + step] = (bits * multipliers).sum(axis=1)  # uint64 wraps: a hash mod 2^64
+    return hashes
+
+
 def find_duplicates(rows: np.ndarray) -> Duplicates:
     """The exact duplicate rows of ``rows`` (n, d) float32 (equal values: -0.0 equals +0.0),
     in one pass over them (see the module docstring). Rows of no coordinates (d = 0, a
@@ -188,12 +204,7 @@ def find_duplicates(rows: np.ndarray) -> Duplicates:
     if n < 2 or rows.ndim != 2 or rows.shape[1] == 0:
         return Duplicates(n, NO_DUPLICATES.copies, NO_DUPLICATES.firsts)
     d = rows.shape[1]
-    multipliers = np.resize(_MULTIPLIERS, d)
-    hashes = np.empty(n, dtype=np.uint64)
-    step = max(1, HASH_ELEMENTS // d)
-    for s in range(0, n, step):
-        bits = (rows[s : s + step] + np.float32(0)).view(np.uint32)  # -0.0 + 0 is +0.0: equal rows, equal bits
-        hashes[s : s + step] = (bits * multipliers).sum(axis=1)  # uint64 wraps: a hash mod 2^64
+    hashes = row_hashes(rows)
     order = np.argsort(hashes, kind="stable")
     sorted_hashes = hashes[order]
     repeated = np.zeros(n, dtype=bool)
