@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from hubless.cli.main import app
-from tests.conftest import unit_rows
+from tests.conftest import needs_shared, unit_rows
 
 #: The fuzz's examples: the same every run and in every checkout (derandomize's seed depends
 #: on the test file's path).
@@ -184,7 +184,7 @@ def test_every_command_works_or_says_what_is_wrong_in_one_line(pool, tmp_path_fa
     assert len(worked) >= len(BASE) // 2 and sum(n for (_, code), n in seen.items() if code == 0) >= 25, sorted(seen.items())
 
 
-@pytest.mark.parametrize("name", sorted(BASE))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_shared("visogender")) if n == "data visogender" else n for n in sorted(BASE)])
 def test_each_command_s_working_invocation_works(pool, tmp_path, monkeypatch, name):
     """The fuzz's starting points, unchanged: each command does its job (so the fuzz's changes
     start from work that succeeds)."""

@@ -83,10 +83,9 @@ def visogender_command(
     import csv
 
     from hubless._atomic import atomic_open, save_npy
-    from hubless.data.fairness import synthetic_embeddings, visogender_table
+    from hubless.data.fairness import visogender_audit_data
 
-    rows, queries = visogender_table()
-    gallery, q, bank = synthetic_embeddings(rows, queries, "occupation", {"gender": "masculine"}, bias=bias, dim=dim, seed=seed)
+    rows, queries, gallery, q, bank = visogender_audit_data(bias=bias, dim=dim, seed=seed)  # the options checked first
     out.mkdir(parents=True, exist_ok=True)
     for name, table in (("gallery_meta.csv", rows), ("query_meta.csv", queries)):
         with atomic_open(out / name) as fh:

@@ -11,7 +11,7 @@ from hubless.cli._common import METHOD_HELP, NORMALIZE_HELP, OVERWRITE_HELP
 
 TIES_HELP = (
     "How tied scores rank: index (the lower gallery index first, hubless's rule), average (the mean of the tied positions: "
-    "the collaborative-experts metric of the QB-Norm tables) or optimistic (a tied relevant item first)."
+    "the collaborative-experts metric of the QB-Norm tables) or optimistic (tied relevant items first); several relevant items tied together never cost a hit."
 )
 TRANSPOSE_HELP = (
     "Every score matrix is stored the other way round (gallery x queries, e.g. a text x video matrix evaluated video->text; "

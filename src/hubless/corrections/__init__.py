@@ -31,6 +31,7 @@ from hubless.corrections.saved import load_correction
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
 from hubless.engine.device import DeviceName
+from hubless.engine.duplicates import find_duplicates
 from hubless.errors import InvalidInput
 
 __all__ = [
@@ -115,10 +116,11 @@ def fit_shared(
         if first is None and also is not None:
             request = request.merge(also)
         g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank, use_query_bank=first is None and also is not None)
+        duplicates = find_duplicates(g)  # once for every correction of the group
         with use_device(device):  # where the block products run (see hubless.engine.device)
-            stats = compute_statistics(g, b, gb, request, progress=progress)
+            stats = compute_statistics(g, b, gb, request, progress=progress, gallery_duplicates=duplicates)
         for c in group:
-            c._fit_arrays(g, stats, own=is_own_copy(g, gallery))
+            c._fit_arrays(g, stats, duplicates, own=is_own_copy(g, gallery))
         first = stats if first is None else first
     assert first is not None  # at least one group
     return list(items), first

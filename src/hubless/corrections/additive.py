@@ -137,7 +137,9 @@ class AdditiveCorrection(Correction):
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         self._fit_gates(statistics)
-        self.bias_columns_ = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
+        columns = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
+        # exact copies get their first copy's bias, whatever a product of the rows (DN's mu_B . r) rounded
+        self.bias_columns_ = self.gallery_duplicates_.spread(columns)
 
     def _checked_columns(self, cols, n_rows: int) -> np.ndarray:
         cols = np.asarray(cols, dtype=np.float32)

@@ -48,6 +48,8 @@ from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
 from hubless.engine.device import DeviceName, checked_on_device, torch_device
+from hubless.engine.duplicates import Duplicates, find_duplicates
+from hubless.engine.statistics import tie_copies
 from hubless.errors import AlreadyExists, InvalidInput, InvalidType, NotFitted
 from hubless.hits import Hits
 
@@ -226,11 +228,14 @@ class Correction:
         with use_device(device), checked_on_device(when=statistics is None):  # on a device: input checks there too
             gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
             request = self.statistics_request()
+            duplicates = find_duplicates(gallery)
             if statistics is None:
-                statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
+                statistics = compute_statistics(
+                    gallery, query_bank, gallery_bank, request, progress=progress, gallery_duplicates=duplicates
+                )
             else:
                 check_statistics(statistics, gallery, query_bank, gallery_bank, request)
-        self._fit_arrays(gallery, statistics, own=is_own_copy(gallery, given))
+        self._fit_arrays(gallery, statistics, duplicates, own=is_own_copy(gallery, given))
         return self
 
     def _fit_from_statistics(self: _C, gallery, statistics: BankStatistics) -> _C:
@@ -254,15 +259,22 @@ class Correction:
                 "to search or update it"
             )
 
-    def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics, *, own: bool = False) -> None:
-        """Keep ``gallery`` and the statistics; ``own``: the gallery is this correction's own
-        array (a copy the input checks made, the grown or shrunk gallery of an update), made
-        read-only, so a device keeps its copy between searches
+    def _fit_arrays(
+        self, gallery: np.ndarray, statistics: BankStatistics, duplicates: Duplicates | None = None, *, own: bool = False
+    ) -> None:
+        """Fit from ``statistics`` of ``gallery``; ``duplicates``: its exact duplicate rows when
+        known (found here otherwise). Every copy gets its first copy's statistics
+        (:func:`~hubless.engine.statistics.tie_copies`), so copies get identical biases. ``own``:
+        the gallery is this correction's own array (a copy the input checks made, the grown or
+        shrunk gallery of an update), made read-only, so a device keeps its copy between searches
         (:func:`hubless.engine.torch_arrays.put`). The caller's own array is never changed."""
         if own and gallery.flags.writeable:
             gallery.flags.writeable = False
         self.gallery_ = gallery
         self.n_gallery_, self.dim_ = gallery.shape
+        #: the gallery's exact duplicate rows: each copy scores as its first copy (:mod:`hubless.engine.duplicates`)
+        self.gallery_duplicates_ = find_duplicates(gallery) if duplicates is None else duplicates
+        statistics = tie_copies(statistics, self.gallery_duplicates_)
         self._fit_statistics(statistics)
         #: the bank statistics this correction uses (views of the ones given), kept for updates
         self.statistics_ = statistics.restricted(self.statistics_request())
@@ -328,7 +340,7 @@ class Correction:
             return None
         if batch.statistics is None or not batch.statistics.satisfies(request):
             depth = min(request.depth, self.n_gallery_)
-            scores, ids = exact_search(batch.vectors, self.gallery_, depth, progress=progress)
+            scores, ids = exact_search(batch.vectors, self.gallery_, depth, progress=progress, duplicates=self.gallery_duplicates_)
             batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
         return batch.statistics
 
@@ -372,6 +384,7 @@ class Correction:
         # The ranking by the same streamed blocks as search(), so both see bitwise equal values
         # and order every query identically (ties to the lower index), duplicate rows included.
         stream_reduce(batch.vectors, self.gallery_, [Dense(out)], transform=self._block_transform(batch))
+        self.gallery_duplicates_.fill_columns(out)  # each copy its first copy's score, as search() gives it
         rows = max(1, SCORE_BLOCK_ELEMENTS // self.n_gallery_)
         for start in range(0, len(batch), rows):
             out[start : start + rows] = self.method_scores(batch.rows(start, start + rows), out[start : start + rows])
@@ -395,12 +408,14 @@ class Correction:
         (it unpacks as ``scores, ids``).
 
         Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64
-        (gallery row positions); ties are broken by the lower gallery index. A ``top_k`` beyond
-        the gallery keeps the width: the slots past the gallery come last, not ``found``, with id
-        -1 and score -inf (the one top-k rule, :func:`hubless._validation.check_top_k`). Methods
-        with a weight parameter take ``weight=`` here to override the fitted value without
-        refitting, as a scalar or one value per query (``NNN.search(q, weight=0.5)``; the old
-        ``alpha=`` / ``lam=`` warn until 0.2.0). ``device``: as in :meth:`fit`.
+        (gallery row positions); ties are broken by the lower gallery index, and an exact copy
+        of a gallery row scores as its first copy (so copies come in index order on any machine).
+        A ``top_k`` beyond the gallery keeps the width: the slots past the gallery come last, not
+        ``found``, with id -1 and score -inf (the one top-k rule,
+        :func:`hubless._validation.check_top_k`). Methods with a weight parameter take ``weight=``
+        here to override the fitted value without refitting, as a scalar or one value per query
+        (``NNN.search(q, weight=0.5)``; the old ``alpha=`` / ``lam=`` warn until 0.2.0).
+        ``device``: as in :meth:`fit`.
         """
         with use_device(device), checked_on_device():  # on a device: the query check there, its upload searched
             batch = self.queries(queries, **weight)
@@ -414,6 +429,7 @@ class Correction:
                 transform=self._block_transform(batch),
                 additive=additive,
                 progress=progress,
+                duplicates=self.gallery_duplicates_,
             )
         return Hits.padded(*pad_top_k(self.method_scores(batch, ranking), ids, top_k))
 

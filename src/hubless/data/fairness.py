@@ -24,6 +24,7 @@ __all__ = [
     "relevance_by_column",
     "sispi_table",
     "synthetic_embeddings",
+    "visogender_audit_data",
     "visogender_table",
 ]
 
@@ -101,6 +102,28 @@ class FairnessData:
     query_bank: np.ndarray
 
 
+def _check_options(*, bias: float, dim: int, n_query_bank: int, noise: float, hub_strength: float, seed: int) -> tuple[int, int, int]:
+    """The options of :func:`synthetic_embeddings`, checked: (dim, n_query_bank, seed)."""
+    dim, n_query_bank = check_positive_int(dim, "dim"), check_positive_int(n_query_bank, "n_query_bank")
+    if not all(np.isfinite(v) for v in (bias, noise, hub_strength)):
+        raise InvalidInput(f"bias, noise and hub_strength must be finite; got {bias}, {noise}, {hub_strength}")
+    return dim, n_query_bank, check_seed(seed)
+
+
+def visogender_audit_data(
+    *, bias: float = 0.5, dim: int = 64, seed: int = 0, root: str | os.PathLike | None = None
+) -> tuple[list[dict], list[dict], np.ndarray, np.ndarray, np.ndarray]:
+    """The VisoGender metadata (:func:`visogender_table`) with seeded synthetic embeddings whose
+    neutral queries lean ``bias`` towards "masculine" (:func:`synthetic_embeddings`): (gallery
+    rows, query rows, gallery, queries, query bank), what ``hubless data visogender`` writes. The
+    options are checked before the metadata is read, so a wrong one is named even where the
+    VisoGender files are missing."""
+    _check_options(bias=bias, dim=dim, n_query_bank=2000, noise=0.6, hub_strength=0.6, seed=seed)
+    rows, queries = visogender_table(root)
+    gallery, q, bank = synthetic_embeddings(rows, queries, "occupation", {"gender": "masculine"}, bias=bias, dim=dim, seed=seed)
+    return rows, queries, gallery, q, bank
+
+
 def synthetic_embeddings(
     gallery_rows: list[dict],
     query_rows: list[dict],
@@ -120,10 +143,10 @@ def synthetic_embeddings(
     unit(topic + ``bias`` x the favoured directions + small noise). ``attributes`` maps an
     attribute column to its favoured value (e.g. {"gender": "masculine"}). Returns
     (gallery, queries, query_bank); the bank holds queries of the same form for unseen topics."""
-    dim, n_query_bank = check_positive_int(dim, "dim"), check_positive_int(n_query_bank, "n_query_bank")
-    if not all(np.isfinite(v) for v in (bias, noise, hub_strength)):
-        raise InvalidInput(f"bias, noise and hub_strength must be finite; got {bias}, {noise}, {hub_strength}")
-    rng = np.random.default_rng(check_seed(seed))
+    dim, n_query_bank, seed = _check_options(
+        bias=bias, dim=dim, n_query_bank=n_query_bank, noise=noise, hub_strength=hub_strength, seed=seed
+    )
+    rng = np.random.default_rng(seed)
 
     def unit(x):
         return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hubless.engine.device import torch_device
+from hubless.engine.duplicates import Duplicates, find_duplicates
 from hubless.engine.stream import TopK, Transform, stream_reduce
 
 __all__ = ["exact_search"]
@@ -18,6 +19,7 @@ def exact_search(
     transform: Transform | None = None,
     additive: tuple[np.ndarray, np.ndarray] | None = None,
     progress: bool | None = None,
+    duplicates: Duplicates | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` gallery items of each query by inner product, best first.
 
@@ -35,20 +37,45 @@ def exact_search(
     results come back). Any other transform is applied on the host to blocks computed on the
     device. On numpy, ``transform`` ranks (``additive`` only describes it).
 
+    Exact duplicate gallery rows (``duplicates``: found here when not given, one pass over the
+    gallery; a fitted correction keeps its gallery's) score as their first copy: each copy is
+    left out of the blocks' top-k and put back right after its first copy with its score
+    (:mod:`hubless.engine.duplicates`), so copies tie exactly, in index order, whatever block of
+    columns and BLAS kernel computed them.
+
     Returns ``(scores, ids)``: float32 and int64 arrays of shape (n_queries, top_k).
     """
+    duplicates = find_duplicates(gallery) if duplicates is None else duplicates
     on_device = torch_device()
     if on_device is not None and (transform is None or additive is not None):
         from hubless.engine import torch_passes
 
-        return torch_passes.exact_search(queries, gallery, top_k, additive=additive, device=on_device[0], dtype=on_device[1])
+        masked = duplicates.copies if duplicates else None
+        values, ids = torch_passes.exact_search(
+            queries, gallery, top_k, additive=additive, device=on_device[0], dtype=on_device[1], masked=masked
+        )
+        return duplicates.expand_top_k(values, ids, top_k)
     result = TopK(queries.shape[0], top_k, with_ids=True)
     stream_reduce(
         queries,
         gallery,
         [result],
-        transform=transform,
+        transform=_without_copies(transform, duplicates),
         progress=progress,
         desc="search",
     )
-    return result.values, result.ids_
+    return duplicates.expand_top_k(result.values, result.ids_, top_k)
+
+
+def _without_copies(transform: Transform | None, duplicates: Duplicates) -> Transform | None:
+    """``transform`` followed by the copies' columns of each block set to -inf (left out of the
+    top-k; :meth:`~hubless.engine.duplicates.Duplicates.expand_top_k` puts them back)."""
+    if not duplicates:
+        return transform
+
+    def rewrite(sims: np.ndarray, r0: int, r1: int, c0: int, c1: int) -> None:
+        if transform is not None:
+            transform(sims, r0, r1, c0, c1)
+        sims[:, duplicates.column_mask(c0, c1)] = -np.inf
+
+    return rewrite

@@ -190,17 +190,20 @@ def exact_search(
     additive: tuple[np.ndarray, np.ndarray] | None,
     device: str,
     dtype: str,
+    masked: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` gallery items of each query on the device, by ``q . r`` or, with
     ``additive = (W, bias_columns)``, by the corrected ``q . r - W(q) . bias_columns(r)``
     (ties: the lower id). The gallery and its biases stay on the device between calls; only
-    the queries, W and the (scores, ids) move. Several devices split the queries."""
+    the queries, W and the (scores, ids) move. Several devices split the queries. ``masked``:
+    sorted gallery ids left out (their scores -inf: the copies of exact duplicate rows, put
+    back by :func:`hubless.engine.exact_search`)."""
     parts = device_parts(device, queries.shape[0])
     if parts is not None:
 
         def part(dev: str, a: int, b: int):
             share = None if additive is None else (additive[0][a:b], additive[1])
-            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype)
+            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype, masked=masked)
 
         results = on_parts(parts, part)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
@@ -221,8 +224,26 @@ def exact_search(
             def transform(block, r0, r1, c0, c1):
                 block.sub_(products(w[r0:r1], bias[c0:c1]))
 
+    if masked is not None and masked.size:
+        transform = _masking(transform, masked, dev)
     values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform, column_offsets=offsets)
     return to_host(values), to_host(ids)
+
+
+def _masking(transform, masked: np.ndarray, dev):
+    """``transform`` (or nothing) followed by the columns ``masked`` (sorted ids) of each block
+    set to -inf."""
+    torch = torch_module()
+    ids = from_numpy(np.ascontiguousarray(masked, dtype=np.int64)).to(dev)
+
+    def rewrite(block, r0, r1, c0, c1):
+        if transform is not None:
+            transform(block, r0, r1, c0, c1)
+        lo, hi = np.searchsorted(masked, (c0, c1))
+        if hi > lo:
+            block.index_fill_(1, ids[lo:hi] - c0, -torch.inf)
+
+    return rewrite
 
 
 def score_bank_pass(

@@ -74,8 +74,10 @@ def evaluate(
     items that are never relevant, appended after the gallery (the distractor-enlarged galleries
     of Geigle et al.): ``truth`` keeps referring to the gallery's own positions. ``ties``: how
     tied scores rank ("index": the lower gallery index first; "average": the mean of the tied
-    positions, the collaborative-experts metric of the QB-Norm tables; "optimistic"; see
-    :func:`hubless.metrics.relevant_ranks`). ``coverage``: also measure the query bank's
+    positions, the collaborative-experts metric of the QB-Norm tables, and the expected
+    positions of several relevant items tied together; "optimistic": the relevant items of a tie
+    group first; see :mod:`hubless.metrics.retrieval`; an exact copy of a gallery item always
+    scores as its first copy). ``coverage``: also measure the query bank's
     coverage of the gallery searched (``Evaluation.bank``, see
     :func:`hubless.banks.coverage_report`) in the pass that fits the methods. ``refit=False``
     uses corrections already fitted on this very gallery array as they are (e.g. the ones

@@ -18,6 +18,7 @@ import numpy as np
 
 from hubless.corrections import METHODS, Correction, make_correction
 from hubless.corrections.score_fit import check_score_methods, fit_on_scores
+from hubless.engine.duplicates import row_hashes
 from hubless.engine.score_statistics import check_score_matrix, read_rows, row_blocks
 from hubless.errors import InvalidInput
 from hubless.evaluation.results import TunedMethod, TuneResult, choose
@@ -32,11 +33,13 @@ __all__ = ["shared_score_rows", "tune_scores"]
 
 
 def _fingerprints(matrix: ScoreMatrix) -> np.ndarray:
-    """One float64 per row (its dot product with a fixed random vector), read in row blocks."""
-    weights = np.random.default_rng(0).standard_normal(matrix.shape[1])
-    out = np.empty(matrix.shape[0])
+    """One 64-bit hash per row, read in row blocks: equal rows always get equal ones
+    (:func:`hubless.engine.duplicates.row_hashes`, integer arithmetic; a dot product with a
+    random vector, as before, rounded two equal rows in different blocks apart on some BLAS
+    kernels, and the leak went unseen)."""
+    out = np.empty(matrix.shape[0], dtype=np.uint64)
     for start, stop in row_blocks(*matrix.shape):
-        out[start:stop] = read_rows(matrix, start, stop, "scores").astype(np.float64) @ weights
+        out[start:stop] = row_hashes(read_rows(matrix, start, stop, "scores"))
     return out
 
 
