@@ -276,10 +276,11 @@ def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_comp
     g, qb, q = data["gallery"], data["query_bank"], data["queries"]
     methods = ["nnn:k=5", "is:beta=20.0"]
     want = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, bootstrap=0, progress=False)
-    monkeypatch.setattr(inductor.cpp, "cxx", ("/nonexistent/c++",))
     monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))
+    # torch's own patch, not monkeypatch: undoing a setattr on a config proxy deletes the key
+    # (torch._inductor.config.cpp.cxx "does not exist" for every later compilation)
     with pytest.warns(fresh_compile.CompileFallbackWarning, match="torch.compile failed .InductorError: InvalidCxxCompiler") as caught:
-        with use_device("cpu", compiled=True):
+        with inductor.patch({"cpp.cxx": ("/nonexistent/c++",)}), use_device("cpu", compiled=True):
             got = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, bootstrap=0, progress=False)
             again = hubless.evaluate(g, q, np.arange(len(q)), qb, methods, bootstrap=0, progress=False)
     assert sum(isinstance(w.message, fresh_compile.CompileFallbackWarning) for w in caught) == 1
