@@ -103,3 +103,13 @@ def test_shown_ids_are_the_found_ids_with_the_uncorrected_ones():
 def test_seconds_read_the_extra():
     assert Hits.empty(1, 1).seconds is None
     assert Hits.empty(1, 1, extra={"seconds": {"rerank": 0.5}}).seconds == {"rerank": 0.5}
+
+
+def test_the_engine_s_exact_search_answers_hits_too():
+    rng = np.random.default_rng(0)
+    gallery, queries = rng.standard_normal((30, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    hits = hubless.exact_search(queries, gallery, 5)
+    assert isinstance(hits, Hits) and hits.found.all()
+    want = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :5]
+    scores, ids = hits
+    assert (ids == want).all() and np.allclose(scores, np.take_along_axis(queries @ gallery.T, want, axis=1), atol=1e-5)

@@ -7,6 +7,7 @@ import numpy as np
 from hubless.engine.device import torch_device
 from hubless.engine.duplicates import Duplicates, find_duplicates
 from hubless.engine.stream import TopK, Transform, stream_reduce
+from hubless.hits import Hits
 
 __all__ = ["exact_search"]
 
@@ -20,7 +21,7 @@ def exact_search(
     additive: tuple[np.ndarray, np.ndarray] | None = None,
     progress: bool | None = None,
     duplicates: Duplicates | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> Hits:
     """Top ``top_k`` gallery items of each query by inner product, best first.
 
     The score is ``q . r``, rewritten block by block by ``transform(sims, row_start, row_stop,
@@ -43,7 +44,8 @@ def exact_search(
     (:mod:`hubless.engine.duplicates`), so copies tie exactly, in index order, whatever block of
     columns and BLAS kernel computed them.
 
-    Returns ``(scores, ids)``: float32 and int64 arrays of shape (n_queries, top_k).
+    Returns a :class:`~hubless.Hits` (unpacking as ``scores, ids``: float32 and int64 arrays of
+    shape (n_queries, top_k), every slot found).
     """
     duplicates = find_duplicates(gallery) if duplicates is None else duplicates
     on_device = torch_device()
@@ -54,7 +56,7 @@ def exact_search(
         values, ids = torch_passes.exact_search(
             queries, gallery, top_k, additive=additive, device=on_device[0], dtype=on_device[1], masked=masked
         )
-        return duplicates.expand_top_k(values, ids, top_k)
+        return _all_found(*duplicates.expand_top_k(values, ids, top_k))
     result = TopK(queries.shape[0], top_k, with_ids=True)
     stream_reduce(
         queries,
@@ -64,7 +66,11 @@ def exact_search(
         progress=progress,
         desc="search",
     )
-    return duplicates.expand_top_k(result.values, result.ids_, top_k)
+    return _all_found(*duplicates.expand_top_k(result.values, result.ids_, top_k))
+
+
+def _all_found(scores: np.ndarray, ids: np.ndarray) -> Hits:
+    return Hits(scores, ids, np.ones(scores.shape, bool))
 
 
 def _without_copies(transform: Transform | None, duplicates: Duplicates) -> Transform | None:
