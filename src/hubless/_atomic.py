@@ -19,9 +19,17 @@ from typing import IO, Any
 import numpy as np
 
 __all__ = [
-    "atomic_open", "file_sha256", "to_json", "write_text", "write_json", "save_npy", "umask_mode",
-    "open_marked_npy", "mark_npz", "array_written_by_hubless",
-]  # fmt: skip
+    "atomic_open",
+    "file_sha256",
+    "to_json",
+    "write_text",
+    "write_json",
+    "save_npy",
+    "umask_mode",
+    "open_marked_npy",
+    "mark_npz",
+    "array_written_by_hubless",
+]
 
 #: The mark an array file hubless writes carries, so that a re-run may replace it (the JSON
 #: results and HTML reports carry theirs in their text): in a .npy, a comment after the header's

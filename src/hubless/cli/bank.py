@@ -27,8 +27,12 @@ def check_command(
     from hubless.banks import bank_report
 
     g = load(gallery, "gallery", normalize=normalize)
-    report = bank_report(g, load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
-                         queries=load(queries, "queries", normalize=normalize, dim=g.shape[1]), normalize=normalize)  # fmt: skip
+    report = bank_report(
+        g,
+        load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
+        queries=load(queries, "queries", normalize=normalize, dim=g.shape[1]),
+        normalize=normalize,
+    )
     if as_json:
         typer.echo(json.dumps(report.to_dict()))
     else:

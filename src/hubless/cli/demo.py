@@ -90,5 +90,11 @@ def _serve(data, port: int) -> None:
     typer.echo(
         f"serving the demo index on http://127.0.0.1:{port}/ (search an item id, e.g. 7: the synthetic index has no model for text; Ctrl-C stops)"
     )
-    uvicorn.run(create_app({"demo": index}), host="127.0.0.1", port=port, log_level="warning",
-                http="hubless.service.protocol:ServeProtocol", server_header=False)  # fmt: skip
+    uvicorn.run(
+        create_app({"demo": index}),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        http="hubless.service.protocol:ServeProtocol",
+        server_header=False,
+    )

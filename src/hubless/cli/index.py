@@ -87,9 +87,21 @@ def build_command(
             )
         # written into out by the tasks (the driver holds no gallery); loaded (mapped) only to calibrate
         built = _build_on_ray(
-            gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress, out, overwrite,
+            gallery,
+            query_bank,
+            gallery_bank,
+            method,
+            factory,
+            normalize,
+            metadata,
+            model,
+            address,
+            work_dir,
+            progress,
+            out,
+            overwrite,
             load=target_recall is not None,
-        )  # fmt: skip
+        )
         if target_recall is not None:
             result = built.calibrate(target_recall=target_recall)
             _print_calibration(result)
@@ -118,8 +130,20 @@ def build_command(
         qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
         gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
         corr, statistics = _fit_with_coverage(g, qb, gb, method, factory, normalize, progress)
-        index = Index.build(g, qb, corr, factory, gallery_bank=gb, metadata=_read_metadata(metadata), model=model, progress=progress,
-                            statistics=statistics, ids=item_ids, target_recall=target_recall, max_memory=max_memory)  # fmt: skip
+        index = Index.build(
+            g,
+            qb,
+            corr,
+            factory,
+            gallery_bank=gb,
+            metadata=_read_metadata(metadata),
+            model=model,
+            progress=progress,
+            statistics=statistics,
+            ids=item_ids,
+            target_recall=target_recall,
+            max_memory=max_memory,
+        )
         if index.config.tuning is not None:
             _print_tuning(index.config.tuning)
     index.save(out, overwrite=overwrite)
@@ -204,8 +228,14 @@ def _print_tuning(tuning: dict) -> None:
             knob = "" if c.get("param") is None else f"{c['param']}={c['value']}"
             size = c.get("bytes", c.get("estimated_bytes", 0)) / 1e6
             cells = [c.get("recall"), c.get("p50_ms"), c.get("batch_ms_per_query")]
-            table.add_row(c["factory"], knob, *("" if v is None else f"{v:.3f}" for v in cells), f"{size:.1f}",
-                          "" if "build_seconds" not in c else f"{c['build_seconds']:.1f}", c.get("skipped", ""))  # fmt: skip
+            table.add_row(
+                c["factory"],
+                knob,
+                *("" if v is None else f"{v:.3f}" for v in cells),
+                f"{size:.1f}",
+                "" if "build_seconds" not in c else f"{c['build_seconds']:.1f}",
+                c.get("skipped", ""),
+            )
         wide_console().print(table)
     knob = "" if tuning.get("param") is None else f" {tuning['param']}={tuning['value']}"
     heldout = "" if "heldout_recall" not in tuning else f" ({tuning['heldout_recall']:.3f} on held-out bank queries)"
@@ -422,8 +452,15 @@ def versions_command(
         if v.get("damaged"):
             table.add_row(str(v["version"]), "", "", "", "", str(v["committed"]), "damaged record")
             continue
-        table.add_row(str(v["version"]), str(v["items"]), str(v["rows"]), str(v["segments"]), v["base"], str(v["committed"]),
-                      "current" if v["current"] else "")  # fmt: skip
+        table.add_row(
+            str(v["version"]),
+            str(v["items"]),
+            str(v["rows"]),
+            str(v["segments"]),
+            v["base"],
+            str(v["committed"]),
+            "current" if v["current"] else "",
+        )
     wide_console().print(table)
 
 

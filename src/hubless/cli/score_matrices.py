@@ -226,15 +226,22 @@ def print_choice(tuned, title: str, objective: str) -> None:
 def correct_command(
     scores: Path = typer.Option(..., help="Query x gallery scores to correct (.npy memory-mapped, .npz, or the authors' .pkl)."),
     query_bank_scores: Path = typer.Option(None, help="Query bank x gallery scores (reference queries, disjoint from the test queries)."),
-    gallery_bank_scores: Path = typer.Option(None, help="Gallery bank x gallery scores (reference items of the gallery's modality): DualIS/DualDIS."),
+    gallery_bank_scores: Path = typer.Option(
+        None, help="Gallery bank x gallery scores (reference items of the gallery's modality): DualIS/DualDIS."
+    ),
     method: str = typer.Option("dis", "--method", "-m", help=METHOD_HELP.replace(", repeatable", "")),
-    out: Path = typer.Option(..., help="Where to write: the corrected matrix (.npy, float32), or with --top-k the best ids and scores (.npz)."),
+    out: Path = typer.Option(
+        ..., help="Where to write: the corrected matrix (.npy, float32), or with --top-k the best ids and scores (.npz)."
+    ),
     top_k: int = typer.Option(None, help="Write only each query's best K (ids and scores, best first) instead of the whole matrix."),
-    values: str = typer.Option("method", help="method: each method's own scores (QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)), as the authors' qb_norm returns); ranking: the scores it ranks by (s - bias, never overflows)."),
+    values: str = typer.Option(
+        "method",
+        help="method: each method's own scores (QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)), as the authors' qb_norm returns); ranking: the scores it ranks by (s - bias, never overflows).",
+    ),
     transpose: bool = typer.Option(False, "--transpose", help=TRANSPOSE_HELP.rsplit(" Truth", 1)[0] + " The output is queries x gallery."),
     progress: bool = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
-) -> None:  # fmt: skip
+) -> None:
     """Correct a score matrix with a method fitted on the bank score matrices and write it: a
     drop-in for the QB-Norm authors' script in your own pipeline (streamed, bounded memory)."""
     from hubless.score_matrices import correct_scores
@@ -248,9 +255,16 @@ def correct_command(
     )
     s = load_matrix(scores, "scores")
     written = correct_scores(
-        s, load_matrix(query_bank_scores, "query bank scores"), method, gallery_bank_scores=load_matrix(gallery_bank_scores, "gallery bank scores"),
-        out=out, top_k=top_k, ranking=values == "ranking", transpose=transpose, progress=progress,
-    )  # fmt: skip
+        s,
+        load_matrix(query_bank_scores, "query bank scores"),
+        method,
+        gallery_bank_scores=load_matrix(gallery_bank_scores, "gallery bank scores"),
+        out=out,
+        top_k=top_k,
+        ranking=values == "ranking",
+        transpose=transpose,
+        progress=progress,
+    )
     n_queries, n_gallery = s.shape[::-1] if transpose else s.shape
     shape = f"top {top_k} of {n_gallery} items for {n_queries} queries" if top_k else f"{n_queries} x {n_gallery}"
     typer.echo(f"corrected ({method}, {values} scores, {shape}): {written}")

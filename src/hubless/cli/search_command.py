@@ -76,9 +76,17 @@ def search_command(
     store = as_store(path, show_location=True)  # a store written by hubless export (a URI), else None: an index or attached sidecar
     sources = {Path(path).name: Path(path)} if store is None else {store.table: store}
     # a store is not reranked (its search refuses rerank=True): no cross-encoder is loaded for it
-    searcher = Searcher(sources, model=model, device=device,
-                        allow_model_mismatch=allow_model_mismatch, reranker=rerank if store is None else None,
-                        rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
+    searcher = Searcher(
+        sources,
+        model=model,
+        device=device,
+        allow_model_mismatch=allow_model_mismatch,
+        reranker=rerank if store is None else None,
+        rerank_k=rerank_k,
+        fusion=fusion,
+        fusion_weight=fusion_weight,
+        rerank_column=item_column,
+    )
     name = searcher.name()
     index = searcher.index() if as_of is None else searcher.version(name, as_of)  # that kept version, read only
     info = index.info()

@@ -167,8 +167,11 @@ class DualDIS(ActivationGated, DualIS):
         if self.ungated == "exp":
             return super()._rank(batch, sims, columns, out)
         gates = np.greater(self.weights(batch), 0)
-        cols = self.bias_columns_[columns] if isinstance(columns, np.ndarray) else (
-            self.bias_columns_ if columns is None else self.bias_columns_[columns])  # fmt: skip
+        cols = (
+            self.bias_columns_[columns]
+            if isinstance(columns, np.ndarray)
+            else (self.bias_columns_ if columns is None else self.bias_columns_[columns])
+        )
         out = np.empty_like(sims) if out is None else out
         bq, bg, bsum = float(self.beta_query), float(self.beta_gallery), self._beta_sum
         for open_q, open_g in ((True, True), (True, False), (False, True), (False, False)):

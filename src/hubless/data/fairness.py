@@ -81,10 +81,16 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
     for kind, file in files.items():
         for r in read_records(file):
             other = r.get("Participant") if kind == "OP" else r.get("Object")
-            rows.append({
-                "id": r["IDX"], "occupation": r["Occupation"].strip(), "gender": r["Occupation_perceived_gender"].strip(),
-                "other": (other or "").strip(), "kind": kind, "url": r.get("URL type (Type NA if can't find)", ""),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "id": r["IDX"],
+                    "occupation": r["Occupation"].strip(),
+                    "gender": r["Occupation_perceived_gender"].strip(),
+                    "other": (other or "").strip(),
+                    "kind": kind,
+                    "url": r.get("URL type (Type NA if can't find)", ""),
+                }
+            )
     seen: dict[str, str] = {}
     for r in rows:
         if r["kind"] == "OP":
@@ -192,11 +198,22 @@ def make_fairness_data(
     ``bias`` (0: no planted bias); see :func:`synthetic_embeddings`."""
     rows = [
         {"profession": f"profession{p:03d}", "id": i, "gender": g, "ethnicity": e}
-        for p in range(n_professions) for g in genders for e in ethnicities for i in range(per_cell)
-    ]  # fmt: skip
+        for p in range(n_professions)
+        for g in genders
+        for e in ethnicities
+        for i in range(per_cell)
+    ]
     query_rows = [{"profession": f"profession{p:03d}", "text": f"A photo of a profession{p:03d}"} for p in range(n_professions)]
     gallery, queries, bank = synthetic_embeddings(
-        rows, query_rows, "profession", {"gender": genders[-1], "ethnicity": ethnicities[-1]},
-        bias=bias, dim=dim, n_query_bank=n_query_bank, noise=noise, hub_strength=hub_strength, seed=seed,
-    )  # fmt: skip
+        rows,
+        query_rows,
+        "profession",
+        {"gender": genders[-1], "ethnicity": ethnicities[-1]},
+        bias=bias,
+        dim=dim,
+        n_query_bank=n_query_bank,
+        noise=noise,
+        hub_strength=hub_strength,
+        seed=seed,
+    )
     return FairnessData(gallery, rows, queries, query_rows, bank)

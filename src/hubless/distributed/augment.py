@@ -173,9 +173,17 @@ def write_augmented(
     shutil.rmtree(rows_dir, ignore_errors=True)
     rows_dir.mkdir()
     stats, files_for = _fit_to_row_files(
-        corr.statistics_request(), source, qb, gb, rows_dir, job, normalize=corr.normalize, address=address, progress=progress,
+        corr.statistics_request(),
+        source,
+        qb,
+        gb,
+        rows_dir,
+        job,
+        normalize=corr.normalize,
+        address=address,
+        progress=progress,
         **fit_options,
-    )  # fmt: skip
+    )
     shared = stats.to_arrays()
     todo = [(i, p) for i, p in enumerate(info["parts"]) if p["file"] not in digests]
     if todo:
@@ -191,9 +199,14 @@ def write_augmented(
         bar = progress_bar(None, progress, total=len(todo), desc="augmented parts", unit="parts")
         try:
             run_tasks(
-                ray, submit, [p for _, p in todo], lambda part, digest: digests.__setitem__(part["file"], digest),
-                window=2 * cpus, bar=bar, finish_running=True,  # parts in flight are written and recorded: a rerun keeps them
-            )  # fmt: skip
+                ray,
+                submit,
+                [p for _, p in todo],
+                lambda part, digest: digests.__setitem__(part["file"], digest),
+                window=2 * cpus,
+                bar=bar,
+                finish_running=True,  # parts in flight are written and recorded: a rerun keeps them
+            )
         finally:
             bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do

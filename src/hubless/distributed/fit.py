@@ -145,9 +145,19 @@ def fit_statistics(
     points. ``work_dir``: keep finished tiles there and reuse them on a rerun.
     """
     return _fit_statistics(
-        request, gallery, query_bank, gallery_bank, normalize=normalize, address=address, workers=workers,
-        gallery_rows=gallery_rows, bank_cols=bank_cols, work_dir=work_dir, max_retries=max_retries, progress=progress,
-    )  # fmt: skip
+        request,
+        gallery,
+        query_bank,
+        gallery_bank,
+        normalize=normalize,
+        address=address,
+        workers=workers,
+        gallery_rows=gallery_rows,
+        bank_cols=bank_cols,
+        work_dir=work_dir,
+        max_retries=max_retries,
+        progress=progress,
+    )
 
 
 def _fit_statistics(

@@ -33,7 +33,7 @@ from hubless.engine.torch_arrays import (
     torch_module,
     torch_namespace,
 )
-from hubless.engine.torch_ranking import one_row, products
+from hubless.engine.torch_bias import one_row, products
 from hubless.engine.torch_reducers import (
     ColumnTopK,
     LogSumExp,

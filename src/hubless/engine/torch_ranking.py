@@ -31,11 +31,12 @@ from hubless.engine import torch_arrays
 from hubless.engine.device import compiled_enabled, tf32_products
 from hubless.engine.duplicates import Duplicates
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
+from hubless.engine.torch_bias import one_row, products
 from hubless.engine.torch_clock import Stopwatch
 from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
 from hubless.metrics.retrieval import tie_ranks
 
-__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "products", "rank_queries", "rank_score_rows"]
+__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "rank_queries", "rank_score_rows"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -94,15 +95,26 @@ def rank_queries(
         def part(dev: str, a: int, b: int):
             lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
             shares = [
-                r if isinstance(r, GatedRanker)
-                else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r)
+                r
+                if isinstance(r, GatedRanker)
+                else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims))
+                if callable(r)
                 else (r[0][a:b], r[1])
                 for r in rankers
-            ]  # fmt: skip
+            ]
             return rank_queries(
-                queries[a:b], gallery, shares, truth_rows[lo:hi] - a, truth_indptr[a : b + 1] - lo, truth_indices[lo:hi],
-                ties=ties, depth=depth, device=dev, dtype=dtype, duplicates=duplicates,
-            )  # fmt: skip
+                queries[a:b],
+                gallery,
+                shares,
+                truth_rows[lo:hi] - a,
+                truth_indptr[a : b + 1] - lo,
+                truth_indices[lo:hi],
+                ties=ties,
+                depth=depth,
+                device=dev,
+                dtype=dtype,
+                duplicates=duplicates,
+            )
 
         results = on_parts(parts, part)
         return [
@@ -472,24 +484,3 @@ def count_true_through(flags, columns):
         through = sums.gather(1, last.clamp(min=0)).squeeze(1).long()
         total += torch.where(at.squeeze(1) >= c0, through, 0)
     return total
-
-
-def one_row(weights: np.ndarray, w, bias):
-    """``w_0 * bias_r`` (a device row) when every query has the one weight ``w_0`` and there is
-    one bias column (NNN, CSLS, DN, IS, DualIS without per-query weights), else None: the
-    ranking then subtracts one row from each block, the products rounded as in the per-query
-    form (each ``w_0 * b_r`` once, in float32), so the scores are bitwise the same."""
-    if weights.shape[1] != 1 or not np.all(weights == weights[0, 0]):
-        return None
-    return bias[:, 0] * w[0, 0]
-
-
-def products(w, bias, out=None):
-    """``W(q) . bias_columns(r)`` (into ``out`` when given, no fresh block): each product
-    ``w_q * b_r`` rounded before a ranking subtracts it from the similarities, as the numpy
-    ranking does (bitwise the same scores). The ranking pass and the device's search (per-query
-    weights) form it here."""
-    torch = torch_module()
-    if bias.shape[1] == 1:
-        return torch.mul(w[:, :1], bias[:, 0], out=out)
-    return torch.matmul(w, bias.T, out=out)

@@ -53,8 +53,13 @@ class FairnessResult:
     per_query: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, JSONValue]:
-        return {"method": self.method, "spec": self.spec, "metrics": self.metrics, "delta_vs_baseline": self.delta,
-                "per_query": {k: v.tolist() for k, v in self.per_query.items()}}  # fmt: skip
+        return {
+            "method": self.method,
+            "spec": self.spec,
+            "metrics": self.metrics,
+            "delta_vs_baseline": self.delta,
+            "per_query": {k: v.tolist() for k, v in self.per_query.items()},
+        }
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -273,24 +273,55 @@ def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int, *, sync:
 def manifest_for(snap: Snapshot, version: int, base: dict, segments: list[dict]) -> dict:
     """The manifest of version ``version`` of ``snap`` (its base entry and segment entries)."""
     return manifest_fields(
-        version=version, spec=snap.spec, normalize=snap.normalize, dim=snap.dim, faiss_dim=int(snap.faiss_dim),
-        bias_columns=int(snap.bias.shape[1]), config=snap.config, next_id=int(snap.next_id), n_items=snap.n_alive,
-        n_rows=snap.n_rows, metadata=snap.metadata, base=base, segments=segments,
-    )  # fmt: skip
+        version=version,
+        spec=snap.spec,
+        normalize=snap.normalize,
+        dim=snap.dim,
+        faiss_dim=int(snap.faiss_dim),
+        bias_columns=int(snap.bias.shape[1]),
+        config=snap.config,
+        next_id=int(snap.next_id),
+        n_items=snap.n_alive,
+        n_rows=snap.n_rows,
+        metadata=snap.metadata,
+        base=base,
+        segments=segments,
+    )
 
 
 def manifest_fields(
-    *, version: int, spec: str, normalize: bool, dim: int, faiss_dim: int, bias_columns: int, config: IndexConfig,
-    next_id: int, n_items: int, n_rows: int, metadata: Metadata | None, base: dict, segments: list[dict],
-) -> dict:  # fmt: skip
+    *,
+    version: int,
+    spec: str,
+    normalize: bool,
+    dim: int,
+    faiss_dim: int,
+    bias_columns: int,
+    config: IndexConfig,
+    next_id: int,
+    n_items: int,
+    n_rows: int,
+    metadata: Metadata | None,
+    base: dict,
+    segments: list[dict],
+) -> dict:
     """A manifest from its fields: the one place that writes one (:func:`manifest_for` from a
     snapshot; :class:`hubless.index.base_files.BaseFiles` for a base written piece by piece)."""
     return {
-        "version": version, "method": spec, "normalize": bool(normalize), "dim": dim, "faiss_dim": int(faiss_dim),
-        "bias_columns": int(bias_columns), "config": config.to_dict(), "next_id": int(next_id), "n_items": int(n_items),
-        "n_rows": int(n_rows), "metadata_schema": None if metadata is None else metadata.schema_text(),
-        "base": base, "segments": segments,
-    }  # fmt: skip
+        "version": version,
+        "method": spec,
+        "normalize": bool(normalize),
+        "dim": dim,
+        "faiss_dim": int(faiss_dim),
+        "bias_columns": int(bias_columns),
+        "config": config.to_dict(),
+        "next_id": int(next_id),
+        "n_items": int(n_items),
+        "n_rows": int(n_rows),
+        "metadata_schema": None if metadata is None else metadata.schema_text(),
+        "base": base,
+        "segments": segments,
+    }
 
 
 def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozenset(), *, unsynced: Sequence[Path] = ()) -> None:

@@ -429,8 +429,13 @@ def scalar_index(chunk) -> ScalarIndex | None:
     kind = chunk.type
     if SCALAR_INDEX_MIN_ROWS is None or len(chunk) < SCALAR_INDEX_MIN_ROWS or chunk.null_count == len(chunk):
         return None
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)):  # fmt: skip
+    if not (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+    ):
         return None
     key = _chunk_key(chunk)
     with _scalar_lock:

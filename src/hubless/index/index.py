@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_target_recall
+from hubless._validation import as_embeddings
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.engine import BankStatistics
 from hubless.errors import Conflict, InvalidInput, NotFitted
 from hubless.index import directory, writer
-from hubless.index.factory import check_factory
+from hubless.index.building import check_build_arguments, kept_banks
 from hubless.index.faiss_build import (
     Layout,
     plan_layout,
@@ -45,7 +45,6 @@ from hubless.index.faiss_build import (
 )
 from hubless.index.ids import check_ids
 from hubless.index.live import Snapshot
-from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
 from hubless.progress import stage
 
@@ -84,10 +83,23 @@ class Index(IndexView):
         _built=None,
     ) -> None:
         banks = {"query_bank": query_bank, "gallery_bank": gallery_bank}
-        self._setup(writer.built(
-            correction, factory, ids=ids, metadata=metadata, metadata_schema=metadata_schema, banks=banks, spill=spill, faiss_built=_built,
-            rescore=rescore, model=model, nprobe=nprobe, ef_search=ef_search, rescore_factor=rescore_factor,
-        ))  # fmt: skip
+        self._setup(
+            writer.built(
+                correction,
+                factory,
+                ids=ids,
+                metadata=metadata,
+                metadata_schema=metadata_schema,
+                banks=banks,
+                spill=spill,
+                faiss_built=_built,
+                rescore=rescore,
+                model=model,
+                nprobe=nprobe,
+                ef_search=ef_search,
+                rescore_factor=rescore_factor,
+            )
+        )
 
     def _setup(self, snap: Snapshot, bound: directory.Directory | None = None, *, live: bool = False, mmap: bool = False) -> None:
         """The one place an index's state is set."""
@@ -173,25 +185,10 @@ class Index(IndexView):
         ``factory`` given is the only candidate (its knob is chosen). What was tried and
         measured is in ``index.config.tuning`` (see :mod:`hubless.index.tuner`).
         """
-        if target_recall is None and max_memory is not None:
-            raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
-        if target_recall is not None:
-            from hubless.index.recall_tuning import parse_size
-
-            check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
-            parse_size(max_memory)
-            if query_bank is None:
-                raise InvalidInput("target_recall is measured on the query bank: pass query_bank")
+        check_build_arguments(gallery, query_bank, factory, target_recall, max_memory, kwargs)  # before the fit
         corr = make_additive(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
-        shape = np.shape(gallery)
-        if factory is not None and len(shape) == 2:  # before the fit: a bad factory fails in a second, not after it
-            check_factory(factory, shape[0], shape[1] + 1)
-        if kwargs.get("ids") is not None and len(shape) == 2:
-            check_ids(kwargs["ids"], shape[0])
-        if kwargs.get("metadata") is not None or kwargs.get("metadata_schema") is not None:
-            check_keys(kwargs.get("metadata"), kwargs.get("metadata_schema"))  # before the fit
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)
@@ -199,20 +196,22 @@ class Index(IndexView):
             from hubless.index.ann_bias import fit_ann_bias
 
             bias_error = fit_ann_bias(corr, gallery, query_bank, gallery_bank, bias_search=bias_search, nprobe=bias_nprobe)
-        dim = corr.dim_
-        qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
-        gb = (
-            None
-            if gallery_bank is None or not keep_banks
-            else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
-        )
+        qb, gb = kept_banks(corr, query_bank, gallery_bank) if keep_banks else (None, None)
         with stage("building the index structure" if target_recall is None else "choosing the index structure", progress):
             if target_recall is not None:
                 from hubless.index.recall_tuning import tune_for_recall
 
-                index = tune_for_recall(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
-                                   factories=None if factory is None else [factory], gallery_bank=gallery_bank,
-                                   keep_banks=keep_banks, **kwargs)  # fmt: skip
+                index = tune_for_recall(
+                    cls,
+                    corr,
+                    query_bank,
+                    target_recall=target_recall,
+                    max_memory=max_memory,
+                    factories=None if factory is None else [factory],
+                    gallery_bank=gallery_bank,
+                    keep_banks=keep_banks,
+                    **kwargs,
+                )
             else:
                 index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error

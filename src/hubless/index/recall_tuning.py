@@ -62,8 +62,22 @@ FLAT_ONLY_BELOW = 5_000
 HNSW_M = 32
 #: ef_search values tried for HNSW (powers of two from 16) and its largest.
 EF_START, EF_LIMIT = 16, 4096
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(size: int | str | None) -> int | None:
@@ -284,8 +298,15 @@ def tune_for_recall(
                 break
         value, recall = curve[-1]
         p50, batch = _latency(candidate, choose, top_k, param, value, latency_queries)
-        entry.update(param=param, value=value, recall=round(recall, 4), p50_ms=round(p50, 4), batch_ms_per_query=round(batch, 4),
-                     reached=recall >= target, curve=[[v, round(r, 4)] for v, r in curve] if param else [])  # fmt: skip
+        entry.update(
+            param=param,
+            value=value,
+            recall=round(recall, 4),
+            p50_ms=round(p50, 4),
+            batch_ms_per_query=round(batch, 4),
+            reached=recall >= target,
+            curve=[[v, round(r, 4)] for v, r in curve] if param else [],
+        )
         rank = (0, p50) if recall >= target else (1, -recall, p50)
         if best is None or rank < best[0]:
             best = (rank, candidate, entry)

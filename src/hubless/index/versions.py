@@ -141,8 +141,15 @@ def list_versions(path: str | os.PathLike) -> list[dict]:
         except (Corrupt, MissingFile):
             out.append({"version": number, "damaged": True, "committed": when, "current": False})
             continue
-        out.append({
-            "version": number, "items": m["n_items"], "rows": m["n_rows"], "segments": len(m["segments"]),
-            "base": m["base"]["name"], "committed": when, "current": number == current["version"],
-        })  # fmt: skip
+        out.append(
+            {
+                "version": number,
+                "items": m["n_items"],
+                "rows": m["n_rows"],
+                "segments": len(m["segments"]),
+                "base": m["base"]["name"],
+                "committed": when,
+                "current": number == current["version"],
+            }
+        )
     return out

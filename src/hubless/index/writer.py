@@ -249,9 +249,14 @@ def _without_rows(snap: Snapshot, rows: np.ndarray, *, progress: bool | None = N
         bank = replace(bank, **{f"{side}_activation": lists, f"{side}_activation_scores": scores})
     gone = snap.gather(rows).sum(axis=0, dtype=np.float64)
     return replace(
-        snap, alive=alive, alive_buf=None, n_dead_rows=snap.n_dead_rows + np.unique(rows).size, bank=bank, gallery_sum=snap.gallery_sum - gone,
+        snap,
+        alive=alive,
+        alive_buf=None,
+        n_dead_rows=snap.n_dead_rows + np.unique(rows).size,
+        bank=bank,
+        gallery_sum=snap.gallery_sum - gone,
         extra={},
-    )  # fmt: skip
+    )
 
 
 def upserted(snap: Snapshot, rows: np.ndarray, ids, metadata=None, *, progress: bool | None = None) -> Snapshot:
@@ -359,9 +364,16 @@ def compacted(snap: Snapshot) -> Snapshot:
         config = _with_layout(config, layout)
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
-        corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=snap.banks,
-        metadata=meta, next_id=snap.next_id, mapped=snap.mapped,
-    )  # fmt: skip
+        corr,
+        config,
+        ids=snap.live_ids,
+        faiss=faiss_index,
+        faiss_dim=snap.faiss_dim,
+        banks=snap.banks,
+        metadata=meta,
+        next_id=snap.next_id,
+        mapped=snap.mapped,
+    )
 
 
 def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: bool | None = None) -> Snapshot:
@@ -391,9 +403,16 @@ def rebased(snap: Snapshot, corr: AdditiveCorrection, banks: dict) -> Snapshot:
         config = _with_layout(config, layout)
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
-        corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=banks, metadata=meta,
-        next_id=snap.next_id, mapped=snap.mapped,
-    )  # fmt: skip
+        corr,
+        config,
+        ids=snap.live_ids,
+        faiss=faiss_index,
+        faiss_dim=snap.faiss_dim,
+        banks=banks,
+        metadata=meta,
+        next_id=snap.next_id,
+        mapped=snap.mapped,
+    )
 
 
 def with_config(snap: Snapshot, config: IndexConfig) -> Snapshot:

@@ -67,8 +67,18 @@ class Pipeline:
     index whose ids are not 0, 1, ...: ``hubless.index.ItemColumn(index, "path")``).
     """
 
-    def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, fusion_weight: float = 0.1,
-                 *, gallery_items: Sequence | Mapping | None = None, batch_queries: int = 16, lam: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        first_stage,
+        reranker,
+        k: int = 20,
+        fusion: str | None = None,
+        fusion_weight: float = 0.1,
+        *,
+        gallery_items: Sequence | Mapping | None = None,
+        batch_queries: int = 16,
+        lam: float | None = None,
+    ) -> None:
         if lam is not None:
             warnings.warn("Pipeline(lam=) is now fusion_weight= (lam is also DN's weight)", DeprecationWarning, stacklevel=2)
             fusion_weight = lam

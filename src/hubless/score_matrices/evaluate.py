@@ -200,9 +200,15 @@ def evaluate_scores(
     fit_on_scores(corrections, data.query_bank_scores, data.gallery_bank_scores, n_gallery=data.n_gallery, progress=progress)
     fit_seconds = time.perf_counter() - t0
     ranked = rank_score_rows(
-        corrections, data.scores, data.truth, rows=data.rows, ties=ties, depth=HUBNESS_DEPTH, progress=progress,
+        corrections,
+        data.scores,
+        data.truth,
+        rows=data.rows,
+        ties=ties,
+        depth=HUBNESS_DEPTH,
+        progress=progress,
         desc=f"rank {len(corrections)} methods",
-    )  # fmt: skip
+    )
     described: dict[str, JSONValue] = {
         "mode": "scores",
         "n_gallery": int(data.truth.n_gallery),

@@ -125,9 +125,14 @@ def tune_scores(
         points, corrections = [p for p, _ in candidates], [c for _, c in candidates]
         fit_on_scores(corrections, data.query_bank_scores, data.gallery_bank_scores, n_gallery=data.n_gallery, progress=progress)
         ranked = rank_score_rows(
-            corrections, data.scores, data.truth, rows=data.rows, ties=ties, progress=progress,
+            corrections,
+            data.scores,
+            data.truth,
+            rows=data.rows,
+            ties=ties,
+            progress=progress,
             desc=f"tune {method} ({len(corrections)} points)",
-        )  # fmt: skip
+        )
         metrics = [summarize(per_query_metrics(PerQuery(r.ranks, data.truth), ks)) for r in ranked]
         best[method], tables[method] = choose(objective, points, corrections, metrics)
     return TuneResult(objective, best, tables)

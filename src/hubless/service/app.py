@@ -72,8 +72,14 @@ def app_from_environment() -> FastAPI:
     config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
     indexes = config.pop("indexes")
     settings = ServeSettings(**config)
-    app = create_app(indexes, model=settings.model, allow_model_mismatch=settings.allow_model_mismatch, settings=settings,
-                     reranker=settings.rerank, rerank_k=settings.rerank_k)  # fmt: skip
+    app = create_app(
+        indexes,
+        model=settings.model,
+        allow_model_mismatch=settings.allow_model_mismatch,
+        settings=settings,
+        reranker=settings.rerank,
+        rerank_k=settings.rerank_k,
+    )
     for name, problem in app.state.service.query_problems.items():
         if problem is not None:
             print(f"note: {name}: embedding and item queries only ({problem})", file=sys.stderr)
@@ -115,19 +121,30 @@ def create_app(
         settings = Settings(limits=limits or Limits(), keys=Keys(write=api_key), writes=writes)
     elif limits is not None or api_key is not None:
         raise InvalidInput("give limits and keys inside settings=, not beside it")
-    searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
-                        reranker=reranker, rerank_k=rerank_k)  # fmt: skip
+    searcher = Searcher(
+        dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch, reranker=reranker, rerank_k=rerank_k
+    )
     service = ServiceState(searcher, settings=settings, query_problems=searcher.preload())
     make_learners(service)  # --learn-bank: a learner per index named, started with the application
-    app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
-               docs_url=None, redoc_url=None, lifespan=_learning)  # fmt: skip
+    app = _App(
+        title="hubless",
+        description="Hubness-corrected text-image retrieval over saved indexes.",
+        version=_version(),
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_learning,
+    )
     app.state.service = service
     app.state.served, app.state.limits, app.state.telemetry = service.served, settings.limits, service.telemetry  # shortcuts (tests, tools)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["authorization", "content-type"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["authorization", "content-type"],
+        )
     install_error_handlers(app)
     for module in (routes.ops, routes.indexes, routes.items, routes.queries, routes.page):
         app.include_router(module.router)
@@ -174,7 +191,7 @@ class _App(FastAPI):
                     "scheme": "bearer",
                     "description": "The read-only or the write key (hubless serve --api-key-file / --read-key-file), "
                     "when the server has keys.",
-                }  # fmt: skip
+                }
             }
             schema["security"] = [{"bearer": []}]
             for path in OPEN_PATHS:

@@ -65,6 +65,12 @@ def record_write(service: ServiceState, request: Request, index: str, ids) -> No
     if service.write_log is not None:
         route = request.scope.get("route")
         client = request.scope.get("client")
-        service.write_log.record(key=request.scope.get("hubless.key"), method=request.method,
-                                 endpoint=getattr(route, "path", request.url.path), index=index, ids=ids,
-                                 client=str(client[0]) if client else "unknown", request_id=request.scope.get("hubless.request_id"))  # fmt: skip
+        service.write_log.record(
+            key=request.scope.get("hubless.key"),
+            method=request.method,
+            endpoint=getattr(route, "path", request.url.path),
+            index=index,
+            ids=ids,
+            client=str(client[0]) if client else "unknown",
+            request_id=request.scope.get("hubless.request_id"),
+        )

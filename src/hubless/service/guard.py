@@ -136,8 +136,12 @@ class Guard:
         status = [500]
         request_id = os.urandom(8).hex()
         scope["hubless.request_id"] = request_id
-        added = [(b"content-security-policy", (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()), *HEADERS,
-                 (b"x-request-id", request_id.encode()), *((HSTS,) if scope.get("scheme") == "https" else ())]  # fmt: skip
+        added = [
+            (b"content-security-policy", (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()),
+            *HEADERS,
+            (b"x-request-id", request_id.encode()),
+            *((HSTS,) if scope.get("scheme") == "https" else ()),
+        ]
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -167,9 +171,17 @@ class Guard:
         from hubless.service.errors import clip
 
         route = scope.get("route")
-        await run_in_threadpool(self.service.write_log.record, key=scope.get("hubless.key"), method=method,
-                                endpoint=getattr(route, "path", clip(path)), index=(scope.get("path_params") or {}).get("name"),
-                                ids=None, status=code, client=_client(scope), request_id=scope.get("hubless.request_id"))  # fmt: skip
+        await run_in_threadpool(
+            self.service.write_log.record,
+            key=scope.get("hubless.key"),
+            method=method,
+            endpoint=getattr(route, "path", clip(path)),
+            index=(scope.get("path_params") or {}).get("name"),
+            ids=None,
+            status=code,
+            client=_client(scope),
+            request_id=scope.get("hubless.request_id"),
+        )
 
     def _refusal(self, scope, path: str, method: str):
         """(status, detail, extra headers) of a request refused before it reaches a route, or None."""

@@ -23,11 +23,32 @@ class WriteLog:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # fail at start, not at the first write
         os.close(fd)
 
-    def record(self, *, key: str | None, method: str, endpoint: str, index: str | None, ids, status: int = 200,
-               client: str | None = None, request_id: str | None = None) -> None:  # fmt: skip
-        line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key": key, "method": method, "endpoint": endpoint,
-                           "index": index, "ids": ids, "status": status, "client": client, "request_id": request_id},
-                          default=str)  # fmt: skip
+    def record(
+        self,
+        *,
+        key: str | None,
+        method: str,
+        endpoint: str,
+        index: str | None,
+        ids,
+        status: int = 200,
+        client: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        line = json.dumps(
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "key": key,
+                "method": method,
+                "endpoint": endpoint,
+                "index": index,
+                "ids": ids,
+                "status": status,
+                "client": client,
+                "request_id": request_id,
+            },
+            default=str,
+        )
         data = (line + "\n").encode()
         with self.lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

@@ -84,9 +84,21 @@ def _search(request: SearchRequest, service: ServiceState, client: str | None = 
         images = [_image(b, i) for i, b in enumerate(request.images)]
     n_queries = 1 if request.item is not None else len(embeddings if embeddings is not None else request.texts or images or [])
     learn_from = None if request.item is not None else client  # an item query is a gallery item, not a query: not learned
-    return FastJSON(_answer(service, s, n_queries, request.top_k, request.compare, request.rerank,
-                            dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
-                            weight=request.weight, where=request.where, version=request.version, learn_from=learn_from))  # fmt: skip
+    return FastJSON(
+        _answer(
+            service,
+            s,
+            n_queries,
+            request.top_k,
+            request.compare,
+            request.rerank,
+            dict(embeddings=embeddings, texts=request.texts, images=images, item=request.item),
+            weight=request.weight,
+            where=request.where,
+            version=request.version,
+            learn_from=learn_from,
+        )
+    )
 
 
 @router.post("/search/binary", response_class=FastJSON, response_model=SearchAnswer)
@@ -107,8 +119,21 @@ async def search_binary(
     except BodyTooLarge:
         raise
     embeddings = _float32_rows(raw, s, service.limits, "the body")
-    return FastJSON(await run_in_threadpool(_answer, service, s, embeddings.shape[0], top_k, compare, False,
-                                            dict(embeddings=embeddings), weight=weight, where=None, learn_from=client_of(request.scope)))  # fmt: skip
+    return FastJSON(
+        await run_in_threadpool(
+            _answer,
+            service,
+            s,
+            embeddings.shape[0],
+            top_k,
+            compare,
+            False,
+            dict(embeddings=embeddings),
+            weight=weight,
+            where=None,
+            learn_from=client_of(request.scope),
+        )
+    )
 
 
 def _answer(service: ServiceState, s: Served, n_queries: int, top_k: int, compare: bool, rerank: bool, queries: dict, **options) -> dict:
