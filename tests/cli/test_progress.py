@@ -118,7 +118,12 @@ def test_evaluate_counts_the_metrics_of_each_method(monkeypatch):
 @pytest.mark.slow  # the demo's own 15 s
 def test_the_demo_shows_its_progress_on_a_terminal(tmp_path):
     """Issue 53: ``hubless demo`` (15 s) printed nothing until the end."""
-    code = f"from hubless.cli.main import app\napp(['demo', '--report', {str(tmp_path / 'r.html')!r}])"
+    # Bars and spinners appear after hubless.progress.DELAY; zero here, so that a machine fast
+    # enough to finish every stage within a second still shows them.
+    code = (
+        "import hubless.progress\nhubless.progress.DELAY = 0.0\n"
+        f"from hubless.cli.main import app\napp(['demo', '--report', {str(tmp_path / 'r.html')!r}])"
+    )
     shown = _on_a_terminal(code, stdout=True)
     table = shown.find("R@1 before -> after")
     assert table > 0, shown[-2000:]
