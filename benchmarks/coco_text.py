@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import hubless
-from hubless._io import save_npy
+from hubless._atomic import save_npy
 from hubless.data.karpathy import load_captions
 from hubless.metrics import Truth, captions_per_item
 from hubless.tuning import shared_rows, tune

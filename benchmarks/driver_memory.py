@@ -45,7 +45,7 @@ def driver(ready, go, out, job, gallery_dir, bank_dir, work):
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     import hubless.distributed as hd
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     open_source(gallery_dir), open_source(bank_dir)  # imports and headers before the baseline
     import faiss  # noqa: F401  (code, not data: what the jobs import is loaded before the baseline too)

@@ -309,6 +309,7 @@ def main() -> None:
         print(line, flush=True)
     rng = np.random.default_rng(0)
     g, b = unit(rng, sizes["gallery"], sizes["dim"]), unit(rng, sizes["bank"], sizes["dim"])
+    g.flags.writeable = False  # read-only: it stays on the device between searches (torch_arrays.put keeps only such arrays)
     q = unit(rng, sizes["queries"], sizes["dim"])
     gb = unit(rng, max(1, len(b) // 2), sizes["dim"])  # DualIS's gallery bank
     # the evaluation's shape (issue 39's table): queries x gallery x bank, each of the bank's size

@@ -13,7 +13,10 @@ Measures, on the same seeded arrays (median of interleaved repeats):
 * an IS fit over an NNN fit on the same arrays (the log-sum-exp reducer against the top-k
   one). Floor: <= 1.3x. Also IS at beta = 1 (the expm1 form) and two betas in one pass;
 * ``evaluate(coverage=True)`` over ``evaluate`` (the bank's coverage from the fitting pass's own
-  blocks) and over the same plus a separate ``bank_report`` pass (what the CLI did before).
+  blocks) and over the same plus a separate ``bank_report`` pass (what the CLI did before);
+* finding the exact duplicate rows of the gallery and the bank (``find_duplicates``, one pass over
+  each: every copy then scores as its first copy) over ``evaluate`` with six methods, which does
+  it: negligible next to the products.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from _table import print_table  # benchmarks/_table.py (run as python benchmarks
 
 import hubless
 from hubless.banks import bank_report
+from hubless.engine.duplicates import find_duplicates
 
 SIX = ["nnn:alpha=0.75,k=16", "nnn:alpha=0.75,k=64", "csls:k=10", "dn:lam=0.5", "is:beta=20.0", "is:beta=50.0"]
 FULL = (20_000, 40_000, 256, 2_000)
@@ -85,6 +89,7 @@ def main() -> None:
         "fit is": fit("is:beta=20.0"),
         "fit is beta=1": fit("is:beta=1.0"),
         "fit six shared": lambda: hubless.fit_many(SIX, g, b, progress=False),
+        "find duplicates": lambda: (find_duplicates(g), find_duplicates(b)),
     }
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for _ in range(args.repeats):  # interleaved, so a slow spell of a shared machine hits every case
@@ -96,8 +101,8 @@ def main() -> None:
         print(f"  {name:28s} wall {wall[name]:7.2f} s   CPU {cpu[name]:7.2f} s")
     full = (n_gallery, n_bank, n_queries) == (FULL[0], FULL[1], FULL[3])
 
-    def ratio(a: str, b: str) -> str:
-        return f"{wall[a] / wall[b]:.2f}x wall, {cpu[a] / cpu[b]:.2f}x CPU"
+    def ratio(a: str, b: str, digits: int = 2) -> str:
+        return f"{wall[a] / wall[b]:.{digits}f}x wall, {cpu[a] / cpu[b]:.{digits}f}x CPU"
 
     rows = [
         ("evaluate six methods / evaluate NNN alone", ratio("evaluate six", "evaluate nnn"), "<= 1.6x"),
@@ -107,6 +112,7 @@ def main() -> None:
         ("IS fit (beta 1, expm1 form) / NNN fit", ratio("fit is beta=1", "fit nnn"), ""),
         ("evaluate six + coverage / evaluate six", ratio("evaluate six + coverage", "evaluate six"), ""),
         ("evaluate six + separate bank_report / + coverage", ratio("evaluate six + bank_report", "evaluate six + coverage"), ""),
+        ("finding the gallery's and the bank's duplicates / evaluate six", ratio("find duplicates", "evaluate six", 4), ""),
     ]
     print_table(rows, full_size=full, size=f"gallery {FULL[0]:,} x bank {FULL[1]:,} x d {FULL[2]}, {FULL[3]:,} queries")
 

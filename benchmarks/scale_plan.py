@@ -61,8 +61,8 @@ def stage_tile(ready, go, out, release, spec, gallery_dir, bank_dir, rows, piece
     from hubless.corrections import make_correction
     from hubless.distributed.plan import Tile
     from hubless.distributed.tile_compute import compute_tile_streamed
-    from hubless.io.sources import open_source
-    from hubless.io.workfiles import save_arrays
+    from hubless.storage.sources import open_source
+    from hubless.storage.workfiles import save_arrays
 
     g, b = open_source(gallery_dir, label="gallery"), open_source(bank_dir, label="query_bank")
     request = make_correction(spec).statistics_request()
@@ -84,7 +84,7 @@ def stage_part(ready, go, out, release, gallery_dir, bank_dir, rows, part_file):
     from hubless.corrections import make_correction
     from hubless.engine.statistics import BankStatistics
     from hubless.index.index import augmented_rows
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     g = open_source(gallery_dir, label="gallery")
     rng = np.random.default_rng(0)  # a slice of merged statistics as the part task receives it
@@ -94,9 +94,9 @@ def stage_part(ready, go, out, release, gallery_dir, bank_dir, rows, part_file):
     ready.set()
     go.wait()
     t0 = time.perf_counter()
-    from hubless._io import atomic_open
+    from hubless._atomic import atomic_open
 
-    corr = make_correction(NNN).fit_from_statistics(g.read(0, rows, normalize=True), BankStatistics.from_arrays(arrays))
+    corr = make_correction(NNN).fit(g.read(0, rows, normalize=True), statistics=BankStatistics.from_arrays(arrays))
     with atomic_open(part_file, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     out.put({"seconds": time.perf_counter() - t0, "part_bytes": Path(part_file).stat().st_size})

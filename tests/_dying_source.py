@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hubless.io.sources import EmbeddingSource
+from hubless.storage.sources import EmbeddingSource
 
 
 @dataclass(frozen=True)

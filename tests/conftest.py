@@ -1,11 +1,39 @@
-"""Shared fixtures: small random embedding sets and a clean warning state per test."""
+"""Shared fixtures: small random embedding sets and a clean warning state per test; the
+``needs_shared`` marker (tests that need the benchmark data of ../shared/data)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hubless._validation import _reset_warnings
+from tests.checkout import git_status, left_behind
+
+#: The checkout the tests run from (a clone, a worktree, or no git checkout at all).
+CHECKOUT = Path(__file__).resolve().parents[1]
+#: ``git status`` of the checkout when the session started (None: not a git checkout).
+_STATUS_AT_START: dict[str, set[str] | None] = {}
+
+
+def pytest_sessionstart(session):
+    _STATUS_AT_START["status"] = git_status(CHECKOUT)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_checkout_is_left_as_it_was():
+    """At the end of the run: fail (an error at the teardown of the last test) when the checkout
+    has files git does not ignore, or changed files, that were not there when the run started.
+    Tests write under ``tmp_path``; outside a git checkout there is nothing to compare."""
+    yield
+    new = left_behind(_STATUS_AT_START.get("status"), git_status(CHECKOUT))
+    if new:
+        pytest.fail(
+            f"the test run left {len(new)} file(s) in the checkout that git does not ignore (write under tmp_path): {', '.join(new)}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -115,3 +143,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+#: The benchmark data folders a test can need, and the command that fetches each.
+SHARED_FOLDERS = {"coco_karpathy": "coco", "flickr30k_karpathy": "flickr30k", "visogender": "visogender"}
+
+
+def needs_shared(*folders: str) -> pytest.MarkDecorator:
+    """Mark a test that needs these folders of the benchmark data (``../shared/data/FOLDER``
+    beside the checkout, or ``$HUBLESS_DATA_DIR/FOLDER``): without them it skips, saying which
+    and how to get them; ``pytest -m needs_shared`` runs exactly these (.ci/run does, with the
+    data beside); with ``HUBLESS_REQUIRE_SHARED=1`` a missing folder fails the test instead."""
+    unknown = set(folders) - set(SHARED_FOLDERS)
+    assert folders and not unknown, f"needs_shared takes folders of {sorted(SHARED_FOLDERS)}; got {sorted(unknown)}"
+    return pytest.mark.needs_shared(*folders)
+
+
+def pytest_runtest_setup(item):
+    """Skip (or fail, with ``HUBLESS_REQUIRE_SHARED=1``) a ``needs_shared`` test whose data
+    folders are missing."""
+    folders = [folder for mark in item.iter_markers("needs_shared") for folder in mark.args]
+    if not folders:
+        return
+    from hubless.data.karpathy import data_dir
+
+    missing = [folder for folder in folders if not (data_dir() / folder).is_dir()]
+    if missing:
+        fetch = " and ".join(f"`hubless data fetch {SHARED_FOLDERS[f]}`" for f in missing)
+        reason = f"needs ../shared/data/{', '.join(missing)} (or {fetch})"
+        if os.environ.get("HUBLESS_REQUIRE_SHARED") == "1":
+            pytest.fail(f"{reason}: HUBLESS_REQUIRE_SHARED=1 asks for the data (looked in {data_dir()})", pytrace=False)
+        pytest.skip(reason)

@@ -225,7 +225,7 @@ def errors_reference() -> str:
     from hubless.service.errors import error_status
 
     lines = ["| kind | also a | CLI exit | HTTP status | when |", "|---|---|---|---|---|"]
-    kinds = [getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type) and n != "MissingDependencyError"]
+    kinds = [getattr(errors, n) for n in errors.__all__ if isinstance(getattr(errors, n), type)]
     for cls in sorted(kinds, key=lambda c: (c is not errors.HublessError, c.__name__)):
         builtins = [b.__name__ for b in cls.__mro__[1:] if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
         status = "-" if cls is errors.HublessError else error_status(_example(cls))

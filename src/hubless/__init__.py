@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from hubless._version import __version__ as __version__
 
 #: Public name -> module that defines it.
 _EXPORTS = {
@@ -35,6 +35,7 @@ _EXPORTS = {
     "NNN": "hubless.corrections",
     "fit_many": "hubless.corrections",
     "make_correction": "hubless.corrections",
+    "load_correction": "hubless.corrections",
     "exact_search": "hubless.engine",
     "Hits": "hubless.hits",
     "Evaluation": "hubless.evaluation",
@@ -44,12 +45,13 @@ _EXPORTS = {
     "Truth": "hubless.metrics",
     "captions_per_item": "hubless.metrics",
     "Pipeline": "hubless.rerank",
+    "Searcher": "hubless.search",
     "tune": "hubless.tuning",
-    "correct_scores": "hubless.scores",
-    "evaluate_scores": "hubless.scores",
-    "tune_scores": "hubless.scores",
-    "NotFittedError": "hubless.errors",
-    "MissingDependencyError": "hubless.errors",
+    "correct_scores": "hubless.score_matrices",
+    "evaluate_scores": "hubless.score_matrices",
+    "tune_scores": "hubless.score_matrices",
+    "NotFitted": "hubless.errors",
+    "MissingDependency": "hubless.errors",
     "UnnormalizedEmbeddingsWarning": "hubless._validation",
 }
 
@@ -70,10 +72,11 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.corrections import GlobalCorrection as GlobalCorrection
     from hubless.corrections import InvertedSoftmax as InvertedSoftmax
     from hubless.corrections import fit_many as fit_many
+    from hubless.corrections import load_correction as load_correction
     from hubless.corrections import make_correction as make_correction
     from hubless.engine import exact_search as exact_search
-    from hubless.errors import MissingDependencyError as MissingDependencyError
-    from hubless.errors import NotFittedError as NotFittedError
+    from hubless.errors import MissingDependency as MissingDependency
+    from hubless.errors import NotFitted as NotFitted
     from hubless.evaluation import Evaluation as Evaluation
     from hubless.evaluation import evaluate as evaluate
     from hubless.hits import Hits as Hits
@@ -82,15 +85,24 @@ if TYPE_CHECKING:  # type checkers and IDEs see every public name (X as X: a re-
     from hubless.metrics import Truth as Truth
     from hubless.metrics import captions_per_item as captions_per_item
     from hubless.rerank import Pipeline as Pipeline
-    from hubless.scores import correct_scores as correct_scores
-    from hubless.scores import evaluate_scores as evaluate_scores
-    from hubless.scores import tune_scores as tune_scores
+    from hubless.score_matrices import correct_scores as correct_scores
+    from hubless.score_matrices import evaluate_scores as evaluate_scores
+    from hubless.score_matrices import tune_scores as tune_scores
+    from hubless.search import Searcher as Searcher
     from hubless.tuning import tune as tune
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
 
+#: Names exported before (until 0.2.0, with a DeprecationWarning).
+_OLD_NAMES = {"NotFittedError": "hubless.errors:NotFitted", "MissingDependencyError": "hubless.errors:MissingDependency"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _OLD_NAMES:
+        from hubless._deprecation import deprecated_names
+
+        return deprecated_names(__name__, _OLD_NAMES)(name)
     module = _EXPORTS.get(name)
     if module is None:
         if name.startswith("_") or importlib.util.find_spec(f"hubless.{name}") is None:

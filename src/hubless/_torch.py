@@ -37,17 +37,58 @@ def from_numpy(array):
 
 
 def resolve_device(device: str | None) -> str:
-    """'cuda' when available and not specified, else 'cpu'; an explicit device is checked."""
+    """'cuda' when available and not specified, else 'cpu'; an explicit device is checked: a
+    device torch cannot run here (a kind this build or machine lacks, "meta", "cuda:7" on a
+    machine with fewer devices, an empty or unparsable name) is an
+    :class:`~hubless.errors.InvalidInput` naming the devices that are available."""
     torch = require("torch")
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
+    text = str(device).strip()
+    here = ", ".join(available_devices())
+    if not text:
+        raise InvalidInput(f"device {device!r} names no device; available here: {here}")
     try:
-        kind = torch.device(str(device)).type
+        parsed = torch.device(text)
     except (RuntimeError, ValueError):
-        raise InvalidInput(f"unknown device {device!r}; use cpu, cuda, cuda:1, mps, ...") from None
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise InvalidInput(f"device {device!r} requested but CUDA is not available; use device='cpu'")
-    return str(device)
+        raise InvalidInput(f"unknown device {device!r}; available here: {here}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput(f"device {device!r} requested but CUDA is not available; available here: {here}")
+    if not _runs_here(torch, parsed):
+        raise InvalidInput(f"device {device!r} is not available here; available here: {here}")
+    return text
+
+
+def available_devices() -> list[str]:
+    """The torch devices hubless can compute on in this process: ``cpu``, then each CUDA
+    device (``cuda:0``, ...), ``mps`` and each XPU device where this torch build and machine
+    have them."""
+    torch = require("torch")
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and xpu.is_available():
+        found += [f"xpu:{i}" for i in range(xpu.device_count())]
+    return found
+
+
+def _runs_here(torch, device) -> bool:
+    """Whether ``device`` (a parsed ``torch.device``) is one of :func:`available_devices`
+    (an index beyond the machine's devices is not; ``cpu:N`` is the CPU)."""
+    if device.type == "cpu":
+        return True
+    kinds = {name.split(":")[0] for name in available_devices()}
+    if device.type not in kinds:
+        return False  # meta, hpu, ipu, ... or a kind this build or machine lacks
+    if device.index is None:
+        return True
+    if device.type == "mps":
+        return device.index == 0
+    return device.index < getattr(torch, device.type).device_count()
 
 
 def ensure_model_available(name_or_path: str, marker: str = "config.json") -> bool:

@@ -52,6 +52,13 @@ UNIT_PRECISION = 1e-6
 #: (:func:`hubless.engine.device.checked_on_device`): the norms are computed on the device from the
 #: upload the fit makes anyway, and only n floats come back (one sync per array).
 ROW_NORMS: contextvars.ContextVar[Callable[[np.ndarray], np.ndarray] | None] = contextvars.ContextVar("hubless_row_norms", default=None)
+#: Set with :data:`ROW_NORMS`: told ``(measured, result, norms, off)`` after the rows ``off`` of
+#: the array whose norms were measured were divided by their norms into ``result`` (a copy, or
+#: the measured array itself when nobody else holds it), so the device's upload of the measured
+#: rows becomes the upload of ``result`` (:func:`hubless.engine.torch_arrays.normalised`).
+NORMALISED: contextvars.ContextVar[Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None] | None] = contextvars.ContextVar(
+    "hubless_normalised", default=None
+)
 
 _warned_names: set[str] = set()
 #: Arrays already warned about (by identity): an array validated once and passed on (e.g. by the
@@ -158,10 +165,13 @@ def as_embeddings(
                     f"{name} has {zero.size} all-zero row(s) (first: {_row(int(zero[0]), first_row, shard)}) that cannot "
                     "be L2-normalised; drop them or pass normalize=False."
                 )
-            # never write into the caller's memory, nor into an array a device holds a copy of
-            if (np.may_share_memory(arr, given) and not owned) or row_norms is not None:
+            measured = arr
+            if np.may_share_memory(arr, given) and not owned:  # never write into the caller's memory
                 arr = arr.copy()
             np.divide(arr, norms[:, None], out=arr, where=off[:, None])  # in float64, rounded to float32; no temporaries
+            told = NORMALISED.get() if row_norms is not None else None
+            if told is not None:  # a device's upload of the measured rows: now those of arr
+                told(measured, arr, norms, off)
     elif not unit.all() and name not in _warned_names and _warned_arrays.get(id(given)) is not given:
         _warned_names.add(name)
         _warned_arrays[id(arr)] = arr

@@ -13,7 +13,7 @@ kind                          builtin(s)                         CLI exit   HTTP
 ============================  =================================  =========  ==========
 :class:`InvalidInput`         ValueError                         2          422
 :class:`InvalidType`          ValueError, TypeError              2          422
-:class:`NotFittedError`       ValueError, AttributeError         2          422
+:class:`NotFitted`            ValueError, AttributeError         2          422
 :class:`NotFound`             KeyError                           2          404
 :class:`MissingFile`          KeyError, FileNotFoundError        2          404
 :class:`Conflict`             ValueError                         2          409
@@ -30,6 +30,8 @@ Anything else that escapes is a bug: the CLI says so and exits 1 (the traceback 
 
 from __future__ import annotations
 
+from hubless._deprecation import deprecated_names
+
 __all__ = [
     "AlreadyExists",
     "Busy",
@@ -40,10 +42,9 @@ __all__ = [
     "InvalidInput",
     "InvalidType",
     "MissingDependency",
-    "MissingDependencyError",
     "MissingFile",
-    "MissingInputError",
-    "NotFittedError",
+    "MissingInput",
+    "NotFitted",
     "NotFound",
     "check_available",
     "message",
@@ -63,7 +64,7 @@ class InvalidType(InvalidInput, TypeError):
     """An argument of the wrong type (also a TypeError, as Python's own would be)."""
 
 
-class NotFittedError(InvalidInput, AttributeError):
+class NotFitted(InvalidInput, AttributeError):
     """A correction (or an index) was used before it was fitted.
 
     Subclasses ValueError and AttributeError, as scikit-learn's ``NotFittedError`` does, so code
@@ -71,7 +72,7 @@ class NotFittedError(InvalidInput, AttributeError):
     """
 
 
-class MissingInputError(InvalidInput):
+class MissingInput(InvalidInput):
     """A required input was not given. ``argument`` is its Python name (``gallery_bank``); the
     message names it as a keyword argument, and :meth:`for_cli` as the command-line flag."""
 
@@ -129,13 +130,9 @@ class MissingDependency(HublessError, ImportError):
         super().__init__(f"{what} needs {package}: {self.install}" + (f" ({detail})" if detail else ""))
 
 
-#: The name used before the error kinds existed (kept: it is part of the public API).
-MissingDependencyError = MissingDependency
-
-
 def message(exc: BaseException) -> str:
     """The one-line text of an error (for the CLI and the service)."""
-    if isinstance(exc, MissingInputError):
+    if isinstance(exc, MissingInput):
         return exc.for_cli()
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(str(text).split()) or type(exc).__name__
@@ -156,6 +153,18 @@ def check_available(module: str, what: str, extra: str, package: str | None = No
             found = False
     if not found:
         raise MissingDependency(what, package or module, extra)
+
+
+#: The names used before (until 0.2.0, with a DeprecationWarning): the kinds are named as
+#: NotFound, MissingFile and MissingDependency are.
+__getattr__ = deprecated_names(
+    __name__,
+    {
+        "NotFittedError": "hubless.errors:NotFitted",
+        "MissingInputError": "hubless.errors:MissingInput",
+        "MissingDependencyError": "hubless.errors:MissingDependency",
+    },
+)
 
 
 def optional_import(module: str, what: str, extra: str, package: str | None = None):

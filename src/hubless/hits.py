@@ -14,6 +14,11 @@ service. Each array is (n_queries, top_k), best first:
 and per query, where the search gives them: ``certified`` (an attached collection's answer is
 exact relative to the store's plain ranking), ``exact`` (the answer equals the exact corrected
 search over the collection as it is now), ``candidates`` (the k' each query was answered with).
+A reranked search (:class:`hubless.Pipeline`, ``Searcher.search(rerank=True)``) also gives, per
+slot, ``first_stage_scores`` and ``rerank_scores``, and the seconds of each stage
+(:attr:`Hits.seconds`); a search through the :class:`~hubless.search.Searcher` names its
+``index``, ``method`` and ``queries`` and looks up the ``metadata`` of the items it shows;
+``compare`` adds the ``uncorrected`` ranking, itself a :class:`Hits`.
 
 A :class:`Hits` unpacks as the ``(scores, ids)`` pair searches returned before
 (``scores, ids = index.search(q)``; ``hits[0]``, ``hits[1]``), so code written for the pair keeps
@@ -22,12 +27,15 @@ working; everything else is a named field.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = ["PADDING_ID", "Hits"]
+
+_H = TypeVar("_H", bound="Hits")
 
 #: The id of an unfilled slot. Padding only: ``Hits.found`` says which slots are hits.
 PADDING_ID = -1
@@ -54,6 +62,9 @@ class Hits:
     uncorrected: Hits | None = None
     #: when reranked: the first-stage (corrected) scores of the same items
     first_stage_scores: np.ndarray | None = None
+    #: when reranked: the reranker's own scores (logits) of the same items (``scores`` are these,
+    #: or the fused score with fusion)
+    rerank_scores: np.ndarray | None = None
     reranked: bool = False
     rerank_k: int | None = None
     #: the index (or collection) searched and its method's spec, when known
@@ -76,10 +87,14 @@ class Hits:
             value = getattr(self, name)
             if value is not None and np.shape(value) != (self.scores.shape[0],):
                 raise ValueError(f"{name} must have one value per query ({self.scores.shape[0]}); got shape {np.shape(value)}")
+        for name in ("first_stage_scores", "rerank_scores"):
+            value = getattr(self, name)
+            if value is not None and np.shape(value) != self.scores.shape:
+                raise ValueError(f"{name} must have one value per slot {self.scores.shape}; got shape {np.shape(value)}")
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def from_found(cls, scores, ids, found, **fields: Any) -> Hits:
+    def from_found(cls: type[_H], scores, ids, found, **fields: Any) -> _H:
         """Hits from ``found`` slots (any order within a row is kept as given: best first), the
         unfilled slots set to the padding (id -1, score -inf)."""
         found = np.asarray(found, bool)
@@ -88,24 +103,42 @@ class Hits:
         return cls(scores, ids, found, **fields)
 
     @classmethod
-    def padded(cls, scores, ids, **fields: Any) -> Hits:
+    def padded(cls: type[_H], scores, ids, **fields: Any) -> _H:
         """Hits from a ``(scores, ids)`` pair padded with id -1 where the ids cannot be negative
         (gallery positions, an index's ids, which are >= 0): ``found = ids >= 0``."""
         ids = np.asarray(ids, np.int64)
         return cls.from_found(scores, ids, ids >= 0, **fields)
 
     @classmethod
-    def empty(cls, n_queries: int = 0, top_k: int = 0, **fields: Any) -> Hits:
+    def empty(cls: type[_H], n_queries: int = 0, top_k: int = 0, **fields: Any) -> _H:
         """No hits: (n_queries, top_k) slots, none found."""
         shape = (n_queries, top_k)
         return cls(np.full(shape, -np.inf, np.float32), np.full(shape, PADDING_ID, np.int64), np.zeros(shape, bool), **fields)
 
-    def with_fields(self, **fields: Any) -> Hits:
+    def widened(self: _H, top_k: int) -> _H:
+        """These hits with ``top_k`` slots per query (never narrower): the added slots come last,
+        not found (id -1, scores -inf), as the one top-k rule pads a search beyond its items."""
+        missing = top_k - self.top_k
+        if missing <= 0:
+            return self
+
+        def pad(array, value):
+            return None if array is None else np.pad(array, ((0, 0), (0, missing)), constant_values=value)
+
+        return self.with_fields(
+            scores=pad(self.scores, -np.inf),
+            ids=pad(self.ids, PADDING_ID),
+            found=pad(self.found, False),
+            first_stage_scores=pad(self.first_stage_scores, -np.inf),
+            rerank_scores=pad(self.rerank_scores, -np.inf),
+        )
+
+    def with_fields(self: _H, **fields: Any) -> _H:
         """A copy with ``fields`` replaced (the arrays are shared, not copied)."""
         return replace(self, **fields)
 
     # ------------------------------------------------------------------ the pair
-    def __iter__(self):  # scores, ids = hits
+    def __iter__(self) -> Iterator[np.ndarray]:  # scores, ids = hits
         return iter((self.scores, self.ids))
 
     def __getitem__(self, position: int) -> np.ndarray:  # hits[0], hits[1] as the pair's
@@ -123,9 +156,23 @@ class Hits:
         return int(self.scores.shape[1])
 
     @property
+    def seconds(self) -> dict[str, float] | None:
+        """The seconds each stage took, when the search measured them (a reranked search:
+        ``{"first_stage": ..., "rerank": ...}``), else None; kept in :attr:`extra`."""
+        return self.extra.get("seconds")
+
+    @property
     def counts(self) -> np.ndarray:
         """The number of hits of each query (n_queries,)."""
         return self.found.sum(axis=1)
+
+    def shown_ids(self) -> np.ndarray:
+        """The distinct ids of the found slots, with the uncorrected ranking's when compared
+        (sorted int64): the items whose records a search looks up for :attr:`metadata`."""
+        parts = [self.ids[self.found]]
+        if self.uncorrected is not None:
+            parts.append(self.uncorrected.ids[self.uncorrected.found])
+        return np.unique(np.concatenate(parts))
 
     # ------------------------------------------------------------------ reading
     def hits(self, row: int) -> list[dict]:

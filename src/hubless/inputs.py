@@ -26,7 +26,7 @@ import numpy as np
 
 from hubless._validation import as_embeddings
 from hubless.errors import InvalidInput, MissingFile, NotFound
-from hubless.io.arrays import CLIP_RETRIEVAL, check_npy, is_clip_retrieval, split_key
+from hubless.storage.arrays import CLIP_RETRIEVAL, check_npy, is_clip_retrieval, split_key
 
 __all__ = ["load_array", "load_clip_retrieval", "load_embeddings", "read_ids", "read_items", "read_records"]
 
@@ -74,14 +74,14 @@ def load_array(path: str | os.PathLike, key: str | None = None, *, mmap: bool = 
     archive holding a single array needs none), from a clip-retrieval output folder
     (``"folder"`` for its image embeddings, ``"folder:text"`` for its text embeddings), or from a
     folder of ``.npy`` / parquet shards (concatenated in natural order: ``part-2`` before
-    ``part-10``), the same rows :func:`hubless.io.sources.open_source` reads from it, so
+    ``part-10``), the same rows :func:`hubless.storage.sources.open_source` reads from it, so
     a folder means one thing with and without ``--ray``. Object arrays (pickles) are refused."""
     file, inline_key = split_key(path)
     key = key or inline_key
     if file.is_dir() and is_clip_retrieval(file):
         return load_clip_retrieval(file, key or "img")
     if file.is_dir():
-        from hubless.io.sources import open_source
+        from hubless.storage.sources import open_source
 
         source = open_source(file)
         return source.read(0, source.n_rows)
@@ -261,7 +261,7 @@ def check_embedding_meta(meta: str | os.PathLike, embeddings: str | os.PathLike)
     data = _read_json(meta)
     if not isinstance(data, dict) or data.get("embeddings") != embeddings.name or "embeddings_sha256" not in data:
         return  # not the metadata of this file (or written by an older hubless)
-    from hubless._io import file_sha256
+    from hubless._atomic import file_sha256
 
     if file_sha256(embeddings) != data["embeddings_sha256"]:
         raise InvalidInput(

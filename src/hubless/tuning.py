@@ -25,7 +25,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import METHODS, Correction, MethodName, fit_shared, make_correction
 from hubless.engine import StatisticsRequest, use_device
-from hubless.engine.device import checked_on_device
+from hubless.engine.device import DeviceName, checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import rank_queries
 from hubless.evaluation.evaluate import Evaluation, evaluate
@@ -98,7 +98,7 @@ def tune(
     progress: bool | None = None,
     ties: str = "index",
     coverage: bool = False,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> TuneResult:
     """Grid-search each method's parameters on the validation queries; returns the best per method.
 
@@ -193,12 +193,39 @@ def tune_banks(
     tuned: dict[str, TuneResult] = {}
     reports: dict[str, BankReport | None] = {}
     for name, b in checked.items():
-        tuned[name] = tune(vg, val_queries, val_truth, b, methods, gallery_bank=gallery_bank, test_queries=queries, objective=objective,
-                           ks=ks, normalize=normalize, progress=progress, ties=ties, coverage=same)  # fmt: skip
+        tuned[name] = tune(
+            vg,
+            val_queries,
+            val_truth,
+            b,
+            methods,
+            gallery_bank=gallery_bank,
+            test_queries=queries,
+            objective=objective,
+            ks=ks,
+            normalize=normalize,
+            progress=progress,
+            ties=ties,
+            coverage=same,
+        )
         # the chosen corrections are used as fitted when the gallery is the same array (refit otherwise)
         chosen = list(tuned[name].fitted.values()) if same else tuned[name].best_specs
-        evaluations[name] = evaluate(g, queries, truth, b, chosen, gallery_bank=gallery_bank, ks=ks,
-                                     bootstrap=bootstrap, seed=seed, normalize=normalize, distractors=distractors, progress=progress,
-                                     ties=ties, coverage=not same, refit=False)  # fmt: skip
+        evaluations[name] = evaluate(
+            g,
+            queries,
+            truth,
+            b,
+            chosen,
+            gallery_bank=gallery_bank,
+            ks=ks,
+            bootstrap=bootstrap,
+            seed=seed,
+            normalize=normalize,
+            distractors=distractors,
+            progress=progress,
+            ties=ties,
+            coverage=not same,
+            refit=False,
+        )
         reports[name] = tuned[name].bank if same else evaluations[name].bank
     return BankEvaluation(evaluations, {k: v for k, v in reports.items() if v is not None}, tuned)

@@ -292,7 +292,7 @@ def test_attached_search_equals_exact_corrected_search_when_candidates_cover_the
     # the attached collection's own brute force (what `--exact` measures against) agrees
     np.testing.assert_array_equal(attached.exact_search(q, 10, batch=64)[1], want_ids)
     # a per-call weight, as Index.search takes it
-    scores, got = attached.search(q, 10, candidates=n, alpha=0.3, **knobs)
+    scores, got = attached.search(q, 10, candidates=n, weight=0.3, **knobs)
     np.testing.assert_array_equal(got, exact_top(brute_force_nnn(x, data["bank"], q, 0.3, 8), ids, 10)[0])
 
 
@@ -607,7 +607,7 @@ def test_queries_answered_in_blocks_equal_one_block(collection, data, tmp_path, 
 def test_the_sidecar_is_switched_atomically_and_names_what_it_belongs_to(data, tmp_path, monkeypatch):
     import faiss
 
-    from hubless import _io
+    from hubless import _atomic as _io
     from hubless.errors import MissingFile
 
     x, ids, bank = data["x"], data["ids"], data["bank"]

@@ -66,12 +66,12 @@ def test_eval_attached_measures_the_attached_search_against_exact_search(hnsw_fi
     assert result.exit_code == 0, result.output
     # refused, clearly: options of the other modes, and a missing --queries
     result = runner.invoke(app, ["eval", "--attached", str(side), "--queries", str(tmp_path / "q.npy"), "--truth", "t2i:5"])
-    assert result.exit_code == 2 and "--truth do not apply" in result.output
+    assert result.exit_code == 2 and "--truth does not apply to an attached collection" in result.output
     assert runner.invoke(app, ["eval", "--attached", str(side)]).exit_code == 2
     result = runner.invoke(
         app, ["eval", "--gallery", str(tmp_path / "q.npy"), "--queries", str(tmp_path / "q.npy"), "--truth", "t2i:1", "--candidates", "5"]
     )
-    assert result.exit_code == 2 and "only apply with --attached" in result.output
+    assert result.exit_code == 2 and "--candidates does not apply to embeddings; it belongs to an attached collection" in result.output
 
 
 def test_a_sidecar_finds_its_collection_from_its_own_folder(hnsw_file, tmp_path, monkeypatch):

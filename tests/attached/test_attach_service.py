@@ -102,7 +102,7 @@ def test_searcher_and_evaluate_on_an_attached_collection(attached, tmp_path):
     assert report["recall"] == recall_at_k(want, exact) == 1.0  # an exact store: certified answers are the exact ones
     assert report["certified"] == want.certified.mean() and report["queries"] == 6 and report["top_k"] == 5
     assert report["exact"] == want.exact.mean() == 1.0 and report["wrong_exact"] == 0
-    narrow = coll.evaluate(queries, 5, candidates=5, max_candidates=5, alpha=0.3)
+    narrow = coll.evaluate(queries, 5, candidates=5, max_candidates=5, weight=0.3)
     assert 0.0 <= narrow["recall"] <= 1.0 and narrow["candidates"] == 5.0
 
 

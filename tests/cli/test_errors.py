@@ -20,7 +20,7 @@ runner = CliRunner()
 KINDS = [
     (errors.InvalidInput("bad k"), 422),
     (errors.InvalidType("k must be an int"), 422),
-    (errors.NotFittedError("fit first"), 422),
+    (errors.NotFitted("fit first"), 422),
     (errors.NotFound("no item 7"), 404),
     (errors.MissingFile("no file x.npy"), 404),
     (errors.Conflict("another model"), 409),

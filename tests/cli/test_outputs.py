@@ -87,8 +87,8 @@ def test_correct_reruns_replace_their_own_matrix_and_top_k(files):
     """`hubless correct --out C.npy` (and .npz) run twice: the second run replaces what the first
     wrote (its array files carry hubless's mark, read by numpy as before); a .npy or .npz of the
     user's is still refused without --overwrite."""
-    from hubless._io import array_written_by_hubless
-    from hubless.scores import correct_scores
+    from hubless._atomic import array_written_by_hubless
+    from hubless.score_matrices import correct_scores
 
     g, q, b = (np.load(files / f"{n}.npy") for n in "gqb")
     np.save(files / "s.npy", q @ g.T)

@@ -81,3 +81,35 @@ def test_every_found_id_is_read_back_whatever_its_value(ids, found):
     for row in range(3):
         assert [h["id"] for h in hits.hits(row)] == ids[row][found[row]].tolist()
     assert (hits.ids[~found] == PADDING_ID).all() and (hits.scores[~found] == -np.inf).all()
+
+
+def test_widened_pads_every_per_slot_array_and_never_narrows():
+    hits = Hits.padded([[0.9, 0.5]], [[3, 8]], first_stage_scores=[[0.4, 0.3]], rerank_scores=[[2.0, 1.0]], reranked=True)
+    wide = hits.widened(4)
+    assert wide.ids.tolist() == [[3, 8, -1, -1]] and wide.found.tolist() == [[True, True, False, False]]
+    assert np.isneginf(wide.scores[0, 2:]).all() and np.isneginf(wide.first_stage_scores[0, 2:]).all()
+    assert np.isneginf(wide.rerank_scores[0, 2:]).all() and wide.reranked
+    assert hits.widened(1) is hits
+    with pytest.raises(ValueError, match="one value per slot"):
+        Hits.padded([[0.9]], [[3]], rerank_scores=[[1.0, 2.0]])
+
+
+def test_shown_ids_are_the_found_ids_with_the_uncorrected_ones():
+    plain = Hits.from_found([[0.8, 0.7]], [[-1, 6]], [[True, True]])
+    hits = Hits.from_found([[0.9, 0.6]], [[6, 9]], [[True, False]], uncorrected=plain)
+    assert hits.shown_ids().tolist() == [-1, 6]  # -1 found in the uncorrected ranking is an id; 9 is not found
+
+
+def test_seconds_read_the_extra():
+    assert Hits.empty(1, 1).seconds is None
+    assert Hits.empty(1, 1, extra={"seconds": {"rerank": 0.5}}).seconds == {"rerank": 0.5}
+
+
+def test_the_engine_s_exact_search_answers_hits_too():
+    rng = np.random.default_rng(0)
+    gallery, queries = rng.standard_normal((30, 8)).astype(np.float32), rng.standard_normal((4, 8)).astype(np.float32)
+    hits = hubless.exact_search(queries, gallery, 5)
+    assert isinstance(hits, Hits) and hits.found.all()
+    want = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :5]
+    scores, ids = hits
+    assert (ids == want).all() and np.allclose(scores, np.take_along_axis(queries @ gallery.T, want, axis=1), atol=1e-5)

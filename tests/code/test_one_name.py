@@ -1,5 +1,6 @@
-"""One name per concept and one meaning per flag (issue 28 item 6): ``weight=`` for the
-correction's weight everywhere (the method's own name still works), ``fusion_weight`` for the
+"""One name per concept and one meaning per flag (issue 28 item 6, issue 53): ``weight=`` for the
+correction's weight at search time everywhere (the method's own name still works until 0.2.0,
+with a DeprecationWarning), ``fusion_weight`` for the
 rerank fusion weight (``lam=`` / ``--lam`` / ``--alpha`` deprecated), a folder means the same
 rows with and without ``--ray``, and ``for_queries`` gives a query side that claims no fit."""
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 import hubless
 from hubless.cli.main import app
 from hubless.corrections.additive import QuerySide
-from hubless.errors import InvalidType, NotFittedError
+from hubless.errors import InvalidType, NotFitted
 from tests.conftest import unit_rows
 
 runner = CliRunner()
@@ -33,15 +34,18 @@ def test_weight_is_the_name_everywhere(arrays, spec, own):
     gb = bank if spec.startswith("dn") else None
     corr = hubless.make_correction(spec).fit(gallery, bank, gb)
     index = hubless.Index.build(gallery, bank, spec, "IVF4,Flat", gallery_bank=gb, nprobe=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the method's own name is not ambiguous: no warning
-        for searcher in (corr, index):
+    for searcher in (corr, index):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # weight= is the one name: no warning
             by_weight = searcher.search(queries, 5, weight=0.2)
+        # the method's own name still works until 0.2.0, with a warning pointing at the caller's line
+        with pytest.warns(DeprecationWarning, match=f"{own}= at search time is deprecated: use weight=") as caught:
             by_own = searcher.search(queries, 5, **{own: 0.2})
-            np.testing.assert_array_equal(by_weight[1], by_own[1])
-            np.testing.assert_array_equal(by_weight[0], by_own[0])
+        assert {w.filename for w in caught} == {__file__}
+        np.testing.assert_array_equal(by_weight.ids, by_own.ids)
+        np.testing.assert_array_equal(by_weight.scores, by_own.scores)
     assert not np.array_equal(corr.search(queries, 5, weight=0.0)[1], corr.search(queries, 5, weight=3.0)[1])
-    with pytest.raises(InvalidType, match="weight= or"):
+    with pytest.raises(InvalidType, match="accepts weight="):
         corr.search(queries, 5, weight=0.2, **{own: 0.2})
     with pytest.raises(ValueError, match="weight must be"):
         corr.search(queries, 5, weight=-1.0)
@@ -75,7 +79,7 @@ def test_cli_weight_and_deprecated_alpha(tmp_path, arrays):
     new = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--weight", "0.1", "--json"])
     old = runner.invoke(app, ["search", str(tmp_path / "idx"), "--queries", str(tmp_path / "q.npy"), "--alpha", "0.1", "--json"])
     assert new.exit_code == 0 and old.exit_code == 0, new.output + old.output
-    ids = hubless.Index.load(tmp_path / "idx").search(queries, 10, lam=0.1)[1]
+    ids = hubless.Index.load(tmp_path / "idx").search(queries, 10, weight=0.1)[1]
     rows = lambda out: [[h["id"] for h in json.loads(line)["hits"]] for line in out.splitlines() if line.startswith("{")]  # noqa: E731
     assert rows(new.stdout) == rows(old.stdout) == ids.tolist()
     assert "--alpha is deprecated: use --weight" in old.output and "deprecated" not in new.output
@@ -85,7 +89,7 @@ def test_cli_weight_and_deprecated_alpha(tmp_path, arrays):
 
 def test_a_folder_is_the_same_rows_with_and_without_ray(tmp_path, arrays):
     from hubless.inputs import load_array
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     gallery, _, _ = arrays
     shards = tmp_path / "shards"
@@ -120,5 +124,5 @@ def test_for_queries_gives_a_query_side_that_cannot_search(arrays):
     np.testing.assert_allclose(side.method_scores(batch, ranking), fitted.method_scores(fitted_batch, ranking), rtol=1e-6)
     unfitted = hubless.make_correction("nnn")
     unfitted.for_queries({}, 12, 1)
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         unfitted.search(queries, 3)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import hubless
-from hubless.corrections import METHODS, make_correction
-from hubless.errors import InvalidInput, InvalidType, MissingDependency, MissingInputError, NotFittedError, optional_import
+from hubless.corrections import METHODS, incremental, make_correction
+from hubless.errors import InvalidInput, InvalidType, MissingDependency, MissingInput, NotFitted, optional_import
 from tests import reference as ref
 from tests.conftest import unit_rows
 
@@ -64,7 +64,7 @@ def check_clone(cls, data):
     twin = sklearn.clone(corr)
     assert type(twin) is cls and twin.get_params() == corr.get_params() and twin is not corr
     assert not hasattr(twin, "gallery_")  # a clone is unfitted
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         twin.search(data["queries"], 3)
 
 
@@ -126,14 +126,14 @@ def check_index_save_load(cls, data, tmp_path):
 def check_add_remove_equals_rebuild(cls, data):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     cut = g.shape[0] - 40
-    grown = cls().fit(g[:cut], qb, gb).add_items(g[cut:], qb, gb)
+    grown = incremental.add_items(cls().fit(g[:cut], qb, gb), g[cut:], qb, gb)
     rebuilt = fitted(cls, data)
     assert grown.n_gallery_ == rebuilt.n_gallery_ == g.shape[0]
     ref.assert_same_ranking(grown.search(q, 10)[1], dense_ranking(rebuilt, q), 10)
     if cls.additive:
         np.testing.assert_allclose(grown.bias_columns_, rebuilt.bias_columns_, atol=1e-6)
     drop = np.arange(0, g.shape[0], 7)
-    shrunk = fitted(cls, data).remove_items(drop, qb, gb)
+    shrunk = incremental.remove_items(fitted(cls, data), drop, qb, gb)
     keep = np.setdiff1d(np.arange(g.shape[0]), drop)
     rebuilt = fitted(cls, data, gallery=g[keep])
     ref.assert_same_ranking(shrunk.search(q, 10)[1], dense_ranking(rebuilt, q), 10)
@@ -143,7 +143,7 @@ def check_add_remove_equals_rebuild(cls, data):
 
 def check_bad_input_is_refused_and_changes_nothing(cls, data):
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
-    with pytest.raises(NotFittedError):
+    with pytest.raises(NotFitted):
         cls().search(q, 3)
     corr = fitted(cls, data)
     before = corr.search(q, 5)
@@ -157,7 +157,7 @@ def check_bad_input_is_refused_and_changes_nothing(cls, data):
     with pytest.raises(InvalidType, match="gallery"):
         corr.fit(g.astype(np.int64), qb, gb)
     with pytest.raises(InvalidInput, match="items"):
-        corr.add_items(g[:3, :-1], qb, gb)
+        incremental.add_items(corr, g[:3, :-1], qb, gb)
     with pytest.raises(InvalidInput, match="dimension"):
         corr.search(q[:, :-1], 3)
     with pytest.raises(InvalidInput, match="top_k"):
@@ -169,14 +169,14 @@ def check_bad_input_is_refused_and_changes_nothing(cls, data):
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_array_equal(after[0], before[0])
     if cls.needs_query_bank:
-        with pytest.raises(MissingInputError, match="query_bank"):
+        with pytest.raises(MissingInput, match="query_bank"):
             cls().fit(g)
     if cls.gallery_bank_use == "required":
-        with pytest.raises(MissingInputError, match="gallery_bank"):
+        with pytest.raises(MissingInput, match="gallery_bank"):
             cls().fit(g, qb)
     if cls.weight_param is not None:
-        with pytest.raises(InvalidInput, match=cls.weight_param):
-            corr.search(q, 3, **{cls.weight_param: -1.0})
+        with pytest.raises(InvalidInput, match="weight must be"):
+            corr.search(q, 3, weight=-1.0)
         with pytest.raises(InvalidInput, match=cls.weight_param):
             cls(**{cls.weight_param: float("nan")})
 

@@ -38,7 +38,7 @@ def test_alpha_zero_changes_nothing(shape, k):
     np.testing.assert_array_equal(ids, base_ids)
     np.testing.assert_array_equal(scores, base_scores)
     # and a fitted NNN searched with alpha=0 at query time is the baseline too
-    _, ids_override = hubless.NNN(alpha=0.9, k=k).fit(g, b).search(q, top_k, alpha=0.0)
+    _, ids_override = hubless.NNN(alpha=0.9, k=k).fit(g, b).search(q, top_k, weight=0.0)
     np.testing.assert_array_equal(ids_override, base_ids)
 
 
@@ -96,7 +96,7 @@ def test_query_time_alpha_equals_refitting(shape, alpha, k):
     k = min(k, len(b))
     top_k = min(5, len(g))
     fitted = hubless.NNN(alpha=0.75, k=k).fit(g, b)
-    s1, i1 = fitted.search(q, top_k, alpha=alpha)
+    s1, i1 = fitted.search(q, top_k, weight=alpha)
     s2, i2 = hubless.NNN(alpha=alpha, k=k).fit(g, b).search(q, top_k)
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_allclose(s1, s2)
@@ -109,8 +109,8 @@ def test_per_query_alpha_equals_one_search_per_query(shape):
     top_k = min(3, len(g))
     nnn = hubless.NNN(k=1).fit(g, b)
     alphas = np.linspace(0.0, 1.5, len(q))
-    scores, ids = nnn.search(q, top_k, alpha=alphas)
+    scores, ids = nnn.search(q, top_k, weight=alphas)
     for i, a in enumerate(alphas):
-        s_i, ids_i = nnn.search(q[i : i + 1], top_k, alpha=float(a))
+        s_i, ids_i = nnn.search(q[i : i + 1], top_k, weight=float(a))
         np.testing.assert_array_equal(ids[i], ids_i[0])
         np.testing.assert_allclose(scores[i], s_i[0], rtol=1e-6, atol=1e-6)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hubless
-from hubless.corrections.qbnorm import BETA_RANGE
+from hubless.corrections.inverted_softmax import BETA_RANGE
 from tests import reference as ref
 
 

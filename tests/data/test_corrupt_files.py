@@ -21,7 +21,7 @@ import hubless
 from hubless.errors import HublessError
 from hubless.inputs import load_array, load_embeddings, read_ids, read_items, read_records
 from hubless.metrics.truth import load_truth
-from hubless.scores.files import load_scores
+from hubless.score_matrices.files import load_scores
 
 #: The fuzz's examples: the same every run and in every checkout (derandomize's seed depends
 #: on the test file's path).
@@ -190,7 +190,7 @@ def test_a_damaged_sidecar_or_collection_file_is_refused_with_a_hubless_error(si
 def test_a_version_pointer_names_one_folder_beside_it(sidecar, tmp_path, pointer):
     """A sidecar's CURRENT that is not one folder name beside it (damaged, or leading elsewhere)
     is refused as corrupt, never followed."""
-    from hubless._io import current_dir
+    from hubless._atomic import current_dir
     from hubless.attached import read_sidecar
     from hubless.errors import Corrupt
 

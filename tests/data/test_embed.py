@@ -90,7 +90,7 @@ def test_damaged_or_swapped_chunks_are_redone_saying_so(clip_dir, tmp_path):
     import shutil
     import warnings
 
-    from hubless.io.workfiles import RecomputedWarning
+    from hubless.storage.workfiles import RecomputedWarning
 
     enc = load_encoder(clip_dir, device="cpu")
     texts = [f"a photo of {n} dog" for n in range(12)]
@@ -216,6 +216,6 @@ def test_kill_during_embed_then_resume_gives_the_clean_result(clip_dir, tmp_path
     embed_to_file(enc, clean, texts=[f"a photo of {i} red dogs on grass" for i in range(400)], chunk_size=25, batch_size=5, progress=False)
     np.testing.assert_allclose(np.load(out), np.load(clean), atol=1e-6)
     meta = json.loads((tmp_path / "e.meta.json").read_text())
-    from hubless._io import file_sha256
+    from hubless._atomic import file_sha256
 
     assert meta["embeddings_sha256"] == file_sha256(out) and not (tmp_path / "e.npy.parts").exists()

@@ -6,19 +6,18 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
-import pytest
 from typer.testing import CliRunner
 
 from hubless.cli.main import app
 from hubless.data import visogender as vg
 from hubless.data.karpathy import data_dir
+from tests.conftest import needs_shared
 
 runner = CliRunner()
 SHARED = data_dir() / "visogender"
-needs_shared = pytest.mark.skipif(not (SHARED / "OP_Visogender_11012024.tsv").is_file(), reason="needs ../shared/data/visogender")
 
 
-@needs_shared
+@needs_shared("visogender")
 def test_fetch_from_a_local_folder_then_build_the_audit_data(tmp_path, monkeypatch):
     result = runner.invoke(app, ["data", "fetch", "visogender", "--dest", str(tmp_path / "data"), "--archive", str(SHARED)])
     assert result.exit_code == 0, result.output
@@ -30,7 +29,7 @@ def test_fetch_from_a_local_folder_then_build_the_audit_data(tmp_path, monkeypat
     assert (tmp_path / "vg" / "gallery_meta.csv").is_file()
 
 
-@needs_shared
+@needs_shared("visogender")
 def test_download_path_is_verified(tmp_path, monkeypatch):
     files = {name: ((SHARED / name).as_uri(), digest) for name, (_, digest) in vg.VISOGENDER_FILES.items()}
     monkeypatch.setattr(vg, "VISOGENDER_FILES", files)  # file:// URLs: the real download code, no network

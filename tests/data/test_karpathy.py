@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from hubless.data.karpathy import data_dir, load_captions
+from hubless.data.karpathy import load_captions
+from tests.conftest import needs_shared
 
 
+@needs_shared("coco_karpathy", "flickr30k_karpathy")
 def test_loads_the_real_splits_when_present():
-    if not (data_dir() / "coco_karpathy").is_dir():
-        pytest.skip("needs ../shared/data/coco_karpathy (or `hubless data fetch coco`)")
     coco = load_captions("coco", "test5k")
     assert len(coco.captions) == 25_000 and coco.n_images == 5000
     assert load_captions("coco", "test1k").captions == coco.captions[:5000]

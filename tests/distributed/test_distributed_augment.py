@@ -52,9 +52,9 @@ def test_parts_equal_the_rows_of_a_single_machine_fit_and_rank_as_it_does(ray_lo
     ids = np.argsort(-(xq @ rows.T), axis=1, kind="stable")[:, :10]
     np.testing.assert_array_equal(ids, want.search(d["queries"], 10)[1])
     if want.weight_param:  # the weight can change per call, as with Index.search
-        xq = hd.augmented_queries(out, d["queries"], **{want.weight_param: 0.2})
+        xq = hd.augmented_queries(out, d["queries"], weight=0.2)
         ids = np.argsort(-(xq @ rows.T), axis=1, kind="stable")[:, :10]
-        np.testing.assert_array_equal(ids, want.search(d["queries"], 10, **{want.weight_param: 0.2})[1])
+        np.testing.assert_array_equal(ids, want.search(d["queries"], 10, weight=0.2)[1])
 
 
 def test_a_rerun_keeps_the_finished_parts(ray_local, shards, tmp_path):

@@ -94,10 +94,10 @@ def test_ray_resume_keeps_finished_chunks_and_encodes_only_the_missing_one(ray_l
 def test_ray_embed_without_ray_names_the_distributed_extra(clip_dir, tmp_path, monkeypatch):
     import sys
 
-    from hubless.errors import MissingDependencyError
+    from hubless.errors import MissingDependency
 
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not importable, as when it is not installed
-    with pytest.raises(MissingDependencyError, match=r"hubless\[distributed\]"):
+    with pytest.raises(MissingDependency, match=r"hubless\[distributed\]"):
         hd.embed(clip_dir, tmp_path / "e.npy", texts=TEXTS, progress=False)
     assert not (tmp_path / "e.npy.parts").exists()
 

@@ -25,7 +25,7 @@ from hubless.distributed.plan import plan_tiles
 from hubless.distributed.tile_compute import compute_tile
 from hubless.distributed.tile_merge import TileMerger
 from hubless.engine.stream import COL_BLOCK, ROW_BLOCK
-from hubless.io.sources import open_source
+from hubless.storage.sources import open_source
 from tests.conftest import unit_rows
 
 ADDITIVE = ["nnn:k=5", "csls:k=4", "dn", "is:beta=20.0", "dis:k_activation=3", "dualis", "dualdis:k_activation=2"]
@@ -42,7 +42,7 @@ def _run_plan(spec, gallery, query_bank, gallery_bank, gallery_rows, bank_cols, 
     for t in tiles:
         bank = query_bank if t.side == "query" else gallery_bank
         merger.add(t, compute_tile(t, gallery, bank, request))
-    return corr.fit_from_statistics(gallery, merger.result())
+    return corr.fit(gallery, statistics=merger.result())
 
 
 def _assert_same_fit(got, want, queries, *, exact_topk: bool):
@@ -91,6 +91,7 @@ def test_any_shard_boundaries_give_the_single_machine_fit(g_cuts, b_cuts, spec, 
     _assert_same_fit(got, want, queries, exact_topk=False)
 
 
+@pytest.mark.slow  # 29 s measured here (issue 53: tests over 30 s on a busy machine marked)
 def test_shards_aligned_with_the_engine_blocks_give_bitwise_equal_top_k():
     """Shards that start on block boundaries of both passes (the gallery is the column side of
     the activation pass, so its shards are multiples of COL_BLOCK) make the same BLAS calls as
@@ -251,7 +252,7 @@ import tests._dying_source as dying_module
 cloudpickle.register_pickle_by_value(dying_module)  # the workers get the class by value
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 import hubless.distributed as hd
-from hubless.io.sources import open_source
+from hubless.storage.sources import open_source
 src = open_source({str(d["bank_dir"])!r})
 dying = dying_module.DiesOnce(src.shards, src.dim, src.kind, marker={str(tmp_path / "died")!r})
 fitted = hd.fit("nnn:k=8", {str(d["gallery_dir"])!r}, dying, gallery_rows=256, bank_cols=1000, progress=False)
@@ -278,7 +279,7 @@ import tests._dying_source as sources
 cloudpickle.register_pickle_by_value(sources)
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 import hubless.distributed as hd
-from hubless.io.sources import open_source
+from hubless.storage.sources import open_source
 g = open_source({str(d["gallery_dir"])!r})
 slow = sources.SlowAfterFirst(g.shards, g.dim, g.kind, fast_reads=3, counter={str(tmp_path / "reads")!r}, delay=60.0)
 hd.fit("dis:k_activation=2", slow, {str(d["bank_dir"])!r}, gallery_rows=256, bank_cols=1000, work_dir={str(work)!r}, progress=False)

@@ -13,7 +13,7 @@ import pytest
 
 import hubless.distributed as hd
 from hubless.corrections import make_correction
-from hubless.errors import HublessError, InvalidInput, InvalidType, MissingInputError
+from hubless.errors import HublessError, InvalidInput, InvalidType, MissingInput
 from hubless.index import Index
 from tests.conftest import unit_rows
 
@@ -50,7 +50,7 @@ def _cases():
         "zero-length vectors": (g[:, :0], b[:, :0], "nnn:k=5", True, InvalidInput, "zero-length"),
         "bank of another dimension": (g, b[:, :6], "nnn:k=5", True, InvalidInput, "dimension"),
         "k larger than the bank": (g, b[:40], "nnn:k=50", True, InvalidInput, "k=50"),
-        "missing query bank": (g, None, "nnn:k=5", True, MissingInputError, "query bank"),
+        "missing query bank": (g, None, "nnn:k=5", True, MissingInput, "query bank"),
     }
 
 
@@ -139,7 +139,7 @@ def test_the_metadata_of_a_distributed_build_is_checked_as_index_build_checks_it
 @pytest.mark.parametrize("kind", ["npy", "parquet"])
 def test_shards_are_normalised_as_arrays_are_and_left_untouched(tmp_path, kind):
     from hubless._validation import as_embeddings
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     x = np.random.default_rng(0).standard_normal((300, 6)).astype(np.float32) * 3
     if kind == "npy":

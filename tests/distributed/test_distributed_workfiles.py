@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import hubless.distributed as hd
 from hubless.corrections import make_correction
-from hubless.io.workfiles import RecomputedWarning, job_id, load_arrays, save_arrays
+from hubless.storage.workfiles import RecomputedWarning, job_id, load_arrays, save_arrays
 from tests.conftest import unit_rows
 
 # ---------------------------------------------------------------- the file format, without Ray
@@ -204,7 +204,7 @@ def test_an_interrupted_output_keeps_the_parts_its_records_vouch_for(ray_local, 
     import cloudpickle
 
     import tests._dying_source as sources
-    from hubless.io.sources import open_source
+    from hubless.storage.sources import open_source
 
     cloudpickle.register_pickle_by_value(sources)  # the workers get the class by value
     d, out = shards, tmp_path / "out"

@@ -44,6 +44,8 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from tests.conftest import needs_shared
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(
     [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(p for p in (ROOT / "docs").rglob("*.md") if "_hooks" not in p.parts)],
@@ -346,14 +348,19 @@ def run_page(page: Path, workdir: Path) -> tuple[int, list[str]]:
 RUNNABLE = [p for p in PAGES if any(b["mark"] != "not-run" and b["lang"] in RUN for b in code_blocks(p))]
 
 
+def _with_data_marks(page: Path):
+    """``page`` as a parameter, marked ``needs_shared`` with the data folders its blocks need."""
+    folders = sorted({b["why"] for b in code_blocks(page) if b["mark"] == "needs-data"})
+    return pytest.param(page, marks=needs_shared(*folders)) if folders else page
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
+@pytest.mark.parametrize("page", [_with_data_marks(p) for p in RUNNABLE], ids=_page_id)
 def test_page_runs_as_written(page, example_files, tmp_path):
     workdir = tmp_path / "work"
     shutil.copytree(example_files, workdir)
     ran, missing = run_page(page, workdir)
-    if missing:
-        pytest.skip(f"ran {ran} blocks; {len(missing)} need {', '.join(sorted(set(missing)))} (../shared/data, or `hubless data fetch`)")
+    assert not missing, f"blocks need {missing}: the page's needs_shared mark lists them"
     assert ran >= 1
 
 

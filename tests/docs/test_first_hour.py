@@ -190,4 +190,4 @@ def test_the_readme_tests_pass_without_the_shared_data(tmp_path):
     result = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "skipped, and why" in result.stdout
-    assert "need coco_karpathy (../shared/data, or `hubless data fetch`)" in result.stdout
+    assert "needs ../shared/data/coco_karpathy (or `hubless data fetch coco`)" in result.stdout

@@ -128,3 +128,23 @@ def test_the_quick_start_installs_what_the_readme_uses():
     assert "source .venv/bin/activate" in text.split("## Example data")[0]  # said before the first bare `hubless`
     ci = (README.parent / ".ci" / "run").read_text()
     assert second in ci.splitlines(), "the README's test command is the one .ci/run runs"
+
+
+def test_ci_runs_the_readme_command_as_a_newcomer_then_the_data_tests_then_other_kernels():
+    """.ci/run (issue 51): (a) the README's test command first, with the benchmark data out of
+    reach (an empty HUBLESS_DATA_DIR), (b) the needs_shared tests with ../shared/data, required
+    to run, (c) tests/engine and tests/evaluation under OpenBLAS's Haswell and Sandybridge
+    kernels (and Zen); the script parses as bash."""
+    ci_file = README.parent / ".ci" / "run"
+    lines = [line.strip() for line in ci_file.read_text().splitlines()]
+    command = [b for b in code_blocks(README) if b["lang"] == "bash"][1]["code"].strip()
+    runs = [i for i, line in enumerate(lines) if "-m pytest" in line and not line.startswith("#")]
+    assert lines[runs[0]] == command  # the README's command is the first test run
+    newcomer = next(i for i, line in enumerate(lines) if line.startswith('export HUBLESS_DATA_DIR="$'))
+    assert newcomer < runs[0] < lines.index("unset HUBLESS_DATA_DIR") < runs[1]
+    assert lines[runs[1]] == "HUBLESS_REQUIRE_SHARED=1 .venv/bin/python -m pytest -m needs_shared"
+    loop = next(line for line in lines if line.startswith("for core in "))
+    assert {"Haswell", "Sandybridge", "Zen"} <= set(loop.removesuffix("; do").split()[3:])
+    assert lines[runs[2]] == "OPENBLAS_CORETYPE=$core .venv/bin/python -m pytest -q tests/engine tests/evaluation"
+    checked = subprocess.run(["bash", "-n", str(ci_file)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr

@@ -186,12 +186,14 @@ def test_memory_stays_bounded_when_the_similarity_matrix_is_huge():
 
 @pytest.mark.parametrize("coarse", [False, True])
 @pytest.mark.parametrize("with_ids", [False, True])
-def test_running_topk_on_wide_blocks(coarse, with_ids):
-    """Wide first blocks take the group-maxima bound; later blocks the running threshold."""
-    x = _matrix(7, 6, 3 * 4096, coarse)
+@pytest.mark.parametrize("width", [4096, 2571])
+def test_running_topk_on_wide_blocks(coarse, with_ids, width):
+    """Wide first blocks take the group-maxima bound (over the columns of whole groups when the
+    width is no multiple of the group: a bank part of any size); later blocks the running threshold."""
+    x = _matrix(7, 6, 3 * width, coarse)
     running = RunningTopK(6, 40, with_ids=with_ids)
-    for offset in range(0, x.shape[1], 4096):
-        running.update(x[:, offset : offset + 4096], offset)
+    for offset in range(0, x.shape[1], width):
+        running.update(x[:, offset : offset + width], offset)
     values, ids = running.sorted()
     expected = ranking(x)[:, :40]
     np.testing.assert_array_equal(values, np.take_along_axis(x, expected, axis=1))

@@ -238,9 +238,9 @@ def test_the_device_reads_each_bank_in_one_product_pass(data, monkeypatch):
     calls = []
     real = torch_passes.reduce_blocks
 
-    def counting(rows, cols, makers, device, transform=None):
+    def counting(rows, cols, makers, device, transform=None, **kwargs):
         calls.append((len(rows), len(cols)))
-        return real(rows, cols, makers, device, transform)
+        return real(rows, cols, makers, device, transform, **kwargs)
 
     monkeypatch.setattr(torch_passes, "reduce_blocks", counting)
     g, qb, gb = data["gallery"], data["query_bank"], data["gallery_bank"]
@@ -280,8 +280,10 @@ def test_gallery_updates_on_the_device_equal_a_fit(data, block_shape):
     _same_biases(grown.bias_columns_, whole.bias_columns_)
 
 
-def test_the_gallery_stays_on_the_device_between_searches(data):
-    corr = hubless.NNN(k=5).fit(data["gallery"], data["query_bank"])
+def test_a_read_only_gallery_stays_on_the_device_between_searches(data):
+    gallery = data["gallery"].copy()
+    gallery.flags.writeable = False  # nobody can change it in place (a writeable one: tests/engine/test_torch_memory.py)
+    corr = hubless.NNN(k=5).fit(gallery, data["query_bank"])
     first = corr.search(data["queries"], 5, device=DEVICE)
     key = (id(corr.gallery_), DEVICE, "float32")
     assert key in ta._KEPT and ta._KEPT[key][0]() is corr.gallery_
@@ -573,25 +575,6 @@ def test_the_ranking_pass_never_waits_for_the_device_inside_a_block(compiled, da
         assert o.metrics == pytest.approx(w.metrics, rel=1e-9), w.method
 
 
-def test_a_failing_compiler_warns_once_and_the_eager_pass_ranks(data, fresh_compile, monkeypatch):
-    """A compiler that fails (no C++ compiler, no Triton) is reported once; the ranks are the
-    eager pass's."""
-    g, qb, q = data["gallery"], data["query_bank"], data["queries"]
-    want = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
-
-    def no_compiler(*args, **kwargs):
-        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore lines")
-
-    monkeypatch.setattr(fresh_compile.torch, "compile", lambda fn, **kwargs: no_compiler)
-    monkeypatch.setattr(torch_reducers, "CHUNK_WIDTHS", (2, 8))
-    with pytest.warns(fresh_compile.CompileFallbackWarning, match="torch.compile failed .RuntimeError: InvalidCxxCompiler") as caught:
-        with use_device(DEVICE, compiled=True):
-            got = hubless.evaluate(g, q, np.arange(len(q)), qb, ["nnn:k=5", "is:beta=20.0"], bootstrap=0, progress=False)
-    assert len(caught) == 1 and "more lines" not in str(caught[0].message)
-    for w, o in zip(want.results, got.results):
-        assert o.metrics == w.metrics, w.method
-
-
 @pytest.mark.parametrize("device", ["one", "two"])
 def test_evaluate_on_the_device_takes_the_gates_from_the_ranking_pass(device, data, monkeypatch):
     """The gated methods' raw top-1 (DIS, DualDIS) comes from the ranking pass's own blocks, as
@@ -761,12 +744,12 @@ def test_score_matrix_fits_on_the_device_equal_the_numpy_fits(spec, data, monkey
 
 @pytest.mark.parametrize("ties", ["index", "average", "optimistic"])
 def test_score_matrix_evaluation_ranks_on_the_device_as_numpy_does(ties, data, tmp_path, monkeypatch):
-    """hubless.scores.evaluate_scores (hubless eval --scores) with a torch device: each block of
+    """hubless.score_matrices.evaluate_scores (hubless eval --scores) with a torch device: each block of
     score rows is read and checked on the host, uploaded once and ranked there by every method
     (additive, gated DIS / DualDIS with their gates from the rows, GC and published DualDIS on
     the host); ranks, metrics and hubness equal the numpy pass's, rows read from a memory map and
     a subset of rows (a query mask) included."""
-    from hubless.scores import evaluate_scores
+    from hubless.score_matrices import evaluate_scores
 
     monkeypatch.setattr(ta, "BLOCK_SHAPE", (23, 101))  # 80 rows cut unevenly
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
@@ -806,7 +789,7 @@ def test_correct_scores_top_k_ranks_on_the_device_as_on_the_host(ranking, data, 
     path (the correction fitted on the host for both, so the rows' ranking is what is compared);
     GC and published DualDIS are ranked on the host. Blocks of 23 rows."""
     from hubless.engine import torch_ranking
-    from hubless.scores import correct, correct_scores
+    from hubless.score_matrices import correct, correct_scores
 
     g, qb, gb, q = data["gallery"], data["query_bank"], data["gallery_bank"], data["queries"]
     S, SB, SG = q @ g.T, qb @ g.T, gb @ g.T
@@ -843,52 +826,6 @@ def test_read_only_arrays_go_to_the_device_without_a_warning(data):
         warnings.simplefilter("error")
         corr = hubless.NNN(k=5).fit(g, qb, device=DEVICE)
         corr.search(q, 5, device=DEVICE)
-
-
-def test_the_tf32_flag_is_restored_by_the_last_pass_and_follows_the_api_the_program_used(monkeypatch):
-    """Passes of several devices run in threads at once: the first to enter sets torch's flag,
-    the last to leave restores it. A program that set torch's newer fp32_precision API (reading
-    allow_tf32 then raises) gets that API set and restored instead. CPU torch holds both flags."""
-    import threading
-
-    from hubless.engine.device import tf32_products
-
-    matmul = torch.backends.cuda.matmul
-    monkeypatch.delenv("HUBLESS_TF32", raising=False)
-    with use_device(None, tf32=True):
-        before = matmul.allow_tf32
-        outer_done, inner_in, seen = threading.Event(), threading.Event(), []
-
-        def other_device():
-            with tf32_products("cuda:1"):
-                inner_in.set()
-                outer_done.wait(10)
-                seen.append(matmul.allow_tf32)  # the first pass has left: still set for this one
-
-        with tf32_products("cuda:0"):
-            assert matmul.allow_tf32
-            worker = threading.Thread(target=contextvars_run(other_device))
-            worker.start()
-            inner_in.wait(10)
-        outer_done.set()
-        worker.join(10)
-        assert seen == [True]
-        assert matmul.allow_tf32 is before
-        precision = matmul.fp32_precision
-        try:
-            matmul.fp32_precision = "ieee"  # the program uses the new API
-            with tf32_products("cuda:0"):
-                assert matmul.fp32_precision == "tf32"
-            assert matmul.fp32_precision == "ieee"
-        finally:
-            matmul.fp32_precision = precision
-            matmul.allow_tf32 = before  # back to the legacy API for the other tests
-
-
-def contextvars_run(fn):
-    import contextvars
-
-    return lambda: contextvars.copy_context().run(fn)
 
 
 def test_streamed_blocks_are_the_array_in_order_and_leaving_early_is_safe():
@@ -1000,8 +937,8 @@ def test_tune_on_a_device_checks_its_inputs_there(data, monkeypatch):
 
 def test_a_device_fit_normalises_as_the_host_and_reuses_the_checked_upload(data):
     """Rows that are not unit length (float64, scaled) are normalised from the device's norms
-    into a new array (never the uploaded one: the device would keep the raw rows); unit rows keep
-    the array, and the fit's passes use the upload the check made."""
+    (the upload normalised with them: tests/engine/test_torch_memory.py); unit rows keep the
+    array, and the fit's passes use the upload the check made."""
     from hubless._validation import as_embeddings
     from hubless.engine.device import checked_on_device
 

@@ -15,6 +15,7 @@ from hubless.data.fairness import make_fairness_data, relevance_by_column, sispi
 from hubless.fairness import audit, average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
 from hubless.metrics import relevant_ranks
 from hubless.metrics.truth import Truth
+from tests.conftest import needs_shared
 
 
 def test_ndkl_equals_the_reranking_package_on_random_lists():
@@ -91,11 +92,9 @@ def test_relevance_is_exact_not_prefix(tmp_path):
     assert practitioner["ethnicity"] == "white" and practitioner["gender"] == "male" and practitioner["id"] == 2
 
 
+@needs_shared("visogender")
 def test_visogender_metadata_loads():
-    try:
-        rows, queries = visogender_table()
-    except FileNotFoundError:
-        pytest.skip("needs ../shared/data/visogender (or `hubless data fetch visogender`)")
+    rows, queries = visogender_table()
     assert len(rows) == 690  # 460 occupation-participant + 230 occupation-object rows in the files
     assert {r["gender"] for r in rows} <= {"masculine", "feminine"}
     assert all(q["text"].startswith("the ") and " and their " in q["text"] for q in queries)
@@ -147,11 +146,8 @@ def test_fairness_cli_writes_json_and_report(tmp_path):
     assert bad.exit_code == 2 and "no column" in bad.output
 
 
+@needs_shared("visogender")
 def test_visogender_with_synthetic_embeddings_end_to_end(tmp_path):
-    try:
-        visogender_table()
-    except FileNotFoundError:
-        pytest.skip("needs ../shared/data/visogender (or `hubless data fetch visogender`)")
     runner = CliRunner()
     r = runner.invoke(app, ["data", "visogender", "--out", str(tmp_path), "--bias", "0.5"])
     assert r.exit_code == 0, r.output

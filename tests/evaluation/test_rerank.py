@@ -131,6 +131,7 @@ def test_cross_encoder_loaded_by_path(tmp_path):
     np.testing.assert_allclose(rr.score_pairs(*pairs), np.asarray(direct).reshape(-1), atol=1e-5)
 
 
+@pytest.mark.slow  # 36-59 s measured (a BLIP model reranks every method's top k)
 def test_eval_cli_with_rerank(tiny_blip, data, tmp_path):
     from typer.testing import CliRunner
 

@@ -77,7 +77,7 @@ def test_an_export_lands_whole_or_is_refused_leaving_nothing(index_and_root, arg
         return
     SEEN["exported"] += 1
     queries = unit_rows(np.random.default_rng(3), 4, D)
-    scores, ids, _ = search(uri, queries, 5, exact=True)
+    scores, ids = search(uri, queries, 5, exact=True)[:2]
     want_scores, want_ids = index.search(queries, 5)[:2]
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(scores, want_scores, atol=1e-5)
@@ -95,11 +95,11 @@ search_args = one_odd(
             "corrected": st.booleans(),
             "exact": st.booleans(),
             "target_recall": st.sampled_from([0.9, 1.0]),
-            "alpha": st.sampled_from([0.0, 0.5, 1.0]),
+            "weight": st.sampled_from([0.0, 0.5, 1.0]),
             "nprobe": st.sampled_from([1, 2]),
         },
     ),
-    ["corrected", "exact", "target_recall", "alpha", "nprobe", "ef_search"],
+    ["corrected", "exact", "target_recall", "weight", "nprobe", "ef_search"],
 )
 
 
@@ -114,14 +114,14 @@ def test_a_store_search_answers_or_is_refused(index_and_root, q, top_k, args):
     if not (root / "db" / "searched.lance").exists():
         export(index, uri, ann="IVF_FLAT", partitions=2)
     try:
-        scores, ids, meta = search(uri, q, top_k, **args)
+        hits = search(uri, q, top_k, **args)
     except HublessError as exc:
         SEEN["search refused"] += 1
         assert str(exc).strip()
         return
     SEEN["searched"] += 1
-    assert scores.shape == ids.shape and ids.shape[1] == int(top_k) and len(meta) == ids.shape[0]
-    assert np.isin(ids[ids >= 0], index.ids).all()
+    assert hits.scores.shape == hits.ids.shape == hits.found.shape and hits.ids.shape[1] == int(top_k)
+    assert np.isin(hits.ids[hits.found], index.ids).all() and (hits.ids[~hits.found] == -1).all()
 
 
 def test_the_fuzz_exported_searched_and_refused():

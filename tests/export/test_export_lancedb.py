@@ -21,20 +21,20 @@ def test_exact_search_equals_index(tmp_path, index, small_data):
     uri = f"lancedb://{tmp_path}/store/gallery"
     export(index, uri)
     q = small_data["queries"]
-    for alpha in (None, 0.3):
-        w = {} if alpha is None else {"alpha": alpha}
+    for weight in (None, 0.3):
+        w = {} if weight is None else {"weight": weight}
         want_s, want_i = index.search(q, top_k=10, **w)
-        got_s, got_i, meta = search(uri, q, top_k=10, **w)
-        np.testing.assert_array_equal(got_i, want_i)
-        np.testing.assert_allclose(got_s, want_s, atol=1e-5)
-    assert meta[0][0] == {"id": int(got_i[0, 0]), "caption": f"item {got_i[0, 0]}"}
+        got = search(uri, q, top_k=10, **w)
+        np.testing.assert_array_equal(got.ids, want_i)
+        np.testing.assert_allclose(got.scores, want_s, atol=1e-5)
+    assert got.metadata[int(got.ids[0, 0])] == {"caption": f"item {got.ids[0, 0]}"}
 
 
 def test_plain_search_is_uncorrected(tmp_path, index, small_data):
     uri = f"lancedb://{tmp_path}/s/g"
     export(index, uri)
     q = small_data["queries"]
-    got_s, got_i, _ = search(uri, q, top_k=5, corrected=False)
+    got_s, got_i = search(uri, q, top_k=5, corrected=False)[:2]
     sims = q @ small_data["gallery"].T
     want = np.argsort(-sims, axis=1, kind="stable")[:, :5]
     np.testing.assert_array_equal(got_i, want)
@@ -80,7 +80,7 @@ def test_cli_export_then_library_search(tmp_path, index, small_data):
     again = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", uri])
     assert again.exit_code == 2 and "overwrite" in again.output
     want_s, want_i = index.search(small_data["queries"], top_k=10)
-    got_s, got_i, _ = search(uri, small_data["queries"], top_k=10)
+    got_s, got_i = search(uri, small_data["queries"], top_k=10)[:2]
     np.testing.assert_array_equal(got_i, want_i)
 
 
@@ -118,7 +118,7 @@ def test_cli_search_on_a_store_equals_the_index(tmp_path):
     np.save(tmp_path / "q.npy", q)
     result = CliRunner().invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--top-k", "5", "--json", "--weight", "0.3"])
     assert result.exit_code == 0, result.output
-    _, ids = index.search(q, 5, alpha=0.3)
+    _, ids = index.search(q, 5, weight=0.3)
     lines = [_json.loads(line) for line in result.output.strip().splitlines()]
     assert [[h["id"] for h in line["hits"]] for line in lines] == ids.tolist()
     assert lines[0]["hits"][0]["metadata"] == {"caption": f"item {ids[0][0]}"}
@@ -141,8 +141,8 @@ def test_ann_variants_reach_their_recall(tmp_path, ann, recall):
     uri = f"lancedb://{tmp_path / 'db'}/ann"
     export(index, uri, ann=ann)
     _, exact_ids = index.search(q, 10)
-    _, ids, _ = search(uri, q, 10)
+    ids = search(uri, q, 10).ids
     got = np.mean([len(set(a) & set(e)) for a, e in zip(ids, exact_ids)]) / 10
     assert got >= recall, got
-    _, exact_store, _ = search(uri, q, 10, exact=True)
+    exact_store = search(uri, q, 10, exact=True).ids
     np.testing.assert_array_equal(exact_store, exact_ids)

@@ -41,7 +41,7 @@ def test_plain_server_search_is_uncorrected(server, index, small_data):
     uri = _uri()
     export(index, uri, ann="HNSW")
     q = small_data["queries"]
-    _, got_i, _ = search(uri, q, top_k=10, corrected=False, exact=True)
+    got_i = search(uri, q, top_k=10, corrected=False, exact=True).ids
     want = np.argsort(-(q @ small_data["gallery"].T), axis=1, kind="stable")[:, :10]
     np.testing.assert_array_equal(got_i, want)
     # the default (HNSW) search path answers too; the local engine scans, so it equals exact here
@@ -119,7 +119,7 @@ def test_sync_after_add_and_remove_equals_a_fresh_export(server, index, small_da
     assert counts == {"written": 5, "removed": 1, "unchanged": 59}  # by the items' stable ids: only what changed
     q = small_data["queries"]
     want_s, want_i = index.search(q, top_k=10)
-    got_s, got_i, _ = search(uri, q, top_k=10, exact=True)
+    got_s, got_i = search(uri, q, top_k=10, exact=True)[:2]
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5)
 
@@ -143,7 +143,7 @@ def test_an_export_failing_on_bad_metadata_midway_keeps_the_previous_collection(
     after = search(uri, small_data["queries"], top_k=10, exact=True)
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_allclose(after[0], before[0])
-    assert after[2][0][0]["caption"].startswith("item ")
+    assert after.metadata[int(after.ids[0, 0])]["caption"].startswith("item ")
     if kind == "qdrant":  # only the previous version's directory is left
         assert len([p for p in (tmp_path / "edge" / "gal").iterdir() if p.is_dir()]) == 1
     else:

@@ -229,7 +229,7 @@ for _ in range(4):
     errors = [w.communicate(timeout=240)[1] for w in writers]
     assert [w.returncode for w in writers] == [0, 0], errors
     want_s, want_i = index.search(small_data["queries"], 10)
-    got_s, got_i, _ = search(uri, small_data["queries"], top_k=10, exact=True)
+    got_s, got_i = search(uri, small_data["queries"], top_k=10, exact=True)[:2]
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5)
 
@@ -320,7 +320,7 @@ def test_cli_search_passes_the_weight_by_its_name_and_the_knob_of_the_store(tmp_
     )
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.output.strip().splitlines()]
-    assert [[h["id"] for h in line["hits"]] for line in lines] == index.search(d["queries"], 5, lam=0.9)[1].tolist()
+    assert [[h["id"] for h in line["hits"]] for line in lines] == index.search(d["queries"], 5, weight=0.9)[1].tolist()
     refused = runner.invoke(app, ["search", uri, "--queries", str(tmp_path / "q.npy"), "--nprobe", "4"])
     assert refused.exit_code == 2 and "nprobe" in refused.output and "ef_search" in refused.output
     bad = runner.invoke(app, ["export", str(tmp_path / "idx"), "--to", f"qdrant://{tmp_path}/qd/x", "--option", "nope=1"])

@@ -92,7 +92,7 @@ def _index(d, spec="nnn:alpha=0.75,k=8", metadata=None, **kw):
     return Index.build(d["gallery"], d["query_bank"], spec, factory="Flat", gallery_bank=d["gallery_bank"], metadata=metadata, **kw)
 
 
-SPECS = [("nnn:alpha=0.75,k=8", {"alpha": 0.3}), ("dn:lam=0.4", {"lam": 0.7}), ("is:beta=15.0", {}), ("dualis", {}), ("baseline", {})]
+SPECS = [("nnn:alpha=0.75,k=8", {"weight": 0.3}), ("dn:lam=0.4", {"weight": 0.7}), ("is:beta=15.0", {}), ("dualis", {}), ("baseline", {})]
 
 
 def test_exact_search_equals_the_index_for_every_servable_correction(new_uri, small_data):
@@ -103,11 +103,11 @@ def test_exact_search_equals_the_index_for_every_servable_correction(new_uri, sm
         export(index, uri)
         for w in ({}, weight) if weight else ({},):
             want_s, want_i = index.search(q, 10, **w)
-            got_s, got_i, rows = search(uri, q, 10, exact=True, **w)
-            np.testing.assert_array_equal(got_i, want_i, err_msg=f"{spec} {w}")
-            np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=2e-6, err_msg=f"{spec} {w}")
-            assert [[r["id"] for r in hits] for hits in rows] == want_i.tolist()
-        _, plain, _ = search(uri, q, 5, corrected=False, exact=True)
+            got = search(uri, q, 10, exact=True, **w)
+            np.testing.assert_array_equal(got.ids, want_i, err_msg=f"{spec} {w}")
+            np.testing.assert_allclose(got.scores, want_s, rtol=1e-4, atol=2e-6, err_msg=f"{spec} {w}")
+            assert got.found.all() and [[h["id"] for h in r["hits"]] for r in got.records()] == want_i.tolist()
+        plain = search(uri, q, 5, corrected=False, exact=True).ids
         np.testing.assert_array_equal(plain, np.argsort(-(q @ small_data["gallery"].T), axis=1, kind="stable")[:, :5])
         info = describe(uri)
         assert (info["spec"], info["metric"], info["n_items"], info["dim"]) == (index.correction.spec, "dot", 60, 16)
@@ -116,9 +116,9 @@ def test_exact_search_equals_the_index_for_every_servable_correction(new_uri, sm
 def test_top_k_beyond_the_store_fills_with_missing_slots(new_uri, small_data):
     uri = new_uri()
     export(_index(small_data), uri)
-    scores, ids, rows = search(uri, small_data["queries"][:2], 70, exact=True)
-    assert ids.shape == (2, 70) and (ids[:, 60:] == -1).all() and np.isneginf(scores[:, 60:]).all()
-    assert len(rows[0]) == 60
+    hits = search(uri, small_data["queries"][:2], 70, exact=True)
+    assert hits.ids.shape == (2, 70) and (hits.ids[:, 60:] == -1).all() and np.isneginf(hits.scores[:, 60:]).all()
+    assert hits.found[:, :60].all() and not hits.found[:, 60:].any() and len(hits.records()[0]["hits"]) == 60
 
 
 METADATA_VALUES = [
@@ -135,12 +135,12 @@ def test_metadata_types_read_back_identically(new_uri, small_data):
     index = _index(small_data, metadata=meta)
     uri = new_uri()
     export(index, uri)
-    _, ids, rows = search(uri, small_data["queries"], 60, exact=True)
+    found = search(uri, small_data["queries"], 60, exact=True)
     want_keys = {"caption", "n", "score", "ok", "tags", "none", "mixed", "item", "late_key"}
-    for hits in rows[:3]:
-        for row in hits:
-            i = row["id"]
-            assert set(row) == want_keys | {"id"}
+    for ids in found.ids[:3]:
+        for i in ids.tolist():
+            row = found.metadata[i]
+            assert set(row) == want_keys
             expect = {k: meta[i].get(k) for k in want_keys}
             if expect["mixed"] is not None:
                 expect["mixed"] = float(expect["mixed"])  # ints and floats in one key: a float column
@@ -177,14 +177,14 @@ def test_sync_equals_a_fresh_export_after_adds_removals_of_duplicates_and_bank_g
         export(index, fresh)
         got = search(live, q, 10, exact=True)
         want = search(fresh, q, 10, exact=True)
-        np.testing.assert_array_equal(got[1], want[1])
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
-        assert got[2] == want[2]
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5, atol=1e-6)
+        assert got.metadata == want.metadata
         want_s, want_i = index.search(q, 10)
-        np.testing.assert_array_equal(got[1], want_i)
-        np.testing.assert_allclose(got[0], want_s, rtol=1e-4, atol=2e-6)
-        _, all_ids, all_rows = search(live, q[:1], index.ntotal, exact=True)
-        assert {r["id"]: r["caption"] for r in all_rows[0]} == {
+        np.testing.assert_array_equal(got.ids, want_i)
+        np.testing.assert_allclose(got.scores, want_s, rtol=1e-4, atol=2e-6)
+        everything = search(live, q[:1], index.ntotal, exact=True)
+        assert {j: row["caption"] for j, row in everything.metadata.items()} == {
             int(item): index.metadata[i]["caption"] for i, item in enumerate(index.ids)
         }  # stable ids: after a removal, ids are not positions
         assert describe(live)["n_items"] == index.ntotal

@@ -45,7 +45,7 @@ def test_search_equals_index_search_with_metadata(indexes, data):
         np.testing.assert_array_equal(result.ids, ids)
         np.testing.assert_allclose(result.scores, scores, rtol=1e-6)
     weighted = searcher.search("flat", embeddings=queries, top_k=5, weight=0.2)
-    np.testing.assert_array_equal(weighted.ids, indexes["flat"].search(queries, 5, alpha=0.2)[1])
+    np.testing.assert_array_equal(weighted.ids, indexes["flat"].search(queries, 5, weight=0.2)[1])
     record = weighted.records()[0]
     assert record["query"] == 0 and record["hits"][0]["metadata"] == {"caption": f"item {record['hits'][0]['id']}"}
     assert "metadata" not in searcher.search("ivf", embeddings=queries[:1], top_k=3).records()[0]["hits"][0]
@@ -189,3 +189,30 @@ def test_image_queries_over_http_equal_in_process(clip_index, tmp_path):
     expected = hubless.Index.load(root / "idx").search(encoder.encode_images([image]), 4)[1]
     assert [h["id"] for h in body["results"][0]["hits"]] == expected[0].tolist()
     assert broken.status_code == 422 and "images[0]" in broken.json()["detail"]
+
+
+def test_the_cli_and_the_service_print_the_searchers_records(indexes, data, tmp_path):
+    """One path: `hubless search --json` prints, and POST /search answers, Hits.records() of
+    Searcher.search, itself Index.search (found slots only, the metadata of each hit)."""
+    import json
+
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from hubless.cli.main import app
+    from hubless.service import create_app
+
+    _, _, queries = data
+    indexes["flat"].save(tmp_path / "flat")
+    np.save(tmp_path / "q.npy", queries[:4])
+    want = Searcher({"flat": tmp_path / "flat"}).search(embeddings=queries[:4], top_k=650)  # beyond the 600 items
+    assert isinstance(want, hubless.Hits) and want.found[:, :600].all() and not want.found[:, 600:].any()
+    records = json.loads(json.dumps(want.records()))
+    assert [len(r["hits"]) for r in records] == [600] * 4 and records[0]["hits"][0]["metadata"]["caption"]
+    done = CliRunner().invoke(app, ["search", str(tmp_path / "flat"), "--queries", str(tmp_path / "q.npy"), "--top-k", "650", "--json"])
+    assert done.exit_code == 0, done.output
+    assert [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")] == records
+    with TestClient(base_url="http://localhost", app=create_app({"flat": tmp_path / "flat"})) as client:
+        answer = client.post("/search", json={"embeddings": queries[:4].tolist(), "top_k": 650})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["results"] == records

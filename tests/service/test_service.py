@@ -47,7 +47,7 @@ def test_search_equals_index_search_in_process(client, saved):
     index = hubless.Index.load(root / "coco")
     response = client.post("/search", json={"index": "coco", "embeddings": queries[:5].tolist(), "top_k": 7, "weight": 0.3})
     assert response.status_code == 200, response.text
-    scores, ids = index.search(queries[:5], 7, alpha=0.3)
+    scores, ids = index.search(queries[:5], 7, weight=0.3)
     body = response.json()
     assert body["method"] == "nnn:alpha=0.75,k=8"
     for row, result in enumerate(body["results"]):

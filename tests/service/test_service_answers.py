@@ -16,6 +16,7 @@ from starlette.testclient import TestClient  # noqa: E402
 import hubless  # noqa: E402
 from hubless.service import Keys, Settings, create_app  # noqa: E402
 from hubless.service import answers as A  # noqa: E402
+from hubless.service.settings import BankLearning  # noqa: E402
 from tests.conftest import unit_rows  # noqa: E402
 
 KEY = "k" * 32
@@ -42,7 +43,8 @@ def client(tmp_path):
     rng = np.random.default_rng(3)
     meta = [{"caption": f"c{i}", "n": i} for i in range(50)]
     hubless.Index.build(unit_rows(rng, 50, 8), unit_rows(rng, 90, 8), "nnn:k=4", "Flat", metadata=meta).save(tmp_path / "idx")
-    app = create_app({"idx": tmp_path / "idx"}, settings=Settings(keys=Keys(write=KEY)))
+    learning = BankLearning(learn_bank=("idx",), learn_bank_holdout=0.2)  # /hubness answers with the learned bank too
+    app = create_app({"idx": tmp_path / "idx"}, settings=Settings(keys=Keys(write=KEY), learning=learning))
     with TestClient(app, base_url="http://localhost") as c:
         yield c
 
@@ -59,11 +61,18 @@ def test_every_answer_has_exactly_its_models_fields(client):
         ("DELETE", "/items/idx/5", None, A.ItemRemoved),
         ("POST", "/bank/idx", {"embeddings": [[0.4] * 8]}, A.BankAdded),
         ("GET", "/hubness/idx", None, A.HubnessAnswer),  # with served figures now
+        ("POST", "/bank/idx/refit", None, A.BankLearned),  # too few queries learned: no decision
+        ("POST", "/search", {"embeddings": unit_rows(np.random.default_rng(1), 250, 8).tolist(), "top_k": 2}, A.SearchAnswer),
+        ("POST", "/search", {"embeddings": unit_rows(np.random.default_rng(2), 250, 8).tolist(), "top_k": 2}, A.SearchAnswer),
+        ("POST", "/bank/idx/refit", None, A.BankLearned),  # a decision
+        ("GET", "/hubness/idx", None, A.HubnessAnswer),  # with the learned bank's history
+        ("POST", "/bank/idx/reset", None, A.BankLearned),
     ]
     for method, path, body, model in calls:
         r = client.request(method, path, json=body, headers=AUTH)
         assert r.status_code == 200, (path, r.text)
         _exactly(model, r.json())
+    assert client.get("/hubness/idx", headers=AUTH).json()["learning"]["history"][0]["decision"] in ("accepted", "rejected")
     listing = client.get("/indexes", headers=AUTH).json()
     assert len(listing) == 1
     _exactly(A.IndexListing, listing[0])

@@ -52,8 +52,10 @@ def world(tmp_path_factory):
     hubless.Index.build(unit_rows(rng, 60, D), unit_rows(rng, 120, D), "nnn:alpha=0.5,k=4", "Flat", metadata=meta).save(root / "idx")
     (root / "write.key").write_text(WRITE)
     (root / "read.key").write_text(READ)
+    # the bank is learned from the fuzzed searches (--learn-bank), refitting while the writes land
     server = Server(["idx", "--api-key-file", "write.key", "--read-key-file", "read.key", "--max-batch", 32,
-                     "--max-body-bytes", 2**16, "--max-text-chars", 40, "--lock-timeout", 1, "--rate-limit", 0], cwd=root)  # fmt: skip
+                     "--max-body-bytes", 2**16, "--max-text-chars", 40, "--lock-timeout", 1, "--rate-limit", 0,
+                     "--learn-bank", "idx", "--learn-bank-every", 40, "--learn-bank-holdout", 0.3, "--learn-bank-quota", 1], cwd=root)  # fmt: skip
     yield root, server
     server.stop()
 
@@ -150,6 +152,12 @@ ROUTES = st.one_of(
     st.tuples(st.just("POST"), st.just("/items/idx/delete"), DELETE, st.just(WRITE)),
     st.tuples(st.just("POST"), st.just("/items/idx/metadata"), METADATA, st.just(WRITE)),
     st.tuples(st.just("POST"), st.sampled_from(["/search", "/items/idx", "/items/idx/delete"]), anything, st.sampled_from([READ, WRITE])),
+    st.tuples(
+        st.just("POST"),
+        st.sampled_from(["/bank/idx/refit", "/bank/idx/reset", "/bank/nope/refit"]),
+        anything,
+        st.sampled_from([READ, WRITE]),
+    ),
 )
 PATH_PARTS = st.text(max_size=12).map(lambda s: quote(s, safe="")) | st.sampled_from(
     ["..", "%2e%2e", "%00", "-1", "9" * 25, "1e3", "idx", "nope", "%2Fetc%2Fpasswd"]
@@ -183,6 +191,7 @@ def send(server, method: str, path: str, body, key: str):
 @example(request=("POST", "/items/idx/delete", {"ids": [900]}, WRITE))
 @example(request=("POST", "/bank/idx", {"embeddings": VALID_QUERY}, WRITE))
 @example(request=("POST", "/search", {"embeddings": VALID_QUERY, "where": {"$not": {"split": "test"}}}, READ))
+@example(request=("POST", "/bank/idx/refit", None, WRITE))
 def test_no_request_body_gets_a_500_a_traceback_or_a_path(world, request):
     root, server = world
     method, path, body, key = request
@@ -242,7 +251,7 @@ def test_the_index_is_consistent_after_the_fuzzing(world):
     # examples make sure of one each), and the generated writes landed many times over
     assert all(
         SEEN["POST", path, 200]
-        for path in ("/search", "/search/binary", "/items/idx", "/bank/idx", "/items/idx/delete", "/items/idx/metadata")
+        for path in ("/search", "/search/binary", "/items/idx", "/bank/idx", "/items/idx/delete", "/items/idx/metadata", "/bank/idx/refit")
     ), SEEN
     assert sum(SEEN["POST", path, 200] for path in ("/items/idx", "/bank/idx", "/items/idx/delete", "/items/idx/metadata")) >= 30, SEEN
     assert SEEN["POST", "/search", 200] + SEEN["POST", "/search/binary", 200] >= 30, SEEN

@@ -20,6 +20,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("PIL")
 
 import hubless  # noqa: E402
+from hubless.service.body import MAX_DEPTH  # noqa: E402
 from tests.conftest import unit_rows  # noqa: E402
 from tests.service.test_service import _free_port  # noqa: E402
 from tests.service.test_service_security import READ, WRITE, Server, auth  # noqa: E402
@@ -107,7 +108,7 @@ def test_huge_bodies_are_refused_off_the_event_loop_with_bounded_memory(world):
     )
     assert peak - rss_before < 120, (rss_before, peak)  # four 8 MiB bodies: their bytes, never 2M Python lists (was +466 MiB for one)
     status, _, body = server.request("POST", "/search", deep, headers={**auth(), "content-type": "application/json"})
-    assert status == 422 and "32 deep" in json.loads(body)["detail"]
+    assert status == 422 and f"{MAX_DEPTH} deep" in json.loads(body)["detail"]
     legit = unit_rows(rng, 64, 16)  # the largest batch allowed still searches
     status, _, body = server.request("POST", "/search", {"embeddings": legit.tolist(), "top_k": 3}, headers=auth())
     assert status == 200 and len(json.loads(body)["results"]) == 64

@@ -353,3 +353,87 @@ def test_query_by_image_upload(tmp_path, browser):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A server learning its bank (--learn-bank) from real searches of 30 clients (a trusted
+    proxy's forwarded addresses): two refits kept, then one rejected (queries aimed at one item)."""
+    import json
+
+    root = tmp_path_factory.mktemp("learned")
+    data = make_retrieval_data(n_items=300, dim=32, n_query_bank=3000, n_val_items=10, seed=4)
+    far = make_retrieval_data(n_items=100, dim=32, n_query_bank=500, n_val_items=10, seed=9).query_bank
+    hubless.Index.build(data.gallery, far, "nnn:alpha=0.75,k=16", "Flat").save(root / "demo")
+    base, proc = start(
+        [
+            str(root / "demo"),
+            "--learn-bank",
+            "demo",
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--rate-limit",
+            "0",
+            "--learn-bank-every",
+            "400",
+            "--learn-bank-capacity",
+            "1200",
+            "--learn-bank-holdout",
+            "0.2",
+        ],
+        root,
+    )
+
+    def send(rows, client):
+        body = json.dumps({"embeddings": rows.tolist(), "top_k": 5}).encode()
+        req = urllib.request.Request(base + "/search", data=body, headers={"content-type": "application/json", "X-Forwarded-For": client})
+        urllib.request.urlopen(req, timeout=30).read()
+
+    def decisions(n):
+        for _ in range(300):  # bounded wait for the background refits
+            history = json.loads(urllib.request.urlopen(base + "/hubness/demo", timeout=30).read())["learning"]["history"]
+            if len(history) >= n:
+                return history
+            time.sleep(0.2)
+        pytest.fail(f"fewer than {n} refits")
+
+    rng = np.random.default_rng(1)
+    for stage, rows in enumerate((data.query_bank[:600], data.query_bank[600:1200])):
+        for i in range(0, 600, 10):
+            send(rows[i : i + 10], f"198.51.100.{i // 10 % 30}")
+        decisions(stage + 1)
+    aimed = data.gallery[17] + 0.3 * rng.standard_normal((600, 32)).astype(np.float32) / np.sqrt(32)
+    for i in range(0, 600, 10):  # 30 clients, each within its quota, all aiming at item 17
+        send(aimed[i : i + 10] / np.linalg.norm(aimed[i : i + 10], axis=1, keepdims=True), f"203.0.113.{i // 10 % 30}")
+    history = decisions(3)
+    yield base, history
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_the_learned_bank_over_time_in_chromium(learned, browser):
+    from axe_playwright_python.sync_playwright import Axe
+
+    base, history = learned
+    assert [h["decision"] for h in history[:3]] == ["accepted", "accepted", "rejected"], [h["reasons"] for h in history]
+    assert "item 17" in " ".join(history[2]["reasons"])
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, bypass_csp=True)  # axe is injected as a script
+    page = context.new_page()
+    page.goto(base + "/")
+    page.wait_for_selector("#index option", state="attached")
+    page.click("#show-hubness")
+    page.wait_for_selector("#learning-plot circle")
+    assert page.locator("#learning-plot circle.accepted").count() == 2 and page.locator("#learning-plot circle.rejected").count() == 1
+    assert page.locator("#learning-table tr").count() == 1 + len(history)
+    assert "rejected" in page.inner_text("#learning-table") and "item 17" in page.inner_text("#learning-table")
+    assert "from 30 clients" in page.inner_text("#learning-stats") or "clients" in page.inner_text("#learning-stats")
+    page.locator("#learning").scroll_into_view_if_needed()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "page-learned-bank.png"), full_page=True)
+    results = Axe().run(page)
+    bad = [(v["id"], v["impact"], v["help"]) for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
+    assert not bad, bad
+    page.set_viewport_size({"width": 400, "height": 900})
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")  # no horizontal scroll at 400 px
+    page.screenshot(path=str(ARTIFACTS / "page-learned-bank-400.png"), full_page=True)
+    context.close()

@@ -19,16 +19,16 @@ from typer.testing import CliRunner  # noqa: E402
 
 from hubless.cli.main import app  # noqa: E402
 from hubless.errors import InvalidInput  # noqa: E402
-from hubless.service.settings import DEFAULT_HOSTS, Keys, Limits, Option, ServeSettings, Settings  # noqa: E402
+from hubless.service.settings import DEFAULT_HOSTS, BankLearning, Keys, Limits, Option, ServeSettings, Settings  # noqa: E402
 
 
 def _flags():
     """Every option flag the settings declare, with its field's description."""
     flags = {}
-    for model in (ServeSettings, Limits):
+    for model in (ServeSettings, Limits, BankLearning):
         for name, field in model.model_fields.items():
             option = next((m for m in field.metadata if isinstance(m, Option)), Option())
-            if option.flag is None or name == "limits":
+            if option.flag is None or name in ("limits", "learning"):
                 continue
             flags[option.flag or "--" + name.replace("_", "-")] = field.description
     return flags

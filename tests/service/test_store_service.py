@@ -43,6 +43,11 @@ def store(request, tmp_path):
     return uri, unit_rows(rng, 4, 16), str(folder)
 
 
+def _rows(hits):
+    """Per query, per found hit: {"id", **its stored metadata} (what the store's search answers)."""
+    return [[{"id": int(j), **hits.metadata[int(j)]} for j in ids[found]] for ids, found in zip(hits.ids, hits.found)]
+
+
 def _ids_scores_meta(records, key="hits"):
     ids = [[h["id"] for h in r[key]] for r in records]
     scores = [[h["score"] for h in r[key]] for r in records]
@@ -69,11 +74,13 @@ def test_the_service_serves_a_store_like_an_index(store):
             assert r.status_code == 200, r.text
             assert r.json()["index"] == "mine" and r.json()["method"] == SPEC
             options = {} if weight is None else {"weight": weight}
-            want_s, want_i, want_m = hubless.export.search(uri, queries, 5, **options)
+            want = hubless.export.search(uri, queries, 5, **options)
+            want_s, want_i, want_m = want.scores, want.ids, _rows(want)
             ids, scores, meta = _ids_scores_meta(r.json()["results"])
             assert ids == want_i.tolist() and meta == want_m
             np.testing.assert_allclose(scores, want_s, rtol=1e-6)
-            plain_s, plain_i, plain_m = hubless.export.search(uri, queries, 5, corrected=False)  # compare: the store's plain search
+            plain = hubless.export.search(uri, queries, 5, corrected=False)  # compare: the store's plain search
+            plain_s, plain_i, plain_m = plain.scores, plain.ids, _rows(plain)
             ids, scores, meta = _ids_scores_meta(r.json()["results"], "uncorrected")
             assert ids == plain_i.tolist() and meta == plain_m
             np.testing.assert_allclose(scores, plain_s, rtol=1e-6)
@@ -131,7 +138,8 @@ def test_the_searcher_searches_a_store_as_export_search_does(store):
     assert Searcher(uri).names == ["gal"]  # a bare URI is named after its table
     for weight in (None, 0.0, 0.5):
         got = searcher.search(embeddings=queries, top_k=6, weight=weight, compare=True)
-        want_s, want_i, want_m = hubless.export.search(uri, queries, 6, **({} if weight is None else {"weight": weight}))
+        want = hubless.export.search(uri, queries, 6, **({} if weight is None else {"weight": weight}))
+        want_s, want_i, want_m = want.scores, want.ids, _rows(want)
         np.testing.assert_array_equal(got.ids, want_i)
         np.testing.assert_allclose(got.scores, want_s, rtol=1e-6)
         np.testing.assert_array_equal(got.uncorrected[1], hubless.export.search(uri, queries, 6, corrected=False)[1])
@@ -237,7 +245,7 @@ def test_hubless_serve_serves_a_store_uri(tmp_path):
         status, _, raw = server.request("POST", "/search", {"index": "mine", "embeddings": queries.tolist(), "top_k": 5, "compare": True})
         assert status == 200, raw
         body = json.loads(raw)
-        want_s, want_i, _ = hubless.export.search(uri, queries, 5)
+        want_s, want_i = hubless.export.search(uri, queries, 5)[:2]
         assert [[h["id"] for h in r["hits"]] for r in body["results"]] == want_i.tolist()
         np.testing.assert_allclose([[h["score"] for h in r["hits"]] for r in body["results"]], want_s, rtol=1e-6)
         assert [[h["id"] for h in r["uncorrected"]] for r in body["results"]] == hubless.export.search(uri, queries, 5, corrected=False)[

@@ -51,13 +51,12 @@ keeps it in step; a value someone else changed under the field is not seen).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from hubless.attached.certificate import Round, answer_round, certificate_bound, take_queries
-from hubless.attached.sources.base import field_names
+from hubless.attached.sources.base import BandFilter, field_names
 from hubless.hits import Hits
 
 __all__ = ["BAND_ROUNDS", "BAND_SHARES", "BandFilter", "Bands", "CollectionBands", "make_bands"]
@@ -66,20 +65,6 @@ __all__ = ["BAND_ROUNDS", "BAND_SHARES", "BandFilter", "Bands", "CollectionBands
 BAND_SHARES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.98)
 #: Band queries at most per query and round (the first band, then bands nested inside it).
 BAND_ROUNDS = 3
-
-
-@dataclass(frozen=True)
-class BandFilter:
-    """What a store needs to search one band: the items with some bias column ``c`` below
-    ``edges[c]``. ``fields``: the payload fields (one per column) hubless wrote the biases to
-    (None where none was written); ``members``: a function giving the band's ids, sorted (from
-    the sidecar), for a store that filters by id (a FAISS file); ``key``: a hashable identity of
-    the band, under which a store may keep the filter it built."""
-
-    edges: tuple[float, ...]
-    fields: tuple[str, ...] | None
-    members: Callable[[], np.ndarray] = field(compare=False)
-    key: tuple = ()
 
 
 @dataclass(frozen=True)

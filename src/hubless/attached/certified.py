@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hubless._deprecation import deprecated_names
 from hubless._validation import check_positive_int, check_top_k
 from hubless.attached import checks
 from hubless.attached.bands import CollectionBands
@@ -48,7 +49,7 @@ from hubless.engine.topk import NO_ID
 from hubless.errors import Conflict, InvalidType
 from hubless.hits import Hits
 
-__all__ = ["AttachedCollection", "AttachedResult", "recall_at_k"]
+__all__ = ["AttachedCollection", "recall_at_k"]
 
 #: Default first k' (candidates per query) as a multiple of top_k.
 CANDIDATE_FACTOR = 8
@@ -59,8 +60,8 @@ ANSWER_ELEMENTS = 1 << 22
 #: Queries ranked per scan by :meth:`AttachedCollection.exact_search` (bounds its memory).
 EXACT_QUERY_BLOCK = 1024
 
-#: What an attached search returned before :class:`~hubless.Hits` (an alias, kept for one release).
-AttachedResult = Hits
+#: ``AttachedResult`` is now :class:`hubless.Hits` (deprecated name, removed in 0.2.0)
+__getattr__ = deprecated_names(__name__, {"AttachedResult": "hubless.hits:Hits"})
 
 
 class AttachedCollection:

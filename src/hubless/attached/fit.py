@@ -16,6 +16,7 @@ only with ``overwrite=True``; a folder that holds something else never.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -103,30 +104,27 @@ def attach(
     pgvector, Chroma, Milvus; a FAISS file refuses, before anything is read). :func:`update`
     keeps the field in step.
     """
-    from hubless.index.lock import write_lock
-
     if out is None or not isinstance(out, (str, Path)):
         raise InvalidType(f"out must be a directory path for the sidecar; got {out!r}")
     if not isinstance(overwrite, (bool, np.bool_)):
         raise InvalidType(f"overwrite must be True or False; got {overwrite!r}")
     target = BEAM_RECALL if beam_recall is None else check_target_recall(beam_recall)
-    with write_lock(Path(out)):  # one attach or update of a sidecar at a time
-        replaced = replaceable(Path(out), bool(overwrite))
-        return fit_and_write(
-            source,
-            query_bank,
-            method,
-            out,
-            gallery_bank,
-            normalize,
-            reserve,
-            batch,
-            progress,
-            source_options,
-            payload=payload_name(write_payload),
-            replaced=replaced,
-            beam_recall=target,
-        )
+    return fit_and_write(
+        source,
+        query_bank,
+        method,
+        out,
+        gallery_bank,
+        normalize,
+        reserve,
+        batch,
+        progress,
+        source_options,
+        payload=payload_name(write_payload),
+        lock=True,
+        overwrite=bool(overwrite),
+        beam_recall=target,
+    )
 
 
 def replaceable(out: Path, overwrite: bool) -> dict | None:
@@ -178,12 +176,16 @@ def fit_and_write(
     source_options,
     *,
     payload: str | None = None,
+    lock: bool = False,
+    overwrite: bool = False,
     replaced: dict | None = None,
     beam_recall: float = BEAM_RECALL,
 ) -> AttachedCollection:
+    """Check everything, then (holding the sidecar's write lock with ``lock``: one attach or
+    update of a sidecar at a time, taken only once the input is checked) fit and write."""
     batch = check_positive_int(batch, "batch")
     src = open_source(source, **source_options)
-    opened_here = src is not source
+    before = 0 if src is not source else src.bytes_read  # a source opened here: what opening it read counts
     if payload is not None:
         src.payload_fields(payload, 1)  # a store that can, a valid name: refused before anything is read
     corr = correction_for(method, normalize)
@@ -197,7 +199,22 @@ def fit_and_write(
         reserve = min(n, max(DEFAULT_RESERVE[0], n // 100), DEFAULT_RESERVE[1])
     elif isinstance(reserve, bool) or not isinstance(reserve, (int, np.integer)) or reserve < 0:
         raise InvalidInput(f"reserve must be a whole number of items >= 0; got {reserve!r}")
-    started, before = time.perf_counter(), 0 if opened_here else src.bytes_read
+    if lock:  # what ``out`` holds, refused before the lock file is made in it
+        replaced = replaceable(Path(out), overwrite)
+    with contextlib.ExitStack() as held:
+        if lock:
+            from hubless.index.lock import write_lock
+
+            held.enter_context(write_lock(Path(out), create=True))
+        return _fitted_and_written(
+            src, corr, request, qb, gb, n, reserve, requested, batch, progress, source_options, payload, out, replaced, beam_recall, before
+        )
+
+
+def _fitted_and_written(
+    src, corr, request, qb, gb, n, reserve, requested, batch, progress, source_options, payload, out, replaced, beam_recall, before
+):
+    started = time.perf_counter()
     mark = src.version()
     ann = qb is not None and src.beam_knob is not None and not src.searches_exactly({})
     probe = RecallProbe(probe_queries(qb), PROBE_K) if ann else None

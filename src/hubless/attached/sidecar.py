@@ -49,10 +49,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import current_dir
+from hubless._atomic import current_dir
 from hubless.engine import BankStatistics
 from hubless.errors import Corrupt, MissingFile
-from hubless.io.arrays import check_npy
+from hubless.storage.arrays import check_npy
 
 __all__ = [
     "FORMAT_VERSION",
@@ -107,7 +107,7 @@ class Sidecar:
 
 def write_sidecar(folder, sidecar: Sidecar) -> Path:
     """Write ``sidecar`` as a new version of ``folder`` and switch to it atomically."""
-    from hubless._io import file_sha256, save_npy, write_json, write_text
+    from hubless._atomic import file_sha256, save_npy, write_json, write_text
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ def check_store_ranking(collection) -> tuple[str, ...]:
 
 def store_formula(collection, **weight) -> StoreFormula:
     """The field(s) and weight(s) a store's own query ranks by: ``s - sum_c weights[c] *
-    fields[c]`` (``weight``: the correction's weight override, ``alpha=`` / ``weight=``).
+    fields[c]`` (``weight``: the correction's weight override, ``weight=``).
     Refused (:class:`~hubless.errors.InvalidInput`) for a method whose weight depends on the query."""
     fields = check_store_ranking(collection)
     corr = collection.correction

@@ -33,7 +33,7 @@ from hubless.attached.beam import BEAM_RECALL
 from hubless.attached.digests import SAMPLE, changed_in_sample, sample_positions, vector_digests
 from hubless.attached.fit import fit_and_write, reserve_sorted, sidecar_info, written_payload
 from hubless.attached.prepare import collection_rows, correction_for, read_banks
-from hubless.attached.sidecar import Sidecar, array_fingerprint, read_sidecar, same_collection, write_sidecar
+from hubless.attached.sidecar import Sidecar, array_fingerprint, is_sidecar, read_sidecar, same_collection, write_sidecar
 from hubless.attached.sources.base import BATCH, Source, open_source
 from hubless.attached.stream import fit_stream, global_statistics
 from hubless.errors import Conflict, InvalidInput, InvalidType
@@ -68,6 +68,8 @@ def update(
 
     if not isinstance(full, (bool, np.bool_)):
         raise InvalidType(f"full must be True or False; got {full!r}")
+    if not is_sidecar(out):
+        read_sidecar(out)  # its error: no lock file is made in what is not a sidecar
     with write_lock(Path(out)):  # one attach or update of a sidecar at a time
         return _update(out, source, query_bank, gallery_bank, bool(full), batch, progress, source_options)
 
@@ -156,11 +158,11 @@ def _update(out, source, query_bank, gallery_bank, full, batch, progress, source
     elif recorded:
         info["payload"] = recorded
     info["source"]["version"] = src.version()  # after hubless's own writes
-    write_sidecar(
-        out,
-        Sidecar(ids, joined["bias"], stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors,
-                digests=joined["digests"], scale=joined["scale"]),
-    )  # fmt: skip
+    digests, scale = joined["digests"], joined["scale"]
+    sidecar = Sidecar(
+        ids, joined["bias"], stats, info, reserve_ids=reserve_ids, reserve_vectors=reserve_vectors, digests=digests, scale=scale
+    )
+    write_sidecar(out, sidecar)
     return {
         **report,
         "added": int(added.size),

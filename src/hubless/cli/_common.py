@@ -66,8 +66,8 @@ def describe_file(path: Path | None, array) -> dict[str, Any] | None:
     """Path, shape and sha256 of an input, for results files."""
     if path is None:
         return None
-    from hubless._io import file_sha256
-    from hubless.io.arrays import split_key
+    from hubless._atomic import file_sha256
+    from hubless.storage.arrays import split_key
 
     file, _ = split_key(path)  # "file.npz:KEY" and "folder:text" hash the file / folder
     return {"path": str(path), "shape": list(array.shape), "sha256": file_sha256(file)}
@@ -182,13 +182,13 @@ OVERWRITE_HELP = "Replace existing --out / --report files that hubless did not w
 
 def generator_mark() -> dict[str, str]:
     """The key every JSON result starts with (see :func:`check_outputs`)."""
-    from hubless import __version__
+    from hubless._version import __version__
 
     return {"generator": f"{GENERATOR} {__version__}"}
 
 
 def _written_by_hubless(path: Path) -> bool:
-    from hubless._io import array_written_by_hubless
+    from hubless._atomic import array_written_by_hubless
 
     with open(path, "rb") as fh:
         head = fh.read(4096)
@@ -200,7 +200,7 @@ def check_outputs(outputs: dict[str, Path | None], inputs: dict[str, Any], *, ov
     """Refuse, before any work, outputs that would destroy something: an output that is one of
     the inputs, two outputs on one path, a path that is not a regular file (a folder, a FIFO, a
     device), or an existing file hubless did not write (unless ``overwrite``)."""
-    from hubless.io.arrays import split_key
+    from hubless.storage.arrays import split_key
 
     seen: dict[Path, str] = {}
     sources = {}
@@ -252,3 +252,31 @@ def print_results(ev, title: str) -> None:
         table.add_row(*(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()))
     console = wide_console()
     console.print(table)
+
+
+def write_evaluation(ev, out: Path | None, report: Path | None, progress: bool | None = None) -> None:
+    """Write an :class:`~hubless.evaluation.Evaluation` as JSON to ``out`` and as an HTML report
+    to ``report`` (each when given), saying where."""
+    write_tuning(None, ev, out, report, progress)
+
+
+def write_tuning(tuned, ev, out: Path | None, report: Path | None, progress: bool | None = None) -> None:
+    """Write a :class:`~hubless.evaluation.TuneResult` (None: an evaluation alone) and the test
+    evaluation ``ev`` (or None) as JSON to ``out`` and as an HTML report to ``report`` (a
+    spinner while the report's plots are drawn, by ``progress``)."""
+    from hubless._atomic import write_json
+    from hubless.progress import stage
+
+    if out is not None:
+        data = ev.to_dict() if tuned is None else {**tuned.to_dict(), **({} if ev is None else {"test": ev.to_dict()})}
+        write_json(out, {**generator_mark(), **data})
+        typer.echo(f"results: {out}")
+    if report is not None:
+        from hubless.reports.evaluation import evaluation_report, tune_report
+
+        with stage(f"writing the report {report}", progress):
+            if tuned is None:
+                evaluation_report(ev, report)
+            else:
+                tune_report(tuned, report, ev)
+        typer.echo(f"report: {report}")

@@ -86,8 +86,8 @@ def attach_command(
         raise InvalidInput("--overwrite goes with attaching (it replaces the sidecar in --out)")
     if search is not None:
         knobs = {"nprobe": nprobe, "ef_search": ef_search, "in_store": in_store}
-        _search(AttachedCollection.open(source, out, **options), load_array(search), top_k, candidates, max_candidates, metadata,
-                weight, knobs, exact)  # fmt: skip
+        collection = AttachedCollection.open(source, out, **options)
+        _search(collection, load_array(search), top_k, candidates, max_candidates, metadata, weight, knobs, exact)
         return
     if query_bank is None:
         raise InvalidInput("--query-bank is required to attach or update (the reference queries the biases are computed against)")

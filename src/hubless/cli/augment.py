@@ -41,9 +41,19 @@ def augment_command(
 
     corr = make_correction(method).set_params(normalize=normalize)
     folder = hd.write_augmented(
-        corr, gallery, query_bank, gallery_bank, out, shard_rows=shard_rows, address=address, work_dir=work_dir, progress=progress,
-        gallery_rows=gallery_rows, bank_cols=bank_cols, workers=workers,
-    )  # fmt: skip
+        corr,
+        gallery,
+        query_bank,
+        gallery_bank,
+        out,
+        shard_rows=shard_rows,
+        address=address,
+        work_dir=work_dir,
+        progress=progress,
+        gallery_rows=gallery_rows,
+        bank_cols=bank_cols,
+        workers=workers,
+    )
     info = json.loads((folder / "hubless.json").read_text())
     typer.echo(
         f"wrote {info['n_items']} items ({info['spec']}) as {len(info['parts'])} part(s) of {info['dim']} + {info['bias_columns']} columns -> {folder}"

@@ -27,8 +27,12 @@ def check_command(
     from hubless.banks import bank_report
 
     g = load(gallery, "gallery", normalize=normalize)
-    report = bank_report(g, load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
-                         queries=load(queries, "queries", normalize=normalize, dim=g.shape[1]), normalize=normalize)  # fmt: skip
+    report = bank_report(
+        g,
+        load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
+        queries=load(queries, "queries", normalize=normalize, dim=g.shape[1]),
+        normalize=normalize,
+    )
     if as_json:
         typer.echo(json.dumps(report.to_dict()))
     else:
@@ -55,7 +59,7 @@ def adversarial_command(
 ) -> None:
     """The n candidates whose nearest gallery items cover the fewest distinct items (the QB-Norm
     paper's adversarial bank); also writes OUT.ids.npy, the chosen candidates' row numbers."""
-    from hubless._io import save_npy
+    from hubless._atomic import save_npy
     from hubless.banks import adversarial_bank, bank_report
 
     if out.suffix != ".npy":

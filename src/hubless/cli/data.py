@@ -57,7 +57,7 @@ def export_command(
 ) -> None:
     """Write a split's captions (one per line, 5 per image, image order) and, when you have the
     images, their paths in the same order: the inputs of `hubless embed --texts/--images`."""
-    from hubless._io import write_text
+    from hubless._atomic import write_text
     from hubless.data.karpathy import load_captions
 
     split_data = load_captions(dataset, split)
@@ -82,11 +82,10 @@ def visogender_command(
     for `hubless fairness` (real images are URLs only and cannot be embedded here)."""
     import csv
 
-    from hubless._io import atomic_open, save_npy
-    from hubless.data.fairness import synthetic_embeddings, visogender_table
+    from hubless._atomic import atomic_open, save_npy
+    from hubless.data.fairness import visogender_audit_data
 
-    rows, queries = visogender_table()
-    gallery, q, bank = synthetic_embeddings(rows, queries, "occupation", {"gender": "masculine"}, bias=bias, dim=dim, seed=seed)
+    rows, queries, gallery, q, bank = visogender_audit_data(bias=bias, dim=dim, seed=seed)  # the options checked first
     out.mkdir(parents=True, exist_ok=True)
     for name, table in (("gallery_meta.csv", rows), ("query_meta.csv", queries)):
         with atomic_open(out / name) as fh:

@@ -29,7 +29,8 @@ def demo(
     """Evaluate every correction on a synthetic benchmark: R@1 and the largest hub, before/after."""
     from hubless.data import make_retrieval_data
     from hubless.demo import run_demo
-    from hubless.errors import MissingDependencyError, check_available
+    from hubless.errors import MissingDependency, check_available
+    from hubless.progress import stage
 
     if serve:
         check_available("fastapi", "demo --serve", "serve")
@@ -38,7 +39,7 @@ def demo(
         check_outputs({"--report": report}, {}, overwrite=False)  # its own earlier report is replaced
         try:
             check_available("matplotlib", "the HTML report", "report")
-        except MissingDependencyError as exc:
+        except MissingDependency as exc:
             print_note(f"{exc}; the report is skipped")
             report = Path("")
     if data_out is not None:
@@ -46,7 +47,8 @@ def demo(
 
         written = write_example_files(data_out, n_items=n_items, seed=seed)
         typer.echo(f"wrote the demo's data: {len(written)} files in {data_out} (images.npy, captions.npy, bank_captions.npy, ...)")
-    data = make_retrieval_data(n_items=n_items, seed=seed)
+    with stage("making the synthetic benchmark", progress):
+        data = make_retrieval_data(n_items=n_items, seed=seed)
     ev = run_demo(data, progress=progress)
     base = ev.results[0]
     table = Table(title=f"text->image, synthetic: {n_items} images, {len(data.queries)} captions, seed {seed}")
@@ -69,7 +71,8 @@ def demo(
     if str(report) not in ("", "."):
         from hubless.reports.evaluation import evaluation_report
 
-        evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
+        with stage(f"writing the report {report}", progress):
+            evaluation_report(ev, report, title="hubless demo: every correction on synthetic data")
         typer.echo(f"report: {report}")
     if serve:
         _serve(data, port)
@@ -87,5 +90,11 @@ def _serve(data, port: int) -> None:
     typer.echo(
         f"serving the demo index on http://127.0.0.1:{port}/ (search an item id, e.g. 7: the synthetic index has no model for text; Ctrl-C stops)"
     )
-    uvicorn.run(create_app({"demo": index}), host="127.0.0.1", port=port, log_level="warning",
-                http="hubless.service.protocol:ServeProtocol", server_header=False)  # fmt: skip
+    uvicorn.run(
+        create_app({"demo": index}),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        http="hubless.service.protocol:ServeProtocol",
+        server_header=False,
+    )

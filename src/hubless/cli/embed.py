@@ -46,9 +46,18 @@ def embed_command(
         from hubless.distributed import embed
 
         result = embed(
-            model, out, **which, kind=kind, device=device, workers=workers, address=address,
-            chunk_size=chunk_size, batch_size=batch_size, progress=progress, overwrite=overwrite,
-        )  # fmt: skip
+            model,
+            out,
+            **which,
+            kind=kind,
+            device=device,
+            workers=workers,
+            address=address,
+            chunk_size=chunk_size,
+            batch_size=batch_size,
+            progress=progress,
+            overwrite=overwrite,
+        )
     else:
         encoder = load_encoder(model, kind=kind, device=device)
         result = embed_to_file(encoder, out, **which, chunk_size=chunk_size, batch_size=batch_size, progress=progress, overwrite=overwrite)

@@ -45,7 +45,7 @@ def fairness_command(
     overwrite: bool = typer.Option(False, help=OVERWRITE_HELP),
 ) -> None:
     """Audit retrieval fairness (SISPI protocol) before and after each correction."""
-    from hubless._io import write_json
+    from hubless._atomic import write_json
     from hubless.data.fairness import relevance_by_column
     from hubless.fairness import audit
     from hubless.inputs import read_records
@@ -53,10 +53,16 @@ def fairness_command(
 
     check_outputs(
         {"--out": out, "--report": report},
-        {"--gallery": gallery, "--gallery-meta": gallery_meta, "--queries": queries, "--query-meta": query_meta,
-         "--query-bank": query_bank, "--gallery-bank": gallery_bank},
+        {
+            "--gallery": gallery,
+            "--gallery-meta": gallery_meta,
+            "--queries": queries,
+            "--query-meta": query_meta,
+            "--query-bank": query_bank,
+            "--gallery-bank": gallery_bank,
+        },
         overwrite=overwrite,
-    )  # fmt: skip
+    )
     if report is not None:
         from hubless.errors import check_available
 
@@ -74,9 +80,19 @@ def fairness_command(
         raise InvalidInput(f"--gallery-meta has no column(s) {', '.join(missing)} (columns: {', '.join(g_rows[0])})")
     relevant = relevance_by_column(g_rows, q_rows, match)
     labels = [str(r.get("text") or r[match]) for r in q_rows]
-    result = audit(g, q, relevant, {a: [r[a] for r in g_rows] for a in names}, load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
-                   method, gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1]),
-                   top_n=top_n, query_names=labels, normalize=normalize, progress=progress)  # fmt: skip
+    result = audit(
+        g,
+        q,
+        relevant,
+        {a: [r[a] for r in g_rows] for a in names},
+        load(query_bank, "query bank", normalize=normalize, dim=g.shape[1]),
+        method,
+        gallery_bank=load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1]),
+        top_n=top_n,
+        query_names=labels,
+        normalize=normalize,
+        progress=progress,
+    )
     console = wide_console()
     table = Table(title=f"fairness: {q.shape[0]} queries over {g.shape[0]} items (NDKL: lower is fairer)")
     metrics = list(result.results[0].metrics)
@@ -94,5 +110,8 @@ def fairness_command(
         write_json(out, {**generator_mark(), **result.to_dict()})
         typer.echo(f"results: {out}")
     if report is not None:
-        fairness_report(result, report)
+        from hubless.progress import stage
+
+        with stage(f"writing the report {report}", progress):
+            fairness_report(result, report)
         typer.echo(f"report: {report}")

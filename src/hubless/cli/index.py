@@ -12,6 +12,7 @@ from rich.table import Table
 
 from hubless.cli._common import NORMALIZE_HELP, friendly_errors, load, parse_where, warn_coverage, wide_console
 from hubless.errors import AlreadyExists, InvalidInput
+from hubless.progress import stage
 
 app = typer.Typer(help="Build, inspect and grow corrected FAISS indexes.", no_args_is_help=True)
 
@@ -86,9 +87,21 @@ def build_command(
             )
         # written into out by the tasks (the driver holds no gallery); loaded (mapped) only to calibrate
         built = _build_on_ray(
-            gallery, query_bank, gallery_bank, method, factory, normalize, metadata, model, address, work_dir, progress, out, overwrite,
+            gallery,
+            query_bank,
+            gallery_bank,
+            method,
+            factory,
+            normalize,
+            metadata,
+            model,
+            address,
+            work_dir,
+            progress,
+            out,
+            overwrite,
             load=target_recall is not None,
-        )  # fmt: skip
+        )
         if target_recall is not None:
             result = built.calibrate(target_recall=target_recall)
             _print_calibration(result)
@@ -117,8 +130,20 @@ def build_command(
         qb = load(query_bank, "query bank", normalize=normalize, dim=g.shape[1])
         gb = load(gallery_bank, "gallery bank", normalize=normalize, dim=g.shape[1])
         corr, statistics = _fit_with_coverage(g, qb, gb, method, factory, normalize, progress)
-        index = Index.build(g, qb, corr, factory, gallery_bank=gb, metadata=_read_metadata(metadata), model=model, progress=progress,
-                            statistics=statistics, ids=item_ids, target_recall=target_recall, max_memory=max_memory)  # fmt: skip
+        index = Index.build(
+            g,
+            qb,
+            corr,
+            factory,
+            gallery_bank=gb,
+            metadata=_read_metadata(metadata),
+            model=model,
+            progress=progress,
+            statistics=statistics,
+            ids=item_ids,
+            target_recall=target_recall,
+            max_memory=max_memory,
+        )
         if index.config.tuning is not None:
             _print_tuning(index.config.tuning)
     index.save(out, overwrite=overwrite)
@@ -203,8 +228,14 @@ def _print_tuning(tuning: dict) -> None:
             knob = "" if c.get("param") is None else f"{c['param']}={c['value']}"
             size = c.get("bytes", c.get("estimated_bytes", 0)) / 1e6
             cells = [c.get("recall"), c.get("p50_ms"), c.get("batch_ms_per_query")]
-            table.add_row(c["factory"], knob, *("" if v is None else f"{v:.3f}" for v in cells), f"{size:.1f}",
-                          "" if "build_seconds" not in c else f"{c['build_seconds']:.1f}", c.get("skipped", ""))  # fmt: skip
+            table.add_row(
+                c["factory"],
+                knob,
+                *("" if v is None else f"{v:.3f}" for v in cells),
+                f"{size:.1f}",
+                "" if "build_seconds" not in c else f"{c['build_seconds']:.1f}",
+                c.get("skipped", ""),
+            )
         wide_console().print(table)
     knob = "" if tuning.get("param") is None else f" {tuning['param']}={tuning['value']}"
     heldout = "" if "heldout_recall" not in tuning else f" ({tuning['heldout_recall']:.3f} on held-out bank queries)"
@@ -286,10 +317,10 @@ def calibrate_command(
     """Choose nprobe (IVF) / ef_search (HNSW): the smallest power of two reaching the target recall."""
     from hubless.index import Index
 
-    with Index.update(path) as index:
+    with stage(f"calibrating {path}", None), Index.update(path) as index:  # a search per knob value: seconds on large indexes
         q = None if queries is None else load(queries, "queries", normalize=index.correction.normalize, dim=index.correction.dim_)
         result = index.calibrate(q, target_recall=target_recall, top_k=top_k, sample=sample)
-        _print_calibration(result)
+    _print_calibration(result)
 
 
 def _print_calibration(result: dict) -> None:
@@ -373,7 +404,7 @@ def get_command(
     embeddings: bool = typer.Option(False, "--embeddings", help="Also print each item's embedding."),
 ) -> None:
     """Print items by id as JSON lines: id, metadata (and embedding)."""
-    from hubless._io import to_json
+    from hubless._atomic import to_json
     from hubless.index import Index
     from hubless.inputs import read_ids
 
@@ -391,7 +422,7 @@ def compact_command(path: Path = typer.Argument(..., help="Index directory (rewr
     """Fold every write into a new base of the live items (writes also do it past a threshold)."""
     from hubless.index import Index
 
-    with Index.update(path, mmap=True) as index:
+    with stage(f"compacting {path}", None), Index.update(path, mmap=True) as index:  # a new base, its FAISS structure rebuilt
         before = index.storage()
         index.compact()
     after = index.storage()
@@ -421,8 +452,15 @@ def versions_command(
         if v.get("damaged"):
             table.add_row(str(v["version"]), "", "", "", "", str(v["committed"]), "damaged record")
             continue
-        table.add_row(str(v["version"]), str(v["items"]), str(v["rows"]), str(v["segments"]), v["base"], str(v["committed"]),
-                      "current" if v["current"] else "")  # fmt: skip
+        table.add_row(
+            str(v["version"]),
+            str(v["items"]),
+            str(v["rows"]),
+            str(v["segments"]),
+            v["base"],
+            str(v["committed"]),
+            "current" if v["current"] else "",
+        )
     wide_console().print(table)
 
 
@@ -447,7 +485,8 @@ def verify_command(path: Path = typer.Argument(..., help="Index directory.")) ->
     ones), then the FAISS structure as a search reads it (its lists in the file, their ids, a search)."""
     from hubless.index.integrity import verify
 
-    result = verify(path)
+    with stage(f"verifying {path}", None):  # reading every file: seconds to minutes
+        result = verify(path)
     if result["files"] is None:
         typer.echo(f"ok: {path} (format {result['format']}: every file verified by the load), {result['items']} items")
     else:

@@ -15,7 +15,7 @@ from hubless.cli.eval import eval_command
 from hubless.cli.export import export_command
 from hubless.cli.fairness import fairness_command
 from hubless.cli.methods import methods_command
-from hubless.cli.scores import correct_command
+from hubless.cli.score_matrices import correct_command
 from hubless.cli.search_command import search_command
 from hubless.cli.serve import SettingsCommand, serve_command
 from hubless.cli.tune import tune_command

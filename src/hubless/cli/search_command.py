@@ -6,6 +6,7 @@ rule, the top-k rule and the refusals are the library's; printed as a table or J
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from hubless.cli._common import friendly_errors, load, parse_where, wide_console
 from hubless.errors import InvalidInput
+from hubless.progress import stage
 
 
 @friendly_errors
@@ -74,9 +76,17 @@ def search_command(
     store = as_store(path, show_location=True)  # a store written by hubless export (a URI), else None: an index or attached sidecar
     sources = {Path(path).name: Path(path)} if store is None else {store.table: store}
     # a store is not reranked (its search refuses rerank=True): no cross-encoder is loaded for it
-    searcher = Searcher(sources, model=model, device=device,
-                        allow_model_mismatch=allow_model_mismatch, reranker=rerank if store is None else None,
-                        rerank_k=rerank_k, fusion=fusion, fusion_weight=fusion_weight, rerank_column=item_column)  # fmt: skip
+    searcher = Searcher(
+        sources,
+        model=model,
+        device=device,
+        allow_model_mismatch=allow_model_mismatch,
+        reranker=rerank if store is None else None,
+        rerank_k=rerank_k,
+        fusion=fusion,
+        fusion_weight=fusion_weight,
+        rerank_column=item_column,
+    )
     name = searcher.name()
     index = searcher.index() if as_of is None else searcher.version(name, as_of)  # that kept version, read only
     info = index.info()
@@ -88,29 +98,32 @@ def search_command(
         reranked_items = read_items(query_items) if query_items is not None else items
         if reranked_items is None:
             raise InvalidInput("--rerank needs --query-items (the query texts or image paths the cross-encoder reads) with --queries")
-    result = searcher.search(
-        name,
-        embeddings=embeddings,
-        texts=items if (text or texts) else None,
-        images=items if image else None,
-        top_k=top_k,
-        weight=weight,
-        rerank=bool(rerank),
-        query_items=reranked_items,
-        nprobe=nprobe,
-        ef_search=ef_search,
-        rescore=rescore,
-        where=condition,
-        version=as_of,
-        target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
+    searching = (
+        contextlib.nullcontext() if rerank else stage("searching" if queries is not None else "encoding the queries and searching", None)
     )
+    with searching:  # a spinner on a terminal (a model's first load takes seconds); a reranker shows its own bar
+        result = searcher.search(
+            name,
+            embeddings=embeddings,
+            texts=items if (text or texts) else None,
+            images=items if image else None,
+            top_k=top_k,
+            weight=weight,
+            rerank=bool(rerank),
+            query_items=reranked_items,
+            nprobe=nprobe,
+            ef_search=ef_search,
+            rescore=rescore,
+            where=condition,
+            version=as_of,
+            target_recall=target_recall,  # a store's own option (hubless.export.search); refused on an index
+        )
     title = (
         f"{store.shown_uri}: top {top_k}"  # credentials in the URI are never printed
         if store is not None
         else f"{path} ({info['method']}, {index.config.factory}, {index.ntotal} items): top {top_k}"
     )
-    records = result.metadata
-    _print_results(title, result.scores, result.ids, None if records is None else lambda i, rank, j: records[j], items, as_json)
+    _print_records(title, result.records(), with_metadata=result.metadata is not None, as_json=as_json)
 
 
 def _query_items(text, texts, image) -> list[str] | None:
@@ -126,34 +139,31 @@ def _query_items(text, texts, image) -> list[str] | None:
     return None
 
 
-def _print_results(title: str, scores, ids, metadata, query_texts, as_json: bool) -> None:
-    """Results as JSON lines (every query) or a table (the first 20); slots an ANN index could
-    not fill (id -1) are left out. ``metadata(query, rank, id)`` gives an item's record (None:
-    no metadata column)."""
-    n = ids.shape[0]
-    found = [[(r, int(j), float(v)) for r, (j, v) in enumerate(((j, v) for j, v in zip(ids[i], scores[i]) if j >= 0))] for i in range(n)]
+def _print_records(title: str, records: list[dict], *, with_metadata: bool, as_json: bool) -> None:
+    """:meth:`hubless.Hits.records` (the service's answer too) as JSON lines (every query) or a
+    table (the first 20): the found hits only, each with its metadata when the index has some."""
     if as_json:
-        from hubless._io import to_json
+        from hubless._atomic import to_json
 
-        for i in range(n):
-            hits = [{"id": j, "score": v, **({} if metadata is None else {"metadata": metadata(i, r, j)})} for r, j, v in found[i]]
-            given = {} if query_texts is None else {"text": query_texts[i]}
-            typer.echo(to_json({"query": i, **given, "hits": hits}))  # the key of SearchResult.records() and the service
+        for record in records:
+            typer.echo(to_json(record))
         return
     table = Table()
     for col in ("query", "rank", "id", "score"):
         table.add_column(col, justify="right")
-    if metadata is not None:
+    if with_metadata:
         table.add_column("metadata")
-    for i in range(min(n, 20)):
-        for r, j, v in found[i]:
-            label = f"{i}: {query_texts[i][:40]}" if query_texts is not None and r == 0 else str(i)
-            row = [label, str(r + 1), str(j), f"{v:.4f}"]
-            if metadata is not None:
-                row.append(json.dumps(metadata(i, r, j))[:80])
+    for record in records[:20]:
+        for rank, hit in enumerate(record["hits"], start=1):
+            text = record.get("text")
+            label = f"{record['query']}: {text[:40]}" if text is not None and rank == 1 else str(record["query"])
+            score = "" if hit["score"] is None else f"{hit['score']:.4f}"
+            row = [label, str(rank), str(hit["id"]), score]
+            if with_metadata:
+                row.append(json.dumps(hit.get("metadata"))[:80])
             table.add_row(*row)
     console = wide_console()
     console.print(title, highlight=False, markup=False)
     console.print(table)
-    if n > 20:
-        typer.echo(f"(first 20 of {n} queries shown; use --json for all)")
+    if len(records) > 20:
+        typer.echo(f"(first 20 of {len(records)} queries shown; use --json for all)")

@@ -139,6 +139,8 @@ def serve_command(
 
     settings = ServeSettings(**ctx.meta.get("hubless.serve", {}))  # every value checked here, keys read (and again per worker)
     host, proxies = settings.host, settings.trusted_proxies
+    if settings.learning.learn_bank and settings.workers > 1:
+        raise InvalidInput("--learn-bank commits new versions of the index: serve it with --workers 1")
     if not _is_loopback(host) and settings.api_key_file is None:
         raise InvalidInput(f"binding to {host} exposes the indexes beyond this machine: pass --api-key-file (or bind to 127.0.0.1)")
     for warning in transport_warnings(host, keys=settings.api_key_file is not None, tls=settings.tls_cert is not None, proxies=proxies):
@@ -150,8 +152,10 @@ def serve_command(
             raise InvalidInput(f"two indexes are named {name!r}: give them names as NAME=PATH")
         named[name] = source
     if host in ("0.0.0.0", "::") and settings.allowed_hosts == DEFAULT_HOSTS:
-        print_note(f"bound to {host} without --allowed-host: only requests for localhost names are answered (400 otherwise); "
-                   "pass --allowed-host with the names clients use")  # fmt: skip
+        print_note(
+            f"bound to {host} without --allowed-host: only requests for localhost names are answered (400 otherwise); "
+            "pass --allowed-host with the names clients use"
+        )
     import json
     import os
     import shutil
@@ -164,8 +168,14 @@ def serve_command(
         "indexes": {k: v if isinstance(v, str) else str(v.resolve()) for k, v in named.items()},
     }
     os.environ["HUBLESS_SERVE_CONFIG"] = json.dumps(config)  # read by each worker process (file names, never keys)
-    options: dict[str, Any] = dict(host=host, port=settings.port, log_level="warning", http="hubless.service.protocol:ServeProtocol",
-                                   server_header=False, timeout_keep_alive=5)  # fmt: skip
+    options: dict[str, Any] = dict(
+        host=host,
+        port=settings.port,
+        log_level="warning",
+        http="hubless.service.protocol:ServeProtocol",
+        server_header=False,
+        timeout_keep_alive=5,
+    )
     # forwarded headers (client address, scheme) only from the proxies named; uvicorn's own default trusts 127.0.0.1
     options.update(proxy_headers=bool(proxies), forwarded_allow_ips=list(proxies))
     if settings.tls_cert is not None:

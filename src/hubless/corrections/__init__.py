@@ -1,26 +1,37 @@
 """Test-time hubness corrections, each a per-candidate bias fitted on reference banks.
 
-See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the interface of
-:class:`~hubless.corrections.base.Correction` (``fit``, ``score``, ``search``).
+See ``docs/explanation/methods.md`` for every method and its formula. Every class shares the
+interface of :class:`~hubless.corrections.base.Correction` (``fit``, ``search``, ``score``,
+``bias``, ``save``; :func:`load_correction` reads a saved one back). In-place updates are the
+functions of :mod:`~hubless.corrections.incremental`, fitting on score matrices those of
+:mod:`~hubless.corrections.score_fit`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from hubless.corrections import (
+    deprecated_methods,  # noqa: F401  (sets the methods moved to incremental and score_fit, until 0.2.0)
+    incremental,
+    score_fit,
+)
 from hubless.corrections.additive import AdditiveCorrection
-from hubless.corrections.base import Correction
+from hubless.corrections.base import Correction, is_own_copy
 from hubless.corrections.baseline import Baseline
 from hubless.corrections.csls import CSLS
-from hubless.corrections.dbnorm import DualDIS, DualIS
 from hubless.corrections.dn import DN
+from hubless.corrections.dual_inverted_softmax import DualDIS, DualIS
 from hubless.corrections.fit_inputs import validate_fit_inputs
-from hubless.corrections.gc import GlobalCorrection
+from hubless.corrections.global_correction import GlobalCorrection
+from hubless.corrections.inverted_softmax import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.nnn import NNN
-from hubless.corrections.qbnorm import DynamicInvertedSoftmax, InvertedSoftmax
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
+from hubless.corrections.saved import load_correction
 from hubless.corrections.spec import METHODS, MethodName, make_additive, make_correction, method_help
 from hubless.engine import BankStatistics, StatisticsRequest, compute_statistics, use_device
+from hubless.engine.device import DeviceName
+from hubless.engine.duplicates import find_duplicates
 from hubless.errors import InvalidInput
 
 __all__ = [
@@ -42,9 +53,12 @@ __all__ = [
     "QueryStatistics",
     "fit_many",
     "fit_shared",
+    "incremental",
+    "load_correction",
     "make_additive",
     "make_correction",
     "method_help",
+    "score_fit",
     "statistics_request",
 ]
 
@@ -66,7 +80,7 @@ def fit_many(
     gallery_bank=None,
     *,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> list[Correction]:
     """Fit several corrections on the same arrays with one streamed pass per bank.
 
@@ -86,7 +100,7 @@ def fit_shared(
     *,
     also: StatisticsRequest | None = None,
     progress: bool | None = None,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> tuple[list[Correction], BankStatistics]:
     """:func:`fit_many`, also returning the bank statistics of the pass, with ``also`` computed
     in it (e.g. ``StatisticsRequest(query_nearest=True)``: the bank's coverage, from the very
@@ -102,10 +116,11 @@ def fit_shared(
         if first is None and also is not None:
             request = request.merge(also)
         g, b, gb = validate_fit_inputs(group, gallery, query_bank, gallery_bank, use_query_bank=first is None and also is not None)
+        duplicates = find_duplicates(g)  # once for every correction of the group
         with use_device(device):  # where the block products run (see hubless.engine.device)
-            stats = compute_statistics(g, b, gb, request, progress=progress)
+            stats = compute_statistics(g, b, gb, request, progress=progress, gallery_duplicates=duplicates)
         for c in group:
-            c._fit_arrays(g, stats)
+            c._fit_arrays(g, stats, duplicates, own=is_own_copy(g, gallery))
         first = stats if first is None else first
     assert first is not None  # at least one group
     return list(items), first

@@ -41,6 +41,14 @@ class AdditiveCorrection(Correction):
         re-scores its candidates exactly with :meth:`rank`."""
         return True
 
+    def bias(self) -> np.ndarray:
+        """The bias columns ``bias_columns_`` of the fitted gallery, (n_gallery, n_columns)
+        float32, read only (see :meth:`Correction.bias <hubless.corrections.base.Correction.bias>`)."""
+        self._check_fitted()
+        view = self.bias_columns_.view()
+        view.flags.writeable = False
+        return view
+
     @property
     def bias_(self) -> np.ndarray:
         self._check_fitted()
@@ -129,14 +137,20 @@ class AdditiveCorrection(Correction):
 
     def _fit_statistics(self, statistics: BankStatistics) -> None:
         self._fit_gates(statistics)
-        self.bias_columns_ = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
+        columns = self._checked_columns(self._bias_columns(statistics), self.n_gallery_)
+        # exact copies get their first copy's bias, whatever a product of the rows (DN's mu_B . r) rounded
+        self.bias_columns_ = self.gallery_duplicates_.spread(columns)
 
     def _checked_columns(self, cols, n_rows: int) -> np.ndarray:
         cols = np.asarray(cols, dtype=np.float32)
         if not np.isfinite(cols).all():  # never serve (or index with) a NaN/inf bias
             bad = int((~np.isfinite(cols)).reshape(n_rows, -1).any(axis=1).sum())
             raise InvalidInput(f"{self.spec}: {bad} gallery item(s) got a non-finite bias; the parameters or inputs are out of range")
-        return np.ascontiguousarray(cols.reshape(n_rows, -1))
+        # this correction's own read-only array: a device keeps its copy between searches
+        # (hubless.engine.torch_arrays.put), and nothing can change it behind that copy
+        own = np.array(cols.reshape(n_rows, -1), dtype=np.float32, order="C")
+        own.flags.writeable = False
+        return own
 
     def _bias_columns(self, statistics: BankStatistics) -> np.ndarray:  # pragma: no cover - hook
         """Hook: the bias column(s) of the gallery from the bank statistics. Row-local: each

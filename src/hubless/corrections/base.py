@@ -1,12 +1,19 @@
 """The shared interface of every correction, in the scikit-learn style.
 
 A correction is fitted on reference banks (never on test queries) and then scores or searches
-queries against the gallery it was fitted with:
+queries against the gallery it was fitted with. Its public face is five methods:
 
-    corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, query_bank)
-    scores, ids = corr.search(queries, top_k=10)          # best first
-    scores, ids = corr.search(queries, top_k=10, alpha=0.5)  # new weight, no refit
-    corr.add_items(new_items, query_bank)                   # updates, no refit from scratch
+    corr = hubless.NNN(alpha=0.75, k=16).fit(gallery, query_bank)    # fit
+    hits = corr.search(queries, top_k=10)                 # a hubless.Hits: scores, ids = hits
+    hits = corr.search(queries, top_k=10, weight=0.5)     # another weight, no refit
+    scores = corr.score(queries)                          # (n_queries, n_gallery), dense
+    columns = corr.bias()                                 # bias(r): serve [r, bias(r)] anywhere
+    corr.save("nnn.npz"); hubless.load_correction("nnn.npz")
+
+(with scikit-learn's ``get_params`` / ``set_params`` and :attr:`Correction.spec`). What changes
+a fitted correction in place is a function of its own module: items and banks added or removed
+in :mod:`hubless.corrections.incremental`, fitting on score matrices in
+:mod:`hubless.corrections.score_fit`.
 
 Everything that ranks goes through one hook, :meth:`Correction.rank`: the *ranking scores* of
 a batch of queries over some gallery items, from their raw similarities. For additive
@@ -15,39 +22,59 @@ the augmented vectors ``[q, -W(q)] . [r, bias(r)]``, so any inner-product index 
 :meth:`Correction.method_scores` maps ranking scores to each method's own scores (e.g. the
 inverted-softmax probability) by a map that is increasing for every query, so it never changes
 an order. ``score``, ``search``, the evaluation, tuning, the fairness audit and
-:class:`hubless.Index` are all built on these two methods.
+:class:`hubless.Index` are all built on these two methods (the hook, with ``queries``,
+``statistics_request`` and the other hooks "Add a correction" in CONTRIBUTING.md lists, is
+public to whoever writes or serves a correction).
 
-This module holds the base class :class:`Correction` (parameters, fitting, ranking, search);
-additive corrections are in :mod:`hubless.corrections.additive`, the checks of what ``fit`` is
-given in :mod:`hubless.corrections.fit_inputs`, in-place updates in
-:mod:`hubless.corrections.incremental`.
+This module holds the base class :class:`Correction` (parameters, fitting, ranking, search,
+saving); additive corrections are in :mod:`hubless.corrections.additive`, the checks of what
+``fit`` is given in :mod:`hubless.corrections.fit_inputs`, reading a saved correction in
+:mod:`hubless.corrections.saved`.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import numbers
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from hubless._deprecation import warn_deprecated
 from hubless._validation import as_embeddings, check_nonnegative_float, check_top_k, pad_top_k
-from hubless.corrections import incremental
 from hubless.corrections.fit_inputs import check_statistics, validate_fit_inputs
 from hubless.corrections.queries import QueryBatch, QueryRequest, QueryStatistics
 from hubless.engine import BankStatistics, Dense, StatisticsRequest, compute_statistics, exact_search, stream_reduce, use_device
-from hubless.engine.device import checked_on_device, torch_device
-from hubless.errors import InvalidInput, InvalidType, NotFittedError
+from hubless.engine.device import DeviceName, checked_on_device, torch_device
+from hubless.engine.duplicates import Duplicates, find_duplicates
+from hubless.engine.statistics import tie_copies
+from hubless.errors import AlreadyExists, InvalidInput, InvalidType, NotFitted
+from hubless.hits import Hits
 
 #: class -> its constructor's parameter names (:meth:`Correction.param_names`)
 _PARAM_NAMES: dict[type, tuple[str, ...]] = {}
 _C = TypeVar("_C", bound="Correction")
 
-__all__ = ["Correction", "SCORE_BLOCK_ELEMENTS"]
+__all__ = ["Correction", "SAVED_FORMAT_VERSION", "SCORE_BLOCK_ELEMENTS", "is_own_copy"]
+
+#: The format of the file :meth:`Correction.save` writes: an ``.npz`` with the JSON head
+#: (:data:`SAVED_HEAD`: format version, generator, spec), ``gallery`` and the kept bank statistics
+#: (``statistics/<name>``, :meth:`~hubless.engine.BankStatistics.to_arrays`).
+SAVED_FORMAT_VERSION = 1
+SAVED_HEAD = "hubless"
+STATISTICS_PREFIX = "statistics/"
 
 #: The most scores one block of :meth:`Correction.score` computes at once (bounds the
 #: temporaries, not the output).
 SCORE_BLOCK_ELEMENTS = 2**24
+
+
+def is_own_copy(checked: np.ndarray, given) -> bool:
+    """Whether ``checked`` (what the input checks made of the argument ``given``) is hubless's
+    own array: a conversion or copy, never the caller's array or a view of its memory."""
+    return not (isinstance(given, np.ndarray) and np.may_share_memory(checked, given))
 
 
 class Correction:
@@ -79,7 +106,7 @@ class Correction:
     gallery_bank_use: ClassVar[str] = "ignored"
     #: Parameters that bound resources rather than change results; left out of ``spec`` at default.
     resource_params: ClassVar[tuple[str, ...]] = ()
-    #: Why this correction cannot be fitted on score matrices (:meth:`fit_scores`), naming the
+    #: Why this correction cannot be fitted on score matrices (``score_fit.fit_scores``), naming the
     #: input it needs instead; None when score matrices suffice.
     needs_embeddings: ClassVar[str | None] = None
 
@@ -174,7 +201,7 @@ class Correction:
         *,
         statistics: BankStatistics | None = None,
         progress: bool | None = None,
-        device: str | None = None,
+        device: DeviceName = None,
     ) -> _C:
         """Fit on the gallery and reference banks; returns ``self``.
 
@@ -184,66 +211,36 @@ class Correction:
         gallery_bank : (n_gallery_bank, d) reference items of the gallery's modality. Required
             by DualIS/DualDIS, used by DN for its gallery mean, ignored by the others.
         statistics : precomputed :class:`~hubless.engine.BankStatistics` of these same arrays
-            (see :func:`hubless.fit_many`), to skip the streamed pass.
+            (see :func:`hubless.fit_many`), to skip the streamed pass. Given without any bank,
+            the correction is fitted from the statistics alone (no bank is read), e.g. the ones a
+            saved index keeps or merged from distributed tiles.
         progress : show a progress bar (None: only on a terminal for long runs).
         device : where the similarity blocks run: "cuda", "cpu" (torch), "numpy" (default:
             ``HUBLESS_DEVICE`` or numpy; see :mod:`hubless.engine.device`).
+
+        Score matrices instead of embeddings: :func:`hubless.corrections.score_fit.fit_scores`;
+        items and banks added or removed later: :mod:`hubless.corrections.incremental`.
         """
         self._validate_params()
+        if statistics is not None and query_bank is None and gallery_bank is None:
+            return self._fit_from_statistics(gallery, statistics)
+        given = gallery
         with use_device(device), checked_on_device(when=statistics is None):  # on a device: input checks there too
             gallery, query_bank, gallery_bank = validate_fit_inputs([self], gallery, query_bank, gallery_bank)
             request = self.statistics_request()
+            duplicates = find_duplicates(gallery)
             if statistics is None:
-                statistics = compute_statistics(gallery, query_bank, gallery_bank, request, progress=progress)
+                statistics = compute_statistics(
+                    gallery, query_bank, gallery_bank, request, progress=progress, gallery_duplicates=duplicates
+                )
             else:
                 check_statistics(statistics, gallery, query_bank, gallery_bank, request)
-        self._fit_arrays(gallery, statistics)
+        self._fit_arrays(gallery, statistics, duplicates, own=is_own_copy(gallery, given))
         return self
 
-    def fit_scores(
-        self,
-        query_bank_scores=None,
-        gallery_bank_scores=None,
-        *,
-        n_gallery: int | None = None,
-        statistics: BankStatistics | None = None,
-        progress: bool | None = None,
-    ) -> Correction:
-        """Fit on score matrices instead of embeddings (a model whose score is not one dot
-        product: mixtures of experts, cross-attention); returns ``self``.
-
-        query_bank_scores : (n_bank, n_gallery) s(b, r) of every query-bank item b and gallery
-            item r, an array or a memory-mapped .npy (read once, in row blocks).
-        gallery_bank_scores : (n_gallery_bank, n_gallery) s(g, r) of reference items g of the
-            gallery's modality (DualIS / DualDIS).
-        n_gallery : the gallery size when no bank is given (the baseline).
-
-        Rank rows of a query x gallery score matrix with :meth:`correct` (or
-        :func:`hubless.correct_scores` for files). Methods that need embeddings (DN) are refused
-        with :class:`~hubless.errors.InvalidInput` saying what they need.
-        """
-        from hubless.corrections.score_fit import fit_on_scores
-
-        fit_on_scores([self], query_bank_scores, gallery_bank_scores, n_gallery=n_gallery, statistics=statistics, progress=progress)
-        return self
-
-    @property
-    def fitted_on_scores(self) -> bool:
-        """Whether this correction was fitted on score matrices (it then ranks score rows, not
-        embeddings: see :meth:`correct`)."""
-        return self.is_fitted and self.dim_ == 0
-
-    def _check_embeddings_fit(self) -> None:
-        if self.fitted_on_scores:
-            raise InvalidInput(
-                f"{type(self).__name__} was fitted on score matrices: it corrects rows of query x gallery scores "
-                "(correct(scores), hubless.correct_scores), not embeddings; fit it on embeddings to search or update it"
-            )
-
-    def fit_from_statistics(self: _C, gallery, statistics: BankStatistics) -> _C:
-        """Fit from the bank statistics of ``gallery`` alone (no bank is read), e.g. statistics
-        kept by a saved index or merged from distributed tiles; returns ``self``."""
-        self._validate_params()
+    def _fit_from_statistics(self: _C, gallery, statistics: BankStatistics) -> _C:
+        """Fit from the bank statistics of ``gallery`` alone (no bank is read)."""
+        given = gallery
         gallery = as_embeddings(gallery, "gallery", normalize=self.normalize)
         if statistics.n_gallery != gallery.shape[0]:
             raise InvalidInput(f"statistics describe {statistics.n_gallery} gallery items; the gallery has {gallery.shape[0]}")
@@ -251,12 +248,33 @@ class Correction:
         missing = statistics.missing(self.statistics_request())
         if missing:
             raise InvalidInput("statistics lack " + "; ".join(missing))
-        self._fit_arrays(gallery, statistics)
+        self._fit_arrays(gallery, statistics, own=is_own_copy(gallery, given))
         return self
 
-    def _fit_arrays(self, gallery: np.ndarray, statistics: BankStatistics) -> None:
+    def _check_embeddings_fit(self) -> None:
+        if self.is_fitted and self.dim_ == 0:  # fitted on score matrices (corrections.score_fit)
+            raise InvalidInput(
+                f"{type(self).__name__} was fitted on score matrices: it corrects rows of query x gallery scores "
+                "(hubless.corrections.score_fit.correct_rows, hubless.correct_scores), not embeddings; fit it on embeddings "
+                "to search or update it"
+            )
+
+    def _fit_arrays(
+        self, gallery: np.ndarray, statistics: BankStatistics, duplicates: Duplicates | None = None, *, own: bool = False
+    ) -> None:
+        """Fit from ``statistics`` of ``gallery``; ``duplicates``: its exact duplicate rows when
+        known (found here otherwise). Every copy gets its first copy's statistics
+        (:func:`~hubless.engine.statistics.tie_copies`), so copies get identical biases. ``own``:
+        the gallery is this correction's own array (a copy the input checks made, the grown or
+        shrunk gallery of an update), made read-only, so a device keeps its copy between searches
+        (:func:`hubless.engine.torch_arrays.put`). The caller's own array is never changed."""
+        if own and gallery.flags.writeable:
+            gallery.flags.writeable = False
         self.gallery_ = gallery
         self.n_gallery_, self.dim_ = gallery.shape
+        #: the gallery's exact duplicate rows: each copy scores as its first copy (:mod:`hubless.engine.duplicates`)
+        self.gallery_duplicates_ = find_duplicates(gallery) if duplicates is None else duplicates
+        statistics = tie_copies(statistics, self.gallery_duplicates_)
         self._fit_statistics(statistics)
         #: the bank statistics this correction uses (views of the ones given), kept for updates
         self.statistics_ = statistics.restricted(self.statistics_request())
@@ -265,41 +283,6 @@ class Correction:
         """Hook: set the fitted attributes from the bank statistics."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ updates (hubless.corrections.incremental)
-    def add_items(self: _C, items, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
-        """Add gallery items in place (returns ``self``); the others' statistics are kept.
-
-        Pass the banks this correction was fitted on: only the new items' similarities to them
-        are computed (n_new x n_bank; DIS/DualDIS also merge each bank item's nearest new items
-        into its activation top-k), and the result equals fitting on the grown gallery.
-        """
-        incremental.add_items(self, items, query_bank, gallery_bank, progress=progress)
-        return self
-
-    def remove_items(self: _C, ids, query_bank=None, gallery_bank=None, *, progress: bool | None = None) -> _C:
-        """Remove gallery items by position in place (later items move up; returns ``self``).
-
-        No similarity is recomputed, except for DIS/DualDIS bank items whose nearest gallery
-        items were removed (those need the banks this correction was fitted on).
-        """
-        incremental.remove_items(self, ids, query_bank, gallery_bank, progress=progress)
-        return self
-
-    def add_query_bank(self: _C, new_queries, *, progress: bool | None = None) -> _C:
-        """Add reference queries to the query bank in place (returns ``self``).
-
-        Every gallery item's statistics are merged with its similarities to the new bank items
-        (n_gallery x n_new, all biases change); the result equals fitting on the grown bank.
-        """
-        incremental.grow_bank(self, new_queries, "query", progress=progress)
-        return self
-
-    def add_gallery_bank(self: _C, new_items, *, progress: bool | None = None) -> _C:
-        """Add reference items to the gallery bank in place (DualIS, DualDIS, and DN fitted with
-        a gallery bank), as :meth:`add_query_bank` does for the query bank."""
-        incremental.grow_bank(self, new_items, "gallery", progress=progress)
-        return self
-
     # ------------------------------------------------------------------ ranking
     @property
     def is_fitted(self) -> bool:
@@ -307,7 +290,7 @@ class Correction:
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
-            raise NotFittedError(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
+            raise NotFitted(f"{type(self).__name__} is not fitted yet; call fit(gallery, query_bank) first")
 
     @property
     def query_request(self) -> QueryRequest:
@@ -322,7 +305,7 @@ class Correction:
         return self.query_request
 
     def queries(self, queries, *, statistics: QueryStatistics | None = None, **weight) -> QueryBatch:
-        """Validate ``queries`` (and this call's weight override, e.g. ``alpha=0.5``, a scalar or
+        """Validate ``queries`` (and this call's weight override, ``weight=0.5``, a scalar or
         one value per query) into a batch for :meth:`rank` and :meth:`method_scores`.
         ``statistics``: raw-neighbour statistics computed elsewhere (e.g. by an index)."""
         self._check_fitted()
@@ -330,43 +313,20 @@ class Correction:
         q = as_embeddings(queries, "queries", normalize=self.normalize, dim=self.dim_)
         return QueryBatch(q, self._weight_override(weight, q.shape[0]), statistics)
 
-    def score_queries(self, scores, **weight) -> QueryBatch:
-        """Rows of a query x gallery score matrix (n_queries, n_gallery) as a batch for
-        :meth:`rank` and :meth:`method_scores`, with this call's weight override (as in
-        :meth:`queries`); the raw-neighbour statistics (DIS gates, CSLS's r_q) come from the rows."""
-        from hubless.engine.score_statistics import check_score_matrix, read_rows
-
-        self._check_fitted()
-        scores = check_score_matrix(scores, "scores", n_cols=self.n_gallery_)
-        rows = read_rows(scores, 0, scores.shape[0], "scores")
-        request = self.query_request
-        stats = QueryStatistics.from_similarities(request, rows) if request.depth else None
-        return QueryBatch(np.empty((rows.shape[0], 0), np.float32), self._weight_override(weight, rows.shape[0]), stats)
-
-    def correct(self, scores, *, ranking: bool = False, **weight) -> np.ndarray:
-        """The corrected scores of rows of a query x gallery score matrix, (n_queries, n_gallery)
-        float32: the method's own scores (e.g. QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)),
-        the raw score for DIS queries whose gate stays closed), or with ``ranking`` the scores
-        it ranks by (e.g. s - bias(r), which never overflows). Works for a correction fitted on
-        embeddings too (with the scores of its own gallery) and on scores (:meth:`fit_scores`)."""
-        from hubless.engine.score_statistics import read_rows
-
-        batch = self.score_queries(scores, **weight)
-        rows = read_rows(scores, 0, len(batch), "scores")
-        ranked = self.rank(batch, rows)
-        if ranked is rows or np.shares_memory(ranked, np.asarray(scores)):
-            ranked = np.array(ranked, dtype=np.float32, copy=True)
-        return ranked if ranking else np.asarray(self.method_scores(batch, ranked), dtype=np.float32)
-
     def _weight_override(self, weight: dict, n_queries: int) -> np.ndarray | None:
-        """This call's weight: ``weight=`` (every method's name for it) or the method's own
-        parameter name (``alpha=`` for NNN, ``lam=`` for DN), not both."""
+        """This call's weight: ``weight=`` (every method's one name for it at search time); the
+        method's own parameter name (``alpha=`` for NNN, ``lam=`` for DN) is still accepted, with
+        a DeprecationWarning, until 0.2.0; not both."""
         if not weight:
             return None
-        allowed = f"weight= or {self.weight_param}=" if self.weight_param else "no weight override (it has no query-time weight)"
+        allowed = "weight=" if self.weight_param else "no weight override (it has no query-time weight)"
         if self.weight_param is None or len(weight) != 1 or not set(weight) <= {"weight", self.weight_param}:
             raise InvalidType(f"{type(self).__name__} got {', '.join(sorted(weight))}=; it accepts {allowed}")
         name = next(iter(weight))
+        if name != "weight":
+            warn_deprecated(
+                f"{name}= at search time", "weight=", why=f"{name} stays the name of {type(self).__name__}'s constructor parameter"
+            )
         value = self.check_weight(weight[name], name)
         if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != n_queries):
             raise InvalidInput(f"{name} must be a scalar or have one value per query ({n_queries})")
@@ -380,7 +340,7 @@ class Correction:
             return None
         if batch.statistics is None or not batch.statistics.satisfies(request):
             depth = min(request.depth, self.n_gallery_)
-            scores, ids = exact_search(batch.vectors, self.gallery_, depth, progress=progress)
+            scores, ids = exact_search(batch.vectors, self.gallery_, depth, progress=progress, duplicates=self.gallery_duplicates_)
             batch.statistics = QueryStatistics.from_neighbours(request, scores, ids)
         return batch.statistics
 
@@ -424,6 +384,7 @@ class Correction:
         # The ranking by the same streamed blocks as search(), so both see bitwise equal values
         # and order every query identically (ties to the lower index), duplicate rows included.
         stream_reduce(batch.vectors, self.gallery_, [Dense(out)], transform=self._block_transform(batch))
+        self.gallery_duplicates_.fill_columns(out)  # each copy its first copy's score, as search() gives it
         rows = max(1, SCORE_BLOCK_ELEMENTS // self.n_gallery_)
         for start in range(0, len(batch), rows):
             out[start : start + rows] = self.method_scores(batch.rows(start, start + rows), out[start : start + rows])
@@ -442,18 +403,19 @@ class Correction:
 
         return transform
 
-    def search(
-        self, queries, top_k: int = 10, *, progress: bool | None = None, device: str | None = None, **weight
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The ``top_k`` best gallery items of each query: ``(scores, ids)``, best first.
+    def search(self, queries, top_k: int = 10, *, progress: bool | None = None, device: DeviceName = None, **weight) -> Hits:
+        """The ``top_k`` best gallery items of each query, best first: a :class:`~hubless.Hits`
+        (it unpacks as ``scores, ids``).
 
         Both arrays are (n_queries, top_k); scores are the method's own (float32), ids int64
-        (gallery row positions); ties are broken by the lower gallery index. A ``top_k`` beyond
-        the gallery keeps the width: the slots past the gallery come last with id -1 and score
-        -inf (the one top-k rule, :func:`hubless._validation.check_top_k`). Methods with a weight parameter accept it
-        here to override the fitted value without refitting, as a scalar or one value per
-        query: ``weight=`` for every method (``NNN.search(q, weight=0.5)``), or the method's own
-        name (``alpha=`` for NNN, ``lam=`` for DN). ``device``: as in :meth:`fit`.
+        (gallery row positions); ties are broken by the lower gallery index, and an exact copy
+        of a gallery row scores as its first copy (so copies come in index order on any machine).
+        A ``top_k`` beyond the gallery keeps the width: the slots past the gallery come last, not
+        ``found``, with id -1 and score -inf (the one top-k rule,
+        :func:`hubless._validation.check_top_k`). Methods with a weight parameter take ``weight=``
+        here to override the fitted value without refitting, as a scalar or one value per query
+        (``NNN.search(q, weight=0.5)``; the old ``alpha=`` / ``lam=`` warn until 0.2.0).
+        ``device``: as in :meth:`fit`.
         """
         with use_device(device), checked_on_device():  # on a device: the query check there, its upload searched
             batch = self.queries(queries, **weight)
@@ -467,8 +429,41 @@ class Correction:
                 transform=self._block_transform(batch),
                 additive=additive,
                 progress=progress,
+                duplicates=self.gallery_duplicates_,
             )
-        return pad_top_k(self.method_scores(batch, ranking), ids, top_k)
+        return Hits.padded(*pad_top_k(self.method_scores(batch, ranking), ids, top_k))
+
+    def bias(self) -> np.ndarray:
+        """The per-candidate bias of the fitted gallery: (n_gallery, n_columns) float32, read
+        only, one column per gated factor (one for all methods but DualDIS), so that the ranking
+        is ``s(q, r) - W(q) . bias(r)``: any inner-product index over ``[r, bias(r)]`` queried
+        with ``[q, -W(q)]`` (:meth:`~hubless.corrections.additive.AdditiveCorrection.query_weights`)
+        ranks as :meth:`search`. GC ranks by probes, not by a bias: :class:`InvalidType`."""
+        self._check_fitted()
+        raise InvalidType(f"{type(self).__name__} ranks by probes, not by a per-candidate bias: use search() or score()")
+
+    def save(self, path, *, overwrite: bool = False) -> Path:
+        """Write this fitted correction to one file (``.npz``, written atomically): its spec, its
+        gallery and the bank statistics it keeps, so :func:`hubless.load_correction` gives it back
+        ranking bitwise as it does (no bank is read again). An existing file is replaced only
+        with ``overwrite`` and only when hubless wrote it (:class:`~hubless.errors.AlreadyExists`)."""
+        import zipfile
+
+        from hubless._atomic import ARRAY_MARK, array_written_by_hubless, atomic_open
+
+        self._check_fitted()
+        path = Path(path)
+        if path.exists() and not (overwrite and path.is_file() and array_written_by_hubless(path)):
+            why = "pass overwrite=True to replace it" if not overwrite else "it is not a file hubless wrote: not replaced"
+            raise AlreadyExists(f"{path} exists; {why}")
+        head = {"format_version": SAVED_FORMAT_VERSION, "generator": "hubless", "spec": self.spec}
+        arrays: dict[str, Any] = {SAVED_HEAD: np.array(json.dumps(head)), "gallery": self.gallery_}
+        arrays.update((f"{STATISTICS_PREFIX}{k}", v) for k, v in self.statistics_.to_arrays().items())
+        with atomic_open(path, "w+b") as fh:
+            np.savez(fh, **arrays)
+            with zipfile.ZipFile(fh, "a") as archive:
+                archive.comment = ARRAY_MARK
+        return path
 
 
 def _format_value(value, default) -> str:

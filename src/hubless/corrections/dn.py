@@ -19,7 +19,8 @@ class DN(AdditiveCorrection):
 
     mu_B is the mean of the query bank; mu_G the mean of ``gallery_bank`` when given, else of the
     gallery itself. Only ``mu_B . r`` varies with r, so DN ranks as s - lam * bias(r) with
-    bias(r) = mu_B . r; ``lam`` (>= 0) is the weight and can be changed at search time.
+    bias(r) = mu_B . r; ``lam`` (the paper's lambda, >= 0) is the weight and can be changed at
+    search time (``search(q, weight=0.5)``).
     """
 
     name = "dn"

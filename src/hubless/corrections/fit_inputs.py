@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hubless._validation import as_embeddings
 from hubless.engine import BankStatistics
-from hubless.errors import InvalidInput, MissingInputError
+from hubless.errors import InvalidInput, MissingInput
 
 __all__ = ["check_statistics", "validate_fit_inputs"]
 
@@ -24,12 +24,12 @@ def validate_fit_inputs(corrections, gallery, query_bank, gallery_bank, *, use_q
     b = gb = None
     needing = [c for c in corrections if c.needs_query_bank]
     if needing and query_bank is None:
-        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+        raise MissingInput("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
     if query_bank is not None and (needing or use_query_bank):
         b = as_embeddings(query_bank, "query_bank", normalize=normalize, dim=dim)
     requiring = [c for c in corrections if c.gallery_bank_use == "required"]
     if requiring and gallery_bank is None:
-        raise MissingInputError(
+        raise MissingInput(
             "gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank (reference items of the gallery's modality): pass {{arg}}"
         )
     if gallery_bank is not None and any(c.gallery_bank_use != "ignored" for c in corrections):

@@ -46,8 +46,8 @@ class NNN(TopKMeanBias):
         bias(r) = (1/k) * sum of the k largest s(b, r) over query-bank items b
         score(q, r) = s(q, r) - alpha * bias(r)
 
-    ``alpha`` is the weight w (>= 0) and can be changed at search time (``search(q, alpha=0.5)``);
-    alpha = 0 is the baseline. The paper tunes alpha in {0.25, ..., 1.5}, k in {1, ..., 512}.
+    ``alpha`` (the paper's name) is the weight w (>= 0) and can be changed at search time
+    (``search(q, weight=0.5)``); alpha = 0 is the baseline. The paper tunes alpha in {0.25, ..., 1.5}, k in {1, ..., 512}.
     ``gallery_bank`` is ignored.
     """
 

@@ -18,26 +18,34 @@ DN                      refused: needs the banks' mean *embeddings*             
 
 (S: queries x gallery, SB: query bank x gallery, SG: gallery bank x gallery.) The statistics
 come from one streamed pass per bank matrix (:mod:`hubless.engine.score_statistics`); a
-correction fitted this way ranks rows of S with :meth:`Correction.correct` exactly as one fitted
-on embeddings ranks their similarities, and equals it when S = Q G^T.
+correction fitted this way ranks rows of S with :func:`correct_rows` exactly as one fitted on
+embeddings ranks their similarities, and equals it when S = Q G^T:
+
+    from hubless.corrections import score_fit
+    nnn = score_fit.fit_scores(hubless.NNN(k=8), SB)              # or fit_on_scores([...], SB, SG): one pass
+    corrected = score_fit.correct_rows(nnn, S, weight=0.5)       # (n_queries, n_gallery) float32
+
+(Until 0.2.0 the correction's methods ``fit_scores`` and ``correct`` do the same, with a
+DeprecationWarning; files of any size go through :func:`hubless.correct_scores`.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import numpy as np
 
-from hubless.engine.score_statistics import check_score_matrix, score_statistics
+from hubless.corrections.base import Correction
+from hubless.corrections.queries import QueryBatch, QueryStatistics
+from hubless.corrections.spec import MethodName, make_correction
+from hubless.engine.score_statistics import check_score_matrix, read_rows, score_statistics
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import InvalidInput, MissingInputError
+from hubless.errors import InvalidInput, MissingInput
 
-if TYPE_CHECKING:  # the corrections call this module: no import at run time
-    from hubless.corrections.base import Correction
-    from hubless.corrections.spec import MethodName
+__all__ = ["check_score_methods", "correct_rows", "fit_on_scores", "fit_scores", "fitted_on_scores"]
 
-__all__ = ["check_score_methods", "fit_on_scores"]
+_C = TypeVar("_C", bound=Correction)
 
 
 def check_score_methods(corrections: Iterable[Correction]) -> None:
@@ -58,17 +66,13 @@ def fit_on_scores(
 ) -> list[Correction]:
     """Fit several corrections (instances or specs such as ``"nnn:k=8"``) on the same score
     matrices with one streamed pass per bank (their statistics requests are merged, as
-    :func:`hubless.fit_many` does for embeddings). The one definition:
-    :meth:`Correction.fit_scores <hubless.corrections.base.Correction.fit_scores>` calls it
-    with ``[self]``, :mod:`hubless.corrections.scores` re-exports it.
+    :func:`hubless.fit_many` does for embeddings); :func:`fit_scores` fits one.
 
     ``query_bank_scores`` SB (n_bank, n_gallery), ``gallery_bank_scores`` SG (n_gallery_bank,
     n_gallery): arrays or memory maps; ``n_gallery`` is needed only when neither is given;
     ``statistics``: bank statistics already computed for these matrices (checked to hold what
     every correction needs). Returns the fitted corrections in order.
     """
-    from hubless.corrections import make_correction  # the package's registry, complete once imported
-
     items = [make_correction(c) for c in corrections]
     check_score_methods(items)
     for c in items:
@@ -81,12 +85,12 @@ def fit_on_scores(
         raise InvalidInput("give query_bank_scores (or n_gallery for the baseline): nothing says how many gallery items there are")
     needing = [c for c in items if c.needs_query_bank]
     if needing and sb is None:
-        raise MissingInputError(
+        raise MissingInput(
             "query_bank_scores", f"{needing[0].spec} needs the query bank's scores (reference queries x gallery): pass {{arg}}"
         )
     requiring = [c for c in items if c.gallery_bank_use == "required"]
     if requiring and sg is None:
-        raise MissingInputError(
+        raise MissingInput(
             "gallery_bank_scores",
             f"{requiring[0].spec} needs the gallery bank's scores (reference items of the gallery's modality x gallery): pass {{arg}}",
         )
@@ -103,3 +107,64 @@ def fit_on_scores(
     for c in items:
         c._fit_arrays(gallery, statistics)
     return list(items)
+
+
+def fit_scores(
+    corr: _C,
+    query_bank_scores=None,
+    gallery_bank_scores=None,
+    *,
+    n_gallery: int | None = None,
+    statistics: BankStatistics | None = None,
+    progress: bool | None = None,
+) -> _C:
+    """Fit ``corr`` on score matrices instead of embeddings (a model whose score is not one dot
+    product: mixtures of experts, cross-attention); returns it.
+
+    query_bank_scores : (n_bank, n_gallery) s(b, r) of every query-bank item b and gallery
+        item r, an array or a memory-mapped .npy (read once, in row blocks).
+    gallery_bank_scores : (n_gallery_bank, n_gallery) s(g, r) of reference items g of the
+        gallery's modality (DualIS / DualDIS).
+    n_gallery : the gallery size when no bank is given (the baseline).
+
+    Rank rows of a query x gallery score matrix with :func:`correct_rows` (or
+    :func:`hubless.correct_scores` for files). Methods that need embeddings (DN) are refused
+    with :class:`~hubless.errors.InvalidInput` saying what they need.
+    """
+    fit_on_scores([corr], query_bank_scores, gallery_bank_scores, n_gallery=n_gallery, statistics=statistics, progress=progress)
+    return corr
+
+
+def fitted_on_scores(corr: Correction) -> bool:
+    """Whether ``corr`` was fitted on score matrices (it then ranks score rows, not embeddings:
+    see :func:`correct_rows`)."""
+    return corr.is_fitted and corr.dim_ == 0
+
+
+def rows_batch(corr: Correction, scores, **weight) -> QueryBatch:
+    """Rows of a query x gallery score matrix (n_queries, n_gallery), checked, as a batch of
+    ``corr``'s ranking hook (:meth:`Correction.rank`, :meth:`Correction.method_scores`), with
+    this call's ``weight=``; the raw-neighbour statistics (DIS gates, CSLS's r_q) come from the
+    rows (:func:`hubless.score_matrices.rank.score_batch` does the same for several corrections
+    over a block already read)."""
+    corr._check_fitted()
+    scores = check_score_matrix(scores, "scores", n_cols=corr.n_gallery_)
+    rows = read_rows(scores, 0, scores.shape[0], "scores")
+    request = corr.query_request
+    stats = QueryStatistics.from_similarities(request, rows) if request.depth else None
+    return QueryBatch(np.empty((rows.shape[0], 0), np.float32), corr._weight_override(weight, rows.shape[0]), stats)
+
+
+def correct_rows(corr: Correction, scores, *, ranking: bool = False, **weight) -> np.ndarray:
+    """The corrected scores of rows of a query x gallery score matrix, (n_queries, n_gallery)
+    float32: the method's own scores (e.g. QB-Norm's exp(beta s) / sum_b exp(beta s(b, r)),
+    the raw score for DIS queries whose gate stays closed), or with ``ranking`` the scores it
+    ranks by (e.g. s - bias(r), which never overflows). Works for a correction fitted on
+    embeddings too (with the scores of its own gallery) and on scores (:func:`fit_scores`);
+    ``weight=`` overrides its weight for this call."""
+    batch = rows_batch(corr, scores, **weight)
+    rows = read_rows(scores, 0, len(batch), "scores")
+    ranked = corr.rank(batch, rows)
+    if ranked is rows or np.shares_memory(ranked, np.asarray(scores)):
+        ranked = np.array(ranked, dtype=np.float32, copy=True)
+    return ranked if ranking else np.asarray(corr.method_scores(batch, ranked), dtype=np.float32)

@@ -24,6 +24,7 @@ __all__ = [
     "relevance_by_column",
     "sispi_table",
     "synthetic_embeddings",
+    "visogender_audit_data",
     "visogender_table",
 ]
 
@@ -80,10 +81,16 @@ def visogender_table(root: str | os.PathLike | None = None) -> tuple[list[dict],
     for kind, file in files.items():
         for r in read_records(file):
             other = r.get("Participant") if kind == "OP" else r.get("Object")
-            rows.append({
-                "id": r["IDX"], "occupation": r["Occupation"].strip(), "gender": r["Occupation_perceived_gender"].strip(),
-                "other": (other or "").strip(), "kind": kind, "url": r.get("URL type (Type NA if can't find)", ""),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "id": r["IDX"],
+                    "occupation": r["Occupation"].strip(),
+                    "gender": r["Occupation_perceived_gender"].strip(),
+                    "other": (other or "").strip(),
+                    "kind": kind,
+                    "url": r.get("URL type (Type NA if can't find)", ""),
+                }
+            )
     seen: dict[str, str] = {}
     for r in rows:
         if r["kind"] == "OP":
@@ -99,6 +106,28 @@ class FairnessData:
     queries: np.ndarray
     query_rows: list[dict]
     query_bank: np.ndarray
+
+
+def _check_options(*, bias: float, dim: int, n_query_bank: int, noise: float, hub_strength: float, seed: int) -> tuple[int, int, int]:
+    """The options of :func:`synthetic_embeddings`, checked: (dim, n_query_bank, seed)."""
+    dim, n_query_bank = check_positive_int(dim, "dim"), check_positive_int(n_query_bank, "n_query_bank")
+    if not all(np.isfinite(v) for v in (bias, noise, hub_strength)):
+        raise InvalidInput(f"bias, noise and hub_strength must be finite; got {bias}, {noise}, {hub_strength}")
+    return dim, n_query_bank, check_seed(seed)
+
+
+def visogender_audit_data(
+    *, bias: float = 0.5, dim: int = 64, seed: int = 0, root: str | os.PathLike | None = None
+) -> tuple[list[dict], list[dict], np.ndarray, np.ndarray, np.ndarray]:
+    """The VisoGender metadata (:func:`visogender_table`) with seeded synthetic embeddings whose
+    neutral queries lean ``bias`` towards "masculine" (:func:`synthetic_embeddings`): (gallery
+    rows, query rows, gallery, queries, query bank), what ``hubless data visogender`` writes. The
+    options are checked before the metadata is read, so a wrong one is named even where the
+    VisoGender files are missing."""
+    _check_options(bias=bias, dim=dim, n_query_bank=2000, noise=0.6, hub_strength=0.6, seed=seed)
+    rows, queries = visogender_table(root)
+    gallery, q, bank = synthetic_embeddings(rows, queries, "occupation", {"gender": "masculine"}, bias=bias, dim=dim, seed=seed)
+    return rows, queries, gallery, q, bank
 
 
 def synthetic_embeddings(
@@ -120,10 +149,10 @@ def synthetic_embeddings(
     unit(topic + ``bias`` x the favoured directions + small noise). ``attributes`` maps an
     attribute column to its favoured value (e.g. {"gender": "masculine"}). Returns
     (gallery, queries, query_bank); the bank holds queries of the same form for unseen topics."""
-    dim, n_query_bank = check_positive_int(dim, "dim"), check_positive_int(n_query_bank, "n_query_bank")
-    if not all(np.isfinite(v) for v in (bias, noise, hub_strength)):
-        raise InvalidInput(f"bias, noise and hub_strength must be finite; got {bias}, {noise}, {hub_strength}")
-    rng = np.random.default_rng(check_seed(seed))
+    dim, n_query_bank, seed = _check_options(
+        bias=bias, dim=dim, n_query_bank=n_query_bank, noise=noise, hub_strength=hub_strength, seed=seed
+    )
+    rng = np.random.default_rng(seed)
 
     def unit(x):
         return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
@@ -169,11 +198,22 @@ def make_fairness_data(
     ``bias`` (0: no planted bias); see :func:`synthetic_embeddings`."""
     rows = [
         {"profession": f"profession{p:03d}", "id": i, "gender": g, "ethnicity": e}
-        for p in range(n_professions) for g in genders for e in ethnicities for i in range(per_cell)
-    ]  # fmt: skip
+        for p in range(n_professions)
+        for g in genders
+        for e in ethnicities
+        for i in range(per_cell)
+    ]
     query_rows = [{"profession": f"profession{p:03d}", "text": f"A photo of a profession{p:03d}"} for p in range(n_professions)]
     gallery, queries, bank = synthetic_embeddings(
-        rows, query_rows, "profession", {"gender": genders[-1], "ethnicity": ethnicities[-1]},
-        bias=bias, dim=dim, n_query_bank=n_query_bank, noise=noise, hub_strength=hub_strength, seed=seed,
-    )  # fmt: skip
+        rows,
+        query_rows,
+        "profession",
+        {"gender": genders[-1], "ethnicity": ethnicities[-1]},
+        bias=bias,
+        dim=dim,
+        n_query_bank=n_query_bank,
+        noise=noise,
+        hub_strength=hub_strength,
+        seed=seed,
+    )
     return FairnessData(gallery, rows, queries, query_rows, bank)

@@ -19,7 +19,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from hubless._io import write_text
+from hubless._atomic import write_text
 from hubless.errors import InvalidInput
 
 __all__ = ["KARPATHY_SPLIT_SIZES", "KARPATHY_URL", "download", "fetch"]

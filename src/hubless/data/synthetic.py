@@ -178,7 +178,7 @@ def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 
     import json
     from pathlib import Path
 
-    from hubless._io import save_npy, write_text
+    from hubless._atomic import save_npy, write_text
 
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -211,7 +211,7 @@ def write_example_files(out, *, n_items: int = 1000, dim: int = 64, seed: int = 
 
     written.append(write_text(out / "images.meta.json", meta(n_items, 0, "image")))
     written.append(write_text(out / "new.meta.json", meta(N_NEW, n_items, "image")))
-    from hubless import __version__
+    from hubless._version import __version__
 
     marker: dict[str, object] = {"generator": f"hubless {__version__}", "function": "hubless.data.synthetic.write_example_files"}
     marker.update(n_items=n_items, dim=dim, seed=seed, files=[p.name for p in written])

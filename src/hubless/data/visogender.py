@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from hubless._io import atomic_open
+from hubless._atomic import atomic_open
 from hubless.data.fetch import download
 from hubless.errors import InvalidInput, MissingFile
 

@@ -16,7 +16,7 @@ from hubless.distributed.cluster import connect
 from hubless.distributed.embed import embed
 from hubless.distributed.fit import fit, fit_many, fit_statistics
 from hubless.distributed.index import build_index
-from hubless.io.sources import EmbeddingSource, open_source
+from hubless.storage.sources import EmbeddingSource, open_source
 
 __all__ = [
     "EmbeddingSource",

@@ -18,7 +18,7 @@ inner-product engine that ingests the parts (FAISS or autofaiss, a vector databa
 correction with :func:`augmented_queries`. Each part's sha256 is recorded (beside it while the
 run goes on, ``part_NNNNN.npy.json``; in ``hubless.json`` once complete): a rerun after a crash
 keeps the parts whose record vouches for them, and any rerun rewrites a damaged or swapped part,
-saying so (:mod:`~hubless.io.workfiles`).
+saying so (:mod:`~hubless.storage.workfiles`).
 
 Served this way: the methods whose query side is a constant weight (NNN, DN, IS, DualIS and the
 baseline). DIS/DualDIS gates and CSLS's r_q need each query's raw neighbours, GC is not
@@ -43,8 +43,8 @@ from hubless.distributed.fit import _banks_for, _fit_statistics, open_sources
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.engine.statistics import BankStatistics
 from hubless.errors import AlreadyExists, InvalidInput
-from hubless.io.sources import EmbeddingSource
-from hubless.io.workfiles import describe, file_problem, job_id, load_arrays, read_record, recomputing, save_arrays, write_record
+from hubless.storage.sources import EmbeddingSource
+from hubless.storage.workfiles import describe, file_problem, job_id, load_arrays, read_record, recomputing, save_arrays, write_record
 
 __all__ = ["augmented_queries", "write_augmented"]
 
@@ -61,14 +61,14 @@ def _part_name(i: int) -> str:
 
 def _write_part(spec: str, gallery: EmbeddingSource, start: int, stop: int, shared: dict, rows_files: list, path: str, key: dict) -> str:
     """One Ray task: rows [start, stop) as [r, bias(r)] in ``path`` (atomically), then its record
-    (``key`` and sha256, :mod:`~hubless.io.workfiles`) beside it; returns the sha256.
+    (``key`` and sha256, :mod:`~hubless.storage.workfiles`) beside it; returns the sha256.
     ``shared``: the statistics' global values (sizes, means); ``rows_files``: the gallery shards'
     per-item statistics files holding these rows."""
-    from hubless._io import atomic_open
+    from hubless._atomic import atomic_open
     from hubless.index.live import augmented_rows
 
     rows = gallery.read(start, stop, normalize=make_correction(spec).normalize)
-    corr = make_additive(spec).fit_from_statistics(rows, _rows_statistics(shared, rows_files, start, stop))
+    corr = make_additive(spec).fit(rows, statistics=_rows_statistics(shared, rows_files, start, stop))
     with atomic_open(path, "wb") as fh:
         np.save(fh, augmented_rows(corr))
     return write_record(path, key)
@@ -130,8 +130,8 @@ def write_augmented(
     ``fit_options`` go to :func:`~hubless.distributed.fit_statistics` (``work_dir``,
     ``workers``, tile sizes). A rerun checks every part already written against its recorded
     sha256 and rows, keeps the intact ones and rewrites the others, one warning line each
-    (:class:`~hubless.io.workfiles.RecomputedWarning`)."""
-    from hubless._io import write_json
+    (:class:`~hubless.storage.workfiles.RecomputedWarning`)."""
+    from hubless._atomic import write_json
     from hubless.progress import progress_bar
 
     check_address(address)
@@ -173,9 +173,17 @@ def write_augmented(
     shutil.rmtree(rows_dir, ignore_errors=True)
     rows_dir.mkdir()
     stats, files_for = _fit_to_row_files(
-        corr.statistics_request(), source, qb, gb, rows_dir, job, normalize=corr.normalize, address=address, progress=progress,
+        corr.statistics_request(),
+        source,
+        qb,
+        gb,
+        rows_dir,
+        job,
+        normalize=corr.normalize,
+        address=address,
+        progress=progress,
         **fit_options,
-    )  # fmt: skip
+    )
     shared = stats.to_arrays()
     todo = [(i, p) for i, p in enumerate(info["parts"]) if p["file"] not in digests]
     if todo:
@@ -191,14 +199,19 @@ def write_augmented(
         bar = progress_bar(None, progress, total=len(todo), desc="augmented parts", unit="parts")
         try:
             run_tasks(
-                ray, submit, [p for _, p in todo], lambda part, digest: digests.__setitem__(part["file"], digest),
-                window=2 * cpus, bar=bar, finish_running=True,  # parts in flight are written and recorded: a rerun keeps them
-            )  # fmt: skip
+                ray,
+                submit,
+                [p for _, p in todo],
+                lambda part, digest: digests.__setitem__(part["file"], digest),
+                window=2 * cpus,
+                bar=bar,
+                finish_running=True,  # parts in flight are written and recorded: a rerun keeps them
+            )
         finally:
             bar.close()
     # W(q) reads only the banks' global values, the same in every slice: the first row's will do
     first_rows = _rows_statistics(shared, files_for(0, 1), 0, 1)
-    first = make_additive(corr.spec).fit_from_statistics(source.read(0, 1, normalize=corr.normalize), first_rows)
+    first = make_additive(corr.spec).fit(source.read(0, 1, normalize=corr.normalize), statistics=first_rows)
     columns = int(first.bias_columns_.shape[1])
     done = _with_digests(info, digests, complete=True)
     write_json(folder / INFO, {**done, "bias_columns": columns, "query_state": first.query_state()})
@@ -268,8 +281,8 @@ def _kept_info(folder: Path) -> tuple[dict | None, bool]:
 
 def augmented_queries(out: str | os.PathLike, queries, **weight) -> np.ndarray:
     """[q, -W(q)] for parts written by :func:`write_augmented`: ranking rows by ``xq . row``
-    ranks the gallery by the correction's score; ``weight`` (``alpha=``, ``lam=``) may change
-    the method's weight per call."""
+    ranks the gallery by the correction's score; ``weight=`` may change the method's weight per
+    call."""
     folder = Path(out)
     info, _ = _kept_info(folder)
     if info is None or not info.get("complete"):

@@ -26,8 +26,17 @@ __all__ = ["embed"]
 class ChunkEmbedder:
     """A Ray Data worker: loads the model once, then encodes and writes the chunks it is given."""
 
-    def __init__(self, model: str, kind: str | None, device: str | None, parts: str, items: list[str], modality: str, chunk_size: int,
-                 batch_size: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        kind: str | None,
+        device: str | None,
+        parts: str,
+        items: list[str],
+        modality: str,
+        chunk_size: int,
+        batch_size: int,
+    ) -> None:
         from pathlib import Path
 
         from hubless.encoders import load_encoder
@@ -64,7 +73,7 @@ def embed(
 
     ``workers``: Ray Data actors, each loading the model once (default: one per GPU of the
     cluster, else one per CPU); ``address``: a Ray cluster (``ray://host:10001``), default a
-    local Ray started without a dashboard. Raises :class:`~hubless.errors.MissingDependencyError`
+    local Ray started without a dashboard. Raises :class:`~hubless.errors.MissingDependency`
     (the ``distributed`` extra) when Ray is not installed.
     """
     from hubless.encoders import load_encoder
@@ -98,6 +107,13 @@ def embed(
         ds.materialize()
 
     return embed_to_file(
-        encoder, out, images=images, texts=texts, chunk_size=chunk_size, batch_size=batch_size, progress=progress,
-        overwrite=overwrite, run_chunks=run_chunks,
-    )  # fmt: skip
+        encoder,
+        out,
+        images=images,
+        texts=texts,
+        chunk_size=chunk_size,
+        batch_size=batch_size,
+        progress=progress,
+        overwrite=overwrite,
+        run_chunks=run_chunks,
+    )

@@ -4,15 +4,15 @@
     nnn = hd.fit("nnn:alpha=0.75,k=16", "gallery_emb/", "bank_emb/", work_dir="fit-state/")
 
 Each tile (a gallery shard against a bank shard, :mod:`hubless.distributed.plan`) is one Ray
-task that reads its own rows from the sources (:mod:`hubless.io.sources`) and returns
+task that reads its own rows from the sources (:mod:`hubless.storage.sources`) and returns
 its partial statistics; the driver merges partials as they arrive (any order) and keeps each
-finished tile in ``work_dir`` with its key and sha256 (:mod:`~hubless.io.workfiles`),
+finished tile in ``work_dir`` with its key and sha256 (:mod:`~hubless.storage.workfiles`),
 so a rerun after a crash computes only the missing tiles, and recomputes, saying so, a kept tile
 that is damaged or is not the tile (or of the fit) it should be. Ray
 re-runs a task whose worker died (``max_retries``); an error in a task (a NaN in a shard, say)
 stops the fit with that error, naming the shard. The merged statistics equal a single-machine
 fit's (tested), and the correction is fitted from them with
-:meth:`~hubless.Correction.fit_from_statistics` (only the gallery and the merged statistics,
+:meth:`~hubless.Correction.fit` given ``statistics=`` (only the gallery and the merged statistics,
 a few numbers per gallery item, come to the driver).
 """
 
@@ -32,9 +32,9 @@ from hubless.distributed.tile_merge import TileMerger
 from hubless.distributed.tile_parts import TilePart
 from hubless.engine.parallel import use_threads
 from hubless.engine.statistics import BankStatistics, StatisticsRequest
-from hubless.errors import InvalidInput, MissingInputError
-from hubless.io.sources import EmbeddingSource, open_source
-from hubless.io.workfiles import job_id, load_arrays, recomputing, save_arrays
+from hubless.errors import InvalidInput, MissingInput
+from hubless.storage.sources import EmbeddingSource, open_source
+from hubless.storage.workfiles import job_id, load_arrays, recomputing, save_arrays
 
 __all__ = ["connect", "fit", "fit_many", "fit_statistics", "open_sources"]
 
@@ -76,7 +76,7 @@ def _work_dir(work_dir, fingerprint: dict) -> tuple[Path, str] | None:
     this fit on its own)."""
     if work_dir is None:
         return None
-    from hubless._io import write_json
+    from hubless._atomic import write_json
 
     path = Path(work_dir)
     plan_file = path / "plan.json"
@@ -139,15 +139,25 @@ def fit_statistics(
     computed on Ray tile by tile (see the module docstring).
 
     Sources: folders, globs or lists of ``.npy`` / parquet shards, or clip-retrieval
-    ``img_emb`` / ``text_emb`` folders (:func:`~hubless.io.sources.open_source`).
+    ``img_emb`` / ``text_emb`` folders (:func:`~hubless.storage.sources.open_source`).
     ``workers``: tiles computed at once, each task taking an equal share of the cluster's CPUs
     (default: one CPU per task). ``gallery_rows`` / ``bank_cols``: tile sizes, or explicit cut
     points. ``work_dir``: keep finished tiles there and reuse them on a rerun.
     """
     return _fit_statistics(
-        request, gallery, query_bank, gallery_bank, normalize=normalize, address=address, workers=workers,
-        gallery_rows=gallery_rows, bank_cols=bank_cols, work_dir=work_dir, max_retries=max_retries, progress=progress,
-    )  # fmt: skip
+        request,
+        gallery,
+        query_bank,
+        gallery_bank,
+        normalize=normalize,
+        address=address,
+        workers=workers,
+        gallery_rows=gallery_rows,
+        bank_cols=bank_cols,
+        work_dir=work_dir,
+        max_retries=max_retries,
+        progress=progress,
+    )
 
 
 def _fit_statistics(
@@ -221,7 +231,7 @@ def _fit_statistics(
 
 def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, EmbeddingSource | None]:
     """The gallery and bank sources, opened (headers read and checked, see
-    :mod:`~hubless.io.sources`) and named as the in-memory checks name them; a bank of
+    :mod:`~hubless.storage.sources`) and named as the in-memory checks name them; a bank of
     another dimension than the gallery is refused here, before any work."""
     g = open_source(gallery, label="gallery")
     out: dict[str, EmbeddingSource | None] = {"gallery": g}
@@ -238,10 +248,10 @@ def open_sources(gallery, query_bank=None, gallery_bank=None) -> dict[str, Embed
 def _banks_for(corrections: Sequence[Correction], query_bank, gallery_bank):
     needing = [c for c in corrections if c.needs_query_bank]
     if needing and query_bank is None:
-        raise MissingInputError("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
+        raise MissingInput("query_bank", f"{type(needing[0]).__name__} needs a query bank (reference queries): pass {{arg}}")
     requiring = [c for c in corrections if c.gallery_bank_use == "required"]
     if requiring and gallery_bank is None:
-        raise MissingInputError("gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank: pass {{arg}}")
+        raise MissingInput("gallery_bank", f"{type(requiring[0]).__name__} needs a gallery bank: pass {{arg}}")
     qb = query_bank if needing else None
     gb = gallery_bank if any(c.gallery_bank_use != "ignored" for c in corrections) else None
     return qb, gb
@@ -264,7 +274,7 @@ def fit_many(methods: Sequence[Correction | str], gallery, query_bank=None, gall
     normalize = corrections[0].normalize
     stats = fit_statistics(request, source, sources["query_bank"], sources["gallery_bank"], normalize=normalize, **options)
     rows = source.read(0, source.n_rows, normalize=normalize)
-    return [c.fit_from_statistics(rows, stats) for c in corrections]
+    return [c.fit(rows, statistics=stats) for c in corrections]
 
 
 def fit(method: Correction | str, gallery, query_bank=None, gallery_bank=None, **options) -> Correction:

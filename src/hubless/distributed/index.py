@@ -49,7 +49,7 @@ from hubless.corrections import Correction, make_additive
 from hubless.distributed.cluster import _get, check_address, connect, run_tasks
 from hubless.distributed.plan import GALLERY_ROWS, cut_points
 from hubless.errors import InvalidInput
-from hubless.io.sources import EmbeddingSource
+from hubless.storage.sources import EmbeddingSource
 
 __all__ = ["build_index"]
 
@@ -145,8 +145,26 @@ def build_index(
             try:
                 base = BaseFiles(path, version)
                 work.mkdir()
-                manifest = _write_base(base, corr, source, qb, gb, factory, work, version, t0, address, progress, train_size, seed,
-                                       spill, meta, model, shard_rows, fit_options)  # fmt: skip
+                manifest = _write_base(
+                    base,
+                    corr,
+                    source,
+                    qb,
+                    gb,
+                    factory,
+                    work,
+                    version,
+                    t0,
+                    address,
+                    progress,
+                    train_size,
+                    seed,
+                    spill,
+                    meta,
+                    model,
+                    shard_rows,
+                    fit_options,
+                )
                 disk.commit(path, manifest, keep=pointer.names_in(previous))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
@@ -158,8 +176,9 @@ def build_index(
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address, progress, train_size, seed, spill, meta, model,
-                shard_rows, fit_options) -> dict:  # fmt: skip
+def _write_base(
+    base, corr, source, qb, gb, factory, work, version, t0, address, progress, train_size, seed, spill, meta, model, shard_rows, fit_options
+) -> dict:
     """Fit the statistics on Ray, have the tasks write the base's rows (and IVF lists) into
     ``base`` (:class:`hubless.index.base_files.BaseFiles`); returns the manifest to commit."""
     from hubless.distributed.augment import _fit_to_row_files, _rows_statistics
@@ -168,8 +187,8 @@ def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address,
     from hubless.index.faiss_build import plan_layout
     from hubless.index.ivf_lists import train_from_base, write_merged, write_shard_lists
     from hubless.index.live import split_statistics
-    from hubless.io.workfiles import job_id
     from hubless.progress import progress_bar
+    from hubless.storage.workfiles import job_id
 
     n, dim, flat, request = source.n_rows, source.dim, is_flat(factory), corr.statistics_request()
     cuts = cut_points(n, shard_rows, "shard_rows")
@@ -191,9 +210,13 @@ def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address,
     bar = progress_bar(None, progress, total=len(cuts) - 1, desc="index rows", unit="shards")
     try:
         run_tasks(
-            ray, lambda ab: task.remote(corr.spec, source_ref, ab[0], ab[1], shared_ref, files_for(*ab), files),
-            list(zip(cuts, cuts[1:])), lambda ab, total: sums.__setitem__(ab[0], np.array(total)), window=2 * cpus, bar=bar,
-        )  # fmt: skip
+            ray,
+            lambda ab: task.remote(corr.spec, source_ref, ab[0], ab[1], shared_ref, files_for(*ab), files),
+            list(zip(cuts, cuts[1:])),
+            lambda ab, total: sums.__setitem__(ab[0], np.array(total)),
+            window=2 * cpus,
+            bar=bar,
+        )
     finally:
         bar.close()
     gallery_sum = np.zeros(dim, dtype=np.float64)
@@ -215,9 +238,13 @@ def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address,
         bar = progress_bar(None, progress, total=len(cuts) - 1, desc="index lists", unit="shards")
         try:
             run_tasks(
-                ray, lambda ab: fill.remote(empty_ref, folder, ab[0], ab[1], layout, str(work / f"lists-{ab[0]}")),
-                list(zip(cuts, cuts[1:])), lambda ab, done: lists.__setitem__(ab[0], done), window=2 * cpus, bar=bar,
-            )  # fmt: skip
+                ray,
+                lambda ab: fill.remote(empty_ref, folder, ab[0], ab[1], layout, str(work / f"lists-{ab[0]}")),
+                list(zip(cuts, cuts[1:])),
+                lambda ab, done: lists.__setitem__(ab[0], done),
+                window=2 * cpus,
+                bar=bar,
+            )
         finally:
             bar.close()
         order = sorted(lists)
@@ -231,5 +258,14 @@ def _write_base(base, corr, source, qb, gb, factory, work, version, t0, address,
     base.write_state(stats, gallery_sum)  # the banks' values (the sink kept no per-item arrays)
     base.write_metadata(meta)
     config.build_seconds = time.perf_counter() - t0
-    return base.manifest(version=version, spec=corr.spec, normalize=corr.normalize, dim=dim, faiss_dim=faiss_dim, bias_columns=columns,
-                         config=config, n=n, metadata=meta)  # fmt: skip
+    return base.manifest(
+        version=version,
+        spec=corr.spec,
+        normalize=corr.normalize,
+        dim=dim,
+        faiss_dim=faiss_dim,
+        bias_columns=columns,
+        config=config,
+        n=n,
+        metadata=meta,
+    )

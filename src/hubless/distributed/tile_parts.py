@@ -77,9 +77,13 @@ def merge_lse_blocks(a: LseBlocks, b: LseBlocks) -> LseBlocks:
         raise InvalidInput(f"log-sum-exp blocks {a.first}-{a.stop} and {b.first}-{b.stop} do not follow each other")
     if a.first:
         return LseBlocks(
-            a.betas, a.first, b.stop, np.concatenate([a.peaks, b.peaks], axis=1), np.concatenate([a.sums, b.sums], axis=1),
+            a.betas,
+            a.first,
+            b.stop,
+            np.concatenate([a.peaks, b.peaks], axis=1),
+            np.concatenate([a.sums, b.sums], axis=1),
             np.concatenate([a.counts, b.counts]),
-        )  # fmt: skip
+        )
     n = a.peaks.shape[0]
     if a.counts.size:
         peak, sums, count = a.peaks[:, 0], a.sums[:, 0], int(a.counts[0])

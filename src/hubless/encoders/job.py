@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hubless._io import file_sha256, save_npy, write_json
+from hubless._atomic import file_sha256, save_npy, write_json
 from hubless._validation import exactly_one
 from hubless.encoders.base import Encoder, open_image
 from hubless.errors import AlreadyExists, Corrupt, Incomplete, InvalidInput, MissingFile
@@ -182,8 +182,8 @@ def chunk_is_done(parts: Path, chunk: int) -> bool:
     """Whether chunk ``chunk`` of a job is on disk, intact and this job's: its record (the
     ``.json``) names the chunk and the job and holds the sha256 of its embeddings, and the rows
     match its item list. A chunk that fails is redone, with one warning line saying why
-    (:class:`hubless.io.workfiles.RecomputedWarning`); a missing one silently."""
-    from hubless.io.workfiles import describe, file_problem, recomputing
+    (:class:`hubless.storage.workfiles.RecomputedWarning`); a missing one silently."""
+    from hubless.storage.workfiles import describe, file_problem, recomputing
 
     emb_file, ids_file = parts / f"chunk-{chunk:06d}.npy", parts / f"chunk-{chunk:06d}.json"
     if not (emb_file.exists() or ids_file.exists()):

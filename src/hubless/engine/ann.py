@@ -19,8 +19,8 @@ import re
 import faiss
 import numpy as np
 
+from hubless.engine.exact import exact_search
 from hubless.engine.parallel import num_threads
-from hubless.engine.search import exact_search
 from hubless.engine.statistics import BankStatistics, StatisticsRequest, compute_statistics
 from hubless.errors import InvalidInput
 
@@ -49,11 +49,15 @@ def ann_statistics(
     ``factory``: "IVF{nlist}" (default :func:`default_bank_factory`) runs :func:`ivf_topk`; any
     other FAISS factory string (e.g. "HNSW32") builds that index over the bank. Inputs are validated float32 arrays (as the corrections' ``fit`` makes).
     """
-    unsupported = [name for name, need in (
-        ("log-sum-exp over the bank (IS/DIS/DualIS/DualDIS)", request.query_betas or request.gallery_betas),
-        ("sorted probes (GC)", request.query_probes),
-        ("activation sets (DIS/DualDIS)", request.query_activation_k or request.gallery_activation_k),
-    ) if need]  # fmt: skip
+    unsupported = [
+        name
+        for name, need in (
+            ("log-sum-exp over the bank (IS/DIS/DualIS/DualDIS)", request.query_betas or request.gallery_betas),
+            ("sorted probes (GC)", request.query_probes),
+            ("activation sets (DIS/DualDIS)", request.query_activation_k or request.gallery_activation_k),
+        )
+        if need
+    ]
     if unsupported:
         raise InvalidInput(
             f"ANN bank statistics only give top-k similarities and means; this method needs {', '.join(unsupported)}: use exact statistics"

@@ -120,13 +120,22 @@ def _bank_pass(
     on_device = torch_device()
     if on_device is not None:  # the reductions on the device; the rows are read and checked here
         from hubless.engine import torch_passes
+        from hubless.engine.torch_arrays import block_budget
 
-        blocks = progress_bar(row_blocks(n_rows, n_cols), progress, desc=name, unit="block")
+        # blocks of at most one device block budget (the device holds a few of them at once)
+        elements = min(SCORE_BLOCK_ELEMENTS, block_budget(on_device[0].split(",")[0]))
+        blocks = progress_bar(row_blocks(n_rows, n_cols, elements), progress, desc=name, unit="block")
         checked = ((start, read_rows(matrix, start, stop, name)) for start, stop in blocks)
         values, sums, act_scores, act_ids = torch_passes.score_bank_pass(
-            checked, n_rows, n_cols, k=k, betas=betas, probes_out=None if sorted_rows is None else sorted_rows.values,
-            activation_k=activation_k, device=on_device[0],
-        )  # fmt: skip
+            checked,
+            n_rows,
+            n_cols,
+            k=k,
+            betas=betas,
+            probes_out=None if sorted_rows is None else sorted_rows.values,
+            activation_k=activation_k,
+            device=on_device[0],
+        )
         if topk is not None:
             topk.values[:] = values
         if lse is not None:
@@ -196,9 +205,14 @@ def score_statistics(
     )
     if sb is not None and needs_query:
         topk, lse, probes, act_scores, act_ids = _bank_pass(
-            sb, "query_bank_scores", k=request.query_topk, betas=request.query_betas, probes=request.query_probes,
-            activation_k=request.query_activation_k, progress=progress,
-        )  # fmt: skip
+            sb,
+            "query_bank_scores",
+            k=request.query_topk,
+            betas=request.query_betas,
+            probes=request.query_probes,
+            activation_k=request.query_activation_k,
+            progress=progress,
+        )
         stats.query_topk = None if topk is None else topk.values
         stats.query_lse = {} if lse is None else {b: lse.values[:, t] for t, b in enumerate(lse.betas)}
         stats.query_probes = None if probes is None else probes.values

@@ -12,6 +12,14 @@ one streamed pass per bank, not one per method or per parameter value:
 * query bank x gallery (and gallery bank x gallery): the top-k_a gallery items of every bank
   item, whose union is the activation set of the dynamic variants (DIS, DualDIS).
 
+Exact duplicate gallery rows (:mod:`hubless.engine.duplicates`) get identical statistics: a copy
+its first copy's top-k, log-sum-exps and probes, so copies get identical biases whatever the BLAS
+rounded where they fell in its blocks, and each bank item's nearest gallery items name copies in
+index order (:func:`tie_copies`, which a correction applies again when it is fitted from
+statistics, so a distributed or incremental fit too). A copy of a bank item needs no rule: it
+only adds its similarities to each gallery item's statistics and has nearest gallery items of
+its own (the same items, their similarities possibly a last bit apart), so it decides no tie.
+
 Every pass runs in fixed blocks (``stream_reduce(..., fixed_blocks=True)``), so the statistics
 are bitwise the same on any number of cores, and a tiled fit whose shards start on block
 boundaries reproduces them bitwise (:mod:`hubless.distributed.plan`).
@@ -26,10 +34,11 @@ from typing import NamedTuple
 import numpy as np
 
 from hubless.engine.device import torch_device
+from hubless.engine.duplicates import Duplicates, find_duplicates
 from hubless.engine.stream import ColumnNearest, LogSumExp, SortedRows, TopK, stream_reduce
 from hubless.errors import InvalidInput
 
-__all__ = ["StatisticsRequest", "BankStatistics", "RowStatistics", "compute_statistics", "row_statistics"]
+__all__ = ["StatisticsRequest", "BankStatistics", "RowStatistics", "compute_statistics", "row_statistics", "tie_copies"]
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,7 @@ def compute_statistics(
     *,
     progress: bool | None = None,
     bank_means: tuple[np.ndarray, np.ndarray | None] | None = None,
+    gallery_duplicates: Duplicates | None = None,
 ) -> BankStatistics:
     """Compute the statistics in ``request`` by streaming similarity blocks (bounded memory).
 
@@ -228,17 +238,65 @@ def compute_statistics(
     ``bank_means``: the banks' means (query bank, gallery bank) when they are known already
     (new gallery items against stored banks): then the banks are only read by the similarity
     pass the request needs, not averaged again (an O(bank) step a 1-row write would pay).
+    ``gallery_duplicates``: the exact duplicate rows of ``gallery`` when they are known (found here
+    otherwise); every copy of a gallery item gets its first copy's statistics (:func:`tie_copies`).
     """
     on_device = torch_device()
     if on_device is None:
-        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean, fused=False)
-    from hubless.engine import torch_arrays
+        stats = _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, _mean, fused=False)
+    else:
+        from hubless.engine import torch_arrays
 
-    def mean(x: np.ndarray) -> np.ndarray:
-        return torch_arrays.mean(x, *on_device)
+        def mean(x: np.ndarray) -> np.ndarray:
+            return torch_arrays.mean(x, *on_device)
 
-    with torch_arrays.resident():  # each array is uploaded once for all the passes
-        return _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, fused=True)
+        with torch_arrays.resident():  # each array is uploaded once for all the passes
+            stats = _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, fused=True)
+    return tie_copies(stats, find_duplicates(gallery) if gallery_duplicates is None else gallery_duplicates)
+
+
+def tie_copies(stats: BankStatistics, duplicates: Duplicates) -> BankStatistics:
+    """``stats`` with every exact copy of a gallery item (``duplicates``, of the gallery they
+    describe) given its first copy's per-item statistics (top-k, log-sum-exps, probes: identical
+    biases) and each bank item's nearest gallery items relabelled as if every copy had its first
+    copy's similarity (:meth:`~hubless.engine.duplicates.Duplicates.relabel_top_k`: copies in
+    index order). ``stats`` itself when nothing changes, else a copy (the inputs are kept)."""
+    if not duplicates:
+        return stats
+    spread = duplicates.spread
+
+    def relabel(scores: np.ndarray | None, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        order = np.broadcast_to(-np.arange(ids.shape[1], dtype=np.float32), ids.shape)  # no scores kept: keep the order
+        values, new_ids = duplicates.relabel_top_k(order if scores is None else scores, ids)
+        return (None if scores is None else values), new_ids
+
+    changes: dict = {
+        "query_topk": None if stats.query_topk is None else spread(stats.query_topk),
+        "query_probes": None if stats.query_probes is None else spread(stats.query_probes),
+        "query_lse": {b: spread(v) for b, v in stats.query_lse.items()},
+        "gallery_lse": {b: spread(v) for b, v in stats.gallery_lse.items()},
+    }
+    for side in ("query", "gallery"):
+        ids = getattr(stats, f"{side}_activation")
+        if ids is not None:
+            changes[f"{side}_activation_scores"], changes[f"{side}_activation"] = relabel(getattr(stats, f"{side}_activation_scores"), ids)
+    if stats.query_nearest is not None:
+        changes["query_nearest"] = duplicates.first_of(stats.query_nearest)  # one nearest item: the group's first
+    return _changed(stats, changes)
+
+
+def _changed(stats: BankStatistics, changes: dict) -> BankStatistics:
+    """``stats`` with ``changes`` (field -> new value), or ``stats`` itself when every new value
+    is the old object."""
+
+    def same(old, new) -> bool:
+        if isinstance(old, dict):
+            return all(new[k] is v for k, v in old.items())
+        return old is new
+
+    if all(same(getattr(stats, name), value) for name, value in changes.items()):
+        return stats
+    return replace(stats, **changes)
 
 
 def _compute_statistics(gallery, query_bank, gallery_bank, request, progress, bank_means, mean, *, fused: bool) -> BankStatistics:

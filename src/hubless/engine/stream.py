@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hubless.engine.device import block_product
+from hubless.engine.device import DeviceName, block_product
 from hubless.engine.formulas import (  # noqa: F401 - the constants are re-exported (tests move EXP_MIN_BETA)
     CLAMP_FROM_BETA,
     EXP_MIN_BETA,
@@ -366,7 +366,7 @@ def stream_reduce(
     col_block: int = COL_BLOCK,
     progress: bool | None = None,
     desc: str = "",
-    device: str | None = None,
+    device: DeviceName = None,
     fixed_blocks: bool = False,
 ) -> None:
     """Feed every block of ``rows @ cols.T`` to ``reducers``.

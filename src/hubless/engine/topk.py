@@ -65,11 +65,13 @@ class RunningTopK:
         if full:
             # Equal values may need their ids compared; values alone never do.
             thr, inclusive = self.threshold, self.ids is not None
-        elif width >= _GROUP * 4 * k and width % _GROUP == 0:
+        elif width >= _GROUP * 4 * k:
             # First wide block: the k-th largest of the maxima of disjoint column groups is a
             # safe lower bound for each row's k-th largest value (k distinct elements reach it),
-            # and it admits few more than k candidates. Far cheaper than a full partition.
-            group_max = block.reshape(n, _GROUP, width // _GROUP).max(axis=1)
+            # and it admits few more than k candidates. Far cheaper than a full partition. The
+            # groups cover the first width - width % _GROUP columns (a subset: still a bound).
+            covered = width - width % _GROUP
+            group_max = block[:, :covered].reshape(n, _GROUP, covered // _GROUP).max(axis=1)
             g = group_max.shape[1]
             thr, inclusive = np.partition(group_max, g - k, axis=1)[:, g - k], True
         elif width > 2 * k:

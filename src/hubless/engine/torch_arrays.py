@@ -8,8 +8,9 @@ in :mod:`hubless.engine.torch_reducers`) runs whenever a torch device is in effe
 ``HUBLESS_DEVICE``; see :mod:`hubless.engine.device`). This module places its arrays:
 
 * :func:`put`: a host array on the device, uploaded once per :func:`resident` block (a fit
-  reads the gallery in up to four passes) or kept across calls (the gallery of a fitted
-  correction, at most :data:`KEPT_ARRAYS` arrays); :func:`to_host` copies results back;
+  reads the gallery in up to four passes) or kept across calls when nobody can change it in
+  place (a read-only gallery or a fitted correction's biases, at most :data:`KEPT_ARRAYS`
+  arrays); :func:`to_host` copies results back;
 * :func:`block_shape`: blocks of :data:`BLOCK_ELEMENTS` similarities at most (512 MiB of float32
   on a GPU, fewer when the device has less free memory), as wide as the column side allows;
 * :class:`Streamed`: a bank larger than half the CUDA device's free memory (:func:`streams`) is
@@ -48,6 +49,7 @@ __all__ = [
     "block_shape",
     "device_parts",
     "mean",
+    "normalised",
     "on_parts",
     "put",
     "resident",
@@ -56,6 +58,7 @@ __all__ = [
     "to_host",
     "torch_module",
     "torch_namespace",
+    "unchangeable",
 ]
 
 #: Similarities per block on a CUDA device (2^27 float32 = 512 MiB) and on any other device.
@@ -133,20 +136,31 @@ class _Scope(dict):
 
 def put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
     """``array`` on ``device`` as ``dtype``: uploaded, or the copy made earlier in this
-    :func:`resident` block, or (``keep``) the copy kept for this very array object across calls
-    (the gallery of a fitted correction: arrays it holds are never modified in place)."""
+    :func:`resident` block, or (``keep``) the copy kept across calls for this very array object
+    (the gallery and biases of a fitted correction).
+
+    A copy is kept across calls only for an array nobody can change in place
+    (:func:`unchangeable`: it and every array it views are read-only), checked again at each
+    use: a writeable array, which its owner may change between two calls, is uploaded once per
+    call (per :func:`resident` block), so a device never serves a stale copy. An array made
+    writeable again loses its kept copy at its next use."""
     torch = torch_module()
     key = (id(array), device, dtype)
     scope = _SCOPE.get()
-    for cache in (scope, _KEPT if keep else None):
-        if cache is not None and key in cache and cache[key][0]() is array:
-            return cache[key][1]
+    if scope is not None and key in scope and scope[key][0]() is array:
+        return scope[key][1]
+    keep = keep and unchangeable(array)
+    with _KEPT_LOCK:
+        kept = _KEPT.get(key)
+        if kept is not None and kept[0]() is array:
+            if keep:
+                _KEPT.move_to_end(key)
+                return kept[1]
+            del _KEPT[key]  # made writeable since: its copy may be stale
     tensor = from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=getattr(torch, dtype))
     ref = weakref.ref(array)
     if scope is not None:
-        scope[key] = (ref, tensor)
-        # a view made for one call (a device's share of the rows) frees its copy when it goes
-        scope.finalizers.append(weakref.finalize(array, _forget, key, ref, scope))
+        _remember(scope, key, ref, tensor)
     if keep:
         with _KEPT_LOCK:
             _KEPT[key] = (ref, tensor)
@@ -154,6 +168,60 @@ def put(array: np.ndarray, device: str, dtype: str, *, keep: bool = False):
                 _KEPT.popitem(last=False)
         weakref.finalize(array, _forget, key, ref)
     return tensor
+
+
+def unchangeable(array: np.ndarray) -> bool:
+    """Whether numpy refuses every write to ``array``'s memory through it and the arrays it
+    views: it and each base are read-only (a read-only memory map, a loaded index's arrays, a
+    fitted correction's own arrays). Only a deliberate ``flags.writeable = True`` on the array
+    that owns the memory could change it then, which the next :func:`put` sees."""
+    seen: object = array
+    while isinstance(seen, np.ndarray):
+        if seen.flags.writeable:
+            return False
+        seen = seen.base
+    if seen is None:
+        return True
+    try:  # the memory's owner is not an array (a memory map, bytes): read-only if its buffer is
+        return memoryview(seen).readonly  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
+def _remember(scope: _Scope, key: tuple, ref, tensor) -> None:
+    """``tensor`` as the upload of the array ``ref`` names in a :func:`resident` block."""
+    scope[key] = (ref, tensor)
+    array = ref()
+    # a view made for one call (a device's share of the rows) frees its copy when it goes
+    scope.finalizers.append(weakref.finalize(array, _forget, key, ref, scope))
+
+
+def normalised(raw: np.ndarray, result: np.ndarray, norms: np.ndarray, off: np.ndarray, device: str) -> None:
+    """After :func:`hubless._validation.as_embeddings` has divided the rows ``off`` of ``raw``
+    by their ``norms`` into ``result`` (a copy, or ``raw`` itself), the upload of ``raw`` made
+    for the check (:func:`row_norms`) becomes the upload of ``result``: one upload per input,
+    never a raw copy and a normalised one both resident.
+
+    A real device copy is divided on the device as the host divided (float64 division of the
+    float32 entries, rounded to float32: bitwise the host's rows), by row blocks of one block
+    budget; a tensor that is the host memory itself (CPU torch) already holds what the host
+    wrote, or, for a copy, is replaced by a view of ``result``."""
+    scope = _SCOPE.get()
+    key = (id(raw), device, "float32")
+    if scope is None or key not in scope or scope[key][0]() is not raw:
+        return
+    torch = torch_module()
+    tensor = scope.pop(key)[1]
+    if tensor.device.type == "cpu" and tensor.data_ptr() == raw.__array_interface__["data"][0]:
+        tensor = from_numpy(result)  # the host memory itself: no copy to correct
+    else:
+        rows = np.flatnonzero(off)
+        step = max(1, block_budget(device) // max(1, raw.shape[1]))
+        for r0 in range(0, len(rows), step):
+            at = from_numpy(rows[r0 : r0 + step]).to(tensor.device)
+            scale = from_numpy(np.ascontiguousarray(norms[rows[r0 : r0 + step]], dtype=np.float64)).to(tensor.device)
+            tensor[at] = (tensor[at].double() / scale[:, None]).to(torch.float32)
+    _remember(scope, (id(result), device, "float32"), weakref.ref(result), tensor)
 
 
 def _forget(key: tuple, ref, cache: dict | None = None) -> None:
@@ -169,13 +237,19 @@ def to_host(tensor) -> np.ndarray:
 
 
 def mean(array: np.ndarray, device: str, dtype: str) -> np.ndarray:
-    """The float64 mean of the rows, on the device (the uploaded float32 copy) or, for half
+    """The float64 mean of the rows, on the device (the uploaded float32 copy, summed in float64
+    by row blocks of one block budget: no float64 copy of the whole array) or, for half
     precision products, on the host (the half copy would lose digits)."""
     device = device.split(",")[0]
     if dtype != "float32" or not len(array) or streams(array, device, dtype):
         return array.mean(axis=0, dtype=np.float64) if len(array) else np.zeros(array.shape[1])
     torch = torch_module()
-    return to_host(put(array, device, dtype).mean(dim=0, dtype=torch.float64))
+    on_device = put(array, device, dtype)
+    rows = max(1, block_budget(device) // max(1, array.shape[1]))
+    total = torch.zeros(array.shape[1], dtype=torch.float64, device=on_device.device)
+    for r0 in range(0, len(array), rows):
+        total += on_device[r0 : r0 + rows].sum(dim=0, dtype=torch.float64)
+    return to_host(total / len(array))
 
 
 def row_norms(array: np.ndarray, device: str) -> np.ndarray:

@@ -25,7 +25,8 @@ integer sums. Compiling takes seconds (about 20 s
 the first time on a 2-core CPU, a few seconds from torch's on-disk cache after), which only a
 long ranking pass repays, hence opt-in. A compiler that fails (no C++ compiler for CPU torch,
 no Triton for a GPU) is reported once as a :class:`CompileFallbackWarning` and the pass goes on
-with the eager kernels.
+with the eager kernels; an error while the kernels run (out of memory) propagates and leaves
+compiling on (:func:`compile_failure` tells them apart).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from hubless.engine.torch_reducers import chunk_maxima
 
-__all__ = ["CompileFallbackWarning", "block_counts", "compiled_rankings_counts", "rankings_counts"]
+__all__ = ["CompileFallbackWarning", "block_counts", "compile_failure", "compiled_rankings_counts", "rankings_counts"]
 
 
 class CompileFallbackWarning(RuntimeWarning):
@@ -89,25 +90,58 @@ def compiled_rankings_counts(base, minuses, rows, targets, width: int, before=No
 
 def _run_compiled(function, *args):
     """``function(*args)`` by its ``torch.compile`` form (made once per process), or None when
-    compiling fails (the first failure warns; later calls return None at once)."""
+    compiling fails (the first failure warns; later calls return None at once).
+
+    Only a failure of the compiler falls back (:func:`compile_failure`: no C++ compiler, no
+    Triton, code the compiler cannot handle): any other error of the call, such as the device
+    running out of memory, is the pass's own and propagates, and the next call compiles as
+    before (the eager kernels would need the same memory)."""
     name = function.__name__
-    with _LOCK:
-        if "failed" in _STATE:
-            return None
-        if name not in _STATE:
-            _STATE[name] = torch.compile(function, dynamic=True)
-        compiled = _STATE[name]
     try:
+        with _LOCK:
+            if "failed" in _STATE:
+                return None
+            if name not in _STATE:
+                try:
+                    _STATE[name] = torch.compile(function, dynamic=True)
+                except Exception as exc:  # torch.compile itself refused (a Python it cannot compile for)
+                    raise _CompileRefused(str(exc) or type(exc).__name__) from exc
+            compiled = _STATE[name]
         return compiled(*args)  # type: ignore[operator]
-    except Exception as exc:  # a missing or failing compiler: the eager kernels do the same work
+    except Exception as exc:
+        if not compile_failure(exc):
+            raise
+        told: BaseException = exc.__cause__ if isinstance(exc, _CompileRefused) and exc.__cause__ is not None else exc
         with _LOCK:
             first = "failed" not in _STATE
             _STATE["failed"] = True
         if first:
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            reason = f"{type(told).__name__}: {str(told).strip().splitlines()[0] if str(told).strip() else ''}"
             warnings.warn(
                 f"HUBLESS_COMPILE: torch.compile failed ({reason[:300]}); the ranking pass runs with eager torch kernels",
                 CompileFallbackWarning,
                 stacklevel=3,
             )
         return None
+
+
+def compile_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says that compiling failed (torch's compiler errors: dynamo's, which
+    wrap the backend's, inductor's C++ and CUDA compile errors), not that the compiled code ran
+    out of memory or met another error at run time (an out-of-memory error anywhere in the
+    chain of causes is never a compile failure)."""
+    from torch._dynamo.exc import TorchDynamoException
+    from torch._inductor.exc import CppCompileError, CUDACompileError
+
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 32:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, torch.OutOfMemoryError) for e in chain):
+        return False
+    return isinstance(exc, (_CompileRefused, TorchDynamoException, CppCompileError, CUDACompileError))
+
+
+class _CompileRefused(RuntimeError):
+    """``torch.compile`` refused to make the compiled function (its cause says why)."""

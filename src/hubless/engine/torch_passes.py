@@ -33,8 +33,19 @@ from hubless.engine.torch_arrays import (
     torch_module,
     torch_namespace,
 )
-from hubless.engine.torch_ranking import one_row, products
-from hubless.engine.torch_reducers import ColumnTopK, LogSumExp, SortedRows, State, TopKIds, TopKValues, ordered_topk, reduce_blocks
+from hubless.engine.torch_bias import one_row, products
+from hubless.engine.torch_reducers import (
+    ColumnTopK,
+    LogSumExp,
+    SortedRows,
+    State,
+    TopKIds,
+    TopKValues,
+    ordered_topk,
+    probe_rows_per_block,
+    reduce_blocks,
+    sort_rows,
+)
 
 __all__ = ["exact_search", "nearest_gallery_items", "row_statistics", "score_bank_pass", "topk_with_ids"]
 
@@ -93,9 +104,12 @@ def row_statistics(
         lse = torch.empty((n, len(betas)), dtype=torch.float64, device=dev)
         terms, xp = lse_terms(list(betas), base2=False), torch_namespace()
         makers.append(lambda r0, r1: LogSumExp(lse, r0, r1, list(betas), terms, xp))
-    if probes:
+    max_rows = None
+    if probes:  # whole rows of m probes: as many rows per block as the block budget holds
         probe_rows = np.empty((n, m), dtype=np.float32)
-        makers.append(lambda r0, r1: SortedRows(probe_rows, r0, r1, m, dev, on_host=streamed))
+        on_host = streamed or not probe_rows_per_block(m, device)
+        max_rows = None if on_host else probe_rows_per_block(m, device)
+        makers.append(lambda r0, r1: SortedRows(probe_rows, r0, r1, m, dev, on_host=on_host))
     near = None
     if nearest:
         near = (
@@ -104,7 +118,7 @@ def row_statistics(
         )
         makers.append(lambda r0, r1: ColumnTopK(near[0], near[1], r0))
     if makers:
-        reduce_blocks(rows, cols, makers, device)
+        reduce_blocks(rows, cols, makers, device, max_rows=max_rows)
     lse_host = None if lse is None else to_host(lse)
     return (
         None if topk is None else to_host(topk),
@@ -176,17 +190,20 @@ def exact_search(
     additive: tuple[np.ndarray, np.ndarray] | None,
     device: str,
     dtype: str,
+    masked: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top ``top_k`` gallery items of each query on the device, by ``q . r`` or, with
     ``additive = (W, bias_columns)``, by the corrected ``q . r - W(q) . bias_columns(r)``
     (ties: the lower id). The gallery and its biases stay on the device between calls; only
-    the queries, W and the (scores, ids) move. Several devices split the queries."""
+    the queries, W and the (scores, ids) move. Several devices split the queries. ``masked``:
+    sorted gallery ids left out (their scores -inf: the copies of exact duplicate rows, put
+    back by :func:`hubless.engine.exact_search`)."""
     parts = device_parts(device, queries.shape[0])
     if parts is not None:
 
         def part(dev: str, a: int, b: int):
             share = None if additive is None else (additive[0][a:b], additive[1])
-            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype)
+            return exact_search(queries[a:b], gallery, top_k, additive=share, device=dev, dtype=dtype, masked=masked)
 
         results = on_parts(parts, part)
         return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
@@ -207,8 +224,26 @@ def exact_search(
             def transform(block, r0, r1, c0, c1):
                 block.sub_(products(w[r0:r1], bias[c0:c1]))
 
+    if masked is not None and masked.size:
+        transform = _masking(transform, masked, dev)
     values, ids = topk_with_ids(queries_t, gallery_t, top_k, device, transform=transform, column_offsets=offsets)
     return to_host(values), to_host(ids)
+
+
+def _masking(transform, masked: np.ndarray, dev):
+    """``transform`` (or nothing) followed by the columns ``masked`` (sorted ids) of each block
+    set to -inf."""
+    torch = torch_module()
+    ids = from_numpy(np.ascontiguousarray(masked, dtype=np.int64)).to(dev)
+
+    def rewrite(block, r0, r1, c0, c1):
+        if transform is not None:
+            transform(block, r0, r1, c0, c1)
+        lo, hi = np.searchsorted(masked, (c0, c1))
+        if hi > lo:
+            block.index_fill_(1, ids[lo:hi] - c0, -torch.inf)
+
+    return rewrite
 
 
 def score_bank_pass(
@@ -225,8 +260,10 @@ def score_bank_pass(
     """The score-matrix pass of :func:`hubless.engine.score_statistics.score_statistics` on the
     device: ``blocks`` yields (start, checked float32 rows) of one bank's (n_rows, n_cols) score
     matrix; each block is uploaded once, its columns (gallery items) fed to the column reducers
-    (top-k, log-sum-exp, probes) and its rows give their top-``activation_k`` items (ties: the
-    lower id); ``probes_out`` (n_cols, n_rows) receives the sorted probes when given. Returns
+    (top-k, log-sum-exp) and its rows give their top-``activation_k`` items (ties: the lower
+    id); ``probes_out`` (n_cols, n_rows) receives the sorted probes when given: gathered on the
+    host from the blocks read there, then sorted on the device in chunks of one block budget
+    (:func:`~hubless.engine.torch_reducers.sort_rows`), never whole on the device. Returns
     (top-k values, log-sum-exp (n_cols, len(betas)), activation scores, activation ids), host
     arrays or None. Several devices: the first is used."""
     torch = torch_module()
@@ -239,13 +276,13 @@ def score_bank_pass(
         states.append(TopKValues(topk, 0, n_cols, k))
     if lse is not None:
         states.append(LogSumExp(lse, 0, n_cols, betas, lse_terms(betas, base2=False), torch_namespace()))
-    if probes_out is not None:
-        states.append(SortedRows(probes_out, 0, n_cols, n_rows, dev))
     act_k = min(activation_k, n_cols)
     act_scores = np.empty((n_rows, act_k), np.float32) if act_k else None
     act_ids = np.empty((n_rows, act_k), np.int64) if act_k else None
     with torch.no_grad():
         for start, rows in blocks:
+            if probes_out is not None:  # gathered on the host (n_cols x n_rows: no device holds it), sorted below
+                probes_out[:, start : start + len(rows)] = rows.T
             block = from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(dev)
             if act_scores is not None and act_ids is not None:
                 values, ids = ordered_topk(block, act_k)
@@ -256,6 +293,8 @@ def score_bank_pass(
                     state.update(columns, start)
         for state in states:
             state.finish()
+    if probes_out is not None:
+        sort_rows(probes_out, dev)
     return (
         None if topk is None else to_host(topk),
         None if lse is None else to_host(lse),

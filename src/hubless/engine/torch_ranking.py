@@ -20,7 +20,6 @@ gallery). :func:`corrected_top_k` is the top-k of corrected score rows (``correc
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +29,14 @@ import numpy as np
 from hubless._torch import from_numpy
 from hubless.engine import torch_arrays
 from hubless.engine.device import compiled_enabled, tf32_products
+from hubless.engine.duplicates import Duplicates
 from hubless.engine.torch_arrays import block_budget, device_parts, on_parts, put, to_host, torch_module
+from hubless.engine.torch_bias import one_row, products
+from hubless.engine.torch_clock import Stopwatch
 from hubless.engine.torch_reducers import chunk_width, ordered_topk, topk_from_chunks
+from hubless.metrics.retrieval import tie_ranks
 
-__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "one_row", "products", "rank_queries", "rank_score_rows"]
+__all__ = ["GatedRanker", "HostRanker", "corrected_top_k", "rank_queries", "rank_score_rows"]
 
 #: A host ranker of :func:`rank_queries`: ``rank(start, stop, sims)`` -> the ranking scores of
 #: query rows start:stop from their raw similarities ``sims`` (float32 host arrays).
@@ -71,6 +74,7 @@ def rank_queries(
     depth: int,
     device: str,
     dtype: str,
+    duplicates: Duplicates | None = None,
 ) -> list[Ranked]:
     """Rank ``queries`` over ``gallery`` for several rankings in one pass on the device: per
     ranking, the 1-based rank of every relevant item (``truth_indices``, CSR by query) with the
@@ -81,7 +85,9 @@ def rank_queries(
     on the device, a :class:`GatedRanker` (the same with W the gates of each query's raw top-1), or
     a host function (a non-additive correction) given each block of raw similarities. Each
     block of query rows spans the whole gallery (one product shared by every ranking); only the
-    ranks and top ids come back. Several devices split the queries.
+    ranks and top ids come back. Several devices split the queries. ``duplicates``: the exact
+    duplicate rows of ``gallery``, whose columns of each block of similarities get their first
+    copy's (:mod:`hubless.engine.duplicates`: copies tie exactly, as on the numpy engine).
     """
     parts = device_parts(device, queries.shape[0])
     if parts is not None:
@@ -89,15 +95,26 @@ def rank_queries(
         def part(dev: str, a: int, b: int):
             lo, hi = int(truth_indptr[a]), int(truth_indptr[b])
             shares = [
-                r if isinstance(r, GatedRanker)
-                else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims)) if callable(r)
+                r
+                if isinstance(r, GatedRanker)
+                else (lambda start, stop, sims, r=r: r(start + a, stop + a, sims))
+                if callable(r)
                 else (r[0][a:b], r[1])
                 for r in rankers
-            ]  # fmt: skip
+            ]
             return rank_queries(
-                queries[a:b], gallery, shares, truth_rows[lo:hi] - a, truth_indptr[a : b + 1] - lo, truth_indices[lo:hi],
-                ties=ties, depth=depth, device=dev, dtype=dtype,
-            )  # fmt: skip
+                queries[a:b],
+                gallery,
+                shares,
+                truth_rows[lo:hi] - a,
+                truth_indptr[a : b + 1] - lo,
+                truth_indices[lo:hi],
+                ties=ties,
+                depth=depth,
+                device=dev,
+                dtype=dtype,
+                duplicates=duplicates,
+            )
 
         results = on_parts(parts, part)
         return [
@@ -112,6 +129,9 @@ def rank_queries(
     G = put(gallery, device, dtype, keep=True)
     Q = put(queries, device, dtype)  # the upload the input check made, when there was one
     ranking = _RankingPass(rankers, gallery.shape[0], truth_rows, truth_indptr, truth_indices, ties=ties, depth=depth, device=device)
+    copies = firsts = None
+    if duplicates:  # each copy's column gets its first copy's: exact ties on any device
+        copies, firsts = (from_numpy(a).to(ranking.dev) for a in (duplicates.copies, duplicates.firsts))
     with torch.no_grad(), tf32_products(device):
         for start, stop in ranking.blocks():
             t0 = ranking.clock.mark()
@@ -120,6 +140,8 @@ def rank_queries(
                 torch.matmul(Q[start:stop], G.T, out=sims)
             else:  # a half-precision product, ranked in float32
                 sims.copy_(Q[start:stop] @ G.T)
+            if copies is not None:
+                sims.index_copy_(1, copies, sims.index_select(1, firsts))
             ranking.rank(start, stop, sims, (t0, ranking.clock.mark()))
     return ranking.results()
 
@@ -139,7 +161,7 @@ def rank_score_rows(
     """:func:`rank_queries` for rows of a query x gallery score matrix instead of embeddings:
     ``read(start, stop)`` gives the checked float32 rows start:stop (host), each block is
     uploaded once and ranked on the device as a block of similarities is (the score-matrix
-    mode's ranking pass, :func:`hubless.scores.rank.rank_score_rows`). The first device of a
+    mode's ranking pass, :func:`hubless.score_matrices.rank.rank_score_rows`). The first device of a
     list is used."""
     torch = torch_module()
     device = device.split(",")[0]
@@ -216,8 +238,12 @@ class _RankingPass:
                     continue
                 w_t, bias_t = from_numpy(np.ascontiguousarray(w, dtype=np.float32)).to(dev), put(bias, device, "float32", keep=True)
                 self.prepared.append((one_row(w, w_t, bias_t) if len(w) else None, w_t, bias_t))
-        rank_type = torch.float64 if ties == "average" else torch.int64
-        self.ranks = [torch.empty(truth_indices.size, dtype=rank_type, device=dev) for _ in rankers]
+        # index ties: the ranks; the others: the counts above (and equal to) each relevant item's
+        # score and, with several relevant items per query, those scores (metrics.tie_ranks)
+        self.ranks = [torch.empty(truth_indices.size, dtype=torch.int64, device=dev) for _ in rankers]
+        self.equals = [torch.empty(truth_indices.size, dtype=torch.int64, device=dev) for _ in rankers] if ties == "average" else None
+        several = ties != "index" and not self.one_each
+        self.targets = [torch.empty(truth_indices.size, dtype=torch.float32, device=dev) for _ in rankers] if several else None
         self.tops = [torch.empty((n, depth), dtype=torch.int64, device=dev) if depth else None for _ in rankers]
         self.clock = Stopwatch(dev)
         self.positions = torch.arange(m, device=dev)
@@ -325,7 +351,7 @@ class _RankingPass:
                 equal[tied] = through.sum(dim=1)
         else:
             equal = count_true(torch.eq(block, target, out=flags))
-        self._store_ranks(i, lo, hi, above, equal)
+        self._store_ranks(i, lo, hi, above, equal, target)
         top = self.tops[i]
         if top is not None:
             top[start:stop] = ordered_topk(scores, self.depth)[1]
@@ -361,9 +387,9 @@ class _RankingPass:
         )
         if counts is None:
             return False
-        for i, (above, equal, _) in zip(indices, counts):
+        for i, target, (above, equal, _) in zip(indices, targets, counts):
             # index ties: ``equal`` counts the equal entries before each relevant item's column
-            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal + 1 if index_ties else equal)
+            self._store_ranks(i, lo, hi, above, None if self.ties == "optimistic" else equal + 1 if index_ties else equal, target)
         if self.depth:  # every ranking's top ids from its chunk maxima, the rankings' rows stacked: one second step
             row_ids = torch.arange(base.shape[0], device=self.dev)[:, None]
 
@@ -376,19 +402,32 @@ class _RankingPass:
                 self.tops[i][start:stop] = part  # type: ignore[index]
         return True
 
-    def _store_ranks(self, i: int, lo: int, hi: int, above, equal) -> None:
-        """The 1-based ranks of pairs lo:hi of ranking ``i`` by the tie convention from the
-        counts of scores above each pair's and ``equal`` to it (None for optimistic ties; for
-        index ties only those up to the pair's own column, its own included)."""
-        if equal is None:
-            self.ranks[i][lo:hi] = above + 1
-        elif self.ties == "index":  # among equal scores, the lower gallery index first
+    def _store_ranks(self, i: int, lo: int, hi: int, above, equal, target) -> None:
+        """Keep what the ranks of pairs lo:hi of ranking ``i`` follow from: the counts of scores
+        above each pair's and ``equal`` to it (None for optimistic ties; for index ties only
+        those up to the pair's own column, its own included: then the rank is their sum), and
+        the pairs' own scores ``target`` (pairs x 1), which tell the relevant items of a tie
+        group apart (:func:`hubless.metrics.retrieval.tie_ranks`, applied in :meth:`results`)."""
+        if self.ties == "index":  # among equal scores, the lower gallery index first
             self.ranks[i][lo:hi] = above + equal
-        else:  # "average", in float64: a half rank stays exact at any gallery size
-            self.ranks[i][lo:hi] = above.double() + 1 + (equal.double() - 1) / 2
+            return
+        self.ranks[i][lo:hi] = above
+        if self.equals is not None:
+            self.equals[i][lo:hi] = equal
+        if self.targets is not None:
+            self.targets[i][lo:hi] = target.reshape(-1)
+
+    def _ranks(self, i: int) -> np.ndarray:
+        """Ranking ``i``'s ranks of the relevant items, by the tie convention, on the host."""
+        counts = to_host(self.ranks[i])
+        if self.ties == "index":
+            return counts
+        equal = None if self.equals is None else to_host(self.equals[i])
+        targets = None if self.targets is None else to_host(self.targets[i])
+        return tie_ranks(self.ties, counts, equal, targets, self.indptr)
 
     def results(self) -> list[Ranked]:
-        out = [(to_host(ranks), None if top is None else to_host(top)) for ranks, top in zip(self.ranks, self.tops)]
+        out = [(self._ranks(i), None if top is None else to_host(top)) for i, top in enumerate(self.tops)]
         return [(ranks, top, self.clock.seconds(intervals)) for (ranks, top), intervals in zip(out, self.intervals)]
 
 
@@ -398,32 +437,6 @@ def _raw_top1(sims, cache: dict[str, Any]):
     if "top1" not in cache:
         cache["top1"] = sims.argmax(dim=1)
     return cache["top1"]
-
-
-class Stopwatch:
-    """Seconds of a device's work between marks, without waiting for the device at each mark
-    (a wait per ranking and block would leave the GPU idle while the host queues the next
-    work): on CUDA a mark is an event recorded on the device's stream and the seconds are read
-    once the work is done (:meth:`seconds`); elsewhere a mark is the host clock, which the work
-    is done by when it returns."""
-
-    def __init__(self, dev) -> None:
-        self.torch, self.dev = torch_module(), dev
-
-    def mark(self) -> Any:
-        if self.dev.type != "cuda":
-            return time.perf_counter()
-        event = self.torch.cuda.Event(enable_timing=True)
-        event.record(self.torch.cuda.current_stream(self.dev))
-        return event
-
-    def seconds(self, intervals: Sequence[tuple[Any, Any, float]]) -> float:
-        """The summed seconds of (start, end, share) marks, each interval's seconds times its
-        share (waits for the device's work to end)."""
-        if self.dev.type != "cuda":
-            return float(sum((end - start) * share for start, end, share in intervals))
-        self.torch.cuda.synchronize(self.dev)
-        return sum(start.elapsed_time(end) * share for start, end, share in intervals) / 1000.0
 
 
 #: The most rankings the compiled kernels count together (more are counted in groups of this
@@ -471,24 +484,3 @@ def count_true_through(flags, columns):
         through = sums.gather(1, last.clamp(min=0)).squeeze(1).long()
         total += torch.where(at.squeeze(1) >= c0, through, 0)
     return total
-
-
-def one_row(weights: np.ndarray, w, bias):
-    """``w_0 * bias_r`` (a device row) when every query has the one weight ``w_0`` and there is
-    one bias column (NNN, CSLS, DN, IS, DualIS without per-query weights), else None: the
-    ranking then subtracts one row from each block, the products rounded as in the per-query
-    form (each ``w_0 * b_r`` once, in float32), so the scores are bitwise the same."""
-    if weights.shape[1] != 1 or not np.all(weights == weights[0, 0]):
-        return None
-    return bias[:, 0] * w[0, 0]
-
-
-def products(w, bias, out=None):
-    """``W(q) . bias_columns(r)`` (into ``out`` when given, no fresh block): each product
-    ``w_q * b_r`` rounded before a ranking subtracts it from the similarities, as the numpy
-    ranking does (bitwise the same scores). The ranking pass and the device's search (per-query
-    weights) form it here."""
-    torch = torch_module()
-    if bias.shape[1] == 1:
-        return torch.mul(w[:, :1], bias[:, 0], out=out)
-    return torch.matmul(w, bias.T, out=out)

@@ -32,9 +32,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hubless._torch import from_numpy
 from hubless.engine.device import tf32_products
 from hubless.engine.formulas import LseTerm, lse_add, lse_finish, lse_recentre
-from hubless.engine.torch_arrays import Streamed, block_shape, to_host, torch_module
+from hubless.engine.torch_arrays import Streamed, block_budget, block_shape, to_host, torch_module
 
 __all__ = [
     "ColumnTopK",
@@ -47,6 +48,8 @@ __all__ = [
     "chunk_width",
     "keyed_topk",
     "ordered_topk",
+    "probe_rows_per_block",
+    "sort_rows",
     "topk_from_chunks",
     "reduce_blocks",
 ]
@@ -62,11 +65,15 @@ class State:
         raise NotImplementedError
 
 
-def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], device: str, transform=None, offsets=None) -> None:
+def reduce_blocks(
+    rows, cols, makers: Sequence[Callable[[int, int], State]], device: str, transform=None, offsets=None, max_rows: int | None = None
+) -> None:
     """Feed every block of ``rows @ cols.T`` (device tensors) to new states of ``makers`` per
     row block; ``transform(block, r0, r1, c0, c1)`` may rewrite a block in place first;
     ``offsets`` (a float32 device row, one value per column) is added to every row of each
-    block by the product itself (see :func:`_similarities`).
+    block by the product itself (see :func:`_similarities`); ``max_rows``: at most that many
+    rows per row block (a state that holds whole rows, :class:`SortedRows`, stays within the
+    block budget).
 
     ``cols`` may be a :class:`~hubless.engine.torch_arrays.Streamed` host array (a bank larger
     than the device): then each column block is copied in once and meets every row block (the
@@ -74,6 +81,7 @@ def reduce_blocks(rows, cols, makers: Sequence[Callable[[int, int], State]], dev
     torch = torch_module()
     n, m = rows.shape[0], len(cols)
     rb, cb = block_shape(n, m, device)
+    rb = rb if max_rows is None else max(1, min(rb, max_rows))
     if isinstance(cols, Streamed):
         with torch.no_grad(), tf32_products(device):
             row_bounds = [(r0, min(n, r0 + rb)) for r0 in range(0, n, rb)]
@@ -326,12 +334,13 @@ class LogSumExp(State):
 
 class SortedRows(State):
     """Every similarity of each row, sorted ascending, into ``out[r0:r1]`` (host). The rows
-    gather on the device and are sorted there, or (``on_host``: a streamed bank, whose rows
-    would not fit on the device) gather in ``out`` block by block and are sorted on the host."""
+    gather on the device and are sorted there (the caller keeps ``r1 - r0`` rows within the
+    block budget: :func:`probe_rows_per_block`), or (``on_host``: a streamed bank, or rows
+    longer than a block) gather in ``out`` block by block and are sorted by :func:`sort_rows`."""
 
     def __init__(self, out: np.ndarray, r0: int, r1: int, n_cols: int, device, *, on_host: bool = False) -> None:
         torch = torch_module()
-        self.out, self.r0, self.r1 = out, r0, r1
+        self.out, self.r0, self.r1, self.device = out, r0, r1, device
         self.rows = None if on_host else torch.empty((r1 - r0, n_cols), dtype=torch.float32, device=device)
 
     def update(self, block, c0: int) -> None:
@@ -342,9 +351,32 @@ class SortedRows(State):
 
     def finish(self) -> None:
         if self.rows is None:
-            self.out[self.r0 : self.r1].sort(axis=1)
+            sort_rows(self.out[self.r0 : self.r1], self.device)
         else:
             self.out[self.r0 : self.r1] = to_host(self.rows.sort(dim=1).values)
+            self.rows = None
+
+
+def probe_rows_per_block(n_cols: int, device: str) -> int:
+    """How many whole rows of ``n_cols`` similarities one block budget holds on ``device``
+    (0: not even one; :class:`SortedRows` then gathers them on the host)."""
+    return block_budget(device) // max(1, n_cols)
+
+
+def sort_rows(out: np.ndarray, device) -> None:
+    """Sort every row of the host array ``out`` ascending, in place: on ``device`` in chunks of
+    rows that hold at most one block budget of entries (each uploaded once, its sorted values
+    copied back), or on the host when one row is longer than that."""
+    torch = torch_module()
+    n, m = out.shape
+    rows = probe_rows_per_block(m, str(device))
+    if not rows:
+        out.sort(axis=1)
+        return
+    with torch.no_grad():
+        for r0 in range(0, n, rows):
+            part = out[r0 : r0 + rows]
+            part[...] = to_host(from_numpy(np.ascontiguousarray(part)).to(device).sort(dim=1).values)
 
 
 class ColumnTopK(State):

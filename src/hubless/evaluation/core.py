@@ -4,7 +4,9 @@
 method gets its difference to it). :func:`rank_queries` ranks the queries of a benchmark for
 several fitted corrections at once: each block of query rows gets its raw similarities to the
 gallery from one GEMM, shared by every correction, which ranks them with its own
-:meth:`~hubless.corrections.Correction.rank` (the form its ``search`` orders by). From each
+:meth:`~hubless.corrections.Correction.rank` (the form its ``search`` orders by). Exact duplicate
+gallery rows (found once, at fit: :mod:`hubless.engine.duplicates`) get their first copy's
+similarities in every block, so copies tie exactly on any BLAS kernel and device. From each
 block come the rank of every relevant item (counted, never sorted; see
 :func:`hubless.metrics.relevant_ranks`) and, when asked, the top ``depth`` ids (hubness, bias@n).
 Blocks run on every core (:func:`hubless.engine.parallel.run_blocks`, single-threaded BLAS in
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hubless.corrections import AdditiveCorrection, Correction, QueryBatch, make_correction
-from hubless.corrections.qbnorm import ActivationGated
+from hubless.corrections.inverted_softmax import ActivationGated
 from hubless.engine.device import torch_device
 from hubless.engine.parallel import run_blocks
 from hubless.engine.topk import RunningTopK
@@ -97,9 +99,10 @@ def rank_queries(
     batches = [first] + [QueryBatch(first.vectors) for _ in corrections[1:]]  # each correction fills its own statistics
     n_queries, n_gallery = len(batches[0]), gallery.shape[0]
     depth = min(depth, n_gallery)
+    duplicates = corrections[0].gallery_duplicates_  # found at fit: each copy gets its first copy's similarities
     on_device = torch_device()
     if on_device is not None:
-        return _rank_on_device(corrections, batches, gallery, truth, depth, ties, on_device)
+        return _rank_on_device(corrections, batches, gallery, truth, depth, ties, on_device, duplicates)
     ranks = [np.empty(truth.indices.size, dtype=np.float64 if ties == "average" else np.int64) for _ in corrections]
     tops = [np.empty((n_queries, depth), dtype=np.int64) if depth else None for _ in corrections]
     rows = query_block_rows(n_gallery)
@@ -108,6 +111,7 @@ def rank_queries(
     def work(start: int, stop: int) -> None:
         t0 = time.perf_counter()
         sims = batches[0].vectors[start:stop] @ gallery.T
+        duplicates.fill_columns(sims)  # copies tie exactly, whatever the BLAS kernel rounded
         shared = time.perf_counter() - t0
         sub = truth.subset(np.arange(start, stop))
         lo, hi = truth.indptr[start], truth.indptr[stop]
@@ -130,7 +134,9 @@ def rank_queries(
     return [Ranked(r, t, s) for r, t, s in zip(ranks, tops, seconds)]
 
 
-def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str]) -> list[Ranked]:
+def _rank_on_device(
+    corrections, batches, gallery, truth: Truth, depth: int, ties: str, on_device: tuple[str, str], duplicates
+) -> list[Ranked]:
     """:func:`rank_queries` on a torch device (:func:`hubless.engine.torch_ranking.rank_queries`)
     with the rankings of :func:`device_rankers`."""
     from hubless.engine import torch_ranking
@@ -146,6 +152,7 @@ def _rank_on_device(corrections, batches, gallery, truth: Truth, depth: int, tie
         depth=depth,
         device=on_device[0],
         dtype=on_device[1],
+        duplicates=duplicates,
     )
     return [Ranked(ranks, top, seconds) for ranks, top, seconds in results]
 

@@ -27,7 +27,7 @@ from hubless._validation import as_embeddings
 from hubless.banks import BankReport, coverage_report
 from hubless.corrections import Correction, MethodName, fit_shared
 from hubless.engine import StatisticsRequest, use_device
-from hubless.engine.device import checked_on_device
+from hubless.engine.device import DeviceName, checked_on_device
 from hubless.errors import InvalidInput
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import Evaluation, JSONValue, MethodResult
@@ -35,6 +35,7 @@ from hubless.metrics.bootstrap import bootstrap_ci
 from hubless.metrics.hubness import hubness_statistics
 from hubless.metrics.retrieval import PerQuery, check_ks, check_ties, per_query_metrics, summarize
 from hubless.metrics.truth import Truth, TruthLike, load_truth
+from hubless.progress import progress_bar
 
 __all__ = ["Evaluation", "MethodResult", "evaluate"]
 
@@ -60,7 +61,7 @@ def evaluate(
     ties: str = "index",
     coverage: bool = False,
     refit: bool = True,
-    device: str | None = None,
+    device: DeviceName = None,
 ) -> Evaluation:
     """Fit each method on the banks, rank ``queries`` over ``gallery`` and measure.
 
@@ -73,8 +74,10 @@ def evaluate(
     items that are never relevant, appended after the gallery (the distractor-enlarged galleries
     of Geigle et al.): ``truth`` keeps referring to the gallery's own positions. ``ties``: how
     tied scores rank ("index": the lower gallery index first; "average": the mean of the tied
-    positions, the collaborative-experts metric of the QB-Norm tables; "optimistic"; see
-    :func:`hubless.metrics.relevant_ranks`). ``coverage``: also measure the query bank's
+    positions, the collaborative-experts metric of the QB-Norm tables, and the expected
+    positions of several relevant items tied together; "optimistic": the relevant items of a tie
+    group first; see :mod:`hubless.metrics.retrieval`; an exact copy of a gallery item always
+    scores as its first copy). ``coverage``: also measure the query bank's
     coverage of the gallery searched (``Evaluation.bank``, see
     :func:`hubless.banks.coverage_report`) in the pass that fits the methods. ``refit=False``
     uses corrections already fitted on this very gallery array as they are (e.g. the ones
@@ -128,7 +131,7 @@ def evaluate(
         }
         described.update(inputs or {})
         fit_seconds_each = [0.0 if kept else fit_seconds for kept in reuse]
-        return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank)
+        return build_evaluation(corrections, ranked, fit_seconds_each, truth, ks, bootstrap, seed, described, bank, progress)
 
 
 def check_bootstrap(bootstrap: object) -> None:
@@ -147,17 +150,23 @@ def build_evaluation(
     seed: int,
     inputs: dict[str, JSONValue],
     bank: BankReport | None = None,
+    progress: bool | None = None,
 ) -> Evaluation:
     """The one place an :class:`Evaluation` is made from ranked results, whatever ranked them
     (embeddings, score matrices): each method's numbers (:func:`method_result`), then the change
     of every method against the first (the baseline) with paired bootstrap intervals (the same
-    resamples for every method)."""
-    results = [method_result(c, r, t, truth, ks, bootstrap, seed) for c, r, t in zip(corrections, ranked, fit_seconds)]
-    base = results[0]
-    for i, r in enumerate(results[1:], start=1):
-        diffs = {m: r.per_query[m] - base.per_query[m] for m in r.per_query if m != "MdR"}
-        delta = {m: float(d.mean()) for m, d in diffs.items()}
-        results[i] = dataclasses.replace(r, delta=delta, delta_ci95=bootstrap_ci(diffs, bootstrap, seed=seed) if bootstrap else {})
+    resamples for every method); a progress bar counts the methods (:mod:`hubless.progress`)."""
+    bar = progress_bar(None, progress, total=len(corrections), desc="metrics and intervals", unit="method")
+    results = []
+    for c, r, t in zip(corrections, ranked, fit_seconds):
+        results.append(method_result(c, r, t, truth, ks, bootstrap, seed))
+        if len(results) > 1:  # the change against the baseline, with its intervals
+            diffs = {m: results[-1].per_query[m] - results[0].per_query[m] for m in results[-1].per_query if m != "MdR"}
+            delta = {m: float(d.mean()) for m, d in diffs.items()}
+            ci95 = bootstrap_ci(diffs, bootstrap, seed=seed) if bootstrap else {}
+            results[-1] = dataclasses.replace(results[-1], delta=delta, delta_ci95=ci95)
+        bar.update(1)
+    bar.close()
     return Evaluation(inputs, results, tuple(ks), bank)
 
 

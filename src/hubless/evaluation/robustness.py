@@ -46,9 +46,15 @@ class BankEvaluation:
         for name, ev in self.evaluations.items():
             for r in ev.results:
                 ci = r.delta_ci95
-                out.append({"bank": name, "method": r.spec, **r.metrics,
-                            **{f"delta {m}": v for m, v in r.delta.items()},
-                            **{f"delta {m} ci95": list(v) for m, v in ci.items()}})  # fmt: skip
+                out.append(
+                    {
+                        "bank": name,
+                        "method": r.spec,
+                        **r.metrics,
+                        **{f"delta {m}": v for m, v in r.delta.items()},
+                        **{f"delta {m} ci95": list(v) for m, v in ci.items()},
+                    }
+                )
         return out
 
     @property
@@ -116,7 +122,7 @@ def evaluate_banks(
             progress=progress,
             ties=ties,
             coverage=True,
-        )  # fmt: skip
+        )
         for name, b in checked.items()
     }
     return BankEvaluation(evaluations, bank_reports(evaluations))

@@ -1,7 +1,8 @@
 """Serve a corrected gallery from a vector database: LanceDB, PostgreSQL + pgvector, Qdrant, Milvus Lite, Chroma.
 
     hubless.export.export(index, "lancedb://stores/gallery", ann="IVF_FLAT", target_recall=0.95)
-    scores, ids, meta = hubless.export.search("lancedb://stores/gallery", q, top_k=10, alpha=0.5)
+    hits = hubless.export.search("lancedb://stores/gallery", q, top_k=10, weight=0.5)
+    hits.scores, hits.ids, hits.metadata    # a hubless.Hits, as every search returns
 
 Rows hold the augmented vector [r, bias(r)] (searched by inner product / "dot", never cosine:
 normalising [r, bias] would break the correction), the plain r and the metadata. Queries are

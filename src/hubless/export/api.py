@@ -6,19 +6,16 @@ The functions here are the library's entry points; each opens the store a URI na
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
-import numpy as np
 import numpy.typing as npt
 
 from hubless.export.base import VectorStore, open_store
 from hubless.export.info import StoreInfo
+from hubless.export.store_hits import StoreHits
 
 if TYPE_CHECKING:  # annotations only
     from hubless.index import Index
-
-#: The metadata of a search's hits: per query, per hit, {"id": ..., column: value, ...}.
-MetadataRows: TypeAlias = list[list[dict[str, object]]]
 
 __all__ = ["describe", "drop", "export", "search", "sync", "to_lancedb", "to_pgvector", "to_qdrant"]
 
@@ -122,11 +119,13 @@ def search(
     exact: bool = False,
     target_recall: float | None = None,
     **options: object,
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], MetadataRows]:
-    """Top-k from the store: (scores, ids, metadata rows), the method's scores as Index.search.
+) -> StoreHits:
+    """Top-k from the store as :class:`~hubless.Hits`: the method's scores as Index.search, the
+    items' ids, and each hit's stored metadata in ``hits.metadata`` (by id; None when the store
+    keeps no metadata columns). Until 0.2.0 the result also unpacks as the old ``(scores, ids,
+    metadata rows)`` triple, with a DeprecationWarning (:mod:`hubless.export.store_hits`).
 
-    ``options``: the method's query-time weight (``weight=``, or its own name: ``alpha=`` for NNN, ``lam=`` for DN), the
-    search knob (``nprobe`` for IVF indexes, ``ef_search`` for HNSW) and the store's own
+    ``options``: the method's query-time weight (``weight=``), the search knob (``nprobe`` for IVF indexes, ``ef_search`` for HNSW) and the store's own
     search options (LanceDB ``refine_factor``); ``target_recall`` picks the knob from the
     curve measured at export. The correction is rebuilt from the stored spec and query state
     (DN's bank means, IS's bank size), so NNN, DN, IS, DualIS and the baseline answer as

@@ -38,6 +38,7 @@ import numpy as np
 from hubless._registry import Registry
 from hubless.errors import AlreadyExists, Busy, InvalidInput, InvalidType
 from hubless.export.info import StoreInfo
+from hubless.export.store_hits import StoreHits, store_hits
 from hubless.export.store_options import NoOptions, check_options, make_options, options_dict
 from hubless.export.store_rows import Rows, diff_rows, index_rows, typed_rows
 
@@ -181,13 +182,13 @@ def split_location(uri: str, scheme: str, form: str) -> tuple[str, str]:
 
 
 def directory_lock(location: str, table: str):
-    """The writer lock of a store kept in a local directory: ``.<table>.lock`` in ``location``,
-    the same ``fcntl`` lock as a saved index's (:func:`hubless.index.lock.write_lock`; waits
-    ``HUBLESS_LOCK_TIMEOUT`` s, released on exit, also on kill -9). The lock file is made only
-    once the name has been checked, and stays (it is the lock; empty)."""
+    """The writer lock of a store kept in a local directory: ``.<table>.lock`` inside
+    ``location`` (resolved; there while held), the same ``fcntl`` lock as a saved index's
+    (:func:`hubless.index.lock.write_lock`: waits ``HUBLESS_LOCK_TIMEOUT`` s, released on exit,
+    also on kill -9), taken once the name has been checked."""
     from hubless.index.lock import write_lock
 
-    return write_lock(Path(location) / table)
+    return write_lock(location, create=True, name=f".{table}.lock")
 
 
 # ---------------------------------------------------------------------------------- the contract
@@ -389,18 +390,16 @@ class VectorStore(abc.ABC):
         with self.writer_lock():
             return self.drop_table()
 
-    def search(
-        self, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, target_recall=None, **options
-    ) -> tuple[np.ndarray, np.ndarray, list]:
-        """Top-k: (scores, ids, metadata rows), the method's scores as ``Index.search``.
+    def search(self, queries, top_k: int = 10, *, corrected: bool = True, exact: bool = False, target_recall=None, **options) -> StoreHits:
+        """Top-k as :class:`~hubless.Hits` (the method's scores as ``Index.search``; each hit's
+        payload in ``metadata``, by id; see :mod:`hubless.export.store_hits` for the old triple).
 
-        ``options``: the correction's weight (``alpha=`` for NNN, ``lam=`` for DN; a scalar or
-        one per query), the search knob (``nprobe`` or ``ef_search``, whichever the store's
-        ANN index uses) and the store's own search options; anything else is refused naming
-        the valid ones. ``target_recall`` picks the knob from the curve measured at export.
-        ``exact`` scans every row instead of using the ANN index. A ``top_k`` beyond the store's
-        items keeps the width: the slots past them come last with id -1 and score -inf (the one
-        top-k rule, :func:`hubless._validation.check_top_k`); the metadata rows hold the found hits.
+        ``options``: the correction's weight (``weight=``, a scalar or one per query), the search
+        knob (``nprobe`` or ``ef_search``, whichever the store's ANN index uses) and the store's
+        own search options; anything else is refused naming the valid ones. ``target_recall``
+        picks the knob from the curve measured at export. ``exact`` scans every row instead of
+        using the ANN index. A ``top_k`` beyond the store's items keeps the width: the slots past
+        them come last, not found (id -1, score -inf: the one top-k rule, ``check_top_k``).
         """
         for name, flag in (("corrected", corrected), ("exact", exact)):
             if not isinstance(flag, (bool, np.bool_)):
@@ -467,7 +466,7 @@ class VectorStore(abc.ABC):
         scores, ids, rows = scores[:, :k], ids[:, :k], [hits[:k] for hits in rows]
         rows = typed_rows(rows, info.get("metadata_columns"))
         scores, ids = pad_top_k(scores, ids, top_k)  # fewer items than asked: the rest is id -1, score -inf
-        return scores, ids, rows
+        return store_hits(scores, ids, rows, metadata=bool(info.get("metadata_columns")))
 
     # ------------------------------------------------------------------ helpers
     def _check_ann(self, ann) -> str | None:

@@ -87,7 +87,7 @@ class ChromaStore(VectorStore):
 
     def _write_pointer(self, state: dict) -> None:
         """Replace the pointer file (atomically), with a new stamp this process knows it wrote."""
-        from hubless._io import write_json
+        from hubless._atomic import write_json
 
         stamp = uuid.uuid4().hex
         _KNOWN.setdefault((str(Path(self.location).absolute()), self.table), set()).add(stamp)

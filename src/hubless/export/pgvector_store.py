@@ -51,11 +51,19 @@ def _binary_rows(ids: np.ndarray, augmented: np.ndarray, plain: np.ndarray, meta
     fixed = np.zeros(
         n,
         dtype=[
-            ("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"),
-            ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"), ("v", ">f4", (da,)),
-            ("p_len", ">i4"), ("p_dim", ">i2"), ("p_unused", ">i2"), ("p", ">f4", (dp,)),
+            ("fields", ">i2"),
+            ("id_len", ">i4"),
+            ("id", ">i8"),
+            ("v_len", ">i4"),
+            ("v_dim", ">i2"),
+            ("v_unused", ">i2"),
+            ("v", ">f4", (da,)),
+            ("p_len", ">i4"),
+            ("p_dim", ">i2"),
+            ("p_unused", ">i2"),
+            ("p", ">f4", (dp,)),
         ],
-    )  # fmt: skip
+    )
     fixed["fields"], fixed["id_len"], fixed["id"] = 4, 8, ids
     fixed["v_len"], fixed["v_dim"], fixed["v"] = 4 + 4 * da, da, augmented
     fixed["p_len"], fixed["p_dim"], fixed["p"] = 4 + 4 * dp, dp, plain
@@ -274,8 +282,17 @@ class PgvectorStore(VectorStore):
                     buffer += chunk
             meta = [m or {} for (m,) in cur.execute(f"SELECT meta FROM {table} ORDER BY id").fetchall()]
         d = dim[0]
-        row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
-                        ("v", ">f4", (d,))])  # fmt: skip
+        row = np.dtype(
+            [
+                ("fields", ">i2"),
+                ("id_len", ">i4"),
+                ("id", ">i8"),
+                ("v_len", ">i4"),
+                ("v_dim", ">i2"),
+                ("v_unused", ">i2"),
+                ("v", ">f4", (d,)),
+            ]
+        )
         body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
         return body["id"].astype(np.int64), body["v"].astype(np.float32), meta
 

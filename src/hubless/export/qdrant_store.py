@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from hubless._io import current_dir
+from hubless._atomic import current_dir
 from hubless.errors import InvalidInput, NotFound, optional_import
 from hubless.export.base import StaleRead, StoreUnavailable, VectorStore, directory_lock, register
 from hubless.export.store_options import positive_int_or_none
@@ -176,7 +176,7 @@ class QdrantEdgeStore(VectorStore):
         )
 
     def write_table(self, rows: Rows, info: dict, options, *, batch: int, ann: str | None) -> None:
-        from hubless._io import write_json, write_text
+        from hubless._atomic import write_json, write_text
 
         qd = _qdrant()
         check_point_ids(rows.ids, "Qdrant")
@@ -231,7 +231,7 @@ class QdrantEdgeStore(VectorStore):
             ) from None
 
     def write_info(self, info: dict) -> None:
-        from hubless._io import write_json
+        from hubless._atomic import write_json
 
         write_json(self._version() / "hubless.json", info)
 
@@ -279,7 +279,7 @@ class QdrantEdgeStore(VectorStore):
     def changing(self):
         """A sync changes the current version in place, or, when another process holds it open,
         a copy of it that becomes current once the changes are written."""
-        from hubless._io import write_text
+        from hubless._atomic import write_text
 
         version = self._version()
         try:
@@ -308,7 +308,7 @@ class QdrantEdgeStore(VectorStore):
     def apply_changes(self, rows: Rows, removed: np.ndarray, info: dict) -> None:
         """Upsert ``rows``, delete ``removed`` and rewrite hubless.json, through Qdrant's
         write-ahead log (an interrupted sync is completed by running it again)."""
-        from hubless._io import write_json
+        from hubless._atomic import write_json
 
         qd = _qdrant()
         check_point_ids(rows.ids, "Qdrant")

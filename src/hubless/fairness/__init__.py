@@ -1,7 +1,7 @@
 """Fairness audit: NDKL (SISPI), NDCG/AP, VisoGender-style gender bias, before and after each correction."""
 
 from hubless.fairness.audit import FairnessAudit, FairnessResult, audit, encode_attribute
-from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
+from hubless.fairness.measures import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
 
 __all__ = [
     "FairnessAudit",

@@ -25,7 +25,7 @@ from hubless.corrections import Correction, MethodName, fit_many
 from hubless.errors import InvalidInput, InvalidType, NotFound
 from hubless.evaluation.core import Ranked, prepare_methods, rank_queries
 from hubless.evaluation.results import JSONValue
-from hubless.fairness.metrics import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
+from hubless.fairness.measures import average_precision, gender_bias_at_n, joint_codes, ndcg, ndkl
 from hubless.metrics.truth import Truth, TruthLike, load_truth
 
 __all__ = ["FairnessResult", "FairnessAudit", "audit", "encode_attribute"]
@@ -53,8 +53,13 @@ class FairnessResult:
     per_query: dict[str, npt.NDArray[np.float64]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, JSONValue]:
-        return {"method": self.method, "spec": self.spec, "metrics": self.metrics, "delta_vs_baseline": self.delta,
-                "per_query": {k: v.tolist() for k, v in self.per_query.items()}}  # fmt: skip
+        return {
+            "method": self.method,
+            "spec": self.spec,
+            "metrics": self.metrics,
+            "delta_vs_baseline": self.delta,
+            "per_query": {k: v.tolist() for k, v in self.per_query.items()},
+        }
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -76,9 +76,18 @@ class BaseFiles:
         self.entries[name] = entry
 
     def manifest(
-        self, *, version: int, spec: str, normalize: bool, dim: int, faiss_dim: int, bias_columns: int, config: IndexConfig,
-        n: int, metadata: Metadata | None,
-    ) -> dict:  # fmt: skip
+        self,
+        *,
+        version: int,
+        spec: str,
+        normalize: bool,
+        dim: int,
+        faiss_dim: int,
+        bias_columns: int,
+        config: IndexConfig,
+        n: int,
+        metadata: Metadata | None,
+    ) -> dict:
         """Hash the row files (streamed, on threads), fsync the folder, and return the manifest
         naming this base (:func:`hubless.index.disk.manifest_fields`, for ``n``
         items with ids 0..n-1 and no segments)."""
@@ -96,9 +105,20 @@ class BaseFiles:
         disk._fsync_dir(self.folder)
         base = {"name": self.folder.name, "rows": n, "files": {name: self.entries[name] for name in sorted(self.entries)}}
         return disk.manifest_fields(
-            version=version, spec=spec, normalize=normalize, dim=dim, faiss_dim=faiss_dim, bias_columns=bias_columns,
-            config=config, next_id=n, n_items=n, n_rows=n, metadata=metadata, base=base, segments=[],
-        )  # fmt: skip
+            version=version,
+            spec=spec,
+            normalize=normalize,
+            dim=dim,
+            faiss_dim=faiss_dim,
+            bias_columns=bias_columns,
+            config=config,
+            next_id=n,
+            n_items=n,
+            n_rows=n,
+            metadata=metadata,
+            base=base,
+            segments=[],
+        )
 
 
 def write_rows(files: dict[str, tuple[str, int]], start: int, rows: np.ndarray, bias: np.ndarray, statistics: dict) -> None:

@@ -9,7 +9,8 @@ committed version (its snapshot, manifest and ``CURRENT`` stamp) and its base al
 other writers committed (:meth:`Directory.catch_up`), and lists and restores kept versions
 (:func:`versions`, :func:`restore`). :func:`new_base` is the one way a directory gets a fresh
 base, for :meth:`Index.save <hubless.index.Index.save>` and the distributed build alike.
-The file lock itself is :func:`hubless.index.lock.write_lock`.
+The file lock itself is :func:`hubless.index.lock.write_lock` (:func:`index_lock` for a saved
+index, :func:`new_base` for a directory being written).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hubless.index import disk, pointer, reading, writer
 from hubless.index import versions as kept_versions
 from hubless.index.config import IndexConfig
 from hubless.index.live import Snapshot
-from hubless.index.lock import write_lock
+from hubless.index.lock import LOCK_FILE, write_lock
 
 __all__ = [
     "COMPACT_FRACTION",
@@ -89,8 +90,8 @@ class Directory:
         return pointer.pointer_stamp(self.path) != self.stamp
 
     def lock(self, timeout: float | None = None):
-        """The index's write lock (:func:`hubless.index.lock.write_lock`)."""
-        return write_lock(self.path, timeout=timeout)
+        """The index's write lock (:func:`index_lock`)."""
+        return index_lock(self.path, timeout=timeout)
 
     def commit(self, new: Snapshot, *, full: bool = False) -> Snapshot:
         """Write what ``new`` changed since the committed version (the file lock is held): one
@@ -123,6 +124,16 @@ class Directory:
         self.bind(reading.Loaded(snap, body, pointer.pointer_stamp(path)), base)
         return snap
 
+    def record(self, new: Snapshot) -> int:
+        """Write ``new`` as a new base and record it as a kept version that is not current (the
+        file lock is held; ``CURRENT`` is not touched: see :func:`hubless.index.disk.keep_version`).
+        Returns its number (never reused: its base's folder is on disk)."""
+        version = next_number(self.path, self.manifest)
+        snap = writer.compacted(new) if new.n_tail or new.n_dead else new
+        base_entry = disk.write_base(self.path, snap, version)
+        disk.keep_version(self.path, disk.manifest_for(snap, version, base_entry, []))
+        return version
+
     def catch_up(self) -> Snapshot | None:
         """Follow versions committed by other writers since ours: their segments are replayed
         when they extend our version (O(what they wrote)), else the index is loaded anew.
@@ -151,6 +162,13 @@ class Directory:
         return self.committed
 
 
+def index_lock(path: str | os.PathLike, *, timeout: float | None = None):
+    """The write lock of the saved index at ``path`` (:func:`hubless.index.lock.write_lock`, inside
+    the index directory), once ``path`` is checked to be one: a path that is not an index gets
+    its error and no lock file."""
+    return write_lock(pointer.check_index_dir(Path(path)), timeout=timeout)
+
+
 @contextlib.contextmanager
 def new_base(path: Path, *, overwrite: bool = False, check: bool = True, remove_partial: bool = False) -> Iterator[tuple[int, dict | None]]:
     """Make ``path`` hold a new base, whatever it held before: under the index's write lock,
@@ -159,14 +177,15 @@ def new_base(path: Path, *, overwrite: bool = False, check: bool = True, remove_
     ``b{version}`` and commits (``disk.commit(..., keep=pointer.names_in(previous))``). If that
     raises, a directory made here is removed again; else the unfinished base folder is left to
     the next commit's cleanup (its number is never reused), or with ``remove_partial`` removed
-    at once (a distributed build's base: the size of the gallery)."""
+    at once (a distributed build's base: the size of the gallery). The write lock is taken once
+    the target is checked, inside the directory (made here if missing, and removed again by the
+    lock when a failed first write leaves it empty)."""
     if check:
         check_target(path, overwrite)
-    with write_lock(path):
+    with write_lock(path, create=True):
         if check:
             check_target(path, overwrite)  # another writer may have created it meanwhile
-        created = not path.exists()
-        path.mkdir(parents=True, exist_ok=True)
+        fresh = set(os.listdir(path)) <= {LOCK_FILE}
         try:
             previous, _ = pointer.read_manifest(path) if pointer.is_index(path) else (None, None)
         except ValueError:
@@ -175,11 +194,22 @@ def new_base(path: Path, *, overwrite: bool = False, check: bool = True, remove_
         try:
             yield version, previous
         except BaseException:
-            if created:  # a failed first write leaves no directory behind
-                shutil.rmtree(path, ignore_errors=True)
+            if fresh:  # a failed first write leaves nothing behind
+                _remove_all_but_the_lock(path)
             elif remove_partial:
                 shutil.rmtree(path / f"b{version:06d}", ignore_errors=True)
             raise
+
+
+def _remove_all_but_the_lock(path: Path) -> None:
+    for name in os.listdir(path):
+        entry = path / name
+        if name == LOCK_FILE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def write_snapshot(path: Path, snap: Snapshot, *, overwrite: bool = False) -> reading.Loaded:
@@ -225,7 +255,7 @@ def restore(path: str | os.PathLike, version: int, *, timeout: float | None = No
     (see :meth:`Index.restore <hubless.index.Index.restore>`); returns its number."""
     path = Path(path)
     version = check_positive_int(version, "version")
-    with write_lock(path, timeout=timeout):
+    with index_lock(path, timeout=timeout):
         current, _ = pointer.read_manifest(path)
         kept_versions.load_version(path, version, mmap=True)  # every file there and readable
         target = kept_versions.read_version(path, version)
@@ -285,5 +315,5 @@ def check_target(path: Path, overwrite: bool) -> None:
     if pointer.is_index(path):
         if not overwrite:
             raise AlreadyExists(f"{path} exists; pass overwrite=True (--overwrite) to replace it")
-    elif any(path.iterdir()):
+    elif any(p.name != LOCK_FILE for p in path.iterdir()):  # the lock alone: a first write killed before it wrote
         raise AlreadyExists(f"{path} is a directory that is not a hubless index; refusing to write into it, even with overwrite")

@@ -23,6 +23,7 @@ Layout (format version 5)::
       versions/          with ``config.keep_versions`` = N > 0: v000012.json, the manifest of
                          each of the N latest versions as ``CURRENT`` held it (same header and
                          checksum); the files they name are kept (:mod:`hubless.index.versions`)
+      .hubless-lock      empty, while a writer holds the file lock (:mod:`hubless.index.lock`)
 
 A write appends one segment file and replaces ``CURRENT`` (both written, then fsynced together,
 then the rename, then the directory fsynced): the file it adds is the only one written, no
@@ -71,7 +72,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256, umask_mode
+from hubless._atomic import file_sha256, umask_mode
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput, optional_import
 from hubless.index.config import IndexConfig
@@ -81,7 +82,7 @@ from hubless.index.metadata import Metadata, table_bytes
 from hubless.index.pointer import BASE_NAME, FORMAT, POINTER, SEGMENT_NAME, VERSION, names_in
 from hubless.index.versions import record_version
 
-__all__ = ["commit", "manifest_for", "segment_arrays", "state_arrays", "write_base", "write_delta"]
+__all__ = ["commit", "keep_version", "manifest_for", "segment_arrays", "state_arrays", "write_base", "write_delta"]
 
 #: The names of an index of an earlier format (3/4) that a save over it (``overwrite=True``) removes.
 _EARLIER_FILES = ("manifest.json", "index.faiss", "correction.npz", "banks.npz", "metadata.parquet")
@@ -272,24 +273,55 @@ def write_delta(path: Path, old: Snapshot, new: Snapshot, version: int, *, sync:
 def manifest_for(snap: Snapshot, version: int, base: dict, segments: list[dict]) -> dict:
     """The manifest of version ``version`` of ``snap`` (its base entry and segment entries)."""
     return manifest_fields(
-        version=version, spec=snap.spec, normalize=snap.normalize, dim=snap.dim, faiss_dim=int(snap.faiss_dim),
-        bias_columns=int(snap.bias.shape[1]), config=snap.config, next_id=int(snap.next_id), n_items=snap.n_alive,
-        n_rows=snap.n_rows, metadata=snap.metadata, base=base, segments=segments,
-    )  # fmt: skip
+        version=version,
+        spec=snap.spec,
+        normalize=snap.normalize,
+        dim=snap.dim,
+        faiss_dim=int(snap.faiss_dim),
+        bias_columns=int(snap.bias.shape[1]),
+        config=snap.config,
+        next_id=int(snap.next_id),
+        n_items=snap.n_alive,
+        n_rows=snap.n_rows,
+        metadata=snap.metadata,
+        base=base,
+        segments=segments,
+    )
 
 
 def manifest_fields(
-    *, version: int, spec: str, normalize: bool, dim: int, faiss_dim: int, bias_columns: int, config: IndexConfig,
-    next_id: int, n_items: int, n_rows: int, metadata: Metadata | None, base: dict, segments: list[dict],
-) -> dict:  # fmt: skip
+    *,
+    version: int,
+    spec: str,
+    normalize: bool,
+    dim: int,
+    faiss_dim: int,
+    bias_columns: int,
+    config: IndexConfig,
+    next_id: int,
+    n_items: int,
+    n_rows: int,
+    metadata: Metadata | None,
+    base: dict,
+    segments: list[dict],
+) -> dict:
     """A manifest from its fields: the one place that writes one (:func:`manifest_for` from a
     snapshot; :class:`hubless.index.base_files.BaseFiles` for a base written piece by piece)."""
     return {
-        "version": version, "method": spec, "normalize": bool(normalize), "dim": dim, "faiss_dim": int(faiss_dim),
-        "bias_columns": int(bias_columns), "config": config.to_dict(), "next_id": int(next_id), "n_items": int(n_items),
-        "n_rows": int(n_rows), "metadata_schema": None if metadata is None else metadata.schema_text(),
-        "base": base, "segments": segments,
-    }  # fmt: skip
+        "version": version,
+        "method": spec,
+        "normalize": bool(normalize),
+        "dim": dim,
+        "faiss_dim": int(faiss_dim),
+        "bias_columns": int(bias_columns),
+        "config": config.to_dict(),
+        "next_id": int(next_id),
+        "n_items": int(n_items),
+        "n_rows": int(n_rows),
+        "metadata_schema": None if metadata is None else metadata.schema_text(),
+        "base": base,
+        "segments": segments,
+    }
 
 
 def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozenset(), *, unsynced: Sequence[Path] = ()) -> None:
@@ -298,8 +330,7 @@ def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozens
     version written without their fsync (a write's segment), fsynced together with the new
     ``CURRENT`` before the rename (:func:`_fsync_together`). Then remove what neither it nor
     ``keep`` (the names the previous version used) names."""
-    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
-    header = {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}
+    header, text = _manifest_text(manifest)
     fd, tmp = tempfile.mkstemp(prefix=f".{POINTER}.", suffix=".tmp", dir=path)
     others: list[int] = []
     try:
@@ -319,6 +350,21 @@ def commit(path: Path, manifest: dict, keep: set[str] | frozenset[str] = frozens
     _fsync_dir(path)
     kept = record_version(path, manifest, header, text)
     _clean(path, keep | names_in(manifest) | kept)
+
+
+def _manifest_text(manifest: dict) -> tuple[dict, bytes]:
+    """(header, text) of a manifest as ``CURRENT`` and the version records hold it."""
+    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+    return {"format": FORMAT, "format_version": VERSION, "manifest_sha256": hashlib.sha256(text).hexdigest()}, text
+
+
+def keep_version(path: Path, manifest: dict) -> None:
+    """Record ``manifest`` (its base written) as a kept version that is not the current one:
+    ``CURRENT`` is not touched, so readers never see it, but it is listed, loaded and restored
+    by number like the others (:mod:`hubless.index.versions`; e.g. a refit its guard rejected,
+    :mod:`hubless.index.bank_swap`). Its files are kept as long as its record is."""
+    header, text = _manifest_text(manifest)
+    record_version(path, manifest, header, text)
 
 
 def _clean(path: Path, keep: set[str] | frozenset[str]) -> None:

@@ -6,8 +6,10 @@ sorted) that answer its comparisons by binary search.
 is a value (equality), ``None`` (is null) or a dict of operators ``eq``, ``ne``, ``in``,
 ``not_in``, ``gt``, ``gte``, ``lt``, ``lte`` (all must hold).
 On a list column a condition holds when it holds for some element (``{"tags": "cat"}``: the
-item has the tag). A null never matches (not even ``ne``). Unknown keys or operators and values
-of another type than the column's are refused, naming them.
+item has the tag). A null never matches (not even ``ne``). Unknown keys or operators, values
+of another type than the column's and numbers its type cannot hold are refused, naming them;
+numbers compare exactly (:func:`exact_condition`), ``in`` / ``not_in`` as ``eq`` / ``ne`` value by
+value, with or without a scalar index.
 
 Filters combine (the query language of MongoDB, as Qdrant's ``should`` / ``must_not`` and
 LanceDB's SQL ``OR`` / ``NOT``): ``{"$or": [f, g]}`` (some filter of the list matches),
@@ -22,17 +24,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from hubless.errors import InvalidInput, InvalidType
 from hubless.index.arrow import describe, pyarrow
 
-if TYPE_CHECKING:
-    from hubless.index.metadata import Metadata
-
-__all__ = ["LOGICAL", "MAX_DEPTH", "OPERATORS", "SCALAR_INDEX_CACHE", "SCALAR_INDEX_MIN_ROWS", "ScalarIndex", "scalar_index", "where_mask"]
+__all__ = [
+    "LOGICAL",
+    "MAX_DEPTH",
+    "OPERATORS",
+    "SCALAR_INDEX_CACHE",
+    "SCALAR_INDEX_MIN_ROWS",
+    "ScalarIndex",
+    "exact_condition",
+    "scalar_index",
+    "where_mask",
+]
 
 #: The operators a ``where`` condition may use.
 OPERATORS = ("eq", "ne", "in", "not_in", "gt", "gte", "lt", "lte")
@@ -89,18 +98,19 @@ def _compare(values, kind, key: str, op: str, value) -> np.ndarray:
     pa = pyarrow()
     import pyarrow.compute as pc
 
-    wanted = list(value) if op == "in" else [value]
-    for v in wanted:
-        _check_value(key, kind, v, op)
+    op, value = exact_condition(key, kind, op, value)
+    n = len(values)
+    if op == "never":
+        return np.zeros(n, dtype=bool)
+    if pa.types.is_floating(kind):  # compared in float64, where every float16/32 value is exact
+        values, kind = pc.cast(values, pa.float64()), pa.float64()
     if op == "in":
-        # is_in hashes -0.0 apart from 0.0 (equal by every comparison): +0.0 for both (float16 has no add kernel)
-        if pa.types.is_float32(kind) or pa.types.is_float64(kind):
-            values, wanted = pc.add(values, pa.scalar(0.0, type=kind)), [v + 0.0 for v in wanted]
-        result = pc.is_in(values, value_set=pa.array(wanted, type=kind) if wanted else pa.array([], type=kind))
+        if pa.types.is_floating(kind):  # is_in hashes -0.0 apart from 0.0 (equal by every comparison): +0.0 for both
+            values, value = pc.add(values, pa.scalar(0.0, type=kind)), [v + 0.0 for v in value]
+        result = pc.is_in(values, value_set=pa.array(value, type=kind))
     else:
-        scalar = pa.scalar(value, type=kind) if not (pa.types.is_floating(kind) or pa.types.is_integer(kind)) else pa.scalar(value)
         function = {"eq": pc.equal, "gt": pc.greater, "gte": pc.greater_equal, "lt": pc.less, "lte": pc.less_equal}[op]
-        result = function(values, scalar)
+        result = function(values, pa.scalar(value, type=kind))
     return pc.fill_null(result, False).to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
@@ -108,7 +118,7 @@ def _check_value(key: str, kind, value, op: str) -> None:
     pa = pyarrow()
     number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
     ok = (
-        (pa.types.is_integer(kind) and number and (op != "in" or float(value).is_integer()))
+        (pa.types.is_integer(kind) and number and (op != "in" or isinstance(value, (int, np.integer)) or float(value).is_integer()))
         or (pa.types.is_floating(kind) and number)
         or (pa.types.is_boolean(kind) and isinstance(value, (bool, np.bool_)) and op in ("eq", "in"))
         or ((pa.types.is_string(kind) or pa.types.is_large_string(kind)) and isinstance(value, str))
@@ -117,8 +127,101 @@ def _check_value(key: str, kind, value, op: str) -> None:
         raise InvalidType(f"where {key!r}: the key holds {describe(kind)} values; {op} got {value!r} ({type(value).__name__})")
 
 
+def exact_condition(key: str, kind, op: str, value) -> tuple[str, Any]:
+    """``op value`` (``in``: a list of values) checked against the column type ``kind`` and
+    written in the column's own terms, so that Arrow's compute and the scalar indexes decide
+    exactly the same rows: ``("never", None)`` when no value can meet it.
+
+    One rule, that of ``eq``: a value is compared with the column's values as numbers, exactly.
+
+    * integer columns: a value outside the type's range (an integer >= 2^63 on int64, 2^31 on
+      int32, a negative one on unsigned, an infinity, NaN) is an :class:`InvalidInput` naming
+      the range; a fraction becomes the integer bound that means the same (``gt 1999.5`` is
+      ``gte 2000``; ``eq 1999.5`` never holds);
+    * float columns: compared in float64, where every float16 / float32 value is exact, so
+      ``{"in": [0.1]}`` on float32 matches what ``{"eq": 0.1}`` matches (none of float32's
+      values is 0.1), with or without a scalar index; NaN never matches (no comparison holds
+      for it: ``ne`` / ``not_in`` NaN hold for every non-null value); an integer beyond
+      float64's range is an InvalidInput, and one between two floats is the bound that means
+      the same.
+    """
+    pa = pyarrow()
+    values = list(value) if op == "in" else [value]
+    for v in values:
+        _check_value(key, kind, v, op)
+    exact = []
+    for v in values:
+        one = _exact_number(key, kind, op if op != "in" else "eq", v) if not isinstance(v, (str, bool, np.bool_)) else (op, v)
+        if op == "in":
+            if one[0] != "never":
+                exact.append(one[1])
+        else:
+            return one
+    if op == "in" and pa.types.is_boolean(kind):
+        exact = [bool(v) for v in exact]
+    return "in", exact
+
+
+def _shown(value) -> str:
+    """``value`` for a message: its repr, a long one cut (an integer of 400 digits)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def _exact_number(key: str, kind, op: str, value) -> tuple[str, Any]:
+    """One number ``value`` against a numeric column (see :func:`exact_condition`)."""
+    pa = pyarrow()
+    if pa.types.is_integer(kind):
+        info = np.iinfo(kind.to_pandas_dtype())
+        if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+            raise InvalidInput(f"where {key!r}: the key holds {describe(kind)} values; {op} got {_shown(value)}, which no {kind} value is")
+        if not info.min <= value <= info.max:  # exact: Python compares int and float exactly
+            raise InvalidInput(f"where {key!r}: {_shown(value)} is outside the {kind} values the key holds ({info.min} to {info.max})")
+        if isinstance(value, (int, np.integer)):
+            return op, int(value)
+        if float(value).is_integer():
+            return op, int(value)
+        if op == "eq":
+            return "never", None
+        if op in ("gt", "gte"):
+            return "gte", int(np.ceil(value))
+        return "lte", int(np.floor(value))
+    if pa.types.is_floating(kind):
+        if isinstance(value, (int, np.integer)):
+            try:
+                near = float(value)
+            except OverflowError:
+                raise InvalidInput(
+                    f"where {key!r}: {_shown(value)} is beyond the range of the {describe(kind)} values the key holds"
+                ) from None
+            if int(near) != int(value):  # between two floats: the bound that means the same
+                if op == "eq":
+                    return "never", None
+                above = near if near > value else float(np.nextafter(near, np.inf))
+                below = near if near < value else float(np.nextafter(near, -np.inf))
+                return {"gt": ("gte", above), "gte": ("gte", above), "lt": ("lte", below), "lte": ("lte", below)}[op]
+            value = near
+        value = float(value)
+        if np.isnan(value):
+            return "never", None
+        return op, value
+    return op, value
+
+
 # ---------------------------------------------------------------------------------- filter trees
-def where_mask(meta: Metadata, where: Mapping, depth: int) -> np.ndarray:
+class Columns(Protocol):
+    """What a filter reads of the metadata it runs on (:class:`hubless.index.metadata.Metadata`):
+    the schema, the rows as one Arrow table, and their number."""
+
+    @property
+    def schema(self) -> Any: ...
+    @property
+    def table(self) -> Any: ...
+    @property
+    def n_rows(self) -> int: ...
+
+
+def where_mask(meta: Columns, where: Mapping, depth: int) -> np.ndarray:
     """Rows matching one filter object: the conjunction of its keys, where a key is a column
     (``"split"``), a dotted path into struct columns (``"info.source"``, through lists of
     structs too: ``"objects.label"``) or one of :data:`LOGICAL`."""
@@ -156,7 +259,7 @@ def where_mask(meta: Metadata, where: Mapping, depth: int) -> np.ndarray:
     return np.ones(meta.n_rows, dtype=bool) if out is None else out
 
 
-def _logical(meta: Metadata, key: str, condition, depth: int) -> np.ndarray:
+def _logical(meta: Columns, key: str, condition, depth: int) -> np.ndarray:
     def sub(item, where_: str) -> np.ndarray:
         if not isinstance(item, Mapping) or not item:
             raise InvalidInput(f"where {where_}: each filter must be a non-empty dict of conditions; got {item!r}")
@@ -170,7 +273,7 @@ def _logical(meta: Metadata, key: str, condition, depth: int) -> np.ndarray:
     return np.logical_or.reduce(masks) if key == "$or" else np.logical_and.reduce(masks)
 
 
-def _path(meta: Metadata, key: str):
+def _path(meta: Columns, key: str):
     """A dotted key's values, flattened: ``(values, parents, defined)``: the values (one pyarrow
     array), the row each value belongs to (None: the values are the rows) and which rows have
     the path (not null; for a path through a list, the list is not null)."""
@@ -273,8 +376,9 @@ class ScalarIndex:
         self.rows = valid[order].astype(np.int64)
 
     def rows_for(self, op: str, value) -> np.ndarray | None:
-        """The rows (of the chunk) whose value meets ``op value`` (``in``: a list), or None when
-        this index cannot say (a value outside the column's range of types)."""
+        """The rows (of the chunk) whose value meets ``op value`` (``in``: a list; the values
+        written in the column's own terms by :func:`exact_condition`), or None when this index
+        cannot say (a string against numbers)."""
         if op == "in":
             parts = []
             for v in value:
@@ -303,22 +407,8 @@ class ScalarIndex:
             return lo, hi
         if isinstance(value, (bool, np.bool_)):
             value = int(value)
-        if keys.dtype.kind in "iu":
-            if not isinstance(value, (int, np.integer)):  # a float against integers: the integer bound that means the same
-                v = float(value)
-                if np.isnan(v) or (op == "eq" and not (np.isfinite(v) and v.is_integer())):
-                    return 0, 0
-                if np.isinf(v):
-                    everything = (v > 0) == (op in ("lt", "lte"))
-                    return (0, n) if everything else (0, 0)
-                value = int(np.floor(v)) if op in ("gt", "lte", "eq") else int(np.ceil(v))
-            info = np.iinfo(keys.dtype)
-            if not info.min <= value <= info.max:
-                everything = (value < info.min) == (op in ("gt", "gte"))
-                return (0, n) if everything and op != "eq" else (0, 0)
-            value = keys.dtype.type(value)
-        else:
-            value = np.float64(value)
+        # the value is the column's own (exact_condition): an integer in the type's range, or a float64
+        value = keys.dtype.type(value) if keys.dtype.kind in "iu" else np.float64(value)
         left = int(np.searchsorted(keys, value, "left"))
         right = int(np.searchsorted(keys, value, "right"))
         return {"eq": (left, right), "gt": (right, n), "gte": (left, n), "lt": (0, left), "lte": (0, right)}[op]
@@ -339,8 +429,13 @@ def scalar_index(chunk) -> ScalarIndex | None:
     kind = chunk.type
     if SCALAR_INDEX_MIN_ROWS is None or len(chunk) < SCALAR_INDEX_MIN_ROWS or chunk.null_count == len(chunk):
         return None
-    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)):  # fmt: skip
+    if not (
+        pa.types.is_integer(kind)
+        or pa.types.is_floating(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+    ):
         return None
     key = _chunk_key(chunk)
     with _scalar_lock:
@@ -366,9 +461,9 @@ def _indexed(column, key: str, op: str, value, n: int) -> np.ndarray | None:
     (the others compared value by value); None when no chunk has an index (the caller compares)."""
     pa = pyarrow()
     kind = column.type
-    wanted = list(value) if op == "in" else [value]
-    for v in wanted:
-        _check_value(key, kind, v, op)
+    op, value = exact_condition(key, kind, op, value)
+    if op == "never":
+        return np.zeros(n, dtype=bool)
     chunks = column.chunks
     indexes = [scalar_index(c) for c in chunks]
     if all(ix is None for ix in indexes):

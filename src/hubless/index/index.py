@@ -1,7 +1,7 @@
 """``hubless.Index``: serve an additive correction at no query-time cost, and write to it live.
 
     index = hubless.Index.build(gallery, query_bank, method="nnn:alpha=0.75,k=16", factory="IVF1024,Flat")
-    scores, ids = index.search(queries, top_k=10, alpha=0.5)     # w changes per call, no rebuild
+    scores, ids = index.search(queries, top_k=10, weight=0.5)    # w changes per call, no rebuild
     scores, ids = index.search(queries, where={"split": "test", "year": {"gte": 2020}})
     index.save("idx/")
     live = hubless.Index.open("idx/")                              # every write is committed at once
@@ -12,7 +12,7 @@ results, :meth:`Index.get`, metadata and removals use them. After any sequence o
 search equals a fresh build over the live items (DIS/DualDIS activation sets included).
 
 One job per module: :class:`Index` is the read-only :class:`~hubless.index.view.IndexView`
-(search: :mod:`hubless.index.searching`; one version: :mod:`hubless.index.live`) plus the
+(search: :mod:`hubless.index.snapshot_search`; one version: :mod:`hubless.index.live`) plus the
 writes, each a function of :mod:`hubless.index.writer` (O(batch): new items' biases come from
 the stored banks, removed items are marked dead), committed to the directory it was loaded
 from by :class:`~hubless.index.directory.Directory` (one segment per write, an atomic
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from hubless._validation import as_embeddings, check_target_recall
+from hubless._validation import as_embeddings
 from hubless.corrections import AdditiveCorrection, Correction, MethodName, make_additive
 from hubless.engine import BankStatistics
-from hubless.errors import Conflict, InvalidInput, NotFittedError
+from hubless.errors import Conflict, InvalidInput, NotFitted
 from hubless.index import directory, writer
-from hubless.index.factory import check_factory
+from hubless.index.building import check_build_arguments, kept_banks
 from hubless.index.faiss_build import (
     Layout,
     plan_layout,
@@ -45,9 +45,8 @@ from hubless.index.faiss_build import (
 )
 from hubless.index.ids import check_ids
 from hubless.index.live import Snapshot
-from hubless.index.lock import write_lock
-from hubless.index.metadata import check_keys
 from hubless.index.view import IndexView
+from hubless.progress import stage
 
 __all__ = ["Index"]
 
@@ -84,10 +83,23 @@ class Index(IndexView):
         _built=None,
     ) -> None:
         banks = {"query_bank": query_bank, "gallery_bank": gallery_bank}
-        self._setup(writer.built(
-            correction, factory, ids=ids, metadata=metadata, metadata_schema=metadata_schema, banks=banks, spill=spill, faiss_built=_built,
-            rescore=rescore, model=model, nprobe=nprobe, ef_search=ef_search, rescore_factor=rescore_factor,
-        ))  # fmt: skip
+        self._setup(
+            writer.built(
+                correction,
+                factory,
+                ids=ids,
+                metadata=metadata,
+                metadata_schema=metadata_schema,
+                banks=banks,
+                spill=spill,
+                faiss_built=_built,
+                rescore=rescore,
+                model=model,
+                nprobe=nprobe,
+                ef_search=ef_search,
+                rescore_factor=rescore_factor,
+            )
+        )
 
     def _setup(self, snap: Snapshot, bound: directory.Directory | None = None, *, live: bool = False, mmap: bool = False) -> None:
         """The one place an index's state is set."""
@@ -122,7 +134,7 @@ class Index(IndexView):
         :func:`~hubless.index.faiss_build.train_empty` (IVF items spilled with ``spill``).
         ``options``: as the constructor's (banks, metadata, ids, model, search defaults)."""
         if not correction.is_fitted:
-            raise NotFittedError(f"{type(correction).__name__} is not fitted")
+            raise NotFitted(f"{type(correction).__name__} is not fitted")
         bias = correction.bias_columns_
         _, dim, offset = plan_layout(factory, correction.dim_, bias.shape[1])
         layout = with_spill(faiss_index, Layout(dim, offset), bias, spill)
@@ -173,25 +185,10 @@ class Index(IndexView):
         ``factory`` given is the only candidate (its knob is chosen). What was tried and
         measured is in ``index.config.tuning`` (see :mod:`hubless.index.tuner`).
         """
-        if target_recall is None and max_memory is not None:
-            raise InvalidInput("max_memory bounds what the tuner may choose: pass target_recall too (e.g. target_recall=0.95)")
-        if target_recall is not None:
-            from hubless.index.autotune import parse_size
-
-            check_target_recall(target_recall)  # before the fit: bad arguments fail in a second
-            parse_size(max_memory)
-            if query_bank is None:
-                raise InvalidInput("target_recall is measured on the query bank: pass query_bank")
+        check_build_arguments(gallery, query_bank, factory, target_recall, max_memory, kwargs)  # before the fit
         corr = make_additive(method)
         if isinstance(method, str):
             corr.set_params(normalize=normalize)
-        shape = np.shape(gallery)
-        if factory is not None and len(shape) == 2:  # before the fit: a bad factory fails in a second, not after it
-            check_factory(factory, shape[0], shape[1] + 1)
-        if kwargs.get("ids") is not None and len(shape) == 2:
-            check_ids(kwargs["ids"], shape[0])
-        if kwargs.get("metadata") is not None or kwargs.get("metadata_schema") is not None:
-            check_keys(kwargs.get("metadata"), kwargs.get("metadata_schema"))  # before the fit
         bias_error = None
         if bias_search == "exact":
             corr.fit(gallery, query_bank, gallery_bank, statistics=statistics, progress=progress)
@@ -199,21 +196,24 @@ class Index(IndexView):
             from hubless.index.ann_bias import fit_ann_bias
 
             bias_error = fit_ann_bias(corr, gallery, query_bank, gallery_bank, bias_search=bias_search, nprobe=bias_nprobe)
-        dim = corr.dim_
-        qb = None if query_bank is None or not keep_banks else as_embeddings(query_bank, "query_bank", normalize=corr.normalize, dim=dim)
-        gb = (
-            None
-            if gallery_bank is None or not keep_banks
-            else as_embeddings(gallery_bank, "gallery_bank", normalize=corr.normalize, dim=dim)
-        )
-        if target_recall is not None:
-            from hubless.index.autotune import tune
+        qb, gb = kept_banks(corr, query_bank, gallery_bank) if keep_banks else (None, None)
+        with stage("building the index structure" if target_recall is None else "choosing the index structure", progress):
+            if target_recall is not None:
+                from hubless.index.recall_tuning import tune_for_recall
 
-            index = tune(cls, corr, query_bank, target_recall=target_recall, max_memory=max_memory,
-                               factories=None if factory is None else [factory], gallery_bank=gallery_bank,
-                               keep_banks=keep_banks, **kwargs)  # fmt: skip
-        else:
-            index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
+                index = tune_for_recall(
+                    cls,
+                    corr,
+                    query_bank,
+                    target_recall=target_recall,
+                    max_memory=max_memory,
+                    factories=None if factory is None else [factory],
+                    gallery_bank=gallery_bank,
+                    keep_banks=keep_banks,
+                    **kwargs,
+                )
+            else:
+                index = cls(corr, factory, query_bank=qb, gallery_bank=gb, **kwargs)
         index.config.bias_error = bias_error
         return index
 
@@ -256,7 +256,7 @@ class Index(IndexView):
             if ids is not None or where is None:
                 raise InvalidInput("remove takes ids or where (a metadata filter), one of them")
             return self._write(lambda snap: writer.removed_where(snap, where, progress=progress))
-        ids = np.unique(check_ids(np.unique(np.asarray(ids).ravel()) if np.size(ids) else np.zeros(0, np.int64)))
+        ids = np.unique(check_ids(np.asarray(ids).ravel() if np.size(ids) else np.zeros(0, np.int64)))  # repeated ids refused
         self._write(lambda snap: (writer.removed(snap, ids, progress=progress), None))
         return ids
 
@@ -407,12 +407,12 @@ class Index(IndexView):
             with hubless.Index.update("idx/") as index:
                 index.add(new_items, metadata)
 
-        Holds the index's write lock (:func:`hubless.index.lock.write_lock`; a second writer
-        waits up to ``timeout`` s) from loading to saving; the changes made in the block are
-        committed as one segment on leaving it, and nothing is written if the block raises.
+        Holds the index's write lock (:func:`hubless.index.directory.index_lock`; a second
+        writer waits up to ``timeout`` s) from loading to saving; the changes made in the block
+        are committed as one segment on leaving it, and nothing is written if the block raises.
         Readers keep loading the previous version meanwhile."""
         path = Path(path)
-        with write_lock(path, timeout=timeout):
+        with directory.index_lock(path, timeout=timeout):
             index = cls._open_locked(path, mmap=mmap)
             index._locked = True
             try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256
+from hubless._atomic import file_sha256
 from hubless.errors import Corrupt
 from hubless.index.faiss_build import stored_rows
 from hubless.index.live import Snapshot

@@ -193,10 +193,22 @@ class Snapshot:
         gallery = corr.gallery_
         rows, bank = split_statistics(corr.statistics_)
         snap = cls.from_arrays(
-            spec=corr.spec, normalize=corr.normalize, config=config, gallery=gallery, bias=corr.bias_columns_, ids=ids, stats=rows,
-            bank=bank, gallery_sum=gallery.sum(axis=0, dtype=np.float64), banks=banks, metadata=metadata, faiss=faiss,
-            faiss_dim=faiss_dim, next_id=next_id, mapped=mapped,
-        )  # fmt: skip
+            spec=corr.spec,
+            normalize=corr.normalize,
+            config=config,
+            gallery=gallery,
+            bias=corr.bias_columns_,
+            ids=ids,
+            stats=rows,
+            bank=bank,
+            gallery_sum=gallery.sum(axis=0, dtype=np.float64),
+            banks=banks,
+            metadata=metadata,
+            faiss=faiss,
+            faiss_dim=faiss_dim,
+            next_id=next_id,
+            mapped=mapped,
+        )
         snap.__dict__["correction"] = copy.copy(corr)  # the live items are the base: it is their fit
         return snap
 
@@ -367,7 +379,7 @@ class Snapshot:
         (O(n)) and kept for this snapshot."""
         gallery, stats = self.logical()
         corr = make_additive(self.spec).set_params(normalize=self.normalize)
-        return corr.fit_from_statistics(gallery, stats)
+        return corr.fit(gallery, statistics=stats)
 
     # ------------------------------------------------------------------ search primitives
     def allowed(self, where) -> np.ndarray | None:

@@ -136,11 +136,30 @@ def _typed(key: str, values: list, expected):
         return (array if array.type == refined else array.cast(refined)), refined
     if _compatible(expected, given):
         try:
-            return array.cast(expected), expected
+            cast = array.cast(expected)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass
+        else:
+            _refuse_overflow(key, array, cast, expected)
+            return cast, expected
     _refuse_first_offender(key, values, expected)
     raise InvalidType(f"metadata key {key!r} holds {describe(expected)} values; got {describe(given)}")  # pragma: no cover
+
+
+def _refuse_overflow(key: str, given, cast, expected) -> None:
+    """A finite float that the narrower float column made infinite (Arrow's cast does not check:
+    1e300 into float32) is an InvalidInput naming the key, the value and the type's range."""
+    pa = pyarrow()
+    if not (pa.types.is_floating(expected) and pa.types.is_floating(given.type)):
+        return
+    before = np.asarray(given.to_numpy(zero_copy_only=False), dtype=np.float64)
+    after = np.asarray(cast.to_numpy(zero_copy_only=False), dtype=np.float64)
+    bad = np.flatnonzero(np.isfinite(before) & ~np.isfinite(after))
+    if bad.size:
+        largest = float(np.finfo(expected.to_pandas_dtype()).max)
+        raise InvalidInput(
+            f"metadata key {key!r} holds {describe(expected)} values, at most {largest:.7g} in size; got {float(before[bad[0]])!r} in record {int(bad[0])}"
+        )
 
 
 def _open(t) -> bool:

@@ -17,9 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hubless._io import pointer_name
+from hubless._atomic import pointer_name
 from hubless.corrections import make_correction
-from hubless.errors import Corrupt, InvalidInput, MissingDependencyError, MissingFile
+from hubless.errors import Corrupt, InvalidInput, MissingDependency, MissingFile
 from hubless.index.config import IndexConfig
 from hubless.index.ids import MAX_ID
 from hubless.index.metadata import Metadata
@@ -205,7 +205,7 @@ def validate_manifest(m: Any, what: str) -> dict:
             raise Corrupt(f"{what}: field 'metadata_schema' is invalid")
         try:
             Metadata.schema_from_text(schema)
-        except MissingDependencyError:
+        except MissingDependency:
             raise
         except Exception:  # noqa: BLE001 - any parse failure of a damaged schema
             raise Corrupt(f"{what}: field 'metadata_schema' cannot be read") from None

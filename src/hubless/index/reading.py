@@ -28,10 +28,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from hubless._io import file_sha256
+from hubless._atomic import file_sha256
 from hubless.corrections import make_correction
 from hubless.engine import BankStatistics
-from hubless.errors import Busy, Conflict, Corrupt, MissingDependencyError, optional_import
+from hubless.errors import Busy, Conflict, Corrupt, MissingDependency, optional_import
 from hubless.index import writer
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import plan_layout, stored_rows
@@ -175,7 +175,7 @@ class parsing:
         return self
 
     def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, (MissingDependencyError, Corrupt, Gone)):
+        if exc is None or isinstance(exc, (MissingDependency, Corrupt, Gone)):
             return False
         if isinstance(exc, FileNotFoundError):
             raise Gone from None
@@ -290,10 +290,22 @@ def read_base(path: Path, m: dict, *, mmap: bool) -> Snapshot:
         metadata = Metadata(schema, [(n, table)] if n else [])
     config = IndexConfig.from_dict(m["config"])
     return Snapshot.from_arrays(
-        spec=m["method"], normalize=m["normalize"], config=config, gallery=gallery, bias=bias, ids=ids, stats=stats, bank=bank,
-        gallery_sum=gallery_sum, banks=banks, metadata=metadata, faiss=faiss_index, faiss_dim=m["faiss_dim"], next_id=m["next_id"],
+        spec=m["method"],
+        normalize=m["normalize"],
+        config=config,
+        gallery=gallery,
+        bias=bias,
+        ids=ids,
+        stats=stats,
+        bank=bank,
+        gallery_sum=gallery_sum,
+        banks=banks,
+        metadata=metadata,
+        faiss=faiss_index,
+        faiss_dim=m["faiss_dim"],
+        next_id=m["next_id"],
         mapped=MappedFiles(mapped) if mapped else None,
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
@@ -412,7 +424,14 @@ def parse_segment(raw: bytes, entry: dict, snap: Snapshot, schema) -> dict:
         raise ValueError("it holds metadata but the manifest has no metadata schema")
     start = info.get("start")
     return {
-        "name": entry["name"], "start": None if start is None else int(start), "rows": rows, "ids": ids, "bias": bias,
-        "statistics": statistics, "dead": np.asarray(dead, np.int64), "activation": activation, "metadata": meta,
+        "name": entry["name"],
+        "start": None if start is None else int(start),
+        "rows": rows,
+        "ids": ids,
+        "bias": bias,
+        "statistics": statistics,
+        "dead": np.asarray(dead, np.int64),
+        "activation": activation,
+        "metadata": meta,
         "next_id": int(info.get("next_id", 0)),
-    }  # fmt: skip
+    }

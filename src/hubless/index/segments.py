@@ -34,11 +34,10 @@ import numpy as np
 from hubless.engine import BankStatistics
 from hubless.errors import InvalidInput
 from hubless.index import writer
-from hubless.index.directory import Directory
+from hubless.index.directory import Directory, index_lock
 from hubless.index.disk import _write_segment_file, commit, manifest_for
 from hubless.index.ids import assigned_ids
 from hubless.index.live import SIDES, row_statistics_names
-from hubless.index.lock import write_lock
 from hubless.index.metadata import Metadata, table_bytes, table_from_bytes
 from hubless.index.pointer import BASE_NAME, PENDING, SEGMENT_NAME, check_index_dir, names_in, pointer_stamp
 from hubless.index.reading import Loaded, load, parse_segment, parsing
@@ -116,7 +115,7 @@ def commit_segments(path: str | os.PathLike, files, *, timeout: float | None = N
     for f in files:
         if f.parent.resolve() != path.resolve() or not PENDING.fullmatch(f.name) or not f.is_file():
             raise InvalidInput(f"{f} is not a pending segment of {path} (written by write_segment)")
-    with write_lock(path, timeout=timeout):
+    with index_lock(path, timeout=timeout):
         return commit_pending(Directory.load(path), files)
 
 

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from hubless._io import umask_mode
+from hubless._atomic import umask_mode
 from hubless.errors import Corrupt, MissingFile
 from hubless.index.pointer import FORMAT, POINTER, VERSION, check_index_dir, names_in, parse_json, read_manifest, validate_manifest
 from hubless.index.reading import Gone, Loaded, read_base, replay
@@ -141,8 +141,15 @@ def list_versions(path: str | os.PathLike) -> list[dict]:
         except (Corrupt, MissingFile):
             out.append({"version": number, "damaged": True, "committed": when, "current": False})
             continue
-        out.append({
-            "version": number, "items": m["n_items"], "rows": m["n_rows"], "segments": len(m["segments"]),
-            "base": m["base"]["name"], "committed": when, "current": number == current["version"],
-        })  # fmt: skip
+        out.append(
+            {
+                "version": number,
+                "items": m["n_items"],
+                "rows": m["n_rows"],
+                "segments": len(m["segments"]),
+                "base": m["base"]["name"],
+                "committed": when,
+                "current": number == current["version"],
+            }
+        )
     return out

@@ -5,7 +5,7 @@ changed: writes make new ones) and changes nothing: :class:`hubless.Index` is an
 :class:`IndexView` that also writes (:mod:`hubless.index.writer`) and owns a directory
 (:mod:`hubless.index.directory`). A search takes the version current when it starts, so it
 sees one consistent version whatever writes happen meanwhile; the search itself is
-:mod:`hubless.index.searching`.
+:mod:`hubless.index.snapshot_search`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import numpy as np
 
 from hubless.corrections import AdditiveCorrection
 from hubless.errors import InvalidInput
-from hubless.index import searching
+from hubless.hits import Hits
+from hubless.index import snapshot_search
 from hubless.index.config import IndexConfig
 from hubless.index.faiss_build import search_knob
 from hubless.index.info import IndexInfo
@@ -226,23 +227,26 @@ class IndexView:
         ef_search: int | None = None,
         rescore: bool | None = None,
         **weight,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Top ``top_k`` items per query: ``(scores, ids)``, the method's own scores, best first;
-        ids are the items' ids.
+    ) -> Hits:
+        """Top ``top_k`` items per query, best first: a :class:`~hubless.Hits` (it unpacks as
+        ``scores, ids``: the method's own scores and the items' ids).
 
         ``where``: a metadata filter (``{"split": "test", "year": {"gte": 2020}}``; see
         :mod:`hubless.index.metadata`): the results are the corrected ranking restricted to the
         items that match (the correction itself, its gates included, is the index's). Slots that
         cannot be filled (fewer items, or fewer matching items, than ``top_k``; IVF lists probed
-        that ran dry) come last, with id ``-1`` (``MISSING``) and score ``-inf``; the CLI and
-        the service leave them out (the one top-k rule, :func:`hubless._validation.check_top_k`).
+        that ran dry) come last, not ``found``, with id ``-1`` (``MISSING``) and score ``-inf``;
+        the CLI and the service leave them out (the one top-k rule,
+        :func:`hubless._validation.check_top_k`).
 
-        ``weight`` overrides the correction's weight per call (``weight=`` for every method, or
-        its own name: ``alpha=`` for NNN, ``lam=`` for DN; scalar or one per query). ``nprobe``/``ef_search``/``rescore`` override the index
-        defaults for this call only (other threads searching meanwhile are not affected).
+        ``weight=`` overrides the correction's weight per call (scalar or one per query; the old
+        ``alpha=`` / ``lam=`` warn until 0.2.0). ``nprobe``/``ef_search``/``rescore`` override the
+        index defaults for this call only (other threads searching meanwhile are not affected).
         """
         # one version for the whole call, whatever writes happen meanwhile
-        return searching.search(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight)
+        return snapshot_search.search(
+            self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore, **weight
+        )
 
     def search_uncorrected(
         self,
@@ -253,14 +257,16 @@ class IndexView:
         nprobe: int | None = None,
         ef_search: int | None = None,
         rescore: bool | None = None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The uncorrected top ``top_k``, ``(scores, ids)``: plain inner products <q, r> of the
+    ) -> Hits:
+        """The uncorrected top ``top_k`` as :class:`~hubless.Hits`: plain inner products <q, r> of the
         (normalised) queries, through the same structure as :meth:`search` (the weight-0 query
         [q, 0] on the FAISS index, the rows written since the base exactly; a Flat index is
         searched exactly), so comparing costs about one more search of the same kind. ANN
         candidates are re-scored exactly as in :meth:`search`; ``where`` filters as there;
-        unfilled slots have id -1 and score -inf."""
-        return searching.search_uncorrected(self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore)
+        unfilled slots are not ``found`` (id -1, score -inf)."""
+        return snapshot_search.search_uncorrected(
+            self._snap, queries, top_k, where=where, nprobe=nprobe, ef_search=ef_search, rescore=rescore
+        )
 
     def search_knob(self) -> tuple[str, int] | None:
         """("nprobe", n_lists) for IVF, ("ef_search", limit) for HNSW, None for Flat."""

@@ -15,7 +15,8 @@ segment applied on load) and :func:`hubless.index.segments.commit_segments`.
 * :func:`with_metadata`: metadata changed, the rows written again at the end (no similarity).
 * :func:`replayed`: one saved write (a segment) applied: rows appended, rows marked dead,
   activation lists merged or replaced.
-* :func:`compacted` / :func:`with_bank_items`: a new base (the live items; a bank grown).
+* :func:`compacted` / :func:`with_bank_items` / :func:`rebased`: a new base (the live items; a
+  bank grown; biases changed).
 
 The shared state (activation sets, the live gallery sum) is kept exact, so after any sequence
 of writes searching the snapshot equals a fresh build over its live items (tested against a
@@ -32,12 +33,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from hubless.corrections import AdditiveCorrection
+from hubless.corrections import AdditiveCorrection, incremental
 from hubless.corrections.serving import check_additive
 from hubless.engine import compute_statistics
 from hubless.engine.merge import merge_topk_ids
 from hubless.engine.topk import NO_ID
-from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFittedError
+from hubless.errors import AlreadyExists, Corrupt, InvalidInput, InvalidType, NotFitted
 from hubless.index.config import IndexConfig
 from hubless.index.factory import is_flat
 from hubless.index.faiss_build import build_faiss, default_factory
@@ -51,6 +52,7 @@ __all__ = [
     "appended",
     "built",
     "compacted",
+    "rebased",
     "killed",
     "removed",
     "removed_where",
@@ -247,9 +249,14 @@ def _without_rows(snap: Snapshot, rows: np.ndarray, *, progress: bool | None = N
         bank = replace(bank, **{f"{side}_activation": lists, f"{side}_activation_scores": scores})
     gone = snap.gather(rows).sum(axis=0, dtype=np.float64)
     return replace(
-        snap, alive=alive, alive_buf=None, n_dead_rows=snap.n_dead_rows + np.unique(rows).size, bank=bank, gallery_sum=snap.gallery_sum - gone,
+        snap,
+        alive=alive,
+        alive_buf=None,
+        n_dead_rows=snap.n_dead_rows + np.unique(rows).size,
+        bank=bank,
+        gallery_sum=snap.gallery_sum - gone,
         extra={},
-    )  # fmt: skip
+    )
 
 
 def upserted(snap: Snapshot, rows: np.ndarray, ids, metadata=None, *, progress: bool | None = None) -> Snapshot:
@@ -357,32 +364,55 @@ def compacted(snap: Snapshot) -> Snapshot:
         config = _with_layout(config, layout)
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
-        corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=snap.banks,
-        metadata=meta, next_id=snap.next_id, mapped=snap.mapped,
-    )  # fmt: skip
+        corr,
+        config,
+        ids=snap.live_ids,
+        faiss=faiss_index,
+        faiss_dim=snap.faiss_dim,
+        banks=snap.banks,
+        metadata=meta,
+        next_id=snap.next_id,
+        mapped=snap.mapped,
+    )
 
 
 def with_bank_items(snap: Snapshot, items: np.ndarray, side: str, *, progress: bool | None = None) -> Snapshot:
     """The banks' ``side`` grown by ``items``: every item's statistics merge the new bank
     items in (n_items x n_new), so every bias changes: a new base."""
-    from hubless.index.faiss_build import refill_faiss
-
     snap.verify_mapped()
     corr = copy.copy(snap.correction)
-    corr = corr.add_query_bank(items, progress=progress) if side == "query" else corr.add_gallery_bank(items, progress=progress)
+    grow = incremental.add_query_bank if side == "query" else incremental.add_gallery_bank
+    corr = grow(corr, items, progress=progress)
+    banks = dict(snap.banks)
+    if banks.get(f"{side}_bank") is not None:
+        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
+    return rebased(snap, corr, banks)
+
+
+def rebased(snap: Snapshot, corr: AdditiveCorrection, banks: dict) -> Snapshot:
+    """A new base of ``snap``'s live items, in order, fitted as ``corr`` (their biases changed:
+    a bank grown or replaced, :func:`hubless.index.bank_swap.with_query_bank`), holding
+    ``banks``: the FAISS structure refilled with its training kept (an HNSW graph kept when no
+    item changed)."""
+    from hubless.index.faiss_build import refill_faiss
+
     faiss_index, config = None, snap.config
     if snap.faiss is not None:
         same = snap.n_dead == 0 and snap.n_tail == 0
         faiss_index, layout = refill_faiss(snap.faiss, config.factory, corr.gallery_, augmented_rows(corr), snap.layout, same_items=same)
         config = _with_layout(config, layout)
-    banks = dict(snap.banks)
-    if banks.get(f"{side}_bank") is not None:
-        banks[f"{side}_bank"] = np.concatenate([banks[f"{side}_bank"], items])
     meta = None if snap.metadata is None else snap.metadata.select(snap.live_rows)
     return Snapshot.from_correction(
-        corr, config, ids=snap.live_ids, faiss=faiss_index, faiss_dim=snap.faiss_dim, banks=banks, metadata=meta,
-        next_id=snap.next_id, mapped=snap.mapped,
-    )  # fmt: skip
+        corr,
+        config,
+        ids=snap.live_ids,
+        faiss=faiss_index,
+        faiss_dim=snap.faiss_dim,
+        banks=banks,
+        metadata=meta,
+        next_id=snap.next_id,
+        mapped=snap.mapped,
+    )
 
 
 def with_config(snap: Snapshot, config: IndexConfig) -> Snapshot:
@@ -414,7 +444,7 @@ def built(
     its :class:`~hubless.index.config.IndexConfig`, with the layout and the build time."""
     check_additive(correction)
     if not correction.is_fitted:
-        raise NotFittedError(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
+        raise NotFitted(f"{type(correction).__name__} is not fitted: fit it first, or use Index.build")
     n = correction.n_gallery_
     factory = factory or default_factory(n)
     rescore = not is_flat(factory) if rescore is None else rescore

@@ -1,20 +1,38 @@
 """Retrieval metrics from ranks (NNN paper section 3; ECCV Caption for mAP@R).
 
-The rank of gallery item j for a query with scores s is
+For a query with scores s over the gallery, take a relevant item j and write
 
-    rank(j) = 1 + #{i : s_i > s_j} + #{i < j : s_i = s_j}
+    a_j = #{i : s_i > s_j}    (items scoring above it),
+    e_j = #{i : s_i = s_j}    (its tie group, j included),
+    t_j = the relevant items of the query in that tie group, k_j = j's place among them
+          counted by gallery index (1 for the lowest index, ..., t_j).
 
-(ties broken by the lower index, exactly as every search in hubless orders results: ``ties=
-"index"``). Two other conventions of the literature are options (:data:`TIES`):
+Three tie conventions (:data:`TIES`) give each relevant item a rank, never below its place m
+among the query's relevant items in rank order (so AP@R <= 1), each equal to ``a_j + 1`` for an
+item with no tie:
 
-* ``"average"``: a relevant item tied with others gets the mean of their positions,
-  ``1 + #{s_i > s_j} + (#{s_i = s_j} - 1) / 2`` (McSherry & Najork 2008), as the
-  collaborative-experts metric behind the QB-Norm tables (Bogolin et al. 2022) does; ranks can
-  be fractional;
-* ``"optimistic"``: ``1 + #{s_i > s_j}``, a tied relevant item first.
+* ``"index"`` (the default): ties go to the lower gallery index, as every search in hubless
+  orders results: rank(j) = 1 + a_j + #{i < j : s_i = s_j}. The ranks are the positions of a
+  sorted list, distinct integers.
+* ``"optimistic"``: the relevant items of a tie group come first in it, among themselves by
+  index: rank(j) = a_j + k_j. One relevant item in a group: 1 + a_j (the first of the group,
+  the "optimistically" of the collaborative-experts code and of VSE's t2i evaluation).
+* ``"average"``: every order of a tie group is equally likely (McSherry & Najork 2008), and a
+  relevant item's rank is the expected position of the k_j-th of the group's t_j relevant items,
+  rank(j) = a_j + k_j (e_j + 1) / (t_j + 1) (the k-th smallest of t positions drawn from e).
+  One relevant item in a group: a_j + (e_j + 1) / 2, the mean of the group's positions, as the
+  collaborative-experts metric behind the QB-Norm tables (Bogolin et al. 2022) ranks it. A group
+  of relevant items only (t_j = e_j): a_j + k_j, no position lost. Ranks can be fractional.
+
+Where relevant items tie, the collaborative-experts code (``v2t_metrics``) gives each its group's
+mean position, so two relevant captions tied at the top both rank 1.5 there and the query
+counts as a miss at R@1, a case its authors flag as "worse than chance"; here they rank 1 and 2
+under every convention: ties among relevant items never cost a hit.
 
 :func:`relevant_ranks` gives the rank of every relevant item of a block of queries from their
-score rows, so a whole evaluation streams query blocks and never sorts a row. From those ranks:
+score rows, so a whole evaluation streams query blocks and never sorts a row; :func:`tie_ranks`
+turns the counts (a_j, e_j) and the relevant items' own scores into ranks, for numpy and for the
+torch engine alike. From those ranks:
 
 * R@K: percent of queries with a relevant item in the top K (for image->text, an image is a
   hit when any of its captions is). With fractional ("average") ranks, as in the
@@ -22,9 +40,10 @@ score rows, so a whole evaluation streams query blocks and never sorts a row. Fr
   rank below K + 1 (a tie averaged to K + 0.5 still counts); integer ranks give rank <= K;
 * MdR / MnR: median / mean rank of the first relevant item (1 is best), the papers' MedR and
   MeanR (collaborative-experts: median / mean of the 0-based positions, plus 1);
-* MRR: mean of 1 / (rank of the first relevant item), in [0, 1];
-* mAP@R: percent; for a query with R relevant items whose sorted ranks are r_1 < ... < r_R,
-  AP@R = (1/R) sum_{m : r_m <= R} m / r_m (Musgrave et al. 2020; ECCV Caption, Chun et al. 2022).
+* MRR: mean of 1 / (rank of the first relevant item), in (0, 1];
+* mAP@R: percent; for a query with R relevant items whose sorted ranks are r_1 <= ... <= r_R,
+  AP@R = (1/R) sum_{m : r_m <= R} m / r_m (Musgrave et al. 2020; ECCV Caption, Chun et al. 2022),
+  in [0, 100] since r_m >= m under every convention.
 """
 
 from __future__ import annotations
@@ -47,6 +66,7 @@ __all__ = [
     "recall_at_k",
     "relevant_ranks",
     "summarize",
+    "tie_ranks",
 ]
 
 #: Elements compared at once when counting ranks (bounds the temporary boolean arrays).
@@ -73,7 +93,9 @@ def relevant_ranks(scores: np.ndarray, truth: Truth, ties: str = "index") -> np.
     if scores.ndim != 2 or scores.shape != (truth.n_queries, truth.n_gallery):
         raise InvalidInput(f"scores must be ({truth.n_queries}, {truth.n_gallery}); got {scores.shape}")
     rows, cols = truth.rows, truth.indices
-    ranks = np.empty(cols.size, dtype=np.float64 if ties == "average" else np.int64)
+    above = np.empty(cols.size, dtype=np.int64)
+    equal = np.empty(cols.size, dtype=np.int64)
+    targets = np.empty(cols.size, dtype=scores.dtype)
     one_each = cols.size == truth.n_queries  # one relevant item per query: rows are the queries
     step = max(1, _COMPARE_ELEMENTS // scores.shape[1])
     counts = np.int32 if scores.shape[1] < 2**31 else np.int64
@@ -81,21 +103,54 @@ def relevant_ranks(scores: np.ndarray, truth: Truth, ties: str = "index") -> np.
         r, c = rows[start : start + step], cols[start : start + step]
         block = scores[start : start + r.size] if one_each else scores[r]
         target = block[np.arange(r.size), c][:, None]
-        above = (block > target).sum(axis=1, dtype=counts)  # a bool sum in int32 is twice count_nonzero's speed
+        targets[start : start + r.size] = target[:, 0]
+        above[start : start + r.size] = (block > target).sum(axis=1, dtype=counts)  # a bool sum in int32 is twice count_nonzero's speed
         if ties == "optimistic":
-            ranks[start : start + r.size] = above + 1
             continue
-        equal = (block == target).sum(axis=1, dtype=counts)
-        if ties == "average":
-            ranks[start : start + r.size] = above + 1 + (equal - 1) / 2.0
-            continue
-        # Ties (rare): count only the equal scores at a lower index.
-        tied = np.flatnonzero(equal > 1)
-        if tied.size:
-            before = np.arange(scores.shape[1])[None, :] < c[tied, None]
-            equal[tied] = np.count_nonzero((block[tied] == target[tied]) & before, axis=1) + 1
-        ranks[start : start + r.size] = above + equal
-    return ranks
+        equal_here = (block == target).sum(axis=1, dtype=counts)
+        if ties == "index":  # ties (rare): count only the equal scores up to the item's own index
+            tied = np.flatnonzero(equal_here > 1)
+            if tied.size:
+                before = np.arange(scores.shape[1])[None, :] <= c[tied, None]
+                equal_here[tied] = np.count_nonzero((block[tied] == target[tied]) & before, axis=1)
+        equal[start : start + r.size] = equal_here
+    return tie_ranks(ties, above, equal, targets, truth.indptr)
+
+
+def tie_ranks(ties: str, above: np.ndarray, equal: np.ndarray | None, targets: np.ndarray | None, indptr: np.ndarray) -> np.ndarray:
+    """The ranks of the relevant items (CSR by query: ``indptr``, each query's items in index
+    order) by the tie convention ``ties`` (module docstring) from ``above`` (a_j, the scores
+    above each item's), ``equal`` (e_j, the scores equal to it, its own included; for
+    ``"index"`` only those at an index up to its own; unused by ``"optimistic"``) and ``targets``
+    (each item's own score, which tells the relevant items of one tie group apart; None when
+    every query has one relevant item). int64, or float64 for ``"average"``."""
+    above = np.asarray(above, dtype=np.int64)
+    if ties == "index":
+        assert equal is not None  # counted up to each item's index
+        return above + np.asarray(equal, dtype=np.int64)
+    place, size = _relevant_in_group(targets, indptr, above.size)
+    if ties == "optimistic":
+        return above + place
+    assert equal is not None  # the size of each item's tie group
+    return above + place * (np.asarray(equal, dtype=np.float64) + 1) / (size + 1)
+
+
+def _relevant_in_group(targets: np.ndarray | None, indptr: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k_j, t_j) of every relevant item: its place (1-based, by index) among the relevant items
+    of its query that share its score, and their number."""
+    if targets is None or n == indptr.size - 1:  # one relevant item per query
+        ones = np.ones(n, dtype=np.int64)
+        return ones, ones
+    rows = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    order = np.lexsort((np.arange(n), targets, rows))  # by query, then score, then index
+    new_group = np.ones(n, dtype=bool)
+    new_group[1:] = (rows[order][1:] != rows[order][:-1]) | (targets[order][1:] != targets[order][:-1])
+    starts = np.flatnonzero(new_group)
+    sizes = np.diff(np.append(starts, n))
+    place, size = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    place[order] = np.arange(n) - np.repeat(starts, sizes) + 1
+    size[order] = np.repeat(sizes, sizes)
+    return place, size
 
 
 class PerQuery:

@@ -128,8 +128,11 @@ def tune_report(tuned: TuneResult, path: str | os.PathLike, ev: Evaluation | Non
             section_id=f"validation-{method}",
         )
         if len(params) == 2:
-            report.figure(_grid_heatmap(plt, rows, params, tuned.best[method].params, objective, method),
-                          caption=f"{method}: validation {objective} over the ({params[0]}, {params[1]}) grid; box: chosen", alt=f"{method} heat map")  # fmt: skip
+            report.figure(
+                _grid_heatmap(plt, rows, params, tuned.best[method].params, objective, method),
+                caption=f"{method}: validation {objective} over the ({params[0]}, {params[1]}) grid; box: chosen",
+                alt=f"{method} heat map",
+            )
     if ev is not None:
         report.section("Test queries, chosen parameters", html_table(results_rows(ev)), section_id="test")
     return report.write(path)

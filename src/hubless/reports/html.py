@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hubless._io import write_text
+from hubless._atomic import write_text
 
 __all__ = ["Report", "figure_to_data_uri", "html_table", "require_matplotlib"]
 

@@ -40,14 +40,16 @@ def rerank_eval(
     result = pipeline.search(query_embeddings, query_items, top_k=max(ks), progress=progress)
     first_ids = pipeline.first_stage.search(query_embeddings, top_k=max(ks))[1]
     n = len(query_items)
+    seconds = result.seconds
+    assert seconds is not None  # a reranked search measures its stages
     return RerankNumbers(
         k=pipeline.k,
         fusion=pipeline.fusion,
         fusion_weight=pipeline.fusion_weight,
         retrieve=_recalls(first_ids, truth, ks),
         reranked=_recalls(result.ids, truth, ks),
-        ms_retrieve=1000 * result.seconds["first_stage"] / n,
-        ms_rerank=1000 * result.seconds["rerank"] / n,
+        ms_retrieve=1000 * seconds["first_stage"] / n,
+        ms_rerank=1000 * seconds["rerank"] / n,
     )
 
 

@@ -9,8 +9,9 @@ from hubless.rerank.rerankers import RERANKERS, Reranker
 __all__ = ["load_reranker"]
 
 
-def load_reranker(name_or_path: str | os.PathLike, kind: str | None = None, device: str | None = None,
-                  direction: str = "text->image", **kwargs) -> Reranker:  # fmt: skip
+def load_reranker(
+    name_or_path: str | os.PathLike, kind: str | None = None, device: str | None = None, direction: str = "text->image", **kwargs
+) -> Reranker:
     """``kind``: one of the registered kinds, "blip" (BLIP ITM; ``direction`` "text->image" or
     "image->text") or "cross-encoder" (sentence-transformers, text->text). By default the first
     reranker that claims the model reads it: a folder whose transformers config says ``blip``

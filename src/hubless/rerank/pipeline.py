@@ -3,7 +3,7 @@
 
     pipe = hubless.Pipeline(nnn, load_reranker("Salesforce/blip-itm-base-coco"), k=20,
                             gallery_items=image_paths)
-    result = pipe.search(query_embeddings, query_texts, top_k=10)
+    hits = pipe.search(query_embeddings, query_texts, top_k=10)   # a hubless.Hits, reranked
 
 The cross-encoder only sees the k first-stage candidates of each query, so its cost grows with
 k, not with the gallery. Fusion (optional; the paper found plain reranking best):
@@ -17,30 +17,21 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from hubless._deprecation import deprecated_names
 from hubless._validation import check_positive_int
 from hubless.errors import InvalidInput, InvalidType
+from hubless.hits import Hits
 from hubless.progress import progress_bar
 
-__all__ = ["Pipeline", "RerankResult", "fuse"]
+__all__ = ["Pipeline", "fuse"]
+
+#: ``RerankResult`` is now :class:`hubless.Hits` (deprecated name, removed in 0.2.0)
+__getattr__ = deprecated_names(__name__, {"RerankResult": "hubless.hits:Hits"})
 
 FUSIONS = (None, "add", "norm_add")
-
-
-@dataclass
-class RerankResult:
-    """Reranked results, each (n_queries, top_k): ``ids`` (gallery positions), ``scores`` (the
-    final ranking score: the cross-encoder logit, or the fused score), ``first_stage_scores``
-    and ``rerank_scores`` (logits) of the same items; ``seconds`` spent in each stage."""
-
-    ids: np.ndarray
-    scores: np.ndarray
-    first_stage_scores: np.ndarray
-    rerank_scores: np.ndarray
-    seconds: dict[str, float]
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:
@@ -76,8 +67,18 @@ class Pipeline:
     index whose ids are not 0, 1, ...: ``hubless.index.ItemColumn(index, "path")``).
     """
 
-    def __init__(self, first_stage, reranker, k: int = 20, fusion: str | None = None, fusion_weight: float = 0.1,
-                 *, gallery_items: Sequence | Mapping | None = None, batch_queries: int = 16, lam: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        first_stage,
+        reranker,
+        k: int = 20,
+        fusion: str | None = None,
+        fusion_weight: float = 0.1,
+        *,
+        gallery_items: Sequence | Mapping | None = None,
+        batch_queries: int = 16,
+        lam: float | None = None,
+    ) -> None:
         if lam is not None:
             warnings.warn("Pipeline(lam=) is now fusion_weight= (lam is also DN's weight)", DeprecationWarning, stacklevel=2)
             fusion_weight = lam
@@ -97,12 +98,15 @@ class Pipeline:
             self.gallery_items = gallery_items
         self.batch_queries = check_positive_int(batch_queries, "batch_queries")
 
-    def search(
-        self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None, **first_stage
-    ) -> RerankResult:
-        """Retrieve the corrected top ``k``, rerank, return the best ``top_k`` (<= k).
+    def search(self, query_embeddings, query_items: Sequence, top_k: int = 10, *, progress: bool | None = None, **first_stage) -> Hits:
+        """Retrieve the corrected top ``k``, rerank, return the best ``top_k`` (<= k) as
+        :class:`~hubless.Hits`, each (n_queries, top_k): ``ids`` (the first stage's: gallery
+        positions or an index's ids), ``scores`` (the final ranking score: the cross-encoder
+        logit, or the fused score), ``first_stage_scores`` and ``rerank_scores`` (logits) of the
+        same items, ``reranked`` with ``rerank_k`` = k, and the seconds spent in each stage in
+        ``extra["seconds"]``.
 
-        ``first_stage``: per-call arguments of the first stage's ``search``, e.g. ``alpha=0.5``
+        ``first_stage``: per-call arguments of the first stage's ``search``, e.g. ``weight=0.5``
         or, for an index, ``nprobe=32``."""
         if self.gallery_items is None:
             raise InvalidInput("the pipeline needs gallery_items (what the reranker sees for each gallery position)")
@@ -113,19 +117,22 @@ class Pipeline:
         if top_k > self.k:
             raise InvalidInput(f"top_k={top_k} is more than the k={self.k} candidates that are reranked")
         t0 = time.perf_counter()
-        first, ids = self.first_stage.search(query_embeddings, top_k=self.k, **first_stage)
+        stage = self.first_stage.search(query_embeddings, top_k=self.k, **first_stage)
+        first, ids = stage
+        found = stage.found if isinstance(stage, Hits) else ids >= 0  # a plain (scores, ids) pair pads with id -1
         t1 = time.perf_counter()
-        if not isinstance(self.gallery_items, Mapping) and len(self.gallery_items) < int(ids.max()) + 1:
-            raise InvalidInput(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {int(ids.max())}")
-        logits = np.full(ids.shape, -np.inf, dtype=np.float32)  # slots an ANN could not fill (id -1) stay last
+        if not isinstance(self.gallery_items, Mapping) and found.any():
+            top = int(ids[found].max())
+            if len(self.gallery_items) < top + 1:
+                raise InvalidInput(f"gallery_items has {len(self.gallery_items)} entries; the first stage returned id {top}")
+        logits = np.full(ids.shape, -np.inf, dtype=np.float32)  # slots the first stage could not fill stay last
         starts = progress_bar(range(0, ids.shape[0], self.batch_queries), progress, desc="rerank", unit="batch")
         for s in starts:
-            rows, cols = np.nonzero(ids[s : s + self.batch_queries] >= 0)
+            rows, cols = np.nonzero(found[s : s + self.batch_queries])
             pairs_q = [query_items[s + r] for r in rows]
             pairs_c = [self.gallery_items[j] for j in ids[s + rows, cols]]
             logits[s + rows, cols] = np.asarray(self.reranker.score_pairs(pairs_q, pairs_c), dtype=np.float32)
         t2 = time.perf_counter()
-        found = ids >= 0
         if found.all():
             final = fuse(first, logits, self.fusion, self.fusion_weight)
         else:  # missing slots take their row's lowest score, so min-max fusion ignores them, then go last
@@ -135,5 +142,13 @@ class Pipeline:
         # Stable sort: equal final scores keep the first stage's order.
         order = np.argsort(-final, axis=1, kind="stable")[:, :top_k]
         take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
-        return RerankResult(take(ids), take(final).astype(np.float32), take(first), take(logits),
-                            {"first_stage": t1 - t0, "rerank": t2 - t1})  # fmt: skip
+        return Hits.from_found(
+            take(final),
+            take(ids),
+            take(found),
+            first_stage_scores=take(first),
+            rerank_scores=take(logits),
+            reranked=True,
+            rerank_k=self.k,
+            extra={"seconds": {"first_stage": t1 - t0, "rerank": t2 - t1}},
+        )

@@ -138,8 +138,9 @@ class BlipITMReranker(Reranker):
     def from_name(cls, name_or_path, *, device=None, direction="text->image", **kwargs) -> BlipITMReranker:
         return cls(name_or_path, direction=direction, device=device, **kwargs)
 
-    def __init__(self, name_or_path: str, direction: str = "text->image", device: str | None = None,
-                 batch_size: int = 32, cache_size: int = 4096) -> None:  # fmt: skip
+    def __init__(
+        self, name_or_path: str, direction: str = "text->image", device: str | None = None, batch_size: int = 32, cache_size: int = 4096
+    ) -> None:
         if direction not in ("text->image", "image->text"):
             raise InvalidInput("BLIP ITM reranks text->image or image->text")
         local = ensure_model_available(str(name_or_path))  # before the slow imports
@@ -185,9 +186,12 @@ class BlipITMReranker(Reranker):
                     t, padding=True, truncation=True, max_length=self.model.config.text_config.max_position_embeddings, return_tensors="pt"
                 ).to(self.device)
                 hidden = self.model.text_encoder(
-                    input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"], encoder_hidden_states=states,
-                    encoder_attention_mask=torch.ones(states.shape[:-1], dtype=torch.long, device=self.device), return_dict=True,
-                ).last_hidden_state  # fmt: skip
+                    input_ids=tokens["input_ids"],
+                    attention_mask=tokens["attention_mask"],
+                    encoder_hidden_states=states,
+                    encoder_attention_mask=torch.ones(states.shape[:-1], dtype=torch.long, device=self.device),
+                    return_dict=True,
+                ).last_hidden_state
                 logits = self.model.itm_head(hidden[:, 0, :])
                 out[start : start + len(t)] = (logits[:, 1] - logits[:, 0]).float().cpu().numpy()
         return out

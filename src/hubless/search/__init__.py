@@ -1,9 +1,9 @@
 """One facade for searching what hubless serves (saved indexes, attached collections, exported stores): :class:`Searcher`.
 
-    from hubless.search import Searcher
+    from hubless import Searcher
     searcher = Searcher({"coco": "idx/"})                       # or Searcher("idx/"), or {name: Index}
-    result = searcher.search(texts=["a dog on a beach"], top_k=10, compare=True)
-    result.records()[0]["hits"][0]   # {"id": 42, "score": 0.31, "metadata": {...}, "uncorrected_rank": 3, "rank_change": 2}
+    hits = searcher.search(texts=["a dog on a beach"], top_k=10, compare=True)   # a hubless.Hits
+    hits.records()[0]["hits"][0]     # {"id": 42, "score": 0.31, "metadata": {...}, "uncorrected_rank": 3, "rank_change": 2}
 
 It loads the indexes, encodes text and image queries with the model each index records,
 searches (:meth:`hubless.Index.search`), compares with the uncorrected ranking through the same
@@ -29,8 +29,8 @@ queries are refused, naming why), and its URI, which may hold credentials, is ne
 The model rule (one rule, one override): text and image queries are encoded with the model the
 index records; see :mod:`hubless.search.model_rule`.
 
-The package, one module per job: :mod:`~hubless.search.searcher` (the facade),
-:mod:`~hubless.search.result` (what a search returns), :mod:`~hubless.search.attached_index` (an
+The package, one module per job: :mod:`~hubless.search.searcher` (the facade; what it returns
+is :class:`hubless.Hits`, as every search does), :mod:`~hubless.search.attached_index` (an
 attached collection served as an index), :mod:`~hubless.search.store_index` (an exported store
 served as an index), :mod:`~hubless.search.model_rule` (which model encodes
 the queries).
@@ -38,10 +38,13 @@ the queries).
 
 from __future__ import annotations
 
+from hubless._deprecation import deprecated_names
 from hubless.search.attached_index import AttachedIndex
 from hubless.search.model_rule import choose_model, same_model
-from hubless.search.result import SearchResult
 from hubless.search.searcher import RERANK_COLUMNS, Searcher
 from hubless.search.store_index import StoreIndex
 
-__all__ = ["RERANK_COLUMNS", "AttachedIndex", "SearchResult", "Searcher", "StoreIndex", "choose_model", "same_model"]
+__all__ = ["RERANK_COLUMNS", "AttachedIndex", "Searcher", "StoreIndex", "choose_model", "same_model"]
+
+#: ``SearchResult`` is now :class:`hubless.Hits` (deprecated name, removed in 0.2.0)
+__getattr__ = deprecated_names(__name__, {"SearchResult": "hubless.hits:Hits"})

@@ -26,7 +26,6 @@ import numpy as np
 from hubless._validation import check_top_k
 from hubless.errors import Conflict, InvalidInput
 from hubless.hits import Hits
-from hubless.search.result import SearchResult
 
 __all__ = ["AttachedIndex", "as_attached", "search_attached"]
 
@@ -162,25 +161,20 @@ def as_attached(value) -> AttachedIndex | None:
     return None
 
 
-def search_attached(
-    result: SearchResult, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool
-) -> Hits:
+def search_attached(fields: dict, current: AttachedIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool) -> Hits:
     """:meth:`Searcher.search` on an attached collection: the attached search's
-    :class:`~hubless.Hits` (``certified`` and ``exact`` per query, ``found`` masks) with the
-    searched index's name, method and queries from ``result``, the store's plain ranking for
-    ``compare``, the store's payloads as metadata."""
+    :class:`~hubless.Hits` (``certified`` and ``exact`` per query, ``found`` masks), the store's
+    plain ranking for ``compare``, the store's payloads as metadata; ``fields``: the result's
+    ``index``, ``method`` and ``queries``."""
     if rerank:
-        raise InvalidInput(f"{result.index!r} is an attached collection: reranking is not offered on it")
+        raise InvalidInput(f"{fields['index']!r} is an attached collection: reranking is not offered on it")
     if "where" in options:
-        raise InvalidInput(f"{result.index!r} is an attached collection: metadata filters (where) are not offered on it")
-    found = current.search_certified(vectors, top_k, **options)
-    uncorrected = None
+        raise InvalidInput(f"{fields['index']!r} is an attached collection: metadata filters (where) are not offered on it")
+    hits = current.search_certified(vectors, top_k, **options)
     if compare:
         knobs = {k: v for k, v in options.items() if k != "weight"}
-        uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
-    metadata = None
+        hits = hits.with_fields(uncorrected=current.search_uncorrected(vectors, top_k, **knobs))
     if current.has_metadata:
-        shown = [found] if uncorrected is None else [found, uncorrected]
-        ids = np.unique(np.concatenate([h.ids[h.found] for h in shown]))
-        metadata = dict(zip(ids.tolist(), current.records(ids)))
-    return found.with_fields(index=result.index, method=result.method, queries=result.queries, uncorrected=uncorrected, metadata=metadata)
+        ids = hits.shown_ids()
+        fields = {**fields, "metadata": dict(zip(ids.tolist(), current.records(ids)))}
+    return hits.with_fields(**fields)

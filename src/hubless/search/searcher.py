@@ -12,15 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from hubless._validation import check_top_k, pad_top_k
+from hubless._validation import check_top_k
 from hubless.errors import InvalidInput, NotFound
 from hubless.hits import Hits
 from hubless.search.attached_index import AttachedIndex, as_attached, search_attached
 from hubless.search.model_rule import choose_model
-from hubless.search.result import SearchResult
 from hubless.search.store_index import StoreIndex, as_store, search_store
 
-__all__ = ["QUERY_KINDS", "RERANK_COLUMNS", "Searcher"]
+__all__ = ["QUERY_KINDS", "RERANK_COLUMNS", "Searcher", "as_hits"]
 
 #: Metadata columns that give what a reranker reads for a gallery item, in order of preference.
 RERANK_COLUMNS = ("path", "text", "caption", "item")
@@ -247,8 +246,11 @@ class Searcher:
         runner: Callable | None = None,
         version: int | None = None,
         **store_options,
-    ) -> SearchResult | Hits:
-        """The top ``top_k`` of each query in index ``index`` (the only one when None).
+    ) -> Hits:
+        """The top ``top_k`` of each query in index ``index`` (the only one when None), as
+        :class:`~hubless.Hits` with ``index``, ``method``, ``queries`` (the texts or image names
+        given), ``metadata`` (the records of the items shown, by id), ``uncorrected`` (compare),
+        the reranked fields, and an attached collection's ``certified`` and ``exact``.
 
         Queries: exactly one of ``embeddings``, ``texts``, ``images`` or ``item`` (see
         :meth:`queries`). ``weight``: the correction's weight for this call (NNN's alpha, DN's
@@ -260,7 +262,7 @@ class Searcher:
         ``nprobe`` / ``ef_search`` / ``rescore``: ANN knobs for this call. A ``top_k`` beyond the
         index's items (or, reranked, beyond ``rerank_k``) keeps the width: the slots that cannot
         be filled come last with id -1 and score -inf (the one top-k rule,
-        :func:`hubless._validation.check_top_k`); :meth:`SearchResult.records` leaves them out.
+        :func:`hubless._validation.check_top_k`); :meth:`Hits.records` leaves them out.
         ``runner``: what runs the corrected search, ``runner(index, queries, top_k, **options)`` (default
         ``index.search``; the service passes its batcher). ``store_options``: on a store written by
         ``hubless export``, its own search options passed to :func:`hubless.export.search`
@@ -277,34 +279,25 @@ class Searcher:
         vectors = self.queries(name, embeddings=embeddings, texts=texts, images=images, item=item)
         options = self._options(current, weight, where, nprobe, ef_search, rescore)
         shown = [str(t) for t in texts] if texts is not None else [_image_name(i) for i in images] if images is not None else None
-        result = SearchResult(name, current.method, np.empty((0, 0), np.int64), np.empty((0, 0), np.float32), queries=shown)
+        fields: dict[str, Any] = {"index": name, "method": current.method, "queries": shown}
         if isinstance(current, AttachedIndex):
-            return search_attached(result, current, vectors, top_k, options, compare=compare, rerank=rerank)
+            return search_attached(fields, current, vectors, top_k, options, compare=compare, rerank=rerank)
         if isinstance(current, StoreIndex):
-            return search_store(result, current, vectors, top_k, {**options, **extra}, compare=compare, rerank=rerank)
+            return search_store(fields, current, vectors, top_k, {**options, **extra}, compare=compare, rerank=rerank)
         if rerank:
-            items = (
-                list(query_items)
-                if query_items is not None
-                else list(texts)
-                if texts is not None
-                else list(images)
-                if images is not None
-                else None
-            )
-            self._rerank(result, current, vectors, items, top_k, options)
+            given = texts if texts is not None else images
+            items = list(query_items) if query_items is not None else None if given is None else list(given)
+            hits = self._rerank(name, current, vectors, items, top_k, options)
         else:
             run = runner or (lambda idx, q, k, **kw: idx.search(q, k, **kw))
-            result.scores, result.ids = run(current, vectors, top_k, **options)
+            hits = as_hits(run(current, vectors, top_k, **options))
         if compare:
             knobs = {k: v for k, v in options.items() if k in ("nprobe", "ef_search", "rescore", "where")}
-            result.uncorrected = current.search_uncorrected(vectors, top_k, **knobs)
+            hits = hits.with_fields(uncorrected=current.search_uncorrected(vectors, top_k, **knobs))
         if current.metadata_schema is not None:  # the records of the items shown, looked up by id
-            shown_ids = [result.ids] if result.uncorrected is None else [result.ids, result.uncorrected[1]]
-            found = np.unique(np.concatenate([i.ravel() for i in shown_ids]))
-            found = found[found >= 0]
-            result.metadata = dict(zip(found.tolist(), current.records(found)))
-        return result
+            ids = hits.shown_ids()
+            fields["metadata"] = dict(zip(ids.tolist(), current.records(ids)))
+        return hits.with_fields(**fields)
 
     def _options(self, index, weight, where, nprobe, ef_search, rescore) -> dict:
         options: dict[str, Any] = {}
@@ -319,7 +312,7 @@ class Searcher:
                 options[key] = value
         return options
 
-    def _rerank(self, result: SearchResult, index, vectors, items, top_k: int, options: dict) -> None:
+    def _rerank(self, name: str, index, vectors, items, top_k: int, options: dict) -> Hits:
         from hubless.index import ItemColumn
         from hubless.rerank import Pipeline
 
@@ -333,9 +326,7 @@ class Searcher:
         column = self.rerank_column or next((c for c in RERANK_COLUMNS if c in columns), None)
         if column not in columns:
             wanted = self.rerank_column or "/".join(RERANK_COLUMNS)
-            raise InvalidInput(
-                f"index {result.index!r} has no {wanted} column in its metadata: nothing for the reranker to read for an item"
-            )
+            raise InvalidInput(f"index {name!r} has no {wanted} column in its metadata: nothing for the reranker to read for an item")
         k = min(self.rerank_k, index.ntotal)
         pipe = Pipeline(
             index,
@@ -347,9 +338,7 @@ class Searcher:
         )
         reranked = pipe.search(vectors, items, top_k=min(top_k, k), **options)
         # only the first rerank_k are reranked: the slots past them are unfilled (the one top-k rule)
-        result.scores, result.ids = pad_top_k(reranked.scores, reranked.ids, top_k)
-        result.first_stage_scores = pad_top_k(reranked.first_stage_scores, reranked.ids, top_k)[0]
-        result.reranked, result.rerank_k = True, k
+        return reranked.widened(top_k)
 
 
 def _image_name(image) -> str:
@@ -371,3 +360,12 @@ class _Text(Mapping):
 
     def __len__(self) -> int:
         return len(self.column)
+
+
+def as_hits(found) -> Hits:
+    """A runner's answer as :class:`~hubless.Hits`: Hits as they are; a ``(scores, ids)`` pair
+    (a custom runner's) padded with id -1, an index's ids being >= 0."""
+    if isinstance(found, Hits):
+        return found
+    scores, ids = found
+    return Hits.padded(scores, ids)

@@ -30,10 +30,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from hubless.errors import Conflict, HublessError, InvalidInput
-from hubless.search.result import SearchResult
+from hubless.hits import Hits
 
 __all__ = ["REFRESH_SECONDS", "StoreIndex", "as_store", "search_store"]
 
@@ -179,14 +177,15 @@ class StoreIndex:
         }
 
     # ------------------------------------------------------------------ searching
-    def search(self, queries, top_k: int, **options) -> tuple[np.ndarray, np.ndarray, list]:
-        """:func:`hubless.export.search`: (scores, ids, rows of {"id", metadata...}), corrected."""
+    def search(self, queries, top_k: int, **options) -> Hits:
+        """:func:`hubless.export.search`, corrected: :class:`~hubless.Hits` with the store's
+        payload of each hit in ``metadata``."""
         import hubless.export
 
         with self.shown():
             return hubless.export.search(self._uri, queries, top_k, **options)
 
-    def search_uncorrected(self, queries, top_k: int, **knobs) -> tuple[np.ndarray, np.ndarray, list]:
+    def search_uncorrected(self, queries, top_k: int, **knobs) -> Hits:
         """The store's plain search (``corrected=False``: ranked by r.q, the weight-0 query)."""
         return self.search(queries, top_k, corrected=False, **knobs)
 
@@ -237,20 +236,20 @@ def as_store(value, *, show_location: bool = False) -> StoreIndex | None:
     return None
 
 
-def search_store(result: SearchResult, current: StoreIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool):
+def search_store(fields: dict, current: StoreIndex, vectors, top_k: int, options: dict, *, compare: bool, rerank: bool) -> Hits:
     """:meth:`Searcher.search` on a store: :func:`hubless.export.search` (corrected, with the
     weight and the store's knob ``nprobe`` / ``ef_search`` when given), the store's plain search
-    for ``compare``, the store's payloads as metadata."""
+    for ``compare``, the store's payloads as metadata; ``fields``: the result's ``index``,
+    ``method`` and ``queries``."""
     for given, what in ((rerank, "reranking"), ("where" in options, "filtering by metadata (where)"), ("rescore" in options, "rescore")):
         if given:
-            raise InvalidInput(f"{result.index!r} is a store: {what} is not offered on it (the store ranks with its own engine)")
-    result.scores, result.ids, rows = current.search(vectors, top_k, **options)
-    found = [rows]
+            raise InvalidInput(f"{fields['index']!r} is a store: {what} is not offered on it (the store ranks with its own engine)")
+    found = current.search(vectors, top_k, **options)
+    hits = Hits(found.scores, found.ids, found.found)
+    metadata = dict(found.metadata or {})
     if compare:
         knobs = {k: v for k, v in options.items() if k != "weight"}
-        scores, ids, plain_rows = current.search_uncorrected(vectors, top_k, **knobs)
-        result.uncorrected = (scores, ids)
-        found.append(plain_rows)
-    if current.has_metadata:
-        result.metadata = {int(row["id"]): {k: v for k, v in row.items() if k != "id"} for part in found for hits in part for row in hits}
-    return result
+        plain = current.search_uncorrected(vectors, top_k, **knobs)
+        hits = hits.with_fields(uncorrected=Hits(plain.scores, plain.ids, plain.found))
+        metadata.update(plain.metadata or {})
+    return hits.with_fields(metadata=metadata if current.has_metadata else None, **fields)

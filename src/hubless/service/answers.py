@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "Auth",
     "BankAdded",
+    "BankLearned",
     "BankHub",
     "Banks",
     "HubnessAnswer",
@@ -26,6 +27,8 @@ __all__ = [
     "IndexListing",
     "IndexSummary",
     "Item",
+    "LearnedBank",
+    "RefitDecision",
     "ItemsAdded",
     "ItemRemoved",
     "QueryResult",
@@ -169,9 +172,49 @@ class ServedHubness(_Answer):
     hubs: list[ServedHub]
 
 
+class RefitDecision(_Answer):
+    """One refit of a learned bank (``hubless.learning.BankLearner``): kept (``accepted``: the
+    version it committed) or ``rejected`` (kept as a version never served) and why; or
+    ``superseded`` (a write meanwhile) or ``failed``. ``before`` / ``after``: the hubness of the
+    held-out queries with the version served before and with the refit."""
+
+    time: str = Field(description="When (UTC, ISO 8601).")
+    unix: float
+    from_version: int | None = Field(description="The version refitted (None: an index in memory).")
+    bank: dict[str, Any] = Field(description="The bank fitted on: size, seed, traffic, clients, ages (seconds).")
+    holdout: int = Field(description="Held-out queries judged on.")
+    computed_rows: int | None = Field(default=None, description="Bank queries whose similarities were computed (the rest reused).")
+    reused_rows: int | None = None
+    accepted: bool | None = None
+    reasons: list[str] = Field(default_factory=list, description="Why it was rejected (empty when accepted).")
+    before: dict[str, Any] | None = Field(default=None, description="N1/N10 skewness, largest hub's share and hubs before.")
+    after: dict[str, Any] | None = Field(default=None, description="The same with the refit.")
+    bias_shift: float | None = Field(default=None, description="The largest move of an item's score relative to the others.")
+    bias_bound: float | None = None
+    moved_item: int | None = None
+    version: int | None = Field(default=None, description="The version it was committed or kept as (None: an index in memory).")
+    decision: str = Field(description="accepted, rejected, superseded or failed.")
+    phases: dict[str, float] = Field(default_factory=dict, description="Seconds of each step: statistics, candidate, guard, commit.")
+    seconds: float
+
+
+class LearnedBank(_Answer):
+    """``--learn-bank``: the reservoir, the queue, the decisions so far and every refit."""
+
+    reservoir: dict[str, Any] = Field(description="Size, seed, traffic, held out, clients, ages (seconds), window, quota, offered.")
+    queued: int
+    dropped: int
+    every: int
+    interval_s: float | None
+    guard: dict[str, Any]
+    decisions: dict[str, int]
+    history: list[RefitDecision]
+
+
 class HubnessAnswer(_Answer):
     """``GET /hubness/{name}``: N_1 over the stored query bank before and after the correction
-    (``note`` instead when the index kept no bank), and ``served``: the hubness of the answers."""
+    (``note`` instead when the index kept no bank), ``served``: the hubness of the answers, and
+    ``learning`` with ``--learn-bank``: the learned bank and its refits over time."""
 
     index: str
     n_bank_queries: int
@@ -182,6 +225,7 @@ class HubnessAnswer(_Answer):
     hubs: list[BankHub] | None = None
     histogram: Histogram | None = None
     served: ServedHubness
+    learning: LearnedBank | None = None
 
 
 class Hit(_Answer):
@@ -233,6 +277,13 @@ class MetadataUpdated(IndexSummary):
     """``POST /items/{name}/metadata``."""
 
     updated: list[int] = Field(description="The ids whose metadata changed.")
+
+
+class BankLearned(IndexSummary):
+    """``POST /bank/{name}/refit`` (the decision) and ``POST /bank/{name}/reset`` (the reservoir)."""
+
+    decision: RefitDecision | None = Field(default=None, description="The refit's decision (None: too few queries to try).")
+    reservoir: dict[str, Any] | None = None
 
 
 class VersionRestored(IndexSummary):

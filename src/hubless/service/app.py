@@ -8,11 +8,14 @@
     GET  /indexes             the served indexes (and what each can be queried with)
     GET  /indexes/{name}      one index: size, method, parameters, model, banks, format
     GET  /items/{name}/{id}   one item's metadata (/image: its image, from --image-root only)
-    GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, and the
-                              hubness of what was actually served
+    GET  /hubness/{name}      N_1 before/after the correction on the stored query bank, the
+                              hubness of what was actually served, and with --learn-bank the
+                              learned bank over time (every refit, kept or rejected, and why)
     POST /items/{name}        add items (embeddings + metadata)      } writes: the write key;
     DELETE /items/{name}/{id} remove an item                         } saved atomically under the
     POST /bank/{name}         add query-bank queries (every bias)    } index's write lock; audited
+    POST /bank/{name}/refit   refit a learned bank now (--learn-bank)}
+    POST /bank/{name}/reset   forget the queries learned so far      }
     GET  /health              liveness, what is served, whether a key is needed
     GET  /                    the web page (static/: search, compare, weight, hubness)
     GET  /metrics             Prometheus: requests and latency per endpoint, served hubness
@@ -22,7 +25,7 @@ The package has one module per job, after the FastAPI project template: :mod:`.s
 (limits, keys, security settings), :mod:`.schemas` (request bodies), :mod:`.state` (what is
 served), :mod:`.deps` (dependencies of the routes), :mod:`.routes` (one router per concern),
 :mod:`.guard` (host check, rate limit, keys, body limit, security headers, request ids), :mod:`.body` (JSON bodies parsed off the event loop, their shape bounded), :mod:`.batching` (concurrent
-searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.audit`,
+searches as batches), :mod:`.telemetry`, :mod:`.hubness`, :mod:`.images`, :mod:`.write_log`,
 :mod:`.errors` (status mapping), :mod:`.protocol` (read timeouts), and this module, which
 assembles them. The service reference is ``docs/service.md``.
 
@@ -34,6 +37,7 @@ serving.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +54,7 @@ from hubless.service import routes
 from hubless.service.body import BODY_MODELS
 from hubless.service.errors import error_status, install_error_handlers
 from hubless.service.guard import Guard
+from hubless.service.learning import make_learners
 from hubless.service.schemas import ItemsRequest, SearchRequest
 from hubless.service.settings import Keys, Limits, ServeSettings, Settings
 from hubless.service.state import ServiceState
@@ -67,8 +72,14 @@ def app_from_environment() -> FastAPI:
     config = json.loads(os.environ["HUBLESS_SERVE_CONFIG"])
     indexes = config.pop("indexes")
     settings = ServeSettings(**config)
-    app = create_app(indexes, model=settings.model, allow_model_mismatch=settings.allow_model_mismatch, settings=settings,
-                     reranker=settings.rerank, rerank_k=settings.rerank_k)  # fmt: skip
+    app = create_app(
+        indexes,
+        model=settings.model,
+        allow_model_mismatch=settings.allow_model_mismatch,
+        settings=settings,
+        reranker=settings.rerank,
+        rerank_k=settings.rerank_k,
+    )
     for name, problem in app.state.service.query_problems.items():
         if problem is not None:
             print(f"note: {name}: embedding and item queries only ({problem})", file=sys.stderr)
@@ -110,22 +121,47 @@ def create_app(
         settings = Settings(limits=limits or Limits(), keys=Keys(write=api_key), writes=writes)
     elif limits is not None or api_key is not None:
         raise InvalidInput("give limits and keys inside settings=, not beside it")
-    searcher = Searcher(dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch,
-                        reranker=reranker, rerank_k=rerank_k)  # fmt: skip
+    searcher = Searcher(
+        dict(indexes), model=model, encoder=encoder, allow_model_mismatch=allow_model_mismatch, reranker=reranker, rerank_k=rerank_k
+    )
     service = ServiceState(searcher, settings=settings, query_problems=searcher.preload())
-    app = _App(title="hubless", description="Hubness-corrected text-image retrieval over saved indexes.", version=_version(),
-               docs_url=None, redoc_url=None)  # fmt: skip
+    make_learners(service)  # --learn-bank: a learner per index named, started with the application
+    app = _App(
+        title="hubless",
+        description="Hubness-corrected text-image retrieval over saved indexes.",
+        version=_version(),
+        docs_url=None,
+        redoc_url=None,
+        lifespan=_learning,
+    )
     app.state.service = service
     app.state.served, app.state.limits, app.state.telemetry = service.served, settings.limits, service.telemetry  # shortcuts (tests, tools)
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["authorization", "content-type"])  # fmt: skip
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["authorization", "content-type"],
+        )
     install_error_handlers(app)
-    for module in (routes.ops, routes.indexes, routes.items, routes.search, routes.page):
+    for module in (routes.ops, routes.indexes, routes.items, routes.queries, routes.page):
         app.include_router(module.router)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _learning(app: FastAPI):
+    """The bank learners (``--learn-bank``) run while the application does."""
+    learners = app.state.service.learners
+    for learner in learners.values():
+        learner.start()
+    try:
+        yield
+    finally:
+        for learner in learners.values():
+            learner.stop()
 
 
 class _App(FastAPI):
@@ -155,7 +191,7 @@ class _App(FastAPI):
                     "scheme": "bearer",
                     "description": "The read-only or the write key (hubless serve --api-key-file / --read-key-file), "
                     "when the server has keys.",
-                }  # fmt: skip
+                }
             }
             schema["security"] = [{"bearer": []}]
             for path in OPEN_PATHS:
@@ -166,6 +202,6 @@ class _App(FastAPI):
 
 
 def _version() -> str:
-    from hubless import __version__
+    from hubless._version import __version__
 
     return __version__

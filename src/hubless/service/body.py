@@ -30,6 +30,7 @@ from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from hubless.index.filters import MAX_DEPTH as FILTER_DEPTH
 from hubless.service.settings import Limits
 
 __all__ = ["CONTAINERS_PER_ROW", "MAX_DEPTH", "ROW_FIELDS", "BodyShape", "check_content_type", "json_body", "parse_json", "read_json"]
@@ -38,8 +39,11 @@ __all__ = ["CONTAINERS_PER_ROW", "MAX_DEPTH", "ROW_FIELDS", "BodyShape", "check_
 #: a few list or object values inside it), plus :data:`CONTAINER_SLACK` for the rest.
 CONTAINERS_PER_ROW = 8
 CONTAINER_SLACK = 1024
-#: Deepest nesting of arrays and objects (a search's ``where`` or an item's metadata needs a few).
-MAX_DEPTH = 32
+#: Deepest nesting of arrays and objects: what a ``where`` nested as deep as the library takes
+#: (:data:`hubless.index.filters.MAX_DEPTH` levels of ``$and`` / ``$or``) needs in a body: the
+#: body and the filter objects, two per level (the list and the filter in it), the leaf's
+#: condition and its ``in`` list. One constant: the documented depth is the served one.
+MAX_DEPTH = 2 * FILTER_DEPTH + 4
 #: Elements a body may hold per row beyond the embedding's dimension (metadata fields).
 FIELDS_PER_ROW = 64
 ELEMENT_SLACK = 4096

@@ -1,5 +1,5 @@
 """Dependencies the routes declare: the service state, a served index by name, the write
-permission, the audit record of a write (after the FastAPI project template's ``api/deps.py``)."""
+permission, the record of a write in the write log (after the FastAPI project template's ``api/deps.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fastapi import Depends, HTTPException, Request
 from hubless.service.errors import clip
 from hubless.service.state import Served, ServiceState
 
-__all__ = ["ServiceDep", "audit", "check_id", "get_served", "get_service", "only_index", "writable"]
+__all__ = ["ServiceDep", "check_id", "get_served", "get_service", "only_index", "record_write", "writable"]
 
 
 async def get_service(request: Request) -> ServiceState:
@@ -60,11 +60,17 @@ def writable(service: ServiceState, name: str) -> Served:
     return get_served(service, name)
 
 
-def audit(service: ServiceState, request: Request, index: str, ids) -> None:
-    """Append a successful write to the audit log (when one is configured)."""
-    if service.audit is not None:
+def record_write(service: ServiceState, request: Request, index: str, ids) -> None:
+    """Append a successful write to the write log (when one is configured)."""
+    if service.write_log is not None:
         route = request.scope.get("route")
         client = request.scope.get("client")
-        service.audit.record(key=request.scope.get("hubless.key"), method=request.method,
-                             endpoint=getattr(route, "path", request.url.path), index=index, ids=ids,
-                             client=str(client[0]) if client else "unknown", request_id=request.scope.get("hubless.request_id"))  # fmt: skip
+        service.write_log.record(
+            key=request.scope.get("hubless.key"),
+            method=request.method,
+            endpoint=getattr(route, "path", request.url.path),
+            index=index,
+            ids=ids,
+            client=str(client[0]) if client else "unknown",
+            request_id=request.scope.get("hubless.request_id"),
+        )

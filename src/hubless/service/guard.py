@@ -17,7 +17,7 @@ keep the HTTP overhead under a millisecond):
 Before the key is checked, each client address may make ``Settings.rate_limit`` requests per
 second on average and ``rate_burst`` at once (a token bucket per address, :class:`RateLimiter`):
 429 with Retry-After beyond them. A refused key is counted (``hubless_auth_failures_total``), and
-a refused write (401 or 403) is appended to the audit log with the client address and request id.
+a refused write (401 or 403) is appended to the write log with the client address and request id.
 """
 
 from __future__ import annotations
@@ -136,15 +136,19 @@ class Guard:
         status = [500]
         request_id = os.urandom(8).hex()
         scope["hubless.request_id"] = request_id
-        added = [(b"content-security-policy", (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()), *HEADERS,
-                 (b"x-request-id", request_id.encode()), *((HSTS,) if scope.get("scheme") == "https" else ())]  # fmt: skip
+        added = [
+            (b"content-security-policy", (DOCS_CSP if path in ("/docs", "/redoc") else CSP).encode()),
+            *HEADERS,
+            (b"x-request-id", request_id.encode()),
+            *((HSTS,) if scope.get("scheme") == "https" else ()),
+        ]
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message["headers"] = [*message.get("headers", ()), *added]
-                if status[0] in (401, 403) and self.service.audit is not None and is_write(method, path):
-                    await self._audit_refusal(scope, method, path, status[0])  # on disk before the answer goes out
+                if status[0] in (401, 403) and self.service.write_log is not None and is_write(method, path):
+                    await self._record_refusal(scope, method, path, status[0])  # on disk before the answer goes out
             await send(message)
 
         try:
@@ -161,15 +165,23 @@ class Guard:
             route = scope.get("route")
             self.service.telemetry.observe(getattr(route, "path", "unmatched"), method, status[0], time.perf_counter() - t0)
 
-    async def _audit_refusal(self, scope, method: str, path: str, code: int) -> None:
+    async def _record_refusal(self, scope, method: str, path: str, code: int) -> None:
         from starlette.concurrency import run_in_threadpool
 
         from hubless.service.errors import clip
 
         route = scope.get("route")
-        await run_in_threadpool(self.service.audit.record, key=scope.get("hubless.key"), method=method,
-                                endpoint=getattr(route, "path", clip(path)), index=(scope.get("path_params") or {}).get("name"),
-                                ids=None, status=code, client=_client(scope), request_id=scope.get("hubless.request_id"))  # fmt: skip
+        await run_in_threadpool(
+            self.service.write_log.record,
+            key=scope.get("hubless.key"),
+            method=method,
+            endpoint=getattr(route, "path", clip(path)),
+            index=(scope.get("path_params") or {}).get("name"),
+            ids=None,
+            status=code,
+            client=_client(scope),
+            request_id=scope.get("hubless.request_id"),
+        )
 
     def _refusal(self, scope, path: str, method: str):
         """(status, detail, extra headers) of a request refused before it reaches a route, or None."""

@@ -55,7 +55,7 @@ def bank_hubness(s) -> dict:
         "hubs": [
             {"id": int(i), "n1_before": int(before[j]), "n1_after": int(after[j]), "metadata": None if meta is None else meta[r]}
             for r, (i, j) in enumerate(zip(hub_ids, hubs))
-        ],  # fmt: skip
+        ],
         "histogram": {"before": np.bincount(before).tolist(), "after": np.bincount(after).tolist()},
     }
     s.hubness = (index, result)

@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_HOSTS",
     "DEFAULT_RATE_BURST",
     "DEFAULT_RATE_LIMIT",
+    "BankLearning",
     "ENV_PREFIX",
     "Keys",
     "Limits",
@@ -111,6 +112,53 @@ class Limits(_Checked, BaseModel):
     @classmethod
     def _integers(cls, value: Any, info: Any) -> Any:
         return _not_a_bool(value, info.field_name)
+
+
+class BankLearning(_Checked, BaseModel):
+    """``--learn-bank NAME``: learn that index's query bank from the queries it answers
+    (:class:`hubless.learning.BankLearner`; see docs/how-to/learn-the-bank.md). The client a
+    query counts against for the quota is its address (the connection's, or the one a trusted
+    proxy forwards): API keys are shared by every reader, so they cannot tell clients apart."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    learn_bank: Annotated[tuple[str, ...], Option("--learn-bank")] = Field(
+        default=(), description="Index whose query bank is learned from the queries it answers (repeatable; default: none)."
+    )
+    learn_bank_capacity: int = Field(default=50_000, ge=1, description="Queries the learned bank holds at most.")
+    learn_bank_window: float = Field(
+        default=7 * 86400.0, gt=0, allow_inf_nan=False, description="Seconds a query is kept at most (in memory; default 7 days)."
+    )
+    learn_bank_quota: float = Field(default=0.05, gt=0, le=1, description="Share of the bank one client address may hold (1: no quota).")
+    learn_bank_fold: float = Field(default=0.98, gt=0, le=1, description="Cosine at which a query folds into one kept (counts once).")
+    learn_bank_every: int = Field(default=5_000, ge=1, description="Refit after this many new bank queries ...")
+    learn_bank_interval: float = Field(default=3600.0, gt=0, allow_inf_nan=False, description="... or after this many seconds with some.")
+    learn_bank_holdout: float = Field(default=0.1, ge=0.01, lt=1, description="Share of the queries held out to judge each refit on.")
+    learn_bank_seed: Path | None = Field(
+        default=None, description="Embeddings file of a bank to start from (a share of it is never displaced; default: none)."
+    )
+    learn_bank_seed_share: float = Field(default=0.1, ge=0, le=0.5, description="Share of the bank the seed keeps at least.")
+    learn_bank_max_bias_shift: float = Field(
+        default=0.05, ge=0, allow_inf_nan=False, description="A refit moving an item's score by more than this relative to the others ..."
+    )
+    learn_bank_max_bias_outlier: float = Field(
+        default=8.0, ge=0, allow_inf_nan=False, description="... and by more than this many robust deviations of the moves is rejected."
+    )
+    learn_bank_max_skewness_increase: float = Field(
+        default=0.05, ge=0, allow_inf_nan=False, description="A refit raising the held-out queries' N10 skewness by more is rejected."
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any, info: Any) -> Any:
+        return value if info.field_name in ("learn_bank", "learn_bank_seed") else _not_a_bool(value, info.field_name)
+
+    @field_validator("learn_bank_seed")
+    @classmethod
+    def _seed(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"--learn-bank-seed {path} is not a file")
+        return None if path is None else path.absolute()
 
 
 @dataclass(frozen=True, repr=False)
@@ -199,6 +247,7 @@ class Settings(_Checked, BaseSettings):
     header_timeout: float = Field(default=10.0, gt=0, lt=3600, description="Seconds a client has to send a request's headers.")
     body_timeout: float = Field(default=30.0, gt=0, lt=3600, description="Seconds a client has to send a request's body.")
     limits: Limits = Field(default_factory=lambda: Limits(), description="Caps on a request.")
+    learning: BankLearning = Field(default_factory=lambda: BankLearning(), description="Query banks learned from the traffic.")
     writes: Annotated[bool, Option(None)] = Field(default=True, description="Whether writes are accepted (with a write key).")
     rate_limit: float = Field(
         default=DEFAULT_RATE_LIMIT,

@@ -1,7 +1,8 @@
 """What one application serves, held in ``app.state.service`` (:class:`ServiceState`): a
 :class:`hubless.search.Searcher` over the indexes (it encodes, searches, compares, reranks), the
 settings, the telemetry (its Prometheus metrics), and per index a :class:`Served` (its write
-lock, its search batcher, its cached bank hubness, the sketch of its served hubness)."""
+lock, its search batcher, its cached bank hubness, the sketch of its served hubness, its bank
+learner with ``--learn-bank``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Served:
         self.hubness = None
         self.batcher = Batcher()
         self.sketch = ServedSketch(searcher.index(name).ntotal)
+        self.learner: Any = None  # a hubless.learning.BankLearner with --learn-bank (set by hubless.service.learning)
 
     @property
     def index(self):
@@ -45,11 +47,15 @@ class Served:
     def path(self):
         return self.searcher.paths[self.name]
 
-    def run(self, index, queries, top_k: int, **options):
+    def run(self, index, queries, top_k: int, *, learn_from: str | None = None, **options):
         """The corrected search, batched with concurrent requests (the searcher's ``runner``),
-        its results counted in the served-hubness sketch."""
+        its results counted in the served-hubness sketch. ``learn_from``: the client that sent
+        ``queries``, whose embeddings go to the bank learner (``--learn-bank``): the one place
+        the service taps the queries it answers (None: not learned, e.g. an item query)."""
         scores, ids = self.batcher.search(index, queries, top_k, options)
         self.sketch.add(ids, index.ntotal)
+        if learn_from is not None and self.learner is not None:
+            self.learner.observe(queries, learn_from)
         return scores, ids
 
     def write(self, change):
@@ -75,7 +81,7 @@ class ServiceState:
     settings: Settings = field(default_factory=Settings)
     telemetry: Telemetry = field(default_factory=Telemetry)
     query_problems: dict[str, str | None] = field(default_factory=dict)
-    audit: Any = None  # an AuditLog when one is configured
+    write_log: Any = None  # a WriteLog when one is configured (hubless serve --audit-log)
     served: dict[str, Served] = field(init=False)
     body_shape: Any = field(init=False)  # a hubless.service.body.BodyShape
 
@@ -85,10 +91,15 @@ class ServiceState:
         self.served = {name: Served(name, self.searcher, self.settings.lock_timeout) for name in self.searcher.names}
         max_dim = max((int(self.searcher.index(name).info()["dim"]) for name in self.served), default=1)
         self.body_shape = BodyShape(self.settings.limits, max_dim)
-        if self.settings.audit_log is not None and self.audit is None:
-            from hubless.service.audit import AuditLog
+        if self.settings.audit_log is not None and self.write_log is None:
+            from hubless.service.write_log import WriteLog
 
-            self.audit = AuditLog(self.settings.audit_log)
+            self.write_log = WriteLog(self.settings.audit_log)
+
+    @property
+    def learners(self) -> dict:
+        """Index name -> its bank learner (``--learn-bank``)."""
+        return {name: s.learner for name, s in self.served.items() if s.learner is not None}
 
     @property
     def limits(self):

@@ -41,9 +41,10 @@ from __future__ import annotations
 import abc
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -51,11 +52,9 @@ from hubless._registry import Registry
 from hubless.errors import InvalidInput, NotFound
 from hubless.hits import Hits
 
-if TYPE_CHECKING:
-    from hubless.attached.bands import BandFilter
-
 __all__ = [
     "BATCH",
+    "BandFilter",
     "SAMPLE",
     "SOURCES",
     "Source",
@@ -74,6 +73,20 @@ BATCH = 8192
 SAMPLE = 32
 #: A payload field hubless writes: a plain identifier, valid in every store (a SQL column too).
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,59}")
+
+
+@dataclass(frozen=True)
+class BandFilter:
+    """What a store needs to search one band: the items with some bias column ``c`` below
+    ``edges[c]``. ``fields``: the payload fields (one per column) hubless wrote the biases to
+    (None where none was written); ``members``: a function giving the band's ids, sorted (from
+    the sidecar), for a store that filters by id (a FAISS file); ``key``: a hashable identity of
+    the band, under which a store may keep the filter it built."""
+
+    edges: tuple[float, ...]
+    fields: tuple[str, ...] | None
+    members: Callable[[], np.ndarray] = field(compare=False)
+    key: tuple = ()
 
 
 class Source(abc.ABC):
@@ -229,7 +242,7 @@ class Source(abc.ABC):
 
     def search_band(self, queries: np.ndarray, k: int, band: BandFilter, **knobs) -> Hits:
         """The store's plain top-``k`` within ``band`` (the items with some bias column below
-        its edge, :class:`~hubless.attached.bands.BandFilter`), through the store's own filter,
+        its edge, :class:`BandFilter`), through the store's own filter,
         as :meth:`search` answers."""
         knobs = self.check_knobs(knobs)
         scores, ids, found = self._search_band(np.ascontiguousarray(queries, np.float32), int(k), band, knobs)

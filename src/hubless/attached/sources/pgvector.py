@@ -107,8 +107,8 @@ class PgvectorSource(Source):
             with cur.copy(psql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
                 for chunk in copy:
                     buffer += chunk
-        row = np.dtype([("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2"),
-                        ("v", ">f4", (self._dim,))])  # fmt: skip
+        header = [("fields", ">i2"), ("id_len", ">i4"), ("id", ">i8"), ("v_len", ">i4"), ("v_dim", ">i2"), ("v_unused", ">i2")]
+        row = np.dtype([*header, ("v", ">f4", (self._dim,))])
         body = np.frombuffer(bytes(buffer[19:-2]), dtype=row)  # after the header, before the trailer
         return body["id"].astype(np.int64), body["v"].astype(np.float32)
 

@@ -1,5 +1,6 @@
 """What is served: ``GET /indexes``, ``GET /indexes/{name}``, ``GET /hubness/{name}`` (the
-bank-based figures and the hubness of what was served), ``GET /versions/{name}`` (the versions a
+bank-based figures, the hubness of what was served and, with ``--learn-bank``, the learned bank
+and its refits over time), ``GET /versions/{name}`` (the versions a
 saved index keeps, searched with ``POST /search``'s ``version``)."""
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def store_description(store) -> dict:
 @router.get("/hubness/{name}", response_model=HubnessAnswer, response_model_exclude_unset=True)
 def hubness(name: str, service: ServiceDep) -> dict:
     s = get_served(service, name)
-    return {**bank_hubness(s), "served": s.sketch.summary()}
+    answer = {**bank_hubness(s), "served": s.sketch.summary()}
+    if s.learner is not None:
+        answer["learning"] = s.learner.status()
+    return answer
 
 
 @router.get("/versions/{name}", response_model=Versions, response_model_exclude_unset=True)

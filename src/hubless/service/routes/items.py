@@ -4,8 +4,10 @@
 /items/{name}/{id}`` (remove), ``POST /items/{name}/delete`` (remove by ids or a ``where``
 filter), ``POST /items/{name}/metadata`` (set / unset metadata keys of items by ids or a filter,
 no embeddings sent), ``POST /bank/{name}`` (add query-bank queries; every bias is updated),
+``POST /bank/{name}/refit`` and ``POST /bank/{name}/reset`` (a learned bank, ``--learn-bank``:
+refit now, or forget the queries learned so far),
 ``POST /versions/{name}/{version}/restore`` (make a kept version current again). A write is all or nothing and committed at once as one segment under the index's
-write lock (see :class:`hubless.service.state.Served`), then appended to the audit log."""
+write lock (see :class:`hubless.service.state.Served`), then appended to the write log."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request
 
-from hubless.service.answers import BankAdded, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
+from hubless.service.answers import BankAdded, BankLearned, Item, ItemRemoved, ItemsAdded, ItemsDeleted, MetadataUpdated, VersionRestored
 from hubless.service.body import json_body, read_json
 from hubless.service.convert import check_count, rows, summary
-from hubless.service.deps import ServiceDep, audit, check_id, get_served, writable
+from hubless.service.deps import ServiceDep, check_id, get_served, record_write, writable
 from hubless.service.images import OpenFileResponse, open_image
 from hubless.service.schemas import MAX_ID, DeleteRequest, ItemsRequest, MetadataRequest
 from hubless.service.state import ServiceState
@@ -71,7 +73,7 @@ def _add_items(name: str, body: ItemsRequest, request: Request, service: Service
         return index.add(new, body.metadata, ids=body.ids).tolist()
 
     added = s.write(change)
-    audit(service, request, name, added)
+    record_write(service, request, name, added)
     return {**summary(s), "added": added}
 
 
@@ -79,7 +81,7 @@ def _add_items(name: str, body: ItemsRequest, request: Request, service: Service
 def remove_item(name: str, item_id: ItemId, request: Request, service: ServiceDep) -> dict:
     s = writable(service, name)
     s.write(lambda index: index.remove([item_id]))  # an unknown id: 404, nothing removed
-    audit(service, request, name, [item_id])
+    record_write(service, request, name, [item_id])
     return {**summary(s), "removed": item_id}
 
 
@@ -92,8 +94,34 @@ def _add_bank(name: str, body: ItemsRequest, request: Request, service: ServiceS
     s = writable(service, name)
     new = rows(body.embeddings, s.index, service.limits)
     s.write(lambda index: index.add_query_bank(new))
-    audit(service, request, name, {"bank_queries_added": int(new.shape[0])})
+    record_write(service, request, name, {"bank_queries_added": int(new.shape[0])})
     return {**summary(s), "bank_queries_added": int(new.shape[0])}
+
+
+@router.post("/bank/{name}/refit", response_model=BankLearned, response_model_exclude_unset=True)
+def refit_bank(name: str, request: Request, service: ServiceDep) -> dict:
+    """Refit a learned bank now (``--learn-bank``; write key): admit what is queued, refit,
+    judge, and adopt or reject; answers the decision (none when there are too few queries)."""
+    s = _learning(service, name)
+    s.learner.admit()
+    decision = s.learner.refit()  # audited by the learner's on_decision when it decides
+    return {**summary(s), "decision": decision}
+
+
+@router.post("/bank/{name}/reset", response_model=BankLearned, response_model_exclude_unset=True)
+def reset_bank(name: str, request: Request, service: ServiceDep) -> dict:
+    """Forget every query a learned bank holds (its seed stays; the index keeps its version)."""
+    s = _learning(service, name)
+    reservoir = s.learner.reset()
+    record_write(service, request, name, {"learned_bank_reset": True})
+    return {**summary(s), "reservoir": reservoir}
+
+
+def _learning(service: ServiceState, name: str):
+    s = writable(service, name)
+    if s.learner is None:
+        raise HTTPException(409, f"{s.name!r} does not learn its bank: serve it with --learn-bank {s.name}")
+    return s
 
 
 @router.post("/items/{name}/delete", openapi_extra=json_body(DeleteRequest), response_model=ItemsDeleted, response_model_exclude_unset=True)
@@ -110,7 +138,7 @@ def _delete_items(name: str, body: DeleteRequest, request: Request, service: Ser
         removed = s.write(lambda index: index.remove(body.ids)).tolist()
     else:
         removed = s.write(lambda index: index.remove(where=body.where)).tolist()
-    audit(service, request, name, removed)
+    record_write(service, request, name, removed)
     return {**summary(s), "removed": removed}
 
 
@@ -132,7 +160,7 @@ def _update_metadata(name: str, body: MetadataRequest, request: Request, service
     if isinstance(body.set, list):
         check_count(body.set, service.limits, "metadata records")
     changed = s.write(lambda index: index.update_metadata(body.ids, where=body.where, values=body.set, unset=body.unset)).tolist()
-    audit(service, request, name, changed)
+    record_write(service, request, name, changed)
     return {**summary(s), "updated": changed}
 
 
@@ -145,7 +173,7 @@ def restore_version(name: str, version: int, request: Request, service: ServiceD
     if s.path is None:
         raise HTTPException(422, f"index {name!r} is served from memory: it keeps no versions")
     number = s.write(lambda index: Index.restore(s.path, version, timeout=s.lock_timeout))
-    audit(service, request, name, {"restored": version, "as_version": number})
+    record_write(service, request, name, {"restored": version, "as_version": number})
     return {**summary(s), "restored": version, "version": number}
 
 

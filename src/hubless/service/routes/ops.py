@@ -26,5 +26,5 @@ async def health(service: ServiceDep) -> dict:
 
 @router.get("/metrics", response_class=Response)
 def metrics(service: ServiceDep) -> Response:
-    body = service.telemetry.text({name: s.sketch for name, s in service.served.items()})
+    body = service.telemetry.text({name: s.sketch for name, s in service.served.items()}, service.learners)
     return Response(body, media_type=CONTENT_TYPE)

@@ -223,7 +223,57 @@ async function showHubness() {
     $("served-stats").textContent = s.queries === 0 ? "No query served yet." :
       `${s.queries} queries served: N1 skewness of their top results ${s.n1_skewness.toFixed(2)}; the top 1% of items took ${(100 * s.top1pct_share).toFixed(1)}% of all results; ` +
       `largest N1 ${s.n1_max}` + (s.hubs.length ? ` (items ${s.hubs.slice(0, 5).map((x) => `${x.id}: ${x.n1}`).join(", ")}).` : ".");
+    showLearning(h.learning);
   } catch (e) { show(e.message, true); }
+}
+
+const fmt = (x, d = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
+function age(s) { return s === null || s === undefined ? "–" : s < 120 ? `${Math.round(s)} s` : s < 7200 ? `${Math.round(s / 60)} min` : s < 172800 ? `${Math.round(s / 3600)} h` : `${Math.round(s / 86400)} d`; }
+
+function showLearning(l) {   // --learn-bank: the reservoir and every refit, over time
+  $("learning").hidden = !l;
+  if (!l) return;
+  const r = l.reservoir, o = r.offered, n = Object.entries(l.decisions).map(([k, v]) => `${v} ${k}`).join(", ") || "no refit yet";
+  $("learning-stats").textContent = `The bank learned from the traffic holds ${r.size} of ${r.capacity} queries (${r.seed} seed, ${r.traffic} from ${r.clients} clients, ` +
+    `oldest ${age(r.oldest_age_s)}), ${r.held_out} held out; offered so far: ${o.admitted} admitted, ${o.held_out} held out, ${o.folded} folded, ${o.over_quota} over quota. Refits: ${n}.`;
+  drawLearning(l.history);
+  const table = $("learning-table");
+  table.replaceChildren();
+  const head = table.insertRow();
+  for (const t of ["when", "decision", "version", "bank", "median age", "N1 skewness", "N10 skewness", "largest hub", "why"]) { const th = document.createElement("th"); th.scope = "col"; th.textContent = t; head.append(th); }
+  for (const x of [...l.history].reverse()) {
+    const b = x.before || {}, a = x.after || {}, hub = (f) => (f.hubs && f.hubs.length ? `${f.hubs[0].id} (${(100 * f.top_hub_share).toFixed(1)}%)` : "–");
+    const row = table.insertRow();
+    const cells = [x.time.replace("T", " ").replace("+00:00", " UTC"), x.decision, x.version ?? "–", x.bank.size, age(x.bank.median_age_s),
+      `${fmt(b.n1_skewness)} → ${fmt(a.n1_skewness)}`, `${fmt(b.n10_skewness)} → ${fmt(a.n10_skewness)}`, `${hub(b)} → ${hub(a)}`, x.reasons.join("; ") || "–"];
+    cells.forEach((v, i) => { const cell = row.insertCell(); cell.textContent = String(v); if (i === 1) cell.className = x.decision; });
+  }
+}
+
+function drawLearning(history) {
+  const svg = $("learning-plot"), NS = "http://www.w3.org/2000/svg", W = 640, H = 220, pad = 36;
+  const title = svg.querySelector("title");
+  svg.replaceChildren(title);
+  const add = (tag, attrs, text) => { const el = document.createElementNS(NS, tag); for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v); if (text !== undefined) el.textContent = text; svg.append(el); return el; };
+  const points = history.filter((x) => x.before && x.after);
+  add("line", { x1: pad, y1: H - pad, x2: W - pad, y2: H - pad, stroke: "#6e7781" });
+  add("line", { x1: pad, y1: pad / 2, x2: pad, y2: H - pad, stroke: "#6e7781" });
+  if (!points.length) { add("text", { x: W / 2, y: H / 2, "font-size": 13, "text-anchor": "middle" }, "No refit judged yet."); return; }
+  const t0 = points[0].unix, t1 = Math.max(points[points.length - 1].unix, t0 + 1);
+  const ys = points.flatMap((x) => [x.before.n10_skewness, x.after.n10_skewness]);
+  const lo = Math.min(0, ...ys), hi = Math.max(...ys, lo + 0.1);
+  const X = (t) => pad + (W - 2 * pad) * (points.length === 1 ? 0.5 : (t - t0) / (t1 - t0)), Y = (v) => H - pad - (H - 1.5 * pad) * (v - lo) / (hi - lo);
+  for (const v of [lo, (lo + hi) / 2, hi]) add("text", { x: pad - 4, y: Y(v) + 4, "font-size": 10, "text-anchor": "end" }, v.toFixed(1));
+  add("text", { x: pad, y: H - 8, "font-size": 10 }, new Date(t0 * 1000).toLocaleString());
+  add("text", { x: W - pad, y: H - 8, "font-size": 10, "text-anchor": "end" }, new Date(t1 * 1000).toLocaleString());
+  add("polyline", { points: points.map((x) => `${X(x.unix)},${Y(x.before.n10_skewness)}`).join(" "), fill: "none", stroke: "#57606a", "stroke-dasharray": "4 3" });
+  for (const x of points) {
+    const colour = x.decision === "accepted" ? "#1a7f37" : "#cf222e";
+    add("line", { x1: X(x.unix), y1: Y(x.before.n10_skewness), x2: X(x.unix), y2: Y(x.after.n10_skewness), stroke: colour });
+    add("circle", { class: x.decision, cx: X(x.unix), cy: Y(x.after.n10_skewness), r: 4, fill: colour }).append(
+      Object.assign(document.createElementNS(NS, "title"), { textContent: `${x.time}: ${x.decision}, N10 skewness ${fmt(x.before.n10_skewness)} → ${fmt(x.after.n10_skewness)}` }));
+  }
+  add("text", { x: W - pad, y: 14, "font-size": 12, "text-anchor": "end" }, "N10 skewness of held-out queries: grey before, dots after (green kept, red rejected)");
 }
 
 function drawPlot(hubs) {
