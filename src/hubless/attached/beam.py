@@ -10,11 +10,13 @@ it, on the collection as it reads it anyway:
    the kind the collection is searched with) get their exact plain top-k' (k' = :data:`PROBE_K`, the first k' of a top-10 search)
    from the batches the attach streams, scored as the store ranks (the raw inner product, or the
    cosine on a cosine store), ties to the lower id;
-2. :func:`calibrate`: the store answers the same queries at each beam of its ladder
+2. :func:`calibrate`: the store answers the same queries at beams of its ladder
    (:meth:`~hubless.attached.sources.base.Source.beam_ladder`, narrowest first: ``ef_search`` =
-   1, 2, 4, ... 32 x k'; ``nprobe`` = 1, 2, 4, ...), and the narrowest beam whose mean
-   recall@k' reaches :data:`BEAM_RECALL` (``attach(..., beam_recall=)``) is the sidecar's default (``beam`` in ``attach.json``,
-   with every measured point: what a wider beam would buy). An ``ef_search`` is recorded as a
+   1, 2, 4, ... 32 x k'; ``nprobe`` = 1, 2, 4, ...), bisecting it (the store's recall grows with
+   its beam, so about log2 of the ladder's points are measured, the widest ones dominating the
+   cost), and the narrowest beam whose mean recall@k' reaches :data:`BEAM_RECALL`
+   (``attach(..., beam_recall=)``) is the sidecar's default (``beam`` in ``attach.json``, with
+   every point measured: what a wider or narrower beam would buy). An ``ef_search`` is recorded as a
    multiple of k' and scales with it when a query is widened; an ``nprobe`` is a number.
 
 The attached search uses the recorded beam unless the caller passes the knob. It costs what the
@@ -34,7 +36,7 @@ BEAM_RECALL = 0.99
 #: k' the store's recall is measured at: the first k' of a top-10 attached search.
 PROBE_K = 80
 #: Queries the store's recall is measured on.
-PROBE_QUERIES = 64
+PROBE_QUERIES = 32
 
 
 class RecallProbe:
@@ -76,20 +78,28 @@ def calibrate(source, probe: RecallProbe, target: float = BEAM_RECALL) -> dict |
     if knob is None or source.searches_exactly({}) or n_found == 0:
         return None
     k = probe.k
-    measured = []
-    chosen = None
-    for value in source.beam_ladder(k):
+    ladder = [int(v) for v in source.beam_ladder(k)]
+    if not ladder:
+        return None
+    measured: dict[int, float] = {}
+
+    def reaches(value: int) -> bool:
         got = source.search(probe.queries, n_found, **{knob: value})
         hit = (got.ids[:, :, None] == probe.ids[:, None, :]) & got.found[:, :, None]
-        recall = float(hit.any(axis=1).mean())
-        measured.append([int(value), round(recall, 5)])
-        if recall >= target:
-            chosen = int(value)
-            break
-    if not measured:
-        return None
-    met = chosen is not None
-    value = chosen if chosen is not None else measured[-1][0]
+        measured[value] = round(float(hit.any(axis=1).mean()), 5)
+        return measured[value] >= target
+
+    # a bisection of the ladder (recall grows with the beam): the narrowest beam in ladder[lo:hi]
+    # that reaches the target, or none (lo == len(ladder)); about log2 of the ladder's points measured
+    lo, hi = 0, len(ladder)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if reaches(ladder[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    met = lo < len(ladder)
+    value = ladder[lo] if met else max(measured)
     scaled = knob == "ef_search"
     return {
         "knob": knob,
@@ -99,7 +109,8 @@ def calibrate(source, probe: RecallProbe, target: float = BEAM_RECALL) -> dict |
         "queries": int(probe.queries.shape[0]),
         "target": target,
         "met": met,
-        "recall": measured,  # [beam, recall@k'] at each beam tried, narrowest first
+        "recall": [[v, measured[v]] for v in sorted(measured)],  # [beam, recall@k'] at each beam measured, narrowest first
+        "value_recall": measured[value],  # the recall@k' at the chosen beam
     }
 
 

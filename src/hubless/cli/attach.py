@@ -130,7 +130,7 @@ def attach_command(
     beam = info.get("beam")
     if beam:
         value = f"{beam['value']:g} x k'" if beam["scaled"] else f"{beam['value']}"
-        recall = beam["recall"][-1][1]
+        recall = beam["value_recall"]
         reached = "" if beam["met"] else f" (the widest tried; {beam['target']} not reached)"
         typer.echo(
             f"default {beam['knob']}: {value}, the store's recall@{beam['k']} {recall:.3f} on {beam['queries']} bank queries{reached}"
