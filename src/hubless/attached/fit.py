@@ -228,7 +228,7 @@ def _fitted_and_written(
     info["beam"] = None if probe is None else calibrate(src, probe, beam_recall)
     info["attached"] = {"seconds": round(time.perf_counter() - started, 3), "bytes_read": int(src.bytes_read - before), "items": int(n)}
     info["source"]["options"] = _recorded_options(source_options)
-    info["notes"] = source_notes(src)
+    info["notes"] = source_notes(src, payload is not None)
     if replaced is not None:
         info["replaced"] = replaced
     stats = global_statistics(request, ids.size, qb, gb, fitted.gallery_sum / max(ids.size, 1), activation)
@@ -249,15 +249,18 @@ def _fitted_and_written(
     return AttachedCollection(src, sidecar, verify=False)
 
 
-def source_notes(src: Source) -> list[str]:
+def source_notes(src: Source, payload_written: bool = False) -> list[str]:
     """What a user should know of how the collection is attached (printed by ``hubless attach``)."""
+    notes = []
     if getattr(src, "positions_as_ids", False):
-        return [
+        notes.append(
             f"{src.uri} has no id map: its ids are its positions, which FAISS renumbers when items are removed; "
             "an update compares every vector of a FAISS file, so renumbered items are found and refitted "
             "(wrap the index in IndexIDMap2 to keep ids of your own)"
-        ]
-    return []
+        )
+    if payload_written and src.payload_note:
+        notes.append(src.payload_note)
+    return notes
 
 
 def written_payload(src: Source, name: str, ids: np.ndarray, bias: np.ndarray, batch: int) -> dict:

@@ -105,6 +105,9 @@ class Source(abc.ABC):
     #: Whether :meth:`write_payload` can write a field into the items' payload (or a column)
     #: without re-inserting their vectors.
     payload_writes: ClassVar[bool] = False
+    #: What a user should know once hubless wrote a payload field into the collection (printed
+    #: by ``hubless attach --write-payload``; None: nothing).
+    payload_note: ClassVar[str | None] = None
     #: Whether the collection is read whole into memory when it changes (a FAISS file): then a
     #: changed version mark is checked by comparing every vector, at no extra read.
     reads_whole: bool = False

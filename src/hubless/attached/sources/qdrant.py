@@ -250,6 +250,12 @@ class QdrantEdgeSource(_QdrantPoints):
     schemes = ("qdrant",)
     uri_form = "qdrant://path/collection (in process)"
     knobs = {"ef_search": "HNSW candidates kept per query (hnsw_ef)", "exact": "scan every point (true/false)"}
+    # measured at 100,000 x 256: a top-80 at hnsw_ef 80 took 0.87 ms before the write, 7.8 ms
+    # after it (a scan), 1.05 ms after optimize() (113 s on 2 cores)
+    payload_note = (
+        "Qdrant's in-process engine answers the points whose payload changed by a scan until the shard is optimized: "
+        "call shard.optimize() once (it rebuilds the HNSW index; the engine does not run its optimizer by itself)"
+    )
 
     def __init__(self, uri: str, *, vector_field: str | None = None, shard=None) -> None:
         super().__init__(uri)
