@@ -178,7 +178,6 @@ def fit_and_write(
     payload: str | None = None,
     lock: bool = False,
     overwrite: bool = False,
-    replaced: dict | None = None,
     beam_recall: float = BEAM_RECALL,
 ) -> AttachedCollection:
     """Check everything, then (holding the sidecar's write lock with ``lock``: one attach or
@@ -199,8 +198,7 @@ def fit_and_write(
         reserve = min(n, max(DEFAULT_RESERVE[0], n // 100), DEFAULT_RESERVE[1])
     elif isinstance(reserve, bool) or not isinstance(reserve, (int, np.integer)) or reserve < 0:
         raise InvalidInput(f"reserve must be a whole number of items >= 0; got {reserve!r}")
-    if lock:  # what ``out`` holds, refused before the lock file is made in it
-        replaced = replaceable(Path(out), overwrite)
+    replaced = replaceable(Path(out), overwrite) if lock else None  # refused before the lock file is made in out
     with contextlib.ExitStack() as held:
         if lock:
             from hubless.index.lock import write_lock
